@@ -1,0 +1,214 @@
+"""Simulated user clicks, as in Xu et al., "Deep Interactive Object Selection"
+(CVPR 2016), section 3.2.
+
+For one object (`mask` == 1) of a scene, one *variant* is one independent
+sampling of:
+- positive clicks: 1..5 pixels inside the object, at least `d_margin` from its
+  boundary and at least `d_step` apart;
+- negative clicks, by one strategy drawn at random from those that apply:
+  1. background pixels within distance [`d_margin`, `d`] of the object,
+     `d_step` apart (10 clicks);
+  2. pixels on *other* objects, `d_margin` away from this one (5 clicks);
+  3. pixels along the object's boundary at distance `d_margin`, spread by
+     farthest-point sampling (10 clicks).
+
+Clicks are int64 arrays [N, 2] of (x, y) = (column, row).
+
+Randomness comes only from a generator seeded with (seed, image id, object id,
+variant), so a sample is bit-identical whatever the runner, the worker count
+or the bundle order. Distances are computed once per object in a window
+around it (objects are usually far smaller than the image), and shared by all
+its variants.
+"""
+
+import zlib
+from typing import List, Optional
+
+import numpy as np
+from scipy import ndimage
+
+from beam_prep import keys
+from beam_prep.ops.registry import ExampleError, register_op
+
+
+def example_rng(seed: int, image_id: str, object_id: int, variant: int) -> np.random.Generator:
+  """A generator that depends only on its arguments (stable across processes)."""
+  return np.random.default_rng(
+      [int(seed), zlib.crc32(image_id.encode("utf-8")), int(object_id), int(variant)])
+
+
+def _spaced_sample(candidates: np.ndarray, n: int, d_step: float,
+                   rng: np.random.Generator) -> np.ndarray:
+  """Up to `n` rows of `candidates` ([M, 2] as (y, x)), pairwise >= d_step apart.
+
+  Rejection sampling first (cheap when candidates are plentiful); when it
+  stalls, the remaining candidates are filtered exactly, so the result is as
+  large as the spacing allows.
+  """
+  m = candidates.shape[0]
+  if m == 0 or n <= 0:
+    return np.zeros((0, 2), np.int64)
+  chosen: List[np.ndarray] = []
+  d2 = d_step * d_step
+  tries = 0
+  while len(chosen) < n and tries < 20 * n:
+    tries += 1
+    c = candidates[rng.integers(m)]
+    if all(((c - p) ** 2).sum() >= d2 for p in chosen):
+      chosen.append(c)
+  if len(chosen) < n:
+    pool = candidates
+    for p in chosen:
+      pool = pool[((pool - p) ** 2).sum(axis=1) >= d2]
+    while len(chosen) < n and pool.shape[0]:
+      c = pool[rng.integers(pool.shape[0])]
+      chosen.append(c)
+      pool = pool[((pool - c) ** 2).sum(axis=1) >= d2]
+  return np.stack(chosen).astype(np.int64)
+
+
+def _farthest_points(candidates: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+  """`n` candidates spread by farthest-point sampling from a random start."""
+  m = candidates.shape[0]
+  if m == 0 or n <= 0:
+    return np.zeros((0, 2), np.int64)
+  first = rng.integers(m)
+  chosen = [first]
+  dist = ((candidates - candidates[first]) ** 2).sum(axis=1)
+  for _ in range(min(n, m) - 1):
+    nxt = int(np.argmax(dist))
+    if dist[nxt] == 0:
+      break
+    chosen.append(nxt)
+    np.minimum(dist, ((candidates - candidates[nxt]) ** 2).sum(axis=1), out=dist)
+  return candidates[chosen].astype(np.int64)
+
+
+class ObjectGeometry:
+  """Per-object candidate pixels, computed once and shared by all variants.
+
+  Args:
+    mask: uint8 [H, W], 1 object, 0 background, 255 ignore.
+    instance_mask: uint8 [H, W] instance ids of the whole scene, or None.
+    d: strategy-1 outer distance.
+    d_margin: margin from the object boundary.
+  """
+
+  def __init__(self, mask: np.ndarray, instance_mask: Optional[np.ndarray],
+               d: float, d_margin: float):
+    h, w = mask.shape
+    obj = mask == 1
+    ys, xs = np.nonzero(obj)
+    if ys.size == 0:
+      raise ExampleError("object_empty", "the object has no pixel")
+    # Window: the object's box grown by d + 1, so every distance <= d from the
+    # object is computed exactly inside it; everything outside is farther.
+    pad = int(np.ceil(d)) + 1
+    y0, y1 = max(ys.min() - pad, 0), min(ys.max() + pad + 1, h)
+    x0, x1 = max(xs.min() - pad, 0), min(xs.max() + pad + 1, w)
+    win = obj[y0:y1, x0:x1]
+    # Distance from object pixels to the nearest non-object pixel. The image
+    # border counts as boundary too: pad the window with background.
+    inside = ndimage.distance_transform_edt(np.pad(win, 1))[1:-1, 1:-1]
+    outside = ndimage.distance_transform_edt(~win)
+    offset = np.array([y0, x0])
+
+    self.positive = np.argwhere(inside >= d_margin) + offset
+    if self.positive.shape[0] == 0:
+      raise ExampleError(
+          "object_too_small",
+          f"no pixel of object is {d_margin} px from its boundary "
+          f"(object has {ys.size} px); lower d_margin or drop the object")
+
+    valid = mask[y0:y1, x0:x1] != keys.IGNORE
+    others_win = np.zeros_like(win)
+    if instance_mask is not None:
+      inst = instance_mask[y0:y1, x0:x1]
+      others_win = (inst != keys.BACKGROUND) & valid & ~win
+    background = valid & ~win & ~others_win
+    # Strategy 1: background within [d_margin, d] of the object.
+    self.strategy1 = np.argwhere(background & (outside >= d_margin) & (outside <= d)) + offset
+    # Strategy 3: a band at distance ~d_margin around the object, not ignore.
+    band = valid & ~win & (outside >= d_margin) & (outside < d_margin + 1)
+    self.strategy3 = np.argwhere(band) + offset
+    # Strategy 2: pixels of other objects, at least d_margin from this one.
+    # Outside the window every pixel is farther than d >= d_margin.
+    if instance_mask is not None:
+      others = ((instance_mask != keys.BACKGROUND) & (instance_mask != keys.IGNORE)
+                & ~(mask == 1))
+      near = np.zeros_like(others)
+      near[y0:y1, x0:x1] = outside < d_margin
+      self.strategy2 = np.argwhere(others & ~near)
+    else:
+      self.strategy2 = np.zeros((0, 2), np.int64)
+
+
+def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
+                   min_positive: int, max_positive: int, negatives, d_step: float,
+                   strategies) -> dict:
+  """Samples one variant's clicks from an object's candidates.
+
+  Returns:
+    dict with `positive_clicks`, `negative_clicks` (int64 [N, 2] as (x, y))
+    and `negative_strategy` (1, 2, 3, or 0 if no strategy had candidates).
+  """
+  n_pos = int(rng.integers(min_positive, max_positive + 1))
+  pos = _spaced_sample(geometry.positive, n_pos, d_step, rng)
+  pools = {1: geometry.strategy1, 2: geometry.strategy2, 3: geometry.strategy3}
+  usable = [s for s in strategies if pools[s].shape[0] > 0]
+  if usable:
+    strategy = int(usable[rng.integers(len(usable))])
+    n_neg = int(negatives[strategy - 1])
+    if strategy == 3:
+      neg = _farthest_points(pools[3], n_neg, rng)
+    else:
+      neg = _spaced_sample(pools[strategy], n_neg, d_step, rng)
+  else:
+    strategy, neg = 0, np.zeros((0, 2), np.int64)
+  return {
+      "positive_clicks": pos[:, ::-1].copy(),  # (y, x) -> (x, y)
+      "negative_clicks": neg[:, ::-1].copy(),
+      "negative_strategy": strategy,
+  }
+
+
+@register_op("sample_clicks")
+def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
+                  max_positive: int = 5, negatives=(10, 5, 10), d: float = 40,
+                  d_margin: float = 5, d_step: float = 10, strategies=(1, 2, 3)):
+  """Fans one object out into `variants` independent click samplings.
+
+  Args:
+    variants: samplings per object (precomputed augmentation).
+    seed: global seed, combined with image id, object id and variant.
+    min_positive: fewest positive clicks.
+    max_positive: most positive clicks.
+    negatives: clicks for strategies 1, 2 and 3.
+    d: strategy-1 outer distance from the object.
+    d_margin: margin from the object boundary (all clicks).
+    d_step: least distance between two clicks of one kind.
+    strategies: which negative strategies may be drawn.
+  """
+  if variants < 1:
+    raise ValueError(f"variants must be >= 1, got {variants}")
+  if not 1 <= min_positive <= max_positive:
+    raise ValueError(f"need 1 <= min_positive <= max_positive, got {min_positive}, {max_positive}")
+  strategies = tuple(int(s) for s in strategies)
+  if not strategies or any(s not in (1, 2, 3) for s in strategies):
+    raise ValueError(f"strategies must be a non-empty subset of (1, 2, 3), got {strategies}")
+
+  def fn(ex):
+    geometry = ObjectGeometry(ex["mask"], ex.get("instance_mask"), d, d_margin)
+    out = []
+    for v in range(variants):
+      rng = example_rng(seed, ex["image_id"], ex["object_id"], v)
+      sample = sample_variant(geometry, rng, min_positive=min_positive,
+                              max_positive=max_positive, negatives=negatives,
+                              d_step=d_step, strategies=strategies)
+      variant = dict(ex)
+      variant.update(sample)
+      variant["variant"] = v
+      out.append(variant)
+    return out
+
+  return fn

@@ -1,0 +1,69 @@
+"""Distance maps from clicks (Xu et al., "Deep Interactive Object Selection").
+
+For each click kind (positive, negative) a map holds, per pixel, the Euclidean
+distance to the nearest click of that kind, rounded half to even and capped at
+`keys.MAX_DISTANCE` (255); an empty click set gives 255 everywhere. Stored as
+uint8 [H, W, 2], channel 0 positive, channel 1 negative.
+
+The computation is a brute-force minimum over the few clicks of a sample, in
+integer arithmetic until one final float32 square root: exact (it equals
+`scipy.ndimage.distance_transform_edt` of the click image, rounded) and much
+cheaper than a full distance transform when there are a handful of clicks. The
+serving model's TensorFlow twin (`train.distance`) does the same arithmetic.
+"""
+
+import numpy as np
+
+from beam_prep import keys
+from beam_prep.ops.registry import register_op
+
+
+def distance_map(clicks_xy: np.ndarray, height: int, width: int,
+                 cap: int = keys.MAX_DISTANCE) -> np.ndarray:
+  """Distance from each pixel to the nearest click, as uint8 capped at `cap`.
+
+  Args:
+    clicks_xy: int array [N, 2] of (x, y) = (column, row) pixel coordinates,
+      all inside the image.
+    height: map height.
+    width: map width.
+    cap: largest stored distance.
+
+  Returns:
+    uint8 [height, width].
+  """
+  clicks_xy = np.asarray(clicks_xy, dtype=np.int64).reshape(-1, 2)
+  if clicks_xy.shape[0] == 0:
+    return np.full((height, width), cap, np.uint8)
+  rows = np.arange(height, dtype=np.int32)
+  cols = np.arange(width, dtype=np.int32)
+  # Squared distances capped at (cap + 1)^2: enough to decide the cap and
+  # keeps int32 safe for any image size.
+  limit = np.int32((cap + 1) ** 2)
+  best = np.full((height, width), limit, np.int32)
+  for x, y in clicks_xy.tolist():
+    dy2 = np.minimum((rows - y) ** 2, limit)
+    dx2 = np.minimum((cols - x) ** 2, limit)
+    np.minimum(best, dy2[:, None] + dx2[None, :], out=best)
+  dist = np.rint(np.sqrt(best.astype(np.float32)))
+  return np.minimum(dist, cap).astype(np.uint8)
+
+
+def distance_maps(positive_xy: np.ndarray, negative_xy: np.ndarray,
+                  height: int, width: int) -> np.ndarray:
+  """Both maps stacked: uint8 [height, width, 2] (positive, negative)."""
+  return np.stack([distance_map(positive_xy, height, width),
+                   distance_map(negative_xy, height, width)], axis=-1)
+
+
+@register_op("distance_maps")
+def distance_maps_op():
+  """Adds `distance_maps` from `positive_clicks` and `negative_clicks`."""
+
+  def fn(ex):
+    h, w = ex["image"].shape[:2]
+    out = dict(ex)
+    out["distance_maps"] = distance_maps(ex["positive_clicks"], ex["negative_clicks"], h, w)
+    return out
+
+  return fn

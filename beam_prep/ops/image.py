@@ -1,0 +1,226 @@
+"""Image ops: decode files into arrays, resize, split a scene into objects.
+
+Data contract of the examples these ops read and write:
+
+| key              | dtype / shape        | meaning                                   |
+|------------------|----------------------|-------------------------------------------|
+| `image_id`       | str                  | stem of the image file                    |
+| `source`         | str                  | path of the image file                    |
+| `image_bytes`    | bytes                | encoded image file (input of `decode`)    |
+| `mask_bytes`     | bytes                | encoded mask file (input of `decode`)     |
+| `image`          | uint8 [H, W, 3]      | RGB                                       |
+| `instance_mask`  | uint8 [H, W]         | 0 background, 1..254 instance, 255 ignore |
+| `object_id`      | int                  | instance id of this example's object      |
+| `mask`           | uint8 [H, W]         | 1 object, 0 background, 255 ignore        |
+"""
+
+import io
+import warnings
+
+import numpy as np
+from PIL import Image
+
+from beam_prep import keys
+from beam_prep.ops.registry import ExampleError, register_op
+
+# Larger than any photograph a segmentation data set holds (8k x 8k), far
+# below what would exhaust a worker's memory when decoded.
+DEFAULT_MAX_PIXELS = 64_000_000
+
+
+def _open(data: bytes, what: str, max_pixels: int) -> Image.Image:
+  """Opens and fully decodes an image, turning every failure into a reason."""
+  if not data:
+    raise ExampleError(f"empty_{what}", f"the {what} file is empty")
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter("error", Image.DecompressionBombWarning)
+      im = Image.open(io.BytesIO(data))
+      w, h = im.size
+      if w * h > max_pixels:
+        raise ExampleError(
+            "decompression_bomb",
+            f"the {what} declares {w}x{h} = {w * h} pixels, over the limit of "
+            f"{max_pixels} (raise --max-pixels if this is real)")
+      im.load()
+  except ExampleError:
+    raise
+  except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+    raise ExampleError("decompression_bomb", f"the {what}: {e}") from None
+  except Image.UnidentifiedImageError:
+    raise ExampleError(f"not_an_image", f"the {what} file is not an image PIL can read") from None
+  except (OSError, SyntaxError, ValueError) as e:
+    raise ExampleError(f"truncated_{what}", f"the {what} cannot be decoded: {e}") from None
+  return im
+
+
+def image_to_rgb(im: Image.Image) -> np.ndarray:
+  """Converts a decoded PIL image to uint8 RGB, or raises with a reason.
+
+  Converted: RGB, grey (L, 1), grey+alpha, RGBA (alpha dropped), palette,
+  CMYK, YCbCr, LAB, HSV, and 16- or 32-bit integer grey (scaled to 8 bits by
+  the file's bit depth). Rejected: floating-point images, whose value range is
+  not defined by the file.
+  """
+  mode = im.mode
+  if mode == "RGB":
+    return np.asarray(im, dtype=np.uint8)
+  if mode in ("I;16", "I;16B", "I;16L", "I;16N"):
+    arr = np.asarray(im).astype(np.uint32)
+    grey = (arr * 255 + 32767) // 65535
+    return np.repeat(grey.astype(np.uint8)[..., None], 3, axis=-1)
+  if mode == "I":
+    arr = np.asarray(im).astype(np.int64)
+    if arr.min() < 0:
+      raise ExampleError("unsupported_image_mode", "32-bit image with negative values")
+    top = 255 if arr.max() <= 255 else 65535 if arr.max() <= 65535 else 2**32 - 1
+    grey = (arr * 255 + top // 2) // top
+    return np.repeat(grey.astype(np.uint8)[..., None], 3, axis=-1)
+  if mode == "F":
+    raise ExampleError("unsupported_image_mode",
+                       "floating-point image (mode F) has no defined value range")
+  if mode in ("L", "1", "LA", "RGBA", "RGBX", "RGBa", "P", "PA", "CMYK", "YCbCr", "LAB", "HSV", "La"):
+    return np.asarray(im.convert("RGB"), dtype=np.uint8)
+  raise ExampleError("unsupported_image_mode", f"image mode {mode!r}")
+
+
+def mask_to_ids(im: Image.Image) -> np.ndarray:
+  """Reads instance ids from a mask image: palette or grey, 8 or 16 bits.
+
+  A 16-bit mask is accepted when every value fits in 8 bits. An RGB mask is
+  rejected: its colours are not instance ids.
+  """
+  if im.mode in ("P", "L"):
+    return np.asarray(im, dtype=np.uint8)
+  if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+    arr = np.asarray(im)
+    if arr.min() < 0 or arr.max() > 255:
+      raise ExampleError("unsupported_mask",
+                         f"{im.mode} mask holds values outside 0..255 (max {arr.max()})")
+    return arr.astype(np.uint8)
+  raise ExampleError(
+      "unsupported_mask",
+      f"mask mode {im.mode!r}: a mask must be single-channel instance ids "
+      "(palette or grey PNG, as Pascal VOC's SegmentationObject)")
+
+
+@register_op("decode")
+def decode(max_pixels: int = DEFAULT_MAX_PIXELS):
+  """Decodes `image_bytes` and `mask_bytes` into `image` and `instance_mask`.
+
+  A missing mask (`mask_bytes` None) is an error: segmentation needs it.
+  """
+
+  def fn(ex):
+    image = image_to_rgb(_open(ex["image_bytes"], "image", max_pixels))
+    if ex.get("mask_bytes") is None:
+      raise ExampleError("missing_mask", f"no mask found at {ex.get('mask_source')}")
+    mask = mask_to_ids(_open(ex["mask_bytes"], "mask", max_pixels))
+    if mask.shape != image.shape[:2]:
+      raise ExampleError(
+          "mask_size_mismatch",
+          f"image is {image.shape[1]}x{image.shape[0]}, mask is "
+          f"{mask.shape[1]}x{mask.shape[0]}")
+    out = {k: v for k, v in ex.items() if k not in ("image_bytes", "mask_bytes")}
+    out["image"] = image
+    out["instance_mask"] = mask
+    return out
+
+  return fn
+
+
+def _bilinear_weights(in_size: int, out_size: int):
+  # Same arithmetic as TensorFlow's ResizeBilinear with half-pixel centers
+  # (what tf.image.resize(method="bilinear", antialias=False) runs), in
+  # float32, so that the serving graph reproduces this op.
+  scale = np.float32(in_size) / np.float32(out_size)
+  src = (np.arange(out_size, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
+  floor = np.floor(src)
+  lower = np.maximum(floor.astype(np.int64), 0)
+  upper = np.minimum(np.ceil(src).astype(np.int64), in_size - 1)
+  return lower, upper, (src - floor).astype(np.float32)
+
+
+def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
+  """Resizes uint8 [H, W, C] to [height, width, C] as tf.image.resize does.
+
+  Returns float32 values before rounding; `resize_image` rounds to uint8.
+  """
+  if image.shape[:2] == (height, width):
+    return image.astype(np.float32)
+  y0, y1, fy = _bilinear_weights(image.shape[0], height)
+  x0, x1, fx = _bilinear_weights(image.shape[1], width)
+  img = image.astype(np.float32)
+  fx = fx[None, :, None]
+  top = img[y0][:, x0] + (img[y0][:, x1] - img[y0][:, x0]) * fx
+  bottom = img[y1][:, x0] + (img[y1][:, x1] - img[y1][:, x0]) * fx
+  return top + (bottom - top) * fy[:, None, None]
+
+
+def resize_image(image: np.ndarray, height: int, width: int) -> np.ndarray:
+  """Bilinear resize of uint8 RGB, rounded half to even back to uint8."""
+  return np.clip(np.rint(resize_bilinear(image, height, width)), 0, 255).astype(np.uint8)
+
+
+def nearest_indices(in_size: int, out_size: int) -> np.ndarray:
+  """Source index of each output pixel for nearest resize (half-pixel centers)."""
+  scale = np.float32(in_size) / np.float32(out_size)
+  src = np.floor((np.arange(out_size, dtype=np.float32) + np.float32(0.5)) * scale)
+  return np.minimum(src.astype(np.int64), in_size - 1)
+
+
+def resize_nearest(mask: np.ndarray, height: int, width: int) -> np.ndarray:
+  """Nearest-neighbour resize of a label map (ids are never blended)."""
+  if mask.shape[:2] == (height, width):
+    return mask
+  return mask[nearest_indices(mask.shape[0], height)][:, nearest_indices(mask.shape[1], width)]
+
+
+@register_op("resize")
+def resize(size: int, width: int = None):
+  """Resizes `image` (bilinear) and `instance_mask` (nearest) to size x width."""
+  height, width = int(size), int(width or size)
+
+  def fn(ex):
+    out = dict(ex)
+    out["original_size"] = tuple(ex["image"].shape[:2])
+    out["image"] = resize_image(ex["image"], height, width)
+    if "instance_mask" in ex:
+      out["instance_mask"] = resize_nearest(ex["instance_mask"], height, width)
+    return out
+
+  return fn
+
+
+@register_op("split_objects")
+def split_objects(max_objects: int = 0):
+  """Fans a scene out into one example per object instance.
+
+  Args:
+    max_objects: keep at most this many objects per image (largest first);
+      0 keeps all.
+  """
+
+  def fn(ex):
+    inst = ex["instance_mask"]
+    ids, counts = np.unique(inst, return_counts=True)
+    keep = (ids != keys.BACKGROUND) & (ids != keys.IGNORE)
+    ids, counts = ids[keep], counts[keep]
+    if ids.size == 0:
+      raise ExampleError("mask_has_no_object",
+                         "the mask holds only background and ignore pixels")
+    order = np.argsort(-counts, kind="stable")
+    if max_objects:
+      order = order[:max_objects]
+    out = []
+    for i in sorted(ids[order].tolist()):
+      mask = np.zeros(inst.shape, np.uint8)
+      mask[inst == i] = 1
+      mask[inst == keys.IGNORE] = keys.IGNORE
+      obj = dict(ex)
+      obj["object_id"] = int(i)
+      obj["mask"] = mask
+      out.append(obj)
+    return out
+
+  return fn

@@ -1,0 +1,284 @@
+"""Composite PTransforms of the plugin, usable in anyone's Beam pipeline.
+
+    ReadExamples        root (local or gs://)   -> dicts with encoded bytes
+    DecodeExamples      encoded dicts           -> one dict per object
+    SampleClicks        object dicts            -> one dict per click variant
+    ComputeDistanceMaps variant dicts           -> dicts with `distance_maps`
+    ApplyOps            any dicts               -> dicts, through a named op chain
+    EncodeExamples      finished dicts          -> (split, serialized tf.Example)
+    WriteExamples       serialized tf.Examples  -> sharded TFRecord files
+    AnalyzeAndTransform serialized tf.Examples  -> transform_fn/ on disk
+    WriteDeadLetters    error dicts             -> errors/*.jsonl
+
+Every op stage returns a pair `(examples, errors)`. An error dict names the
+source file, the stage, a short `reason` and a `detail` for a person; nothing
+that fails is dropped silently.
+"""
+
+import hashlib
+import json
+import os
+from typing import Any, Dict, Iterable, Tuple
+
+import apache_beam as beam
+from apache_beam.io import fileio
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from beam_prep import keys
+from beam_prep.ops import registry
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+ERRORS_TAG = "errors"
+
+
+def error_record(stage: str, reason: str, detail: str, ex: Dict[str, Any]) -> Dict[str, Any]:
+  """A dead-letter entry: where the input came from, which stage, and why."""
+  rec = {
+      "source": ex.get("source", ""),
+      "image_id": ex.get("image_id", ""),
+      "stage": stage,
+      "reason": reason,
+      "detail": detail,
+  }
+  for k in ("object_id", "variant"):
+    if k in ex:
+      rec[k] = int(ex[k])
+  return rec
+
+
+def _read_bytes(path: str) -> bytes:
+  with FileSystems.open(path) as f:
+    return f.read()
+
+
+def _stem(path: str) -> str:
+  return os.path.splitext(path.rstrip("/").split("/")[-1])[0]
+
+
+class _ReadPairFn(beam.DoFn):
+  """Reads an image file and the mask of the same stem, if there is one."""
+
+  def __init__(self, mask_dir: str):
+    self._mask_dir = mask_dir
+    self._read = Metrics.counter("beam_prep", "inputs_read")
+
+  def process(self, path: str):
+    self._read.inc()
+    image_id = _stem(path)
+    ex = {"image_id": image_id, "source": path}
+    try:
+      ex["image_bytes"] = _read_bytes(path)
+    except Exception as e:  # pylint: disable=broad-except
+      yield beam.pvalue.TaggedOutput(
+          ERRORS_TAG, error_record("read", "unreadable_file", f"{type(e).__name__}: {e}", ex))
+      return
+    mask_path = FileSystems.join(self._mask_dir, image_id + ".png")
+    ex["mask_source"] = mask_path
+    ex["mask_bytes"] = _read_bytes(mask_path) if FileSystems.exists(mask_path) else None
+    yield ex
+
+
+class ReadExamples(beam.PTransform):
+  """Reads `ROOT/images/NAME.*` with `ROOT/masks/NAME.png` through FileSystems.
+
+  Files are listed on the workers (so gs:// roots list on Dataflow) and
+  reshuffled before reading, so that reading and the heavy ops after it spread
+  over workers. Hidden files are skipped; every other file under `images/`
+  counts as an input, and one that is not an image reaches the dead letters.
+
+  Returns:
+    `(examples, errors)`; an example holds `image_id`, `source`,
+    `image_bytes`, `mask_source` and `mask_bytes` (None when missing).
+  """
+
+  def __init__(self, root: str):
+    super().__init__()
+    self._root = root
+
+  def expand(self, pbegin: beam.pvalue.PBegin) -> Tuple[beam.PCollection, beam.PCollection]:
+    image_glob = FileSystems.join(self._root, "images", "*")
+    mask_dir = FileSystems.join(self._root, "masks")
+    paths = (
+        pbegin
+        | "Pattern" >> beam.Create([image_glob])
+        | "Match" >> fileio.MatchAll()
+        | "Paths" >> beam.Map(lambda m: m.path)
+        | "SkipHidden" >> beam.Filter(lambda p: not _stem(p).startswith("."))
+        | "Spread" >> beam.Reshuffle())
+    result = paths | "ReadPair" >> beam.ParDo(_ReadPairFn(mask_dir)).with_outputs(
+        ERRORS_TAG, main="examples")
+    return result.examples, result[ERRORS_TAG]
+
+
+class _ApplyOpsFn(beam.DoFn):
+  """Applies an op chain to each element; failures go to the errors output."""
+
+  def __init__(self, chain: str, ops_module: str = ""):
+    self._chain = chain
+    self._ops_module = ops_module
+    self._fn = None
+
+  def setup(self):
+    if self._ops_module:
+      import importlib  # pylint: disable=g-import-not-at-top
+      importlib.import_module(self._ops_module)
+    self._fn = registry.build_chain(self._chain)
+    self._out = Metrics.counter("beam_prep", "op_outputs")
+    self._failed = Metrics.counter("beam_prep", "op_failures")
+
+  def process(self, ex):
+    outputs, failures = self._fn(ex)
+    for f in failures:
+      self._failed.inc()
+      Metrics.counter("beam_prep", f"error_{f.reason}").inc()
+      yield beam.pvalue.TaggedOutput(
+          ERRORS_TAG, error_record(f.stage, f.reason, f.detail, f.example))
+    for out in outputs:
+      self._out.inc()
+      yield out
+
+
+class ApplyOps(beam.PTransform):
+  """Applies a registered op chain (e.g. "resize(128)|my_op(k=2)").
+
+  Args:
+    chain: the chain string; it is parsed and its ops are looked up when the
+      pipeline is built, so a typo fails before anything runs.
+    ops_module: a module the workers import first (where user ops register).
+
+  Returns:
+    `(examples, errors)`.
+  """
+
+  def __init__(self, chain: str, ops_module: str = ""):
+    super().__init__()
+    if ops_module:
+      import importlib  # pylint: disable=g-import-not-at-top
+      importlib.import_module(ops_module)
+    registry.build_chain(chain)  # Validates names and arguments now.
+    self._chain = chain
+    self._ops_module = ops_module
+
+  def expand(self, pcoll: beam.PCollection) -> Tuple[beam.PCollection, beam.PCollection]:
+    result = pcoll | beam.ParDo(_ApplyOpsFn(self._chain, self._ops_module)).with_outputs(
+        ERRORS_TAG, main="examples")
+    return result.examples, result[ERRORS_TAG]
+
+
+class DecodeExamples(ApplyOps):
+  """Decodes, resizes to `size`, and splits each scene into its objects."""
+
+  def __init__(self, size: int, max_pixels: int = 64_000_000):
+    super().__init__(f"decode(max_pixels={max_pixels})|resize({size})|split_objects")
+
+
+class SampleClicks(ApplyOps):
+  """Samples `variants` click sets per object (see `beam_prep.ops.clicks`)."""
+
+  def __init__(self, variants: int = 1, seed: int = 0, **click_params):
+    args = ", ".join(f"{k}={v!r}" for k, v in sorted(click_params.items()))
+    super().__init__(f"sample_clicks(variants={variants}, seed={seed}"
+                     + (f", {args})" if args else ")"))
+
+
+class ComputeDistanceMaps(ApplyOps):
+  """Adds the uint8 positive/negative distance maps (see `beam_prep.ops.distance`)."""
+
+  def __init__(self):
+    super().__init__("distance_maps")
+
+
+def split_of(image_id: str, eval_percent: int) -> str:
+  """Train or eval, by a stable hash of the image id (all objects and
+  variants of one image land in the same split)."""
+  h = int.from_bytes(hashlib.sha256(image_id.encode("utf-8")).digest()[:8], "big")
+  return keys.EVAL_SPLIT if h % 100 < eval_percent else keys.TRAIN_SPLIT
+
+
+class EncodeExamples(beam.PTransform):
+  """Finished example dicts -> `(split, serialized tf.Example)` pairs."""
+
+  def __init__(self, eval_percent: int):
+    super().__init__()
+    self._eval_percent = eval_percent
+
+  def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+    from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
+    eval_percent = self._eval_percent
+    return pcoll | beam.Map(
+        lambda ex: (split_of(ex["image_id"], eval_percent), preprocessing.encode_example(ex)))
+
+
+class WriteExamples(beam.PTransform):
+  """Writes serialized tf.Examples to `DIR/records/SPLIT-SSSSS-of-NNNNN.tfrecord[.gz]`."""
+
+  def __init__(self, output_dir: str, split: str, num_shards: int, compression: str = ""):
+    super().__init__()
+    self._prefix = FileSystems.join(output_dir, keys.RECORDS_DIR, split)
+    self._num_shards = num_shards
+    self._compression = compression
+
+  def expand(self, pcoll: beam.PCollection) -> beam.pvalue.PDone:
+    from apache_beam.io.filesystem import CompressionTypes  # pylint: disable=g-import-not-at-top
+    gz = self._compression == "gzip"
+    return pcoll | beam.io.WriteToTFRecord(
+        self._prefix,
+        file_name_suffix=keys.RECORD_SUFFIX + (".gz" if gz else ""),
+        num_shards=self._num_shards,
+        compression_type=CompressionTypes.GZIP if gz else CompressionTypes.UNCOMPRESSED)
+
+
+class AnalyzeAndTransform(beam.PTransform):
+  """Full-pass tf.Transform analysis of serialized records; writes the graph.
+
+  Input is the PCollection of serialized tf.Examples (the records as
+  written), fed to tf.Transform as Arrow RecordBatches through TFXIO. Writes
+  `DIR/transform_fn/`, `DIR/transformed_metadata/` and the raw schema in
+  `DIR/metadata/`, where `tft.TFTransformOutput(DIR)` finds all three.
+
+  Must be applied inside a `tft_beam.Context`.
+  """
+
+  def __init__(self, preprocessing_fn, transform_dir: str):
+    super().__init__()
+    self._preprocessing_fn = preprocessing_fn
+    self._transform_dir = transform_dir
+
+  def expand(self, serialized: beam.PCollection):
+    import tensorflow_transform.beam as tft_beam  # pylint: disable=g-import-not-at-top
+    from tensorflow_transform.tf_metadata import dataset_metadata  # pylint: disable=g-import-not-at-top
+    from tfx_bsl.tfxio import tf_example_record  # pylint: disable=g-import-not-at-top
+    from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
+
+    schema = preprocessing.raw_schema()
+    tfxio = tf_example_record.TFExampleBeamRecord(
+        physical_format="tfrecord", schema=schema, telemetry_descriptors=["beam_prep"])
+    record_batches = serialized | "ToRecordBatches" >> tfxio.BeamSource()
+    transform_fn = ((record_batches, tfxio.TensorAdapterConfig())
+                    | "Analyze" >> tft_beam.AnalyzeDataset(self._preprocessing_fn))
+    _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(self._transform_dir)
+    _ = (dataset_metadata.DatasetMetadata(schema)
+         | "WriteRawMetadata" >> tft_beam.WriteMetadata(
+             FileSystems.join(self._transform_dir, "metadata"), serialized.pipeline))
+    return transform_fn
+
+
+class WriteDeadLetters(beam.PTransform):
+  """Writes error dicts as JSON lines to `DIR/errors/errors-*.jsonl`."""
+
+  def __init__(self, output_dir: str):
+    super().__init__()
+    self._prefix = FileSystems.join(output_dir, keys.ERRORS_DIR, "errors")
+
+  def expand(self, errors: beam.PCollection) -> beam.pvalue.PDone:
+    return (errors
+            | "ToJson" >> beam.Map(lambda e: json.dumps(e, sort_keys=True))
+            | "Write" >> beam.io.WriteToText(self._prefix, file_name_suffix=".jsonl"))
+
+
+def count_by(pcoll: beam.PCollection, key_fn, label: str) -> beam.PCollection:
+  """(key, count) pairs of a PCollection; for the run's accounting."""
+  return (pcoll
+          | f"{label}Keys" >> beam.Map(lambda x: (key_fn(x), 1))
+          | f"{label}Sum" >> beam.CombinePerKey(sum))

@@ -1,0 +1,1 @@
+"""Runnable pipelines and their command line (`beam-prep`)."""

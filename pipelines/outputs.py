@@ -1,0 +1,78 @@
+"""Output directories, the run manifest and the end-of-run summary."""
+
+import json
+import os
+import platform
+import time
+from typing import Any, Dict, List
+
+from apache_beam.io.filesystems import FileSystems
+
+from beam_prep import keys
+
+
+class OutputExistsError(Exception):
+  """The output directory holds files and --overwrite was not given."""
+
+
+def _listing(path: str) -> List[str]:
+  try:
+    return [m.path for m in FileSystems.match([FileSystems.join(path, "*")])[0].metadata_list]
+  except Exception:  # pylint: disable=broad-except
+    return []
+
+
+def prepare_output(path: str, overwrite: bool) -> None:
+  """Refuses a non-empty output unless `overwrite`; with it, empties it first.
+
+  Raises:
+    OutputExistsError: the directory has files and `overwrite` is False.
+  """
+  if path.startswith("gs://"):
+    existing = _listing(path.rstrip("/") + "/**")
+  elif os.path.isdir(path):
+    existing = os.listdir(path)
+  else:
+    existing = []
+  if existing and not overwrite:
+    raise OutputExistsError(
+        f"output directory {path} is not empty ({len(existing)} entries); "
+        "pass --overwrite to replace it")
+  if existing:
+    if path.startswith("gs://"):
+      FileSystems.delete([path.rstrip("/") + "/"])
+    else:
+      import shutil  # pylint: disable=g-import-not-at-top
+      shutil.rmtree(path)
+  if not path.startswith("gs://"):
+    os.makedirs(path, exist_ok=True)
+
+
+def write_text(path: str, text: str) -> None:
+  with FileSystems.create(path) as f:
+    f.write(text.encode("utf-8"))
+
+
+def read_json(path: str) -> Any:
+  with FileSystems.open(path) as f:
+    return json.loads(f.read().decode("utf-8"))
+
+
+def library_versions() -> Dict[str, str]:
+  import importlib.metadata as md  # pylint: disable=g-import-not-at-top
+  out = {"python": platform.python_version()}
+  for name in ("apache-beam", "tensorflow", "tensorflow-transform", "tfx-bsl", "numpy",
+               "scipy", "pillow", "beam-prep"):
+    try:
+      out[name] = md.version(name)
+    except md.PackageNotFoundError:
+      pass
+  return out
+
+
+class Stopwatch:
+  def __init__(self):
+    self.start = time.time()
+
+  def seconds(self) -> float:
+    return time.time() - self.start

@@ -1,0 +1,191 @@
+"""The segmentation pipeline: scenes + instance masks -> click-variant records.
+
+    ReadExamples -> DecodeExamples -> SampleClicks -> ComputeDistanceMaps
+      -> EncodeExamples -> WriteExamples (train, eval)
+                        -> AnalyzeAndTransform (train split)
+    all errors -> WriteDeadLetters; all counts -> manifest.json
+
+Output directory:
+
+    records/train-SSSSS-of-NNNNN.tfrecord   serialized tf.Examples (raw schema)
+    records/eval-SSSSS-of-NNNNN.tfrecord
+    transform/transform_fn/, transformed_metadata/, metadata/ (raw schema)
+    errors/errors-SSSSS-of-NNNNN.jsonl     dead letters
+    config.json                            the resolved PrepConfig
+    manifest.json                          config, versions, counts, timings
+"""
+
+import importlib
+import json
+from typing import Any, Dict, Optional
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_prep import keys
+from beam_prep.config import PrepConfig
+from beam_prep.transforms import (AnalyzeAndTransform, ApplyOps, EncodeExamples, ReadExamples,
+                                  WriteDeadLetters, WriteExamples)
+from pipelines import logs, outputs
+
+COUNTS_FILE = "_counts.json"
+IMAGE_STAGES = ("read", "decode", "resize", "split_objects")
+
+
+def _error_keys(e: Dict[str, Any]):
+  level = "image" if e["stage"] in IMAGE_STAGES else "object"
+  return [(f"errors_{level}", 1), (f"reason/{e['reason']}", 1)]
+
+
+def build(p: beam.Pipeline, config: PrepConfig, temp_dir: str) -> None:
+  """Adds the whole segmentation job to pipeline `p`."""
+  import tensorflow_transform.beam as tft_beam  # pylint: disable=g-import-not-at-top
+  from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
+
+  out = config.output
+  images, read_errors = p | "ReadExamples" >> ReadExamples(config.input)
+  objects, decode_errors = images | "DecodeExamples" >> ApplyOps(config.decode_chain)
+  variants, click_errors = objects | "SampleClicks" >> ApplyOps(config.clicks_chain)
+  chain = "distance_maps" + (f"|{config.ops}" if config.ops else "")
+  finished, map_errors = variants | "ComputeDistanceMaps" >> ApplyOps(chain, config.ops_module)
+  encoded = finished | "EncodeExamples" >> EncodeExamples(config.eval_percent)
+
+  splits = {}
+  for split in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT):
+    splits[split] = (encoded
+                     | f"Select{split.title()}" >> beam.Filter(lambda kv, s=split: kv[0] == s)
+                     | f"Drop{split.title()}Key" >> beam.Values())
+    _ = splits[split] | f"Write{split.title()}Examples" >> WriteExamples(
+        out, split, config.num_shards, config.compression)
+
+  with tft_beam.Context(temp_dir=temp_dir):
+    _ = splits[keys.TRAIN_SPLIT] | "AnalyzeAndTransform" >> AnalyzeAndTransform(
+        preprocessing.make_preprocessing_fn(config.image_size, config.image_size),
+        FileSystems.join(out, keys.TRANSFORM_DIR))
+
+  errors = ((read_errors, decode_errors, click_errors, map_errors)
+            | "AllErrors" >> beam.Flatten())
+  _ = errors | "WriteDeadLetters" >> WriteDeadLetters(out)
+
+  counts = (
+      (images | "CountImages" >> beam.Map(lambda _: ("images_decoded_input", 1)),
+       read_errors | "CountReadErrors" >> beam.Map(lambda _: ("inputs_unreadable", 1)),
+       objects | "CountObjects" >> beam.Map(lambda _: ("objects", 1)),
+       encoded | "CountExamples" >> beam.Map(lambda kv: (f"examples/{kv[0]}", 1)),
+       errors | "CountErrors" >> beam.FlatMap(_error_keys))
+      | "AllCounts" >> beam.Flatten()
+      | "SumCounts" >> beam.CombinePerKey(sum)
+      | "OneDict" >> beam.combiners.ToDict()
+      | "CountsJson" >> beam.Map(lambda d: json.dumps(d, sort_keys=True)))
+  _ = counts | "WriteCounts" >> beam.io.WriteToText(
+      FileSystems.join(out, COUNTS_FILE), shard_name_template="")
+
+
+def accounting(raw: Dict[str, int], variants: int) -> Dict[str, Any]:
+  """Turns raw counts into the manifest's accounting, and checks it adds up."""
+  inputs = raw.get("images_decoded_input", 0) + raw.get("inputs_unreadable", 0)
+  examples = {s: raw.get(f"examples/{s}", 0) for s in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT)}
+  errors = {k.split("/", 1)[1]: v for k, v in sorted(raw.items()) if k.startswith("reason/")}
+  image_errors = raw.get("errors_image", 0)
+  object_errors = raw.get("errors_object", 0)
+  objects = raw.get("objects", 0)
+  images_used = inputs - image_errors
+  objects_used = objects - object_errors
+  return {
+      "inputs_read": inputs,
+      "images_used": images_used,
+      "images_failed": image_errors,
+      "objects_found": objects,
+      "objects_used": objects_used,
+      "objects_failed": object_errors,
+      "examples_written": examples,
+      "errors_by_reason": errors,
+      "errors_total": image_errors + object_errors,
+      # Every object that did not fail yields exactly `variants` records.
+      "accounted": sum(examples.values()) == objects_used * variants,
+  }
+
+
+def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) -> Dict[str, Any]:
+  """Runs the job, writes config.json and manifest.json; returns the manifest.
+
+  Raises:
+    pipelines.outputs.OutputExistsError: non-empty output without overwrite.
+  """
+  log = logs.get()
+  clock = outputs.Stopwatch()
+  if config.ops_module:
+    importlib.import_module(config.ops_module)
+  options = pipeline_options or PipelineOptions()
+  outputs.prepare_output(config.output, config.overwrite)
+  outputs.write_text(FileSystems.join(config.output, keys.CONFIG_FILE), config.to_json())
+  temp_dir = FileSystems.join(config.output, "tmp")
+  temp_location = options.get_all_options().get("temp_location")
+  if temp_location:
+    temp_dir = FileSystems.join(temp_location, "beam_prep_tft")
+
+  p = beam.Pipeline(options=options)
+  build(p, config, temp_dir)
+  log.info("segmentation: running on %s (%s -> %s)", options.get_all_options()["runner"]
+           or "DirectRunner", config.input, config.output)
+  result = p.run()
+  result.wait_until_finish()
+  seconds = clock.seconds()
+
+  counts_path = FileSystems.join(config.output, COUNTS_FILE)
+  raw = outputs.read_json(counts_path)
+  FileSystems.delete([counts_path])
+  if not temp_location and FileSystems.exists(temp_dir):
+    FileSystems.delete([temp_dir])
+  acc = accounting(raw, config.variants)
+  n_examples = sum(acc["examples_written"].values())
+  manifest = {
+      "pipeline": "segmentation",
+      "config": config.to_dict(),
+      "versions": outputs.library_versions(),
+      "feature_spec": _describe_spec(),
+      "paths": {
+          "records": FileSystems.join(config.output, keys.RECORDS_DIR),
+          "transform": FileSystems.join(config.output, keys.TRANSFORM_DIR),
+          "errors": FileSystems.join(config.output, keys.ERRORS_DIR),
+      },
+      "counts": acc,
+      "timing": {
+          "wall_seconds": round(seconds, 2),
+          "examples_per_second": round(n_examples / seconds, 2) if seconds else None,
+          "images_per_second": round(acc["inputs_read"] / seconds, 2) if seconds else None,
+      },
+  }
+  outputs.write_text(FileSystems.join(config.output, keys.MANIFEST_FILE),
+                     json.dumps(manifest, indent=2, sort_keys=True))
+  return manifest
+
+
+def _describe_spec() -> Dict[str, str]:
+  from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
+  return {k: repr(v) for k, v in sorted(preprocessing.raw_feature_spec().items())}
+
+
+def summary_lines(manifest: Dict[str, Any]) -> list:
+  """The end-of-run summary, a few lines a person reads at a glance."""
+  c, t = manifest["counts"], manifest["timing"]
+  ex = c["examples_written"]
+  lines = [
+      f"  inputs read      {c['inputs_read']} images ({c['images_used']} used, "
+      f"{c['images_failed']} failed); {c['objects_found']} objects "
+      f"({c['objects_used']} used, {c['objects_failed']} failed)",
+      f"  examples written train {ex.get('train', 0)}, eval {ex.get('eval', 0)} "
+      f"-> {manifest['paths']['records']}",
+      f"  transform        {manifest['paths']['transform']}",
+  ]
+  if c["errors_total"]:
+    reasons = ", ".join(f"{k} {v}" for k, v in c["errors_by_reason"].items())
+    lines.append(f"  errors           {c['errors_total']} ({reasons}) -> "
+                 f"{manifest['paths']['errors']}")
+  else:
+    lines.append("  errors           none")
+  lines.append(f"  time             {t['wall_seconds']:.1f} s, "
+               f"{t['examples_per_second']:.1f} examples/s, "
+               f"{t['images_per_second']:.1f} images/s")
+  return lines

@@ -1,0 +1,50 @@
+"""Package definition for beam_prep, train and pipelines.
+
+This file is also what Dataflow workers install through ``--setup_file``, so
+it must not import the package, TensorFlow or Beam: everything it needs is
+read from plain text.
+"""
+
+import os
+import re
+
+import setuptools
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _version():
+  with open(os.path.join(_HERE, "beam_prep", "version.py")) as f:
+    return re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
+
+
+# One line of versions that installs together on Python 3.11: tf.Transform
+# 1.21 pins TensorFlow below 2.22 and is built against Beam 2.7x.
+REQUIRED = [
+    "tensorflow==2.21.*",
+    "tensorflow-transform==1.21.*",
+    "apache-beam[gcp]==2.77.*",
+    "numpy",
+    "scipy",
+    "pillow",
+    "matplotlib",
+]
+
+setuptools.setup(
+    name="beam-prep",
+    version=_version(),
+    description=(
+        "Heavy per-example preprocessing computed once by Apache Beam and "
+        "tf.Transform into TFRecords, and a TensorFlow trainer that reads them."
+    ),
+    python_requires=">=3.10,<3.12",
+    packages=setuptools.find_packages(include=["beam_prep*", "train*", "pipelines*"]),
+    install_requires=REQUIRED,
+    extras_require={"test": ["pytest>=7"]},
+    entry_points={
+        "console_scripts": [
+            "beam-prep=pipelines.cli:main",
+            "beam-train=train.cli:main",
+        ]
+    },
+)
