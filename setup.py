@@ -28,6 +28,8 @@ REQUIRED = [
     "scipy",
     "pillow",
     "matplotlib",
+    # tf.summary needs it; TensorFlow 2.21 no longer installs it.
+    "tensorboard",
 ]
 
 setuptools.setup(

@@ -118,7 +118,7 @@ class PrepConfig:
 
 PRESETS: Dict[str, Dict[str, Any]] = {
     # Tiny and quick: what the demo and the tests run.
-    "smoke": {"image_size": 64, "variants": 2, "num_shards": 2},
+    "smoke": {"image_size": 96, "variants": 2, "num_shards": 2},
     "default": {},
 }
 

@@ -1,0 +1,116 @@
+"""The demo: every stage of the product on the bundled sample data.
+
+    python -m pipelines.demo [--workdir out/demo]
+
+Runs, as a user would type them, `beam-prep sample-data`, `beam-prep
+segmentation` (DirectRunner), `beam-train fit` (which exports the serving
+model) and `beam-train predict` on an eval image with the clicks its record
+was built from, then prints what was written where.
+"""
+
+import argparse
+import glob
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def _run(cmd, log):
+  log(f"$ {' '.join(shlex.quote(c) for c in cmd)}")
+  t = time.time()
+  subprocess.run(cmd, check=True)
+  return time.time() - t
+
+
+def _eval_clicks(prep_dir: str):
+  """image_id and clicks (in the source image's pixels) of the first eval record."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  from train import logs  # pylint: disable=g-import-not-at-top
+  logs.quiet()
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  files = sorted(glob.glob(os.path.join(prep_dir, "records", "eval-*")))
+  raw = next(iter(tf.data.TFRecordDataset(files).take(1))).numpy()
+  ex = tf.train.Example.FromString(raw).features.feature
+  size = ex["height"].int64_list.value[0]
+  pos = np.array(ex["positive_clicks"].int64_list.value).reshape(-1, 2)
+  neg = np.array(ex["negative_clicks"].int64_list.value).reshape(-1, 2)
+  return (ex["image_id"].bytes_list.value[0].decode(), int(ex["object_id"].int64_list.value[0]),
+          size, pos, neg)
+
+
+def _to_source(clicks, size, width, height):
+  # Centre of the resized pixel, mapped back to the source image.
+  x = np.floor((clicks[:, 0] + 0.5) * width / size)
+  y = np.floor((clicks[:, 1] + 0.5) * height / size)
+  return np.stack([x, y], axis=1).astype(int)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m pipelines.demo")
+  parser.add_argument("--workdir", default="out/demo")
+  parser.add_argument("--count", type=int, default=32)
+  args = parser.parse_args(argv)
+  log = lambda s: print(s, flush=True)  # pylint: disable=unnecessary-lambda-assignment
+  wd = args.workdir
+  data, prep, model = (os.path.join(wd, d) for d in ("data", "prep", "model"))
+  pred = os.path.join(wd, "prediction", "mask.png")
+  bin_dir = os.path.dirname(sys.executable)
+  beam_prep, beam_train = os.path.join(bin_dir, "beam-prep"), os.path.join(bin_dir, "beam-train")
+  total = time.time()
+  # A fresh model each run: the records are rebuilt, so resuming an older
+  # model directory would train on different data.
+  for stale in (model, os.path.dirname(pred)):
+    shutil.rmtree(stale, ignore_errors=True)
+  times = {}
+  times["sample data"] = _run([beam_prep, "sample-data", "--output", data,
+                               "--count", str(args.count)], log)
+  times["preprocess"] = _run([beam_prep, "segmentation", "--input", data, "--output", prep,
+                              "--preset", "smoke", "--overwrite"], log)
+  times["train+export"] = _run([beam_train, "fit", "--data", prep, "--model-dir", model,
+                                "--preset", "smoke"], log)
+
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  image_id, object_id, size, pos, neg = _eval_clicks(prep)
+  image_path = sorted(glob.glob(os.path.join(data, "images", image_id + ".*")))[0]
+  width, height = Image.open(image_path).size
+  pos, neg = _to_source(pos, size, width, height), _to_source(neg, size, width, height)
+  cmd = [beam_train, "predict", "--model", model, "--image", image_path, "--output", pred]
+  cmd += [f"--positive={x},{y}" for x, y in pos] + [f"--negative={x},{y}" for x, y in neg]
+  times["predict"] = _run(cmd, log)
+
+  truth = np.asarray(Image.open(os.path.join(data, "masks", image_id + ".png")))
+  got = np.asarray(Image.open(pred)) > 0
+  valid = truth != 255
+  obj = truth == object_id
+  iou = (got & obj & valid).sum() / max(((got | obj) & valid).sum(), 1)
+  manifest = json.load(open(os.path.join(prep, "manifest.json")))
+  metrics = json.load(open(os.path.join(model, "metrics.json")))
+  c = manifest["counts"]
+  log("")
+  log("demo summary")
+  log(f"  sample data  {data}: {c['inputs_read']} images, {c['objects_found']} objects")
+  log(f"  records      {prep}/records: train {c['examples_written']['train']}, "
+      f"eval {c['examples_written']['eval']} "
+      f"({manifest['config']['variants']} click variants per object); "
+      f"{c['errors_total']} dead letters in {prep}/errors")
+  log(f"  transform    {prep}/transform (tf.Transform: per-channel mean/std)")
+  ev = metrics["eval"]
+  log(f"  model        {model}: {metrics['final_step']} steps, "
+      f"{metrics['examples_per_second'] or 0:.1f} examples/s, "
+      f"input wait {100 * (metrics['input_wait_fraction'] or 0):.0f}%, eval mean IoU "
+      f"{ev.get('mean_iou', float('nan')):.3f}")
+  log(f"  export       {metrics['export_dir']}")
+  log(f"  prediction   {pred} (+ _overlay.png): {image_id} object {object_id}, "
+      f"{len(pos)} positive + {len(neg)} negative clicks, IoU with the true mask {iou:.3f}")
+  log("  time         " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items())
+      + f"; total {time.time() - total:.0f} s")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,119 @@
+"""`beam-train`: train on beam_prep records, and predict with the export.
+
+    beam-train fit --data PREP_OUTPUT --model-dir DIR [--preset smoke]
+                   [--config FILE] [--steps N] [--batch-size B] ...
+    beam-train predict --model DIR --image FILE --positive X,Y [...]
+                       [--negative X,Y ...] --output MASK.png
+"""
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from train import logs
+
+
+def fit_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="beam-train fit", description="Train on beam_prep records.")
+  p.add_argument("--data", help="beam_prep output directory")
+  p.add_argument("--model-dir", dest="model_dir", help="checkpoints, logs, metrics, export")
+  p.add_argument("--config", help="JSON file of TrainConfig fields")
+  p.add_argument("--preset", help="named defaults: smoke (tiny, for demos and tests)")
+  p.add_argument("--model")
+  p.add_argument("--steps", type=int, help="total steps for the model directory")
+  p.add_argument("--batch-size", type=int, dest="batch_size", help="examples per replica")
+  p.add_argument("--learning-rate", type=float, dest="learning_rate")
+  p.add_argument("--width", type=int)
+  p.add_argument("--depth", type=int)
+  p.add_argument("--checkpoint-every", type=int, dest="checkpoint_every")
+  p.add_argument("--log-every", type=int, dest="log_every")
+  p.add_argument("--seed", type=int)
+  p.add_argument("--no-export", dest="export", action="store_false", default=None)
+  p.add_argument("--verbose", action="store_true", help="show library logs")
+  return p
+
+
+def build_config(args: argparse.Namespace):
+  from train.config import TrainConfig, preset  # pylint: disable=g-import-not-at-top
+  fields = preset(args.preset)
+  if args.config:
+    with open(args.config) as f:
+      fields.update(json.load(f))
+  for name in ("data", "model_dir", "model", "steps", "batch_size", "learning_rate", "width",
+               "depth", "checkpoint_every", "log_every", "seed", "export"):
+    value = getattr(args, name)
+    if value is not None:
+      fields[name] = value
+  missing = [n for n in ("data", "model_dir") if not fields.get(n)]
+  if missing:
+    raise ValueError("missing required option(s): "
+                     + ", ".join("--" + m.replace("_", "-") for m in missing))
+  return TrainConfig.from_dict(fields)
+
+
+def _fit(argv: List[str]) -> int:
+  args = fit_parser().parse_args(argv)
+  log = logs.quiet(args.verbose)
+  try:
+    config = build_config(args)
+  except (ValueError, TypeError, OSError, json.JSONDecodeError) as e:
+    log.error("beam-train fit: %s", e)
+    return 2
+  from train import loop  # pylint: disable=g-import-not-at-top
+  log.info("train: %s on %s, %d steps, batch %d per replica -> %s", config.model, config.data,
+           config.steps, config.batch_size, config.model_dir)
+  try:
+    m = loop.fit(config)
+  except (FileNotFoundError, loop.RetraceError, FloatingPointError) as e:
+    log.error("beam-train fit: %s", e)
+    return 1
+  ev = m["eval"]
+  log.info("train: done at step %d, loss %.4f, %.1f examples/s, input wait %.0f%%",
+           m["final_step"], m["final_loss"], m["examples_per_second"] or 0,
+           100 * (m["input_wait_fraction"] or 0))
+  if ev.get("examples"):
+    log.info("eval: %d examples, mean IoU %.3f, pixel accuracy %.3f", ev["examples"],
+             ev["mean_iou"], ev["pixel_accuracy"])
+  if "export_dir" in m:
+    log.info("export: %s", m["export_dir"])
+  return 0
+
+
+def _predict(argv: List[str]) -> int:
+  p = argparse.ArgumentParser(prog="beam-train predict",
+                              description="Predict a mask from an image and clicks.")
+  p.add_argument("--model", required=True, help="model dir (newest export) or one export dir")
+  p.add_argument("--image", required=True)
+  p.add_argument("--positive", action="append", default=[], metavar="X,Y",
+                 help="a click on the object (x = column, y = row); repeat for more")
+  p.add_argument("--negative", action="append", default=[], metavar="X,Y",
+                 help="a click off the object; repeat for more")
+  p.add_argument("--output", required=True, help="mask PNG to write")
+  p.add_argument("--verbose", action="store_true")
+  args = p.parse_args(argv)
+  log = logs.quiet(args.verbose)
+  from train import predict  # pylint: disable=g-import-not-at-top
+  try:
+    positive = [predict.parse_point(s) for s in args.positive]
+    negative = [predict.parse_point(s) for s in args.negative]
+    image = predict.load_image(args.image)
+    result = predict.predict(args.model, image, positive, negative)
+  except (ValueError, FileNotFoundError, OSError) as e:
+    log.error("beam-train predict: %s", e)
+    return 2
+  mask_path, overlay_path = predict.write_outputs(args.output, image, result, positive, negative)
+  log.info("predict: %d of %d pixels in the mask -> %s (overlay %s)",
+           int(result["mask"].sum()), result["mask"].size, mask_path, overlay_path)
+  return 0
+
+
+COMMANDS = {"fit": _fit, "predict": _predict}
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    print(__doc__.strip())
+    sys.exit(0 if not argv or argv[0] in ("-h", "--help") else 2)
+  sys.exit(COMMANDS[argv[0]](argv[1:]))
