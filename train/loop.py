@@ -35,6 +35,7 @@ class FinalizedFunction:
   def __init__(self, fn, name: str):
     self._name = name
     self._first_spec = None
+    self._error = None
     self.traces = 0
 
     def traced(*args):
@@ -43,16 +44,22 @@ class FinalizedFunction:
       if self._first_spec is None:
         self._first_spec = spec
       else:
-        raise RetraceError(
+        self._error = RetraceError(
             f"{self._name} would be traced again (trace {self.traces}): the step is "
             f"finalized after its first trace. First inputs: {self._first_spec}; "
             f"now: {spec}")
+        raise self._error
       return fn(*args)
 
     self._function = tf.function(traced, reduce_retracing=False)
 
   def __call__(self, *args):
-    return self._function(*args)
+    try:
+      return self._function(*args)
+    except Exception:  # Autograph wraps errors raised while tracing.
+      if self._error is not None:
+        raise self._error from None
+      raise
 
 
 def _spec_of(x):

@@ -1,0 +1,27 @@
+"""Shared fixtures: a small sample data set and one pipeline run, made once."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import pytest  # pylint: disable=g-import-not-at-top
+
+
+@pytest.fixture(scope="session")
+def sample_dir(tmp_path_factory):
+  from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path_factory.mktemp("sample"))
+  write_sample_data(path, count=10, seed=3)
+  return path
+
+
+@pytest.fixture(scope="session")
+def prep_dir(sample_dir, tmp_path_factory):
+  """The real segmentation pipeline (DirectRunner) over the sample data."""
+  from pipelines import cli  # pylint: disable=g-import-not-at-top
+  out = str(tmp_path_factory.mktemp("prep") / "out")
+  with pytest.raises(SystemExit) as e:
+    cli.main(["segmentation", "--input", sample_dir, "--output", out, "--preset", "smoke",
+              "--image-size", "64", "--variants", "2", "--eval-percent", "30"])
+  assert e.value.code == 0
+  return out

@@ -1,0 +1,142 @@
+"""The heavy ops on small numpy arrays, without Beam or TensorFlow."""
+
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from beam_prep import keys
+from beam_prep.ops import registry
+from beam_prep.ops.clicks import ObjectGeometry, example_rng, sample_clicks
+from beam_prep.ops.distance import distance_map, distance_maps
+from beam_prep.ops.image import nearest_indices, resize_image
+
+
+def _edt_reference(clicks_xy, h, w):
+  grid = np.ones((h, w), bool)
+  grid[clicks_xy[:, 1], clicks_xy[:, 0]] = False
+  return np.minimum(np.rint(ndimage.distance_transform_edt(grid)), 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("h,w,n", [(64, 64, 1), (50, 83, 7), (300, 40, 3), (512, 512, 12)])
+def test_distance_map_matches_scipy_edt(h, w, n):
+  rng = np.random.default_rng(h * w + n)
+  clicks = np.stack([rng.integers(0, w, n), rng.integers(0, h, n)], axis=1)
+  np.testing.assert_array_equal(distance_map(clicks, h, w), _edt_reference(clicks, h, w))
+
+
+def test_distance_map_empty_and_corner_clicks():
+  assert (distance_map(np.zeros((0, 2), int), 20, 30) == 255).all()
+  got = distance_map(np.array([[0, 0], [29, 19]]), 20, 30)
+  assert got[0, 0] == 0 and got[19, 29] == 0
+  assert got.dtype == np.uint8 and got.shape == (20, 30)
+  maps = distance_maps(np.array([[5, 5]]), np.zeros((0, 2), int), 20, 30)
+  assert maps.shape == (20, 30, 2) and (maps[..., 1] == 255).all() and maps[5, 5, 0] == 0
+
+
+def test_distance_map_caps_at_255():
+  got = distance_map(np.array([[0, 0]]), 400, 400)
+  assert got.max() == 255 and got[0, 254] == 254 and got[0, 399] == 255
+
+
+def _scene():
+  inst = np.zeros((120, 160), np.uint8)
+  inst[20:80, 20:70] = 1        # a box
+  inst[60:110, 90:150] = 2      # another object
+  inst[19, 20:70] = keys.IGNORE  # VOC-style ignore band
+  return inst
+
+
+def test_sample_clicks_respects_the_paper_constraints():
+  inst = _scene()
+  mask = np.where(inst == 1, 1, np.where(inst == keys.IGNORE, keys.IGNORE, 0)).astype(np.uint8)
+  op = sample_clicks(variants=6, seed=1)
+  out = op({"image_id": "s", "object_id": 1, "mask": mask, "instance_mask": inst})
+  assert len(out) == 6 and [o["variant"] for o in out] == list(range(6))
+  inside = ndimage.distance_transform_edt(np.pad(mask == 1, 1))[1:-1, 1:-1]
+  outside = ndimage.distance_transform_edt(mask != 1)
+  strategies = set()
+  for o in out:
+    pos, neg = o["positive_clicks"], o["negative_clicks"]
+    assert 1 <= len(pos) <= 5
+    for x, y in pos:
+      assert mask[y, x] == 1 and inside[y, x] >= 5
+    d = np.sqrt(((pos[:, None] - pos[None]) ** 2).sum(-1)) + np.eye(len(pos)) * 99
+    assert d.min() >= 10
+    s = o["negative_strategy"]
+    strategies.add(s)
+    for x, y in neg:
+      assert mask[y, x] == 0 and outside[y, x] >= 5
+      if s == 1:
+        assert outside[y, x] <= 40 and inst[y, x] == 0
+      if s == 2:
+        assert inst[y, x] == 2
+    assert len(neg) == {1: 10, 2: 5, 3: 10}[s]
+  assert strategies <= {1, 2, 3}
+
+
+def test_sample_clicks_is_deterministic_and_variants_differ():
+  inst = _scene()
+  mask = (inst == 1).astype(np.uint8)
+  ex = {"image_id": "s", "object_id": 1, "mask": mask, "instance_mask": inst}
+  a = sample_clicks(variants=3, seed=7)(ex)
+  b = sample_clicks(variants=3, seed=7)(ex)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x["positive_clicks"], y["positive_clicks"])
+    np.testing.assert_array_equal(x["negative_clicks"], y["negative_clicks"])
+  assert not all(np.array_equal(a[0]["negative_clicks"], v["negative_clicks"]) for v in a[1:])
+  # The generator depends only on its arguments.
+  assert example_rng(7, "s", 1, 0).integers(1 << 30) == example_rng(7, "s", 1, 0).integers(1 << 30)
+
+
+def test_object_too_small_is_an_example_error():
+  mask = np.zeros((50, 50), np.uint8)
+  mask[10:14, 10:14] = 1
+  with pytest.raises(registry.ExampleError) as e:
+    ObjectGeometry(mask, None, 40, 5)
+  assert e.value.reason == "object_too_small"
+
+
+def test_resize_identity_and_nearest():
+  img = np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+  np.testing.assert_array_equal(resize_image(img, 20, 30), img)
+  assert resize_image(img, 10, 40).shape == (10, 40, 3)
+  assert nearest_indices(4, 2).tolist() == [1, 3]
+
+
+def test_chain_parsing_fanout_and_failures():
+  specs = registry.parse_chain("resize(8)|split_objects|sample_clicks(variants=2, seed=3)")
+  assert [s.name for s in specs] == ["resize", "split_objects", "sample_clicks"]
+  assert specs[2].kwargs == (("variants", 2), ("seed", 3))
+  with pytest.raises(ValueError, match="literals"):
+    registry.parse_chain("resize(open('x'))")
+  with pytest.raises(ValueError, match="unknown op"):
+    registry.build_chain("no_such_op")
+
+  inst = np.zeros((64, 64), np.uint8)
+  inst[5:45, 5:45] = 1
+  inst[50:53, 50:53] = 2  # too small for a positive click
+  apply = registry.build_chain("split_objects|sample_clicks(variants=2)|distance_maps")
+  outputs, failures = apply({"image_id": "a", "image": np.zeros((64, 64, 3), np.uint8),
+                             "instance_mask": inst})
+  assert [(o["object_id"], o["variant"]) for o in outputs] == [(1, 0), (1, 1)]
+  assert [(f.stage, f.reason, f.example["object_id"]) for f in failures] == [
+      ("sample_clicks", "object_too_small", 2)]
+  assert outputs[0]["distance_maps"].shape == (64, 64, 2)
+
+
+@registry.register_op("test_invert")
+def _invert():
+  def fn(ex):
+    out = dict(ex)
+    out["image"] = 255 - ex["image"]
+    return out
+  return fn
+
+
+def test_user_registered_op_runs_in_a_chain():
+  apply = registry.build_chain("test_invert")
+  outputs, failures = apply({"image": np.zeros((2, 2, 3), np.uint8)})
+  assert not failures and (outputs[0]["image"] == 255).all()
+  assert "test_invert" in registry.registered_ops()
+  with pytest.raises(ValueError, match="already registered"):
+    registry.register_op("test_invert")(lambda: None)
