@@ -6,8 +6,8 @@ import sys
 import warnings
 
 
-def quiet(verbose: bool = False) -> logging.Logger:
-  """Silences TensorFlow/absl start-up noise unless `verbose`; returns our logger.
+def quiet(verbose: bool = False, name: str = "beam_train") -> logging.Logger:
+  """Silences TensorFlow/absl start-up noise unless `verbose`; returns logger `name`.
 
   Must run before TensorFlow is imported: its C++ side logs through absl
   before any Python setting reaches it, so it is imported here once with
@@ -17,6 +17,8 @@ def quiet(verbose: bool = False) -> logging.Logger:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     warnings.filterwarnings("ignore")
     logging.getLogger().setLevel(logging.ERROR)
+    for lib in ("apache_beam", "tensorflow", "absl", "tensorflow_transform", "tfx_bsl"):
+      logging.getLogger(lib).setLevel(logging.ERROR)
     if "tensorflow" not in sys.modules:
       sys.stderr.flush()
       saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
@@ -30,7 +32,7 @@ def quiet(verbose: bool = False) -> logging.Logger:
         os.close(saved)
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     tf.get_logger().setLevel(logging.ERROR)
-  log = logging.getLogger("beam_train")
+  log = logging.getLogger(name)
   if not log.handlers:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
