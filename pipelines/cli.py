@@ -113,7 +113,7 @@ def _segmentation(argv: List[str]) -> int:
   options = PipelineOptions(pipeline_args(beam_args))
   try:
     manifest = segmentation.run(config, options)
-  except outputs.OutputExistsError as e:
+  except (outputs.OutputExistsError, segmentation.InputError) as e:
     log.error("beam-prep segmentation: %s", e)
     return 2
   log.info("segmentation: done")
@@ -137,6 +137,8 @@ COMMANDS = {
 def main(argv: Optional[List[str]] = None) -> None:
   argv = list(sys.argv[1:] if argv is None else argv)
   if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    if argv and argv[0] not in ("-h", "--help"):
+      print(f"unknown command {argv[0]!r}\n", file=sys.stderr)
     print(__doc__.strip())
     print("\ncommands: " + ", ".join(COMMANDS))
     sys.exit(0 if not argv or argv[0] in ("-h", "--help") else 2)

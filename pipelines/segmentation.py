@@ -118,6 +118,7 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
   if config.ops_module:
     importlib.import_module(config.ops_module)
   options = pipeline_options or PipelineOptions()
+  _check_input(config.input)
   outputs.prepare_output(config.output, config.overwrite)
   outputs.write_text(FileSystems.join(config.output, keys.CONFIG_FILE), config.to_json())
   temp_dir = FileSystems.join(config.output, "tmp")
@@ -160,6 +161,21 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
   outputs.write_text(FileSystems.join(config.output, keys.MANIFEST_FILE),
                      json.dumps(manifest, indent=2, sort_keys=True))
   return manifest
+
+
+class InputError(Exception):
+  """The input root holds nothing to process."""
+
+
+def _check_input(root: str) -> None:
+  pattern = FileSystems.join(root, "images", "*")
+  try:
+    found = FileSystems.match([pattern], limits=[1])[0].metadata_list
+  except Exception:  # pylint: disable=broad-except
+    found = []
+  if not found:
+    raise InputError(f"no input images match {pattern} (expected ROOT/images/NAME.png|jpg "
+                     "and ROOT/masks/NAME.png)")
 
 
 def _describe_spec() -> Dict[str, str]:

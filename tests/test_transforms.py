@@ -118,10 +118,20 @@ def test_bad_inputs_reach_the_dead_letters(tmp_path):
                        "text.png": "not_an_image"}
 
 
-def test_non_empty_output_is_refused_without_overwrite(prep_dir, sample_dir, caplog):
+def test_non_empty_output_is_refused_without_overwrite(prep_dir, sample_dir, capsys):
   from pipelines import cli  # pylint: disable=g-import-not-at-top
   with pytest.raises(SystemExit) as e:
     cli.main(["segmentation", "--input", sample_dir, "--output", prep_dir])
   assert e.value.code == 2
-  assert "pass --overwrite" in caplog.text
+  assert "pass --overwrite" in capsys.readouterr().out
   assert os.path.exists(os.path.join(prep_dir, "manifest.json"))
+
+
+def test_missing_input_is_a_clear_error(tmp_path, capsys):
+  from pipelines import cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    cli.main(["segmentation", "--input", str(tmp_path / "nothing"), "--output",
+              str(tmp_path / "out")])
+  assert e.value.code == 2
+  assert "no input images match" in capsys.readouterr().out
+  assert not (tmp_path / "out").exists()

@@ -114,6 +114,8 @@ COMMANDS = {"fit": _fit, "predict": _predict}
 def main(argv: Optional[List[str]] = None) -> None:
   argv = list(sys.argv[1:] if argv is None else argv)
   if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    if argv and argv[0] not in ("-h", "--help"):
+      print(f"unknown command {argv[0]!r}\n", file=sys.stderr)
     print(__doc__.strip())
     sys.exit(0 if not argv or argv[0] in ("-h", "--help") else 2)
   sys.exit(COMMANDS[argv[0]](argv[1:]))

@@ -6,6 +6,18 @@ import sys
 import warnings
 
 
+class _StdoutHandler(logging.StreamHandler):
+  """Writes to whatever sys.stdout is at the time of each message."""
+
+  @property
+  def stream(self):
+    return sys.stdout
+
+  @stream.setter
+  def stream(self, _):
+    pass
+
+
 def quiet(verbose: bool = False, name: str = "beam_train") -> logging.Logger:
   """Silences TensorFlow/absl start-up noise unless `verbose`; returns logger `name`.
 
@@ -34,7 +46,7 @@ def quiet(verbose: bool = False, name: str = "beam_train") -> logging.Logger:
     tf.get_logger().setLevel(logging.ERROR)
   log = logging.getLogger(name)
   if not log.handlers:
-    handler = logging.StreamHandler(sys.stdout)
+    handler = _StdoutHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     log.addHandler(handler)
   log.setLevel(logging.DEBUG if verbose else logging.INFO)
