@@ -17,6 +17,7 @@ class ClickConfig:
   d_margin: float = 5.0
   d_step: float = 10.0
   strategies: tuple = (1, 2, 3)
+  flip: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +25,10 @@ class PrepConfig:
   """A segmentation preprocessing run.
 
   Attributes:
-    input: root of the input data (local path or gs://).
+    input: root of the input data (local path or gs://), or a manifest file.
+    task: "segmentation" (objects, clicks, distance maps) or "classification".
+    layout: input layout, see `beam_prep.readers` ("auto" guesses).
+    allow_outside_root: let manifest paths leave the manifest's folder.
     output: output directory (local path or gs://).
     image_size: records hold images resized to image_size x image_size.
     variants: independent click samplings per object.
@@ -43,6 +47,9 @@ class PrepConfig:
   """
   input: str
   output: str
+  task: str = "segmentation"
+  layout: str = "auto"
+  allow_outside_root: bool = False
   image_size: int = 128
   variants: int = 2
   seed: int = 0
@@ -57,6 +64,11 @@ class PrepConfig:
   clicks: ClickConfig = ClickConfig()
 
   def __post_init__(self):
+    if self.task not in ("segmentation", "classification"):
+      raise ValueError(f"task must be segmentation or classification, got {self.task!r}")
+    from beam_prep.readers import LAYOUTS  # pylint: disable=g-import-not-at-top
+    if self.layout not in LAYOUTS:
+      raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
     if self.image_size < 16:
       raise ValueError(f"image_size must be at least 16, got {self.image_size}")
     if self.variants < 1:
@@ -72,7 +84,9 @@ class PrepConfig:
 
   @property
   def decode_chain(self) -> str:
-    """Ops run once per image: decode, resize, split into objects."""
+    """Ops run once per image: decode, resize (and split into objects)."""
+    if self.task == "classification":
+      return f"decode(max_pixels={self.max_pixels}, require_mask=False)|resize({self.image_size})"
     return f"decode(max_pixels={self.max_pixels})|resize({self.image_size})|split_objects"
 
   @property
@@ -82,16 +96,23 @@ class PrepConfig:
     return (f"sample_clicks(variants={self.variants}, seed={self.seed}, "
             f"min_positive={c.min_positive}, max_positive={c.max_positive}, "
             f"negatives={tuple(c.negatives)!r}, d={c.d}, d_margin={c.d_margin}, "
-            f"d_step={c.d_step}, strategies={tuple(c.strategies)!r})")
+            f"d_step={c.d_step}, strategies={tuple(c.strategies)!r}, flip={c.flip})")
 
   @property
   def record_suffix(self) -> str:
     return keys.RECORD_SUFFIX + (".gz" if self.compression == "gzip" else "")
 
+  @property
+  def chain(self) -> str:
+    """The whole op chain this run applies, for the record."""
+    if self.task == "classification":
+      return "|".join(filter(None, [self.decode_chain, self.ops]))
+    return "|".join(filter(None, [self.decode_chain, self.clicks_chain, "distance_maps",
+                                  self.ops]))
+
   def to_dict(self) -> Dict[str, Any]:
     d = dataclasses.asdict(self)
-    d["chain"] = "|".join(filter(None, [self.decode_chain, self.clicks_chain,
-                                        "distance_maps", self.ops]))
+    d["chain"] = self.chain
     return d
 
   def to_json(self) -> str:

@@ -21,6 +21,7 @@ tf.Transform *raw* schema, written to `PREP_OUTPUT/metadata/`):
 | `positive_clicks`    | int64 list      | flattened (x, y) pairs, x = column        |
 | `negative_clicks`    | int64 list      | flattened (x, y) pairs                    |
 | `negative_strategy`  | int64           | 1, 2 or 3 (Xu et al. 2016), 0 if none     |
+| `flipped`            | int64           | 1 if this variant is mirrored left-right  |
 
 Transformed features (the exported tf.Transform graph's outputs):
 
@@ -30,6 +31,11 @@ Transformed features (the exported tf.Transform graph's outputs):
 | `distance_maps`      | float32 | [H, W, 2]      | distance / 255, in [0, 1]  |
 | `label`              | float32 | [H, W]         | 1 object, 0 otherwise      |
 | `label_weight`       | float32 | [H, W]         | 0 on ignore pixels, else 1 |
+
+Classification records (`beam-prep classification`): `image_id`, `height`,
+`width`, `image` as above, and `label` (bytes, the class folder's name).
+Transformed: `image` as above and `label` int64, the index of the class in
+the tf.Transform vocabulary named `LABEL_VOCABULARY` (most frequent first).
 """
 
 IMAGE_ID = "image_id"
@@ -43,10 +49,12 @@ MASK = "mask"
 POSITIVE_CLICKS = "positive_clicks"
 NEGATIVE_CLICKS = "negative_clicks"
 NEGATIVE_STRATEGY = "negative_strategy"
+FLIPPED = "flipped"
 
 # Transformed feature keys (outputs of the tf.Transform graph).
 LABEL = "label"
 LABEL_WEIGHT = "label_weight"
+LABEL_VOCABULARY = "label"
 
 # Mask values, as in Pascal VOC's SegmentationObject PNGs.
 BACKGROUND = 0

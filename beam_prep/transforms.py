@@ -1,6 +1,7 @@
 """Composite PTransforms of the plugin, usable in anyone's Beam pipeline.
 
     ReadExamples        root (local or gs://)   -> dicts with encoded bytes
+                        (layouts: see beam_prep.readers)
     DecodeExamples      encoded dicts           -> one dict per object
     SampleClicks        object dicts            -> one dict per click variant
     ComputeDistanceMaps variant dicts           -> dicts with `distance_maps`
@@ -17,98 +18,18 @@ that fails is dropped silently.
 
 import hashlib
 import json
-import os
-from typing import Any, Dict, Iterable, Tuple
+from typing import Tuple
 
 import apache_beam as beam
-from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_prep import keys
+from beam_prep import keys, readers
 from beam_prep.ops import registry
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
-ERRORS_TAG = "errors"
-
-
-def error_record(stage: str, reason: str, detail: str, ex: Dict[str, Any]) -> Dict[str, Any]:
-  """A dead-letter entry: where the input came from, which stage, and why."""
-  rec = {
-      "source": ex.get("source", ""),
-      "image_id": ex.get("image_id", ""),
-      "stage": stage,
-      "reason": reason,
-      "detail": detail,
-  }
-  for k in ("object_id", "variant"):
-    if k in ex:
-      rec[k] = int(ex[k])
-  return rec
-
-
-def _read_bytes(path: str) -> bytes:
-  with FileSystems.open(path) as f:
-    return f.read()
-
-
-def _stem(path: str) -> str:
-  return os.path.splitext(path.rstrip("/").split("/")[-1])[0]
-
-
-class _ReadPairFn(beam.DoFn):
-  """Reads an image file and the mask of the same stem, if there is one."""
-
-  def __init__(self, mask_dir: str):
-    self._mask_dir = mask_dir
-    self._read = Metrics.counter("beam_prep", "inputs_read")
-
-  def process(self, path: str):
-    self._read.inc()
-    image_id = _stem(path)
-    ex = {"image_id": image_id, "source": path}
-    try:
-      ex["image_bytes"] = _read_bytes(path)
-    except Exception as e:  # pylint: disable=broad-except
-      yield beam.pvalue.TaggedOutput(
-          ERRORS_TAG, error_record("read", "unreadable_file", f"{type(e).__name__}: {e}", ex))
-      return
-    mask_path = FileSystems.join(self._mask_dir, image_id + ".png")
-    ex["mask_source"] = mask_path
-    ex["mask_bytes"] = _read_bytes(mask_path) if FileSystems.exists(mask_path) else None
-    yield ex
-
-
-class ReadExamples(beam.PTransform):
-  """Reads `ROOT/images/NAME.*` with `ROOT/masks/NAME.png` through FileSystems.
-
-  Files are listed on the workers (so gs:// roots list on Dataflow) and
-  reshuffled before reading, so that reading and the heavy ops after it spread
-  over workers. Hidden files are skipped; every other file under `images/`
-  counts as an input, and one that is not an image reaches the dead letters.
-
-  Returns:
-    `(examples, errors)`; an example holds `image_id`, `source`,
-    `image_bytes`, `mask_source` and `mask_bytes` (None when missing).
-  """
-
-  def __init__(self, root: str):
-    super().__init__()
-    self._root = root
-
-  def expand(self, pbegin: beam.pvalue.PBegin) -> Tuple[beam.PCollection, beam.PCollection]:
-    image_glob = FileSystems.join(self._root, "images", "*")
-    mask_dir = FileSystems.join(self._root, "masks")
-    paths = (
-        pbegin
-        | "Pattern" >> beam.Create([image_glob])
-        | "Match" >> fileio.MatchAll()
-        | "Paths" >> beam.Map(lambda m: m.path)
-        | "SkipHidden" >> beam.Filter(lambda p: not _stem(p).startswith("."))
-        | "Spread" >> beam.Reshuffle())
-    result = paths | "ReadPair" >> beam.ParDo(_ReadPairFn(mask_dir)).with_outputs(
-        ERRORS_TAG, main="examples")
-    return result.examples, result[ERRORS_TAG]
+ERRORS_TAG = readers.ERRORS_TAG
+error_record = readers.error_record
+ReadExamples = readers.ReadExamples
 
 
 class _ApplyOpsFn(beam.DoFn):
@@ -197,17 +118,27 @@ def split_of(image_id: str, eval_percent: int) -> str:
 
 
 class EncodeExamples(beam.PTransform):
-  """Finished example dicts -> `(split, serialized tf.Example)` pairs."""
+  """Finished example dicts -> `(split, serialized tf.Example)` pairs.
 
-  def __init__(self, eval_percent: int):
+  The split is the example's own `split` when its layout fixed one (Pascal
+  VOC's lists, a manifest column), else a stable hash of the image id.
+
+  Args:
+    eval_percent: share of image ids hashed into the eval split.
+    encode: dict -> serialized tf.Example (default: the segmentation record).
+  """
+
+  def __init__(self, eval_percent: int, encode=None):
     super().__init__()
     self._eval_percent = eval_percent
+    self._encode = encode
 
   def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
     from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
     eval_percent = self._eval_percent
+    encode = self._encode or preprocessing.encode_example
     return pcoll | beam.Map(
-        lambda ex: (split_of(ex["image_id"], eval_percent), preprocessing.encode_example(ex)))
+        lambda ex: (ex.get("split") or split_of(ex["image_id"], eval_percent), encode(ex)))
 
 
 class WriteExamples(beam.PTransform):
@@ -233,17 +164,21 @@ class AnalyzeAndTransform(beam.PTransform):
   """Full-pass tf.Transform analysis of serialized records; writes the graph.
 
   Input is the PCollection of serialized tf.Examples (the records as
-  written), fed to tf.Transform as Arrow RecordBatches through TFXIO. Writes
+  written), fed to tf.Transform as Arrow RecordBatches through TFXIO (the
+  fast path; instance dicts are tf.Transform's test format). Only the
+  analysis runs: the records keep the compact raw features, and the trainer
+  and the serving model apply the exported graph. Writes
   `DIR/transform_fn/`, `DIR/transformed_metadata/` and the raw schema in
   `DIR/metadata/`, where `tft.TFTransformOutput(DIR)` finds all three.
 
   Must be applied inside a `tft_beam.Context`.
   """
 
-  def __init__(self, preprocessing_fn, transform_dir: str):
+  def __init__(self, preprocessing_fn, transform_dir: str, raw_feature_spec=None):
     super().__init__()
     self._preprocessing_fn = preprocessing_fn
     self._transform_dir = transform_dir
+    self._spec = raw_feature_spec
 
   def expand(self, serialized: beam.PCollection):
     import tensorflow_transform.beam as tft_beam  # pylint: disable=g-import-not-at-top
@@ -251,7 +186,7 @@ class AnalyzeAndTransform(beam.PTransform):
     from tfx_bsl.tfxio import tf_example_record  # pylint: disable=g-import-not-at-top
     from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
 
-    schema = preprocessing.raw_schema()
+    schema = preprocessing.raw_schema(self._spec)
     tfxio = tf_example_record.TFExampleBeamRecord(
         physical_format="tfrecord", schema=schema, telemetry_descriptors=["beam_prep"])
     record_batches = serialized | "ToRecordBatches" >> tfxio.BeamSource()

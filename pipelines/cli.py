@@ -4,6 +4,7 @@
     beam-prep segmentation --input DIR --output DIR [--variants K]
                            [--image-size N] [--config FILE] [--preset smoke]
                            [--overwrite] [Beam options ...]
+    beam-prep classification --input DIR --output DIR [--image-size N] ...
 
 Arguments the subcommand does not know are Beam pipeline options
 (`--runner`, `--project`, `--direct_num_workers`, ...), as in Beam's own
@@ -41,23 +42,46 @@ def _sample_data(argv: List[str]) -> int:
   return 0
 
 
-def segmentation_parser() -> argparse.ArgumentParser:
+LAYOUT_HELP = """input layouts (--layout, default auto):
+  folders   ROOT/images/NAME.png|jpg + ROOT/masks/NAME.png (instance ids,
+            0 background, 255 ignore)
+  voc       ROOT/JPEGImages, ROOT/SegmentationObject,
+            ROOT/ImageSets/Segmentation/{train,val}.txt
+  classes   ROOT/<label>/NAME.png|jpg (classification)
+  manifest  --input FILE.csv|jsonl with columns image[,mask][,label][,split]
+"""
+
+
+def prep_parser(task: str = "segmentation") -> argparse.ArgumentParser:
+  """The parser of `beam-prep segmentation` / `beam-prep classification`."""
+  what = ("click-variant records for interactive segmentation" if task == "segmentation"
+          else "records for image classification")
   parser = argparse.ArgumentParser(
-      prog="beam-prep segmentation",
-      description="Precompute click-variant records for interactive segmentation. "
-      "Unknown arguments are passed to Beam as pipeline options.")
-  parser.add_argument("--input", help="data root with images/ and masks/ (local or gs://)")
+      prog=f"beam-prep {task}",
+      description=f"Precompute {what}. Unknown arguments are passed to Beam as pipeline "
+      "options (--runner, --project, ...).",
+      epilog=LAYOUT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--input", help="data root (local or gs://), or a manifest file")
   parser.add_argument("--output", help="output directory (local or gs://)")
+  parser.add_argument("--layout", help="input layout (default auto)")
+  parser.add_argument("--allow-outside-root", dest="allow_outside_root", action="store_true",
+                      default=None, help="let manifest paths leave the manifest's folder")
   parser.add_argument("--config", help="JSON file of PrepConfig fields")
   parser.add_argument("--preset", help="named defaults: smoke (tiny, for demos and tests)")
   parser.add_argument("--image-size", type=int, dest="image_size")
-  parser.add_argument("--variants", type=int, help="click samplings per object")
+  if task == "segmentation":
+    parser.add_argument("--variants", type=int, help="click samplings per object")
+    parser.add_argument("--flip-variants", dest="flip_variants", action="store_true",
+                        default=None, help="mirror every odd variant left-right")
   parser.add_argument("--seed", type=int)
   parser.add_argument("--eval-percent", type=int, dest="eval_percent")
   parser.add_argument("--num-shards", type=int, dest="num_shards")
   parser.add_argument("--compression", choices=["", "gzip"])
-  parser.add_argument("--max-error-fraction", type=float, dest="max_error_fraction")
-  parser.add_argument("--ops", help="extra op chain applied after distance_maps")
+  parser.add_argument("--max-pixels", type=int, dest="max_pixels",
+                      help="reject images declaring more pixels (decompression bombs)")
+  parser.add_argument("--max-error-fraction", type=float, dest="max_error_fraction",
+                      help="exit 1 when more than this fraction of inputs fails")
+  parser.add_argument("--ops", help="extra op chain applied after the built-in ones")
   parser.add_argument("--ops-module", dest="ops_module",
                       help="module to import first; it registers user ops")
   parser.add_argument("--overwrite", action="store_true", default=None,
@@ -66,19 +90,28 @@ def segmentation_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def build_config(args: argparse.Namespace):
+def segmentation_parser() -> argparse.ArgumentParser:
+  return prep_parser("segmentation")
+
+
+def build_config(args: argparse.Namespace, task: str = "segmentation"):
   """Defaults, then preset, then config file, then flags; validated."""
   from beam_prep.config import PrepConfig, preset  # pylint: disable=g-import-not-at-top
   fields = preset(args.preset)
   if args.config:
     with open(args.config) as f:
       fields.update(json.load(f))
-  for name in ("input", "output", "image_size", "variants", "seed", "eval_percent",
-               "num_shards", "compression", "max_error_fraction", "ops", "ops_module",
-               "overwrite"):
-    value = getattr(args, name)
+  fields["task"] = task
+  for name in ("input", "output", "layout", "allow_outside_root", "image_size", "variants",
+               "seed", "eval_percent", "num_shards", "compression", "max_pixels",
+               "max_error_fraction", "ops", "ops_module", "overwrite"):
+    value = getattr(args, name, None)
     if value is not None:
       fields[name] = value
+  if getattr(args, "flip_variants", None):
+    clicks = dict(fields.get("clicks") or {})
+    clicks["flip"] = True
+    fields["clicks"] = clicks
   missing = [n for n in ("input", "output") if not fields.get(n)]
   if missing:
     raise ValueError(f"missing required option(s): {', '.join('--' + m for m in missing)}")
@@ -99,38 +132,39 @@ def pipeline_args(beam_args: List[str]) -> List[str]:
   return args
 
 
-def _segmentation(argv: List[str]) -> int:
-  known, beam_args = segmentation_parser().parse_known_args(argv)
+def _prep(task: str, argv: List[str]) -> int:
+  known, beam_args = prep_parser(task).parse_known_args(argv)
   logs.quiet(known.verbose)
   log = logs.get()
   try:
-    config = build_config(known)
+    config = build_config(known, task)
   except (ValueError, TypeError, OSError, json.JSONDecodeError) as e:
-    log.error("beam-prep segmentation: %s", e)
+    log.error("beam-prep %s: %s", task, e)
     return 2
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
-  from pipelines import outputs, segmentation  # pylint: disable=g-import-not-at-top
+  from pipelines import outputs, prep  # pylint: disable=g-import-not-at-top
   options = PipelineOptions(pipeline_args(beam_args))
   try:
-    manifest = segmentation.run(config, options)
-  except (outputs.OutputExistsError, segmentation.InputError) as e:
-    log.error("beam-prep segmentation: %s", e)
+    manifest = prep.run(config, options)
+  except (outputs.OutputExistsError, prep.InputError) as e:
+    log.error("beam-prep %s: %s", task, e)
     return 2
-  log.info("segmentation: done")
-  for line in segmentation.summary_lines(manifest):
+  log.info("%s: done", task)
+  for line in prep.summary_lines(manifest):
     log.info(line)
-  counts = manifest["counts"]
-  fraction = counts["errors_total"] / max(counts["objects_found"] + counts["images_failed"], 1)
+  fraction = prep.error_fraction(manifest)
   if fraction > config.max_error_fraction:
-    log.error("beam-prep segmentation: %.1f%% of inputs failed, over --max-error-fraction %.1f%%",
-              100 * fraction, 100 * config.max_error_fraction)
+    log.error("beam-prep %s: %.1f%% of inputs failed, over --max-error-fraction %.1f%% "
+              "(everything was written; see the dead letters)",
+              task, 100 * fraction, 100 * config.max_error_fraction)
     return 1
   return 0
 
 
 COMMANDS = {
     "sample-data": _sample_data,
-    "segmentation": _segmentation,
+    "segmentation": lambda argv: _prep("segmentation", argv),
+    "classification": lambda argv: _prep("classification", argv),
 }
 
 

@@ -133,5 +133,11 @@ def test_missing_input_is_a_clear_error(tmp_path, capsys):
     cli.main(["segmentation", "--input", str(tmp_path / "nothing"), "--output",
               str(tmp_path / "out")])
   assert e.value.code == 2
-  assert "no input images match" in capsys.readouterr().out
+  assert "does not exist" in capsys.readouterr().out
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(SystemExit) as e:
+    cli.main(["segmentation", "--input", str(tmp_path / "empty"), "--output",
+              str(tmp_path / "out")])
+  assert e.value.code == 2
+  assert "no input found" in capsys.readouterr().out
   assert not (tmp_path / "out").exists()

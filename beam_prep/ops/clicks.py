@@ -175,8 +175,13 @@ def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
 @register_op("sample_clicks")
 def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
                   max_positive: int = 5, negatives=(10, 5, 10), d: float = 40,
-                  d_margin: float = 5, d_step: float = 10, strategies=(1, 2, 3)):
+                  d_margin: float = 5, d_step: float = 10, strategies=(1, 2, 3),
+                  flip: bool = False):
   """Fans one object out into `variants` independent click samplings.
+
+  With `flip`, every odd variant is also mirrored left-right (image, masks and
+  the clicks sampled on them), so half of the precomputed variants are flipped
+  views; records carry `flipped`.
 
   Args:
     variants: samplings per object (precomputed augmentation).
@@ -188,6 +193,7 @@ def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
     d_margin: margin from the object boundary (all clicks).
     d_step: least distance between two clicks of one kind.
     strategies: which negative strategies may be drawn.
+    flip: mirror odd variants left-right.
   """
   if variants < 1:
     raise ValueError(f"variants must be >= 1, got {variants}")
@@ -199,15 +205,27 @@ def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
 
   def fn(ex):
     geometry = ObjectGeometry(ex["mask"], ex.get("instance_mask"), d, d_margin)
+    flipped_ex, flipped_geometry = None, None
     out = []
     for v in range(variants):
       rng = example_rng(seed, ex["image_id"], ex["object_id"], v)
-      sample = sample_variant(geometry, rng, min_positive=min_positive,
+      base, geo = ex, geometry
+      if flip and v % 2 == 1:
+        if flipped_ex is None:
+          flipped_ex = dict(ex)
+          for k in ("image", "mask", "instance_mask"):
+            if ex.get(k) is not None:
+              flipped_ex[k] = np.ascontiguousarray(ex[k][:, ::-1])
+          flipped_geometry = ObjectGeometry(flipped_ex["mask"], flipped_ex.get("instance_mask"),
+                                            d, d_margin)
+        base, geo = flipped_ex, flipped_geometry
+      sample = sample_variant(geo, rng, min_positive=min_positive,
                               max_positive=max_positive, negatives=negatives,
                               d_step=d_step, strategies=strategies)
-      variant = dict(ex)
+      variant = dict(base)
       variant.update(sample)
       variant["variant"] = v
+      variant["flipped"] = int(base is not ex)
       out.append(variant)
     return out
 

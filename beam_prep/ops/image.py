@@ -48,7 +48,7 @@ def _open(data: bytes, what: str, max_pixels: int) -> Image.Image:
   except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
     raise ExampleError("decompression_bomb", f"the {what}: {e}") from None
   except Image.UnidentifiedImageError:
-    raise ExampleError(f"not_an_image", f"the {what} file is not an image PIL can read") from None
+    raise ExampleError("not_an_image", f"the {what} file is not an image PIL can read") from None
   except (OSError, SyntaxError, ValueError) as e:
     raise ExampleError(f"truncated_{what}", f"the {what} cannot be decoded: {e}") from None
   return im
@@ -79,7 +79,8 @@ def image_to_rgb(im: Image.Image) -> np.ndarray:
   if mode == "F":
     raise ExampleError("unsupported_image_mode",
                        "floating-point image (mode F) has no defined value range")
-  if mode in ("L", "1", "LA", "RGBA", "RGBX", "RGBa", "P", "PA", "CMYK", "YCbCr", "LAB", "HSV", "La"):
+  if mode in ("L", "1", "LA", "La", "RGBA", "RGBX", "RGBa", "P", "PA", "CMYK", "YCbCr", "LAB",
+              "HSV"):
     return np.asarray(im.convert("RGB"), dtype=np.uint8)
   raise ExampleError("unsupported_image_mode", f"image mode {mode!r}")
 
@@ -105,14 +106,21 @@ def mask_to_ids(im: Image.Image) -> np.ndarray:
 
 
 @register_op("decode")
-def decode(max_pixels: int = DEFAULT_MAX_PIXELS):
-  """Decodes `image_bytes` and `mask_bytes` into `image` and `instance_mask`.
+def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
+  """Decodes `image_bytes` (and `mask_bytes`) into `image` (and `instance_mask`).
 
-  A missing mask (`mask_bytes` None) is an error: segmentation needs it.
+  Args:
+    max_pixels: images or masks declaring more pixels are rejected.
+    require_mask: segmentation needs a mask: a missing one is an error. With
+      False (classification), a mask is neither needed nor read.
   """
 
   def fn(ex):
     image = image_to_rgb(_open(ex["image_bytes"], "image", max_pixels))
+    out = {k: v for k, v in ex.items() if k not in ("image_bytes", "mask_bytes")}
+    out["image"] = image
+    if not require_mask:
+      return out
     if ex.get("mask_bytes") is None:
       raise ExampleError("missing_mask", f"no mask found at {ex.get('mask_source')}")
     mask = mask_to_ids(_open(ex["mask_bytes"], "mask", max_pixels))
@@ -121,8 +129,6 @@ def decode(max_pixels: int = DEFAULT_MAX_PIXELS):
           "mask_size_mismatch",
           f"image is {image.shape[1]}x{image.shape[0]}, mask is "
           f"{mask.shape[1]}x{mask.shape[0]}")
-    out = {k: v for k, v in ex.items() if k not in ("image_bytes", "mask_bytes")}
-    out["image"] = image
     out["instance_mask"] = mask
     return out
 
@@ -222,5 +228,17 @@ def split_objects(max_objects: int = 0):
       obj["mask"] = mask
       out.append(obj)
     return out
+
+  return fn
+
+
+@register_op("require_label")
+def require_label():
+  """Classification: an example without a `label` is an error, not a guess."""
+
+  def fn(ex):
+    if not ex.get("label"):
+      raise ExampleError("missing_label", "no class label (folder name or manifest column)")
+    return ex
 
   return fn

@@ -1,8 +1,12 @@
-"""The segmentation pipeline: scenes + instance masks -> click-variant records.
+"""The preprocessing job shared by `beam-prep segmentation` and `classification`.
 
+segmentation:
     ReadExamples -> DecodeExamples -> SampleClicks -> ComputeDistanceMaps
       -> EncodeExamples -> WriteExamples (train, eval)
                         -> AnalyzeAndTransform (train split)
+classification:
+    ReadExamples -> DecodeExamples -> CheckLabels -> EncodeExamples -> ...
+both:
     all errors -> WriteDeadLetters; all counts -> manifest.json
 
 Output directory:
@@ -30,7 +34,7 @@ from beam_prep.transforms import (AnalyzeAndTransform, ApplyOps, EncodeExamples,
 from pipelines import logs, outputs
 
 COUNTS_FILE = "_counts.json"
-IMAGE_STAGES = ("read", "decode", "resize", "split_objects")
+IMAGE_STAGES = ("read", "decode", "resize", "split_objects", "require_label")
 
 
 def _error_keys(e: Dict[str, Any]):
@@ -38,18 +42,38 @@ def _error_keys(e: Dict[str, Any]):
   return [(f"errors_{level}", 1), (f"reason/{e['reason']}", 1)]
 
 
-def build(p: beam.Pipeline, config: PrepConfig, temp_dir: str) -> None:
-  """Adds the whole segmentation job to pipeline `p`."""
-  import tensorflow_transform.beam as tft_beam  # pylint: disable=g-import-not-at-top
+def task_functions(config: PrepConfig):
+  """(encode, raw feature spec, preprocessing_fn) of the config's task."""
   from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
+  size = config.image_size
+  if config.task == "classification":
+    return (preprocessing.encode_classification_example,
+            preprocessing.classification_raw_feature_spec(),
+            preprocessing.make_classification_preprocessing_fn(size, size))
+  return (preprocessing.encode_example, preprocessing.raw_feature_spec(),
+          preprocessing.make_preprocessing_fn(size, size))
+
+
+def build(p: beam.Pipeline, config: PrepConfig, temp_dir: str) -> None:
+  """Adds the whole preprocessing job to pipeline `p`."""
+  import tensorflow_transform.beam as tft_beam  # pylint: disable=g-import-not-at-top
 
   out = config.output
-  images, read_errors = p | "ReadExamples" >> ReadExamples(config.input)
-  objects, decode_errors = images | "DecodeExamples" >> ApplyOps(config.decode_chain)
-  variants, click_errors = objects | "SampleClicks" >> ApplyOps(config.clicks_chain)
-  chain = "distance_maps" + (f"|{config.ops}" if config.ops else "")
-  finished, map_errors = variants | "ComputeDistanceMaps" >> ApplyOps(chain, config.ops_module)
-  encoded = finished | "EncodeExamples" >> EncodeExamples(config.eval_percent)
+  encode, spec, preprocessing_fn = task_functions(config)
+  images, read_errors = p | "ReadExamples" >> ReadExamples(
+      config.input, config.layout, config.allow_outside_root)
+  units, decode_errors = images | "DecodeExamples" >> ApplyOps(config.decode_chain)
+  error_list = [read_errors, decode_errors]
+  if config.task == "segmentation":
+    variants, click_errors = units | "SampleClicks" >> ApplyOps(config.clicks_chain)
+    chain = "distance_maps" + (f"|{config.ops}" if config.ops else "")
+    finished, map_errors = variants | "ComputeDistanceMaps" >> ApplyOps(chain, config.ops_module)
+    error_list += [click_errors, map_errors]
+  else:
+    chain = "require_label" + (f"|{config.ops}" if config.ops else "")
+    finished, label_errors = units | "CheckLabels" >> ApplyOps(chain, config.ops_module)
+    error_list.append(label_errors)
+  encoded = finished | "EncodeExamples" >> EncodeExamples(config.eval_percent, encode)
 
   splits = {}
   for split in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT):
@@ -61,17 +85,15 @@ def build(p: beam.Pipeline, config: PrepConfig, temp_dir: str) -> None:
 
   with tft_beam.Context(temp_dir=temp_dir):
     _ = splits[keys.TRAIN_SPLIT] | "AnalyzeAndTransform" >> AnalyzeAndTransform(
-        preprocessing.make_preprocessing_fn(config.image_size, config.image_size),
-        FileSystems.join(out, keys.TRANSFORM_DIR))
+        preprocessing_fn, FileSystems.join(out, keys.TRANSFORM_DIR), spec)
 
-  errors = ((read_errors, decode_errors, click_errors, map_errors)
-            | "AllErrors" >> beam.Flatten())
+  errors = tuple(error_list) | "AllErrors" >> beam.Flatten()
   _ = errors | "WriteDeadLetters" >> WriteDeadLetters(out)
 
   counts = (
       (images | "CountImages" >> beam.Map(lambda _: ("images_decoded_input", 1)),
        read_errors | "CountReadErrors" >> beam.Map(lambda _: ("inputs_unreadable", 1)),
-       objects | "CountObjects" >> beam.Map(lambda _: ("objects", 1)),
+       units | "CountObjects" >> beam.Map(lambda _: ("objects", 1)),
        encoded | "CountExamples" >> beam.Map(lambda kv: (f"examples/{kv[0]}", 1)),
        errors | "CountErrors" >> beam.FlatMap(_error_keys))
       | "AllCounts" >> beam.Flatten()
@@ -82,8 +104,14 @@ def build(p: beam.Pipeline, config: PrepConfig, temp_dir: str) -> None:
       FileSystems.join(out, COUNTS_FILE), shard_name_template="")
 
 
-def accounting(raw: Dict[str, int], variants: int) -> Dict[str, Any]:
-  """Turns raw counts into the manifest's accounting, and checks it adds up."""
+def accounting(raw: Dict[str, int], per_object: int) -> Dict[str, Any]:
+  """Turns raw counts into the manifest's accounting, and checks it adds up.
+
+  Args:
+    raw: the counts the pipeline wrote.
+    per_object: records per used object (segmentation: the variants; for
+      classification an "object" is the image, 1 record each).
+  """
   inputs = raw.get("images_decoded_input", 0) + raw.get("inputs_unreadable", 0)
   examples = {s: raw.get(f"examples/{s}", 0) for s in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT)}
   errors = {k.split("/", 1)[1]: v for k, v in sorted(raw.items()) if k.startswith("reason/")}
@@ -102,8 +130,8 @@ def accounting(raw: Dict[str, int], variants: int) -> Dict[str, Any]:
       "examples_written": examples,
       "errors_by_reason": errors,
       "errors_total": image_errors + object_errors,
-      # Every object that did not fail yields exactly `variants` records.
-      "accounted": sum(examples.values()) == objects_used * variants,
+      # Every object that did not fail yields exactly `per_object` records.
+      "accounted": sum(examples.values()) == objects_used * per_object,
   }
 
 
@@ -118,7 +146,7 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
   if config.ops_module:
     importlib.import_module(config.ops_module)
   options = pipeline_options or PipelineOptions()
-  _check_input(config.input)
+  _check_input(config)
   outputs.prepare_output(config.output, config.overwrite)
   outputs.write_text(FileSystems.join(config.output, keys.CONFIG_FILE), config.to_json())
   temp_dir = FileSystems.join(config.output, "tmp")
@@ -128,7 +156,7 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
 
   p = beam.Pipeline(options=options)
   build(p, config, temp_dir)
-  log.info("segmentation: running on %s (%s -> %s)", options.get_all_options()["runner"]
+  log.info("%s: running on %s (%s -> %s)", config.task, options.get_all_options()["runner"]
            or "DirectRunner", config.input, config.output)
   result = p.run()
   result.wait_until_finish()
@@ -139,13 +167,13 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
   FileSystems.delete([counts_path])
   if not temp_location and FileSystems.exists(temp_dir):
     FileSystems.delete([temp_dir])
-  acc = accounting(raw, config.variants)
+  acc = accounting(raw, config.variants if config.task == "segmentation" else 1)
   n_examples = sum(acc["examples_written"].values())
   manifest = {
-      "pipeline": "segmentation",
+      "pipeline": config.task,
       "config": config.to_dict(),
       "versions": outputs.library_versions(),
-      "feature_spec": _describe_spec(),
+      "feature_spec": {k: repr(v) for k, v in sorted(task_functions(config)[1].items())},
       "paths": {
           "records": FileSystems.join(config.output, keys.RECORDS_DIR),
           "transform": FileSystems.join(config.output, keys.TRANSFORM_DIR),
@@ -167,30 +195,42 @@ class InputError(Exception):
   """The input root holds nothing to process."""
 
 
-def _check_input(root: str) -> None:
-  pattern = FileSystems.join(root, "images", "*")
-  try:
-    found = FileSystems.match([pattern], limits=[1])[0].metadata_list
-  except Exception:  # pylint: disable=broad-except
-    found = []
+def _check_input(config: PrepConfig) -> None:
+  """Fails early, with the expected layout, when a local input has nothing."""
+  from beam_prep import readers  # pylint: disable=g-import-not-at-top
+  root = config.input
+  if "://" in root:
+    return  # Checked by the workers; no credentials may be at hand here.
+  if not FileSystems.exists(root):
+    raise InputError(f"input {root} does not exist")
+  layout = readers.detect_layout(root) if config.layout == "auto" else config.layout
+  patterns = readers.input_patterns(root, layout)
+  found = any(FileSystems.match([pat], limits=[1])[0].metadata_list for pat in patterns)
   if not found:
-    raise InputError(f"no input images match {pattern} (expected ROOT/images/NAME.png|jpg "
-                     "and ROOT/masks/NAME.png)")
+    raise InputError(f"no input found for layout {layout!r}: nothing matches "
+                     f"{', '.join(patterns)} (see `beam-prep {config.task} --help` for layouts)")
 
 
-def _describe_spec() -> Dict[str, str]:
-  from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
-  return {k: repr(v) for k, v in sorted(preprocessing.raw_feature_spec().items())}
+def error_fraction(manifest: Dict[str, Any]) -> float:
+  """Failed units over all units: images, plus objects for segmentation."""
+  c = manifest["counts"]
+  units = c["inputs_read"]
+  if manifest["pipeline"] == "segmentation":
+    units += c["objects_found"]
+  return (c["images_failed"] + c["objects_failed"]) / max(units, 1)
 
 
 def summary_lines(manifest: Dict[str, Any]) -> list:
   """The end-of-run summary, a few lines a person reads at a glance."""
   c, t = manifest["counts"], manifest["timing"]
   ex = c["examples_written"]
+  inputs = (f"  inputs read      {c['inputs_read']} images ({c['images_used']} used, "
+            f"{c['images_failed']} failed)")
+  if manifest["pipeline"] == "segmentation":
+    inputs += (f"; {c['objects_found']} objects ({c['objects_used']} used, "
+               f"{c['objects_failed']} failed)")
   lines = [
-      f"  inputs read      {c['inputs_read']} images ({c['images_used']} used, "
-      f"{c['images_failed']} failed); {c['objects_found']} objects "
-      f"({c['objects_used']} used, {c['objects_failed']} failed)",
+      inputs,
       f"  examples written train {ex.get('train', 0)}, eval {ex.get('eval', 0)} "
       f"-> {manifest['paths']['records']}",
       f"  transform        {manifest['paths']['transform']}",

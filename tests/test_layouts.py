@@ -1,0 +1,146 @@
+"""Every input layout and option of the pipelines, run for real on the DirectRunner."""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_transform as tft
+from PIL import Image
+
+from beam_prep import keys
+from tests.helpers import dead_letters, manifest, png, records, run_cli, scene
+
+
+def _voc(root):
+  for d in ("JPEGImages", "SegmentationObject", "ImageSets/Segmentation"):
+    os.makedirs(root / d, exist_ok=True)
+  ids = {"train": ["2007_000001", "2007_000002"], "val": ["2007_000003"]}
+  for split, names in ids.items():
+    (root / "ImageSets/Segmentation" / f"{split}.txt").write_text("\n".join(names) + "\n")
+    for name in names:
+      img, inst = scene(48, ((5, 5, 30, 30), (28, 28, 46, 46)))
+      Image.fromarray(img).save(root / "JPEGImages" / f"{name}.jpg", quality=95)
+      (root / "SegmentationObject" / f"{name}.png").write_bytes(png(inst, "L"))
+  # Listed but missing: must reach the dead letters.
+  with open(root / "ImageSets/Segmentation/val.txt", "a") as f:
+    f.write("2007_999999\n")
+  return ids
+
+
+def test_voc_layout_keeps_its_splits(tmp_path):
+  ids = _voc(tmp_path / "voc")
+  out = str(tmp_path / "out")
+  assert run_cli(["segmentation", "--input", str(tmp_path / "voc"), "--output", out,
+                  "--image-size", "32", "--variants", "1", "--num-shards", "1"]) == 0
+  m = manifest(out)
+  assert m["config"]["layout"] == "auto"
+  c = m["counts"]
+  assert c["inputs_read"] == 4 and c["images_failed"] == 1
+  assert c["errors_by_reason"] == {"missing_image": 1}
+  train_ids = {r.features.feature["image_id"].bytes_list.value[0].decode()
+               for r in records(out, "train")}
+  eval_ids = {r.features.feature["image_id"].bytes_list.value[0].decode()
+              for r in records(out, "eval")}
+  assert train_ids == set(ids["train"]) and eval_ids == set(ids["val"])
+  assert dead_letters(out)[0]["source"].endswith("2007_999999.jpg")
+
+
+def test_classification_from_class_folders(tmp_path):
+  root = tmp_path / "classes"
+  rng = np.random.default_rng(0)
+  counts = {"drusen": 5, "normal": 3, "cnv": 2}
+  for label, n in counts.items():
+    (root / label).mkdir(parents=True)
+    for i in range(n):
+      (root / label / f"img{i}.png").write_bytes(
+          png(rng.integers(0, 255, (20, 24), dtype=np.uint8), "L"))  # grey: converted
+  (root / "normal" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+  out = str(tmp_path / "out")
+  assert run_cli(["classification", "--input", str(root), "--output", out, "--image-size", "16",
+                  "--eval-percent", "0", "--num-shards", "1"]) == 0
+  c = manifest(out)["counts"]
+  assert c["inputs_read"] == 11 and c["images_failed"] == 1
+  assert c["examples_written"] == {"train": 10, "eval": 0} and c["accounted"]
+  recs = records(out, "train")
+  labels = sorted(r.features.feature["label"].bytes_list.value[0].decode() for r in recs)
+  assert labels == sorted(sum(([k] * v for k, v in counts.items()), []))
+  tft_out = tft.TFTransformOutput(os.path.join(out, "transform"))
+  # Full-pass vocabulary, most frequent first.
+  assert tft_out.vocabulary_by_name(keys.LABEL_VOCABULARY) == [b"drusen", b"normal", b"cnv"]
+  parsed = tf.io.parse_example([r.SerializeToString() for r in recs], tft_out.raw_feature_spec())
+  t = tft_out.transform_raw_features(parsed)
+  assert t["image"].shape[1:] == (16, 16, 3)
+  got = dict(zip([l.decode() for l in parsed["label"].numpy()], t["label"].numpy().tolist()))
+  assert got == {"drusen": 0, "normal": 1, "cnv": 2}
+
+
+def test_manifest_csv_and_jsonl_with_escapes_refused(tmp_path):
+  data = tmp_path / "data"
+  (data / "imgs").mkdir(parents=True)
+  img, inst = scene(40)
+  (data / "imgs" / "a.png").write_bytes(png(img))
+  (data / "imgs" / "a_mask.png").write_bytes(png(inst, "L"))
+  (tmp_path / "secret.png").write_bytes(png(img))
+  (data / "list.csv").write_text(
+      "image,mask,split\nimgs/a.png,imgs/a_mask.png,eval\n../secret.png,imgs/a_mask.png,train\n")
+  out = str(tmp_path / "out_csv")
+  assert run_cli(["segmentation", "--input", str(data / "list.csv"), "--output", out,
+                  "--image-size", "32", "--variants", "1", "--num-shards", "1"]) == 0
+  c = manifest(out)["counts"]
+  assert c["errors_by_reason"] == {"path_outside_root": 1}
+  assert c["examples_written"] == {"train": 0, "eval": 1}
+  (data / "list.jsonl").write_text(
+      '{"image": "imgs/a.png", "mask": "imgs/a_mask.png"}\n{not json\n{"mask": "x.png"}\n')
+  out = str(tmp_path / "out_jsonl")
+  assert run_cli(["segmentation", "--input", str(data / "list.jsonl"), "--output", out,
+                  "--image-size", "32", "--variants", "1", "--num-shards", "1",
+                  "--eval-percent", "0"]) == 0
+  c = manifest(out)["counts"]
+  assert c["errors_by_reason"] == {"bad_manifest_row": 2}
+  assert c["inputs_read"] == 3 and c["examples_written"]["train"] == 1
+
+
+def _folders(root, n=3):
+  (root / "images").mkdir(parents=True)
+  (root / "masks").mkdir()
+  for i in range(n):
+    img, inst = scene(48, ((4 + i, 4, 30, 34), (30, 30, 46, 46)))
+    (root / "images" / f"s{i}.png").write_bytes(png(img))
+    (root / "masks" / f"s{i}.png").write_bytes(png(inst, "L"))
+
+
+def test_user_op_gzip_and_flipped_variants(tmp_path):
+  _folders(tmp_path / "d")
+  out = str(tmp_path / "out")
+  assert run_cli(["segmentation", "--input", str(tmp_path / "d"), "--output", out,
+                  "--image-size", "48", "--variants", "2", "--flip-variants",
+                  "--compression", "gzip", "--eval-percent", "0", "--num-shards", "1",
+                  "--ops-module", "tests.fixtures.user_ops", "--ops", "cap_distance(64)"]) == 0
+  assert "train-00000-of-00001.tfrecord.gz" in os.listdir(os.path.join(out, "records"))
+  recs = records(out, "train")
+  assert len(recs) == manifest(out)["counts"]["examples_written"]["train"] == 12
+  for r in recs:
+    f = r.features.feature
+    maps = np.frombuffer(f["distance_maps"].bytes_list.value[0], np.uint8).reshape(48, 48, 2)
+    assert maps.max() <= 64  # the user's op ran inside the pipeline
+    mask = np.frombuffer(f["mask"].bytes_list.value[0], np.uint8).reshape(48, 48)
+    assert f["flipped"].int64_list.value[0] == f["variant"].int64_list.value[0] % 2
+    pos = np.array(f["positive_clicks"].int64_list.value).reshape(-1, 2)
+    assert all(mask[y, x] == 1 for x, y in pos)  # clicks follow the (flipped) mask
+  obj1 = [r for r in recs if r.features.feature["object_id"].int64_list.value[0] == 1
+          and r.features.feature["image_id"].bytes_list.value[0] == b"s0"]
+  masks = {r.features.feature["flipped"].int64_list.value[0]:
+           np.frombuffer(r.features.feature["mask"].bytes_list.value[0], np.uint8).reshape(48, 48)
+           for r in obj1}
+  np.testing.assert_array_equal(masks[1], masks[0][:, ::-1])
+
+
+def test_max_error_fraction_fails_after_writing(tmp_path):
+  _folders(tmp_path / "d", n=2)
+  (tmp_path / "d" / "images" / "junk.png").write_bytes(b"junk")
+  out = str(tmp_path / "out")
+  assert run_cli(["segmentation", "--input", str(tmp_path / "d"), "--output", out,
+                  "--image-size", "48", "--variants", "1", "--max-error-fraction", "0.05"]) == 1
+  m = manifest(out)
+  assert m["counts"]["errors_by_reason"] == {"not_an_image": 1}
+  assert sum(m["counts"]["examples_written"].values()) == 4
