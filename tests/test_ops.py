@@ -91,9 +91,24 @@ def test_sample_clicks_is_deterministic_and_variants_differ():
 def test_object_too_small_is_an_example_error():
   mask = np.zeros((50, 50), np.uint8)
   mask[10:14, 10:14] = 1
+  geometry = ObjectGeometry(mask, None, 40, 5)
   with pytest.raises(registry.ExampleError) as e:
-    ObjectGeometry(mask, None, 40, 5)
+    geometry.sample_positive(3, 10, np.random.default_rng(0))
   assert e.value.reason == "object_too_small"
+
+
+def test_positive_pixels_drawn_are_exactly_the_interior_ones():
+  rng = np.random.default_rng(4)
+  mask = np.zeros((60, 70), np.uint8)
+  mask[5:40, 3:50] = 1
+  mask[20:25, 10:60] = 0  # a thin gap: interior pixels hug it
+  geometry = ObjectGeometry(mask, None, 40, 5)
+  pool = {tuple(p) for p in geometry.positive_pool()}
+  inside = ndimage.distance_transform_edt(np.pad(mask == 1, 1))[1:-1, 1:-1]
+  assert pool == {tuple(p) for p in np.argwhere(inside >= 5)}
+  for _ in range(200):
+    p = np.array([rng.integers(60), rng.integers(70)])
+    assert geometry.interior(p) == (tuple(p) in pool)
 
 
 def test_resize_identity_and_nearest():

@@ -38,12 +38,15 @@ def example_rng(seed: int, image_id: str, object_id: int, variant: int) -> np.ra
 
 
 def _spaced_sample(candidates: np.ndarray, n: int, d_step: float,
-                   rng: np.random.Generator) -> np.ndarray:
-  """Up to `n` rows of `candidates` ([M, 2] as (y, x)), pairwise >= d_step apart.
+                   rng: np.random.Generator, accept=None,
+                   exact_pool=None) -> np.ndarray:
+  """Up to `n` points pairwise >= d_step apart, uniform over the valid ones.
 
-  Rejection sampling first (cheap when candidates are plentiful); when it
-  stalls, the remaining candidates are filtered exactly, so the result is as
-  large as the spacing allows.
+  Rejection sampling first: draw a row of `candidates` ([M, 2] as (y, x)),
+  keep it if `accept(point)` (when given) and it is far enough from those
+  kept. When that stalls, the exact pool of valid points (`exact_pool()`, or
+  `candidates`) is filtered by spacing, so the result is as large as the
+  spacing allows.
   """
   m = candidates.shape[0]
   if m == 0 or n <= 0:
@@ -54,16 +57,18 @@ def _spaced_sample(candidates: np.ndarray, n: int, d_step: float,
   while len(chosen) < n and tries < 20 * n:
     tries += 1
     c = candidates[rng.integers(m)]
-    if all(((c - p) ** 2).sum() >= d2 for p in chosen):
+    if all(((c - p) ** 2).sum() >= d2 for p in chosen) and (accept is None or accept(c)):
       chosen.append(c)
   if len(chosen) < n:
-    pool = candidates
+    pool = exact_pool() if exact_pool is not None else candidates
     for p in chosen:
       pool = pool[((pool - p) ** 2).sum(axis=1) >= d2]
     while len(chosen) < n and pool.shape[0]:
       c = pool[rng.integers(pool.shape[0])]
       chosen.append(c)
       pool = pool[((pool - c) ** 2).sum(axis=1) >= d2]
+  if not chosen:
+    return np.zeros((0, 2), np.int64)
   return np.stack(chosen).astype(np.int64)
 
 
@@ -107,18 +112,20 @@ class ObjectGeometry:
     y0, y1 = max(ys.min() - pad, 0), min(ys.max() + pad + 1, h)
     x0, x1 = max(xs.min() - pad, 0), min(xs.max() + pad + 1, w)
     win = obj[y0:y1, x0:x1]
-    # Distance from object pixels to the nearest non-object pixel. The image
-    # border counts as boundary too: pad the window with background.
-    inside = ndimage.distance_transform_edt(np.pad(win, 1))[1:-1, 1:-1]
     outside = ndimage.distance_transform_edt(~win)
     offset = np.array([y0, x0])
 
-    self.positive = np.argwhere(inside >= d_margin) + offset
-    if self.positive.shape[0] == 0:
-      raise ExampleError(
-          "object_too_small",
-          f"no pixel of object is {d_margin} px from its boundary "
-          f"(object has {ys.size} px); lower d_margin or drop the object")
+    # Positive clicks need distance >= d_margin from every non-object pixel
+    # (the image border counts as one). Checking a drawn pixel's disk is
+    # far cheaper than a distance transform of the object; the exact
+    # candidate set is computed only when drawing stalls (thin objects).
+    self._obj, self._ys, self._xs = obj, ys, xs
+    self._d_margin = d_margin
+    r = int(np.ceil(d_margin))
+    dy, dx = np.mgrid[-r:r + 1, -r:r + 1]
+    near = dy * dy + dx * dx < d_margin * d_margin
+    self._disk = (dy[near], dx[near])
+    self._positive_pool = None
 
     valid = mask[y0:y1, x0:x1] != keys.IGNORE
     others_win = np.zeros_like(win)
@@ -142,6 +149,36 @@ class ObjectGeometry:
     else:
       self.strategy2 = np.zeros((0, 2), np.int64)
 
+  def interior(self, point: np.ndarray) -> bool:
+    """Whether (y, x) is at least d_margin from every non-object pixel."""
+    h, w = self._obj.shape
+    yy, xx = point[0] + self._disk[0], point[1] + self._disk[1]
+    if yy.min() < 0 or xx.min() < 0 or yy.max() >= h or xx.max() >= w:
+      return False
+    return bool(self._obj[yy, xx].all())
+
+  def positive_pool(self) -> np.ndarray:
+    """Every valid positive pixel, (y, x); exact, by a distance transform."""
+    if self._positive_pool is None:
+      ys, xs = self._ys, self._xs
+      by0, bx0 = ys.min(), xs.min()
+      box = self._obj[by0:ys.max() + 1, bx0:xs.max() + 1]
+      inside = ndimage.distance_transform_edt(np.pad(box, 1))[1:-1, 1:-1]
+      self._positive_pool = np.argwhere(inside >= self._d_margin) + np.array([by0, bx0])
+    return self._positive_pool
+
+  def sample_positive(self, n: int, d_step: float, rng: np.random.Generator) -> np.ndarray:
+    """Up to `n` interior pixels, d_step apart; raises if the object has none."""
+    pixels = np.stack([self._ys, self._xs], axis=1)
+    pos = _spaced_sample(pixels, n, d_step, rng, accept=self.interior,
+                         exact_pool=self.positive_pool)
+    if pos.shape[0] == 0:
+      raise ExampleError(
+          "object_too_small",
+          f"no pixel of the object is {self._d_margin} px from its boundary "
+          f"(object has {self._ys.size} px); lower d_margin or drop the object")
+    return pos
+
 
 def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
                    min_positive: int, max_positive: int, negatives, d_step: float,
@@ -153,7 +190,7 @@ def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
     and `negative_strategy` (1, 2, 3, or 0 if no strategy had candidates).
   """
   n_pos = int(rng.integers(min_positive, max_positive + 1))
-  pos = _spaced_sample(geometry.positive, n_pos, d_step, rng)
+  pos = geometry.sample_positive(n_pos, d_step, rng)
   pools = {1: geometry.strategy1, 2: geometry.strategy2, 3: geometry.strategy3}
   usable = [s for s in strategies if pools[s].shape[0] > 0]
   if usable:
