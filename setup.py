@@ -30,6 +30,9 @@ REQUIRED = [
     "matplotlib",
     # tf.summary needs it; TensorFlow 2.21 no longer installs it.
     "tensorboard",
+    # Beam builds the package that Dataflow workers install (--setup_file)
+    # with `python -m build`.
+    "build",
 ]
 
 setuptools.setup(

@@ -5,6 +5,7 @@
                            [--image-size N] [--config FILE] [--preset smoke]
                            [--overwrite] [Beam options ...]
     beam-prep classification --input DIR --output DIR [--image-size N] ...
+    beam-prep preview      --records DIR --output FILE.png [--count N]
 
 Arguments the subcommand does not know are Beam pipeline options
 (`--runner`, `--project`, `--direct_num_workers`, ...), as in Beam's own
@@ -22,6 +23,32 @@ from pipelines import logs
 # DirectRunner"): one in-memory worker beat two threads and two processes for
 # this job. Any --direct_* option the user gives wins.
 DIRECT_DEFAULTS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+
+
+def _preview(argv: List[str]) -> int:
+  parser = argparse.ArgumentParser(
+      prog="beam-prep preview",
+      description="Draw a grid of what the records hold (image, clicks, mask, distance maps).")
+  parser.add_argument("--records", required=True,
+                      help="a records/ directory, or a pipeline output holding one")
+  parser.add_argument("--output", required=True, help="PNG file to write")
+  parser.add_argument("--count", type=int, default=6, help="examples to draw (default 6)")
+  args = parser.parse_args(argv)
+  logs.quiet()
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from pipelines import preview  # pylint: disable=g-import-not-at-top
+  records = args.records
+  nested = FileSystems.join(records, keys.RECORDS_DIR)
+  if FileSystems.exists(nested):
+    records = nested
+  try:
+    path = preview.write_preview(records, args.output, max(args.count, 1))
+  except FileNotFoundError as e:
+    logs.get().error("beam-prep preview: %s", e)
+    return 2
+  logs.get().info("preview: %d examples -> %s", max(args.count, 1), path)
+  return 0
 
 
 def _sample_data(argv: List[str]) -> int:
@@ -142,13 +169,18 @@ def _prep(task: str, argv: List[str]) -> int:
     log.error("beam-prep %s: %s", task, e)
     return 2
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
-  from pipelines import outputs, prep  # pylint: disable=g-import-not-at-top
-  options = PipelineOptions(pipeline_args(beam_args))
+  from pipelines import dataflow, outputs, prep  # pylint: disable=g-import-not-at-top
   try:
+    if dataflow.is_dataflow(beam_args):
+      beam_args = dataflow.check_and_complete(beam_args, config)
+    options = PipelineOptions(pipeline_args(beam_args))
     manifest = prep.run(config, options)
-  except (outputs.OutputExistsError, prep.InputError) as e:
+  except (outputs.OutputExistsError, prep.InputError, dataflow.DataflowOptionsError) as e:
     log.error("beam-prep %s: %s", task, e)
     return 2
+  if manifest.get("dry_run"):
+    log.info("%s: dry run: the job was built and not submitted", task)
+    return 0
   log.info("%s: done", task)
   for line in prep.summary_lines(manifest):
     log.info(line)
@@ -165,6 +197,7 @@ COMMANDS = {
     "sample-data": _sample_data,
     "segmentation": lambda argv: _prep("segmentation", argv),
     "classification": lambda argv: _prep("classification", argv),
+    "preview": _preview,
 }
 
 

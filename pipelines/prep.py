@@ -19,6 +19,7 @@ Output directory:
     manifest.json                          config, versions, counts, timings
 """
 
+import dataclasses
 import importlib
 import json
 from typing import Any, Dict, Optional
@@ -135,31 +136,62 @@ def accounting(raw: Dict[str, int], per_object: int) -> Dict[str, Any]:
   }
 
 
+def resolve_layout(config: PrepConfig, dry_run: bool) -> PrepConfig:
+  """The config with `layout="auto"` replaced by the layout found."""
+  from beam_prep import readers  # pylint: disable=g-import-not-at-top
+  if config.layout != "auto":
+    return config
+  if dry_run and "://" in config.input:
+    # A dry run builds the job offline: guess from the name, read nothing.
+    layout = "manifest" if readers._is_manifest(config.input) else "folders"  # pylint: disable=protected-access
+  else:
+    layout = readers.detect_layout(config.input)
+  return dataclasses.replace(config, layout=layout)
+
+
 def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) -> Dict[str, Any]:
-  """Runs the job, writes config.json and manifest.json; returns the manifest.
+  """Runs the job, writes config.json, manifest.json and preview.png.
+
+  With Beam's `--dry_run=True` (Dataflow), builds the job and returns
+  `{"dry_run": True, "job": ...}` without touching any file.
 
   Raises:
     pipelines.outputs.OutputExistsError: non-empty output without overwrite.
+    InputError: a local input with nothing to read.
   """
+  from apache_beam.options.pipeline_options import TestOptions  # pylint: disable=g-import-not-at-top
   log = logs.get()
   clock = outputs.Stopwatch()
   if config.ops_module:
     importlib.import_module(config.ops_module)
   options = pipeline_options or PipelineOptions()
-  _check_input(config)
-  outputs.prepare_output(config.output, config.overwrite)
-  outputs.write_text(FileSystems.join(config.output, keys.CONFIG_FILE), config.to_json())
+  dry_run = bool(options.view_as(TestOptions).dry_run)
+  if not dry_run:
+    _check_input(config)
+  config = resolve_layout(config, dry_run)
+  if not dry_run:
+    outputs.prepare_output(config.output, config.overwrite)
+    outputs.write_text(FileSystems.join(config.output, keys.CONFIG_FILE), config.to_json())
   temp_dir = FileSystems.join(config.output, "tmp")
   temp_location = options.get_all_options().get("temp_location")
   if temp_location:
     temp_dir = FileSystems.join(temp_location, "beam_prep_tft")
+  if dry_run:
+    # tf.Transform traces the preprocessing_fn into its temp dir while the
+    # job is built; offline, that must be a local folder.
+    import tempfile  # pylint: disable=g-import-not-at-top
+    temp_dir = tempfile.mkdtemp(prefix="beam_prep_dry_run_")
 
   p = beam.Pipeline(options=options)
   build(p, config, temp_dir)
-  log.info("%s: running on %s (%s -> %s)", config.task, options.get_all_options()["runner"]
-           or "DirectRunner", config.input, config.output)
+  runner = options.get_all_options()["runner"] or "DirectRunner"
+  log.info("%s: %s on %s (%s layout: %s -> %s)", config.task,
+           "building the job (dry run)" if dry_run else "running", runner, config.layout,
+           config.input, config.output)
   result = p.run()
   result.wait_until_finish()
+  if dry_run:
+    return {"pipeline": config.task, "dry_run": True, "job": getattr(result, "job", None)}
   seconds = clock.seconds()
 
   counts_path = FileSystems.join(config.output, COUNTS_FILE)
@@ -169,15 +201,17 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
     FileSystems.delete([temp_dir])
   acc = accounting(raw, config.variants if config.task == "segmentation" else 1)
   n_examples = sum(acc["examples_written"].values())
+  records = FileSystems.join(config.output, keys.RECORDS_DIR)
   manifest = {
       "pipeline": config.task,
       "config": config.to_dict(),
       "versions": outputs.library_versions(),
       "feature_spec": {k: repr(v) for k, v in sorted(task_functions(config)[1].items())},
       "paths": {
-          "records": FileSystems.join(config.output, keys.RECORDS_DIR),
+          "records": records,
           "transform": FileSystems.join(config.output, keys.TRANSFORM_DIR),
           "errors": FileSystems.join(config.output, keys.ERRORS_DIR),
+          "preview": None,
       },
       "counts": acc,
       "timing": {
@@ -186,6 +220,10 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
           "images_per_second": round(acc["inputs_read"] / seconds, 2) if seconds else None,
       },
   }
+  if n_examples:
+    from pipelines import preview  # pylint: disable=g-import-not-at-top
+    manifest["paths"]["preview"] = preview.write_preview(
+        records, FileSystems.join(config.output, keys.PREVIEW_FILE))
   outputs.write_text(FileSystems.join(config.output, keys.MANIFEST_FILE),
                      json.dumps(manifest, indent=2, sort_keys=True))
   return manifest
@@ -241,6 +279,8 @@ def summary_lines(manifest: Dict[str, Any]) -> list:
                  f"{manifest['paths']['errors']}")
   else:
     lines.append("  errors           none")
+  if manifest["paths"].get("preview"):
+    lines.append(f"  preview          {manifest['paths']['preview']}")
   lines.append(f"  time             {t['wall_seconds']:.1f} s, "
                f"{t['examples_per_second']:.1f} examples/s, "
                f"{t['images_per_second']:.1f} images/s")

@@ -33,7 +33,7 @@ def test_voc_layout_keeps_its_splits(tmp_path):
   assert run_cli(["segmentation", "--input", str(tmp_path / "voc"), "--output", out,
                   "--image-size", "32", "--variants", "1", "--num-shards", "1"]) == 0
   m = manifest(out)
-  assert m["config"]["layout"] == "auto"
+  assert m["config"]["layout"] == "voc"
   c = m["counts"]
   assert c["inputs_read"] == 4 and c["images_failed"] == 1
   assert c["errors_by_reason"] == {"missing_image": 1}

@@ -1,0 +1,84 @@
+"""Running the same pipelines on Google Cloud Dataflow.
+
+`check_and_complete(args, config)` validates the options of a Dataflow run
+before anything is submitted, offline (no credentials, no network), and adds
+`--setup_file` so that workers install this very package.
+"""
+
+import os
+from typing import List
+
+from beam_prep.config import PrepConfig
+
+DATAFLOW_RUNNERS = ("DataflowRunner", "dataflow")
+
+
+class DataflowOptionsError(ValueError):
+  """The options cannot make a Dataflow job; the message says what to fix."""
+
+
+def runner_of(args: List[str]) -> str:
+  """The --runner among Beam arguments ("" when absent)."""
+  for i, a in enumerate(args):
+    if a.startswith("--runner="):
+      return a.split("=", 1)[1]
+    if a == "--runner" and i + 1 < len(args):
+      return args[i + 1]
+  return ""
+
+
+def _value(args: List[str], flag: str):
+  for i, a in enumerate(args):
+    if a.startswith(flag + "="):
+      return a.split("=", 1)[1]
+    if a == flag and i + 1 < len(args):
+      return args[i + 1]
+  return None
+
+
+def package_setup_file() -> str:
+  """This package's setup.py (present in a source checkout or editable install)."""
+  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return os.path.join(here, "setup.py")
+
+
+def is_dataflow(args: List[str]) -> bool:
+  return runner_of(args) in DATAFLOW_RUNNERS
+
+
+def check_and_complete(args: List[str], config: PrepConfig) -> List[str]:
+  """Validates a Dataflow run and returns the Beam arguments to use.
+
+  Raises:
+    DataflowOptionsError: listing every problem found, not only the first.
+  """
+  problems = []
+  if not _value(args, "--project"):
+    problems.append("--project is required (the GCP project that runs the job)")
+  if not _value(args, "--region"):
+    problems.append("--region is required (e.g. --region=us-central1)")
+  temp = _value(args, "--temp_location")
+  if not temp:
+    problems.append("--temp_location=gs://BUCKET/tmp is required (also holds tf.Transform's "
+                    "temporary files)")
+  elif not temp.startswith("gs://"):
+    problems.append(f"--temp_location must be on GCS (gs://...), got {temp}: workers and "
+                    "tf.Transform cannot use a local temp dir")
+  staging = _value(args, "--staging_location")
+  if staging and not staging.startswith("gs://"):
+    problems.append(f"--staging_location must be on GCS (gs://...), got {staging}")
+  for name, path in (("--input", config.input), ("--output", config.output)):
+    if not path.startswith("gs://"):
+      problems.append(f"{name} {path} is not on GCS: Dataflow workers cannot see this "
+                      "machine's disk; copy the data to gs:// first")
+  if problems:
+    raise DataflowOptionsError("cannot submit to Dataflow:\n  - " + "\n  - ".join(problems))
+  out = list(args)
+  if _value(args, "--setup_file") is None:
+    setup = package_setup_file()
+    if not os.path.exists(setup):
+      raise DataflowOptionsError(
+          "cannot find beam-prep's setup.py to stage for the workers; pass "
+          "--setup_file=/path/to/beam-prep/setup.py")
+    out.append(f"--setup_file={setup}")
+  return out

@@ -1,0 +1,128 @@
+"""The beam-prep command line: parsing, refusals, overwrite, Dataflow dry run, preview."""
+
+import json
+import os
+import tarfile
+
+import numpy as np
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability.api import beam_runner_api_pb2
+from PIL import Image
+
+from beam_prep.config import PrepConfig
+from pipelines import cli, dataflow, prep
+from tests.helpers import run_cli
+
+GCS = ["--runner=DataflowRunner", "--project=acme-vision-prod-4711", "--region=europe-west4",
+       "--temp_location=gs://acme-vision-prep/tmp",
+       "--staging_location=gs://acme-vision-prep/staging"]
+
+
+def test_settings_resolve_defaults_preset_file_flags(tmp_path):
+  cfg_file = tmp_path / "c.json"
+  cfg_file.write_text(json.dumps({"variants": 5, "seed": 9, "clicks": {"d": 30}}))
+  known, beam_args = cli.prep_parser().parse_known_args(
+      ["--input", "in", "--output", "out", "--preset", "smoke", "--config", str(cfg_file),
+       "--seed", "3", "--runner=DirectRunner", "--direct_num_workers=2"])
+  config = cli.build_config(known)
+  assert config.image_size == 96          # preset
+  assert config.variants == 5             # file over preset
+  assert config.seed == 3                 # flag over file
+  assert config.clicks.d == 30 and config.clicks.d_margin == 5
+  assert beam_args == ["--runner=DirectRunner", "--direct_num_workers=2"]
+  # The user's --direct_* win; ours fill in only what is missing.
+  assert cli.pipeline_args(beam_args) == [
+      "--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=in_memory"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--input", "x"], "--output"),
+    (["--input", "x", "--output", "y", "--image-size", "4"], "image_size"),
+    (["--input", "x", "--output", "y", "--layout", "zip"], "layout"),
+    (["--input", "x", "--output", "y", "--eval-percent", "100"], "eval_percent"),
+])
+def test_bad_options_are_refused_with_a_reason(argv, message, capsys):
+  assert run_cli(["segmentation"] + argv) == 2
+  assert message in capsys.readouterr().out
+
+
+def test_bad_config_file_key(tmp_path, capsys):
+  (tmp_path / "c.json").write_text('{"variantz": 3}')
+  assert run_cli(["segmentation", "--input", "x", "--output", "y", "--config",
+                  str(tmp_path / "c.json")]) == 2
+  assert "unknown config keys: ['variantz']" in capsys.readouterr().out
+
+
+def test_overwrite_replaces_everything(sample_dir, tmp_path):
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "stale.txt").write_text("old run")
+  args = ["segmentation", "--input", sample_dir, "--output", str(out), "--image-size", "48",
+          "--variants", "1", "--num-shards", "1"]
+  assert run_cli(args) == 2
+  assert (out / "stale.txt").exists()
+  assert run_cli(args + ["--overwrite"]) == 0
+  assert not (out / "stale.txt").exists()
+  assert (out / "manifest.json").exists() and (out / "preview.png").exists()
+
+
+@pytest.mark.parametrize("drop,add,message", [
+    ("--project=acme-vision-prod-4711", [], "--project is required"),
+    ("--region=europe-west4", [], "--region is required"),
+    ("--temp_location=gs://acme-vision-prep/tmp", ["--temp_location=/tmp/x"],
+     "--temp_location must be on GCS"),
+])
+def test_dataflow_options_are_validated_offline(drop, add, message):
+  args = [a for a in GCS if a != drop] + add
+  config = PrepConfig(input="gs://acme-vision-prep/data", output="gs://acme-vision-prep/out")
+  with pytest.raises(dataflow.DataflowOptionsError, match=message):
+    dataflow.check_and_complete(args, config)
+
+
+def test_dataflow_refuses_local_paths(tmp_path, capsys):
+  assert run_cli(["segmentation", "--input", str(tmp_path), "--output", str(tmp_path / "o")]
+                 + GCS) == 2
+  out = capsys.readouterr().out
+  assert "--input" in out and "--output" in out and "not on GCS" in out
+
+
+def test_dataflow_dry_run_builds_the_job_with_our_package(tmp_path):
+  config = PrepConfig(input="gs://acme-vision-prep/data", output="gs://acme-vision-prep/out",
+                      image_size=64)
+  args = dataflow.check_and_complete(GCS + ["--dry_run=True"], config)
+  assert f"--setup_file={dataflow.package_setup_file()}" in args
+  result = prep.run(config, PipelineOptions(args))
+  assert result["dry_run"]
+  pipeline = result["job"].proto_pipeline
+  top = {t.unique_name for t in pipeline.components.transforms.values()}
+  for stage in ("ReadExamples", "DecodeExamples", "SampleClicks", "ComputeDistanceMaps",
+                "EncodeExamples", "WriteTrainExamples", "WriteEvalExamples",
+                "AnalyzeAndTransform", "WriteDeadLetters"):
+    assert stage in top
+  staged = {}
+  for env in pipeline.components.environments.values():
+    for dep in env.dependencies:
+      name = beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(dep.role_payload)
+      path = beam_runner_api_pb2.ArtifactFilePayload.FromString(dep.type_payload).path
+      staged[name.staged_name] = path
+  assert "workflow.tar.gz" in staged
+  assert os.path.basename(staged["workflow.tar.gz"]).startswith("beam_prep-")
+  if os.path.exists(staged["workflow.tar.gz"]):
+    with tarfile.open(staged["workflow.tar.gz"]) as tar:
+      names = tar.getnames()
+    assert any(n.endswith("beam_prep/ops/clicks.py") for n in names)
+
+
+def test_preview_image_has_four_non_blank_panels_per_example(prep_dir, tmp_path):
+  png = prep_dir + "/preview.png"
+  assert os.path.exists(png)
+  out = str(tmp_path / "p.png")
+  assert run_cli(["preview", "--records", prep_dir, "--output", out, "--count", "3"]) == 0
+  im = np.asarray(Image.open(out).convert("L")).astype(float)
+  h, w = im.shape
+  assert w > 400 and h > 300
+  # Each panel column (4 per row) must show something, not a flat colour.
+  for c in range(4):
+    panel = im[h // 10: h - h // 10, c * w // 4 + w // 40:(c + 1) * w // 4 - w // 40]
+    assert panel.std() > 10, f"panel column {c} looks blank"
