@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from train.loop import FinalizedFunction, RetraceError, segmentation_counts, weighted_bce
+from train.loop import FinalizedFunction, RetraceError
+from train.tasks import SegmentationTask, _mask_counts
 
 
 def test_finalized_step_raises_on_a_changed_shape():
@@ -24,9 +25,11 @@ def test_loss_ignores_weighted_out_pixels_and_counts_iou():
   logits = np.where(label > 0, 5.0, -5.0).astype(np.float32)
   logits[0, 3] = 5.0  # wrong, but ignored
   labels = {"label": tf.constant(label), "label_weight": tf.constant(weight)}
-  loss = weighted_bce(labels, tf.constant(logits)).numpy()
-  assert loss.shape == (1,) and loss[0] < 0.01
-  c = segmentation_counts(labels, tf.constant(logits)).numpy()[0]
+  loss = SegmentationTask.loss(None, labels, tf.constant(logits)).numpy()
+  assert loss.shape == (1,) and loss[0] < 0.05
+  logits_bad = np.where(label > 0, -5.0, 5.0).astype(np.float32)
+  assert SegmentationTask.loss(None, labels, tf.constant(logits_bad)).numpy()[0] > 1.0
+  c = _mask_counts(labels, tf.constant(logits)).numpy()[0]
   assert c.tolist() == [8.0, 8.0, 12.0, 12.0]
 
 

@@ -20,31 +20,66 @@ def fit_parser() -> argparse.ArgumentParser:
   p.add_argument("--model-dir", dest="model_dir", help="checkpoints, logs, metrics, export")
   p.add_argument("--config", help="JSON file of TrainConfig fields")
   p.add_argument("--preset", help="named defaults: smoke (tiny, for demos and tests)")
-  p.add_argument("--model")
+  p.add_argument("--model", help="registered model name (default: the task's)")
   p.add_argument("--steps", type=int, help="total steps for the model directory")
   p.add_argument("--batch-size", type=int, dest="batch_size", help="examples per replica")
   p.add_argument("--learning-rate", type=float, dest="learning_rate")
+  p.add_argument("--scale-learning-rate", dest="scale_learning_rate", action="store_true",
+                 default=None, help="multiply the learning rate by the replica count")
+  p.add_argument("--shuffle-buffer", type=int, dest="shuffle_buffer")
   p.add_argument("--width", type=int)
   p.add_argument("--depth", type=int)
   p.add_argument("--checkpoint-every", type=int, dest="checkpoint_every")
   p.add_argument("--log-every", type=int, dest="log_every")
+  p.add_argument("--histogram-every", type=int, dest="histogram_every",
+                 help="weight/gradient histograms and predicted masks every N steps (0: off)")
+  p.add_argument("--eval-batches", type=int, dest="eval_batches")
   p.add_argument("--seed", type=int)
+  p.add_argument("--init-from", dest="init_from", help="checkpoint or model dir to start from")
+  p.add_argument("--freeze", help="regular expression of layer names not to train")
+  p.add_argument("--mixed-precision", dest="mixed_precision",
+                 choices=["", "mixed_float16", "mixed_bfloat16"])
+  p.add_argument("--xla", action="store_true", default=None, help="compile the step with XLA")
+  p.add_argument("--no-memory-growth", dest="memory_growth", action="store_false", default=None,
+                 help="let TensorFlow take all GPU memory up front")
+  p.add_argument("--gpu-memory-limit-mb", type=int, dest="gpu_memory_limit_mb")
+  p.add_argument("--intra-op-threads", type=int, dest="intra_op_threads")
+  p.add_argument("--inter-op-threads", type=int, dest="inter_op_threads")
+  p.add_argument("--cpu-replicas", type=int, dest="cpu_replicas",
+                 help="mirror over N logical CPU devices (multi-replica without GPUs)")
+  p.add_argument("--profile-steps", dest="profile_steps", metavar="A,B",
+                 help="record a profiler trace of global steps A..B")
+  p.add_argument("--skip-corrupt-records", dest="skip_corrupt_records", action="store_true",
+                 default=None, help="skip unreadable records instead of stopping")
   p.add_argument("--no-export", dest="export", action="store_false", default=None)
   p.add_argument("--verbose", action="store_true", help="show library logs")
   return p
 
 
+_FIELDS = ("data", "model_dir", "model", "steps", "batch_size", "learning_rate",
+           "scale_learning_rate", "shuffle_buffer", "width", "depth", "checkpoint_every",
+           "log_every", "histogram_every", "eval_batches", "seed", "init_from", "freeze",
+           "mixed_precision", "xla", "memory_growth", "gpu_memory_limit_mb", "intra_op_threads",
+           "inter_op_threads", "cpu_replicas", "skip_corrupt_records", "export")
+
+
 def build_config(args: argparse.Namespace):
+  """Defaults, then preset, then config file, then flags; validated."""
   from train.config import TrainConfig, preset  # pylint: disable=g-import-not-at-top
   fields = preset(args.preset)
   if args.config:
     with open(args.config) as f:
       fields.update(json.load(f))
-  for name in ("data", "model_dir", "model", "steps", "batch_size", "learning_rate", "width",
-               "depth", "checkpoint_every", "log_every", "seed", "export"):
+  for name in _FIELDS:
     value = getattr(args, name)
     if value is not None:
       fields[name] = value
+  if args.profile_steps:
+    try:
+      fields["profile_steps"] = tuple(int(v) for v in args.profile_steps.split(","))
+    except ValueError:
+      raise ValueError(f"--profile-steps takes A,B (two step numbers), got "
+                       f"{args.profile_steps!r}") from None
   missing = [n for n in ("data", "model_dir") if not fields.get(n)]
   if missing:
     raise ValueError("missing required option(s): "
@@ -61,20 +96,28 @@ def _fit(argv: List[str]) -> int:
     log.error("beam-train fit: %s", e)
     return 2
   from train import loop  # pylint: disable=g-import-not-at-top
-  log.info("train: %s on %s, %d steps, batch %d per replica -> %s", config.model, config.data,
-           config.steps, config.batch_size, config.model_dir)
+  log.info("train: %s, %d steps, batch %d per replica -> %s", config.data, config.steps,
+           config.batch_size, config.model_dir)
   try:
     m = loop.fit(config)
-  except (FileNotFoundError, loop.RetraceError, FloatingPointError) as e:
+  except KeyboardInterrupt:
+    log.error("beam-train fit: interrupted; checkpoint saved, rerun the same command to resume")
+    return 130
+  except (FileNotFoundError, ValueError, loop.RetraceError, FloatingPointError) as e:
     log.error("beam-train fit: %s", e)
     return 1
+  log.info("train: done at step %d, loss %.4f, %.1f examples/s, input wait %.0f%%, "
+           "%d replica(s), step traced %d time(s)", m["final_step"], m["final_loss"],
+           m["examples_per_second"] or 0, 100 * (m["input_wait_fraction"] or 0), m["replicas"],
+           m["step_traces"])
   ev = m["eval"]
-  log.info("train: done at step %d, loss %.4f, %.1f examples/s, input wait %.0f%%",
-           m["final_step"], m["final_loss"], m["examples_per_second"] or 0,
-           100 * (m["input_wait_fraction"] or 0))
-  if ev.get("examples"):
-    log.info("eval: %d examples, mean IoU %.3f, pixel accuracy %.3f", ev["examples"],
-             ev["mean_iou"], ev["pixel_accuracy"])
+  if ev.get("examples") and "mean_iou" in ev:
+    log.info("eval: %d examples, mean IoU %.3f (nearest-click baseline %.3f), pixel accuracy "
+             "%.3f", ev["examples"], ev["mean_iou"], ev["baseline_nearest_click_mean_iou"],
+             ev["pixel_accuracy"])
+  elif ev.get("examples"):
+    log.info("eval: %d examples, accuracy %.3f over %d classes", ev["examples"],
+             ev["accuracy"], ev["classes"])
   if "export_dir" in m:
     log.info("export: %s", m["export_dir"])
   return 0

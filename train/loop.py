@@ -1,23 +1,34 @@
 """The training loop: a step traced once, checkpoints, throughput, evaluation.
 
-`fit(config)` trains the model of `config` on a beam_prep output directory
-and returns the metrics it writes to `MODEL_DIR/metrics.json`.
+`fit(config)` trains on a beam_prep output directory and returns the metrics
+it writes to `MODEL_DIR/metrics.json`:
+
+  final_step, steps_this_run, final_loss, replicas, global_batch_size,
+  learning_rate, step_traces, examples_per_second, input_wait_fraction,
+  input_bound, interrupted, eval {...}, export_dir
 """
 
 import json
 import os
+import re
+import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
+import keras
 import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
-import keras
 
 from beam_prep import keys
-from train import logs, models
+from train import devices, logs
 from train.config import TrainConfig
 from train.data import InputReader
+from train.tasks import make_task
+
+# Above this share of step time spent waiting for the next batch, training
+# is input-bound and the trainer says so.
+INPUT_BOUND_FRACTION = 0.10
 
 
 class RetraceError(RuntimeError):
@@ -32,7 +43,7 @@ class FinalizedFunction:
   `RetraceError` naming what changed.
   """
 
-  def __init__(self, fn, name: str):
+  def __init__(self, fn, name: str, jit_compile: bool = False):
     self._name = name
     self._first_spec = None
     self._error = None
@@ -51,7 +62,7 @@ class FinalizedFunction:
         raise self._error
       return fn(*args)
 
-    self._function = tf.function(traced, reduce_retracing=False)
+    self._function = tf.function(traced, reduce_retracing=False, jit_compile=jit_compile)
 
   def __call__(self, *args):
     try:
@@ -70,76 +81,107 @@ def _spec_of(x):
   return repr(x)
 
 
-def choose_strategy() -> tf.distribute.Strategy:
-  """MirroredStrategy over several GPUs, else the default strategy."""
-  gpus = tf.config.list_logical_devices("GPU")
-  if len(gpus) > 1:
-    return tf.distribute.MirroredStrategy()
-  return tf.distribute.get_strategy()
+class Progress:
+  """A progress bar on a terminal; a line every `every` steps otherwise."""
+
+  def __init__(self, total: int, every: int):
+    self._total, self._every = total, every
+    self._tty = sys.stdout.isatty()
+
+  def update(self, step: int, text: str, force: bool = False) -> None:
+    if self._tty:
+      done = int(30 * step / max(self._total, 1))
+      sys.stdout.write(f"\rtrain: [{'#' * done}{'.' * (30 - done)}] {step}/{self._total} {text}")
+      sys.stdout.flush()
+      if step >= self._total:
+        sys.stdout.write("\n")
+    elif force or step % self._every == 0 or step == self._total:
+      logs.get().info("train: step %d/%d  %s", step, self._total, text)
 
 
-def weighted_bce(labels: Dict[str, tf.Tensor], logits: tf.Tensor) -> tf.Tensor:
-  """Per-example mean sigmoid cross-entropy over non-ignored pixels: [B]."""
-  per_pixel = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels[keys.LABEL], logits=logits)
-  w = labels[keys.LABEL_WEIGHT]
-  return tf.reduce_sum(per_pixel * w, axis=[1, 2, 3]) / tf.maximum(
-      tf.reduce_sum(w, axis=[1, 2, 3]), 1.0)
+def _init_from(model: keras.Model, path: str) -> str:
+  """Restores model weights from a checkpoint prefix or a model dir."""
+  ckpt = path
+  if tf.io.gfile.isdir(path):
+    ckpt = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) or \
+        tf.train.latest_checkpoint(path)
+  if not ckpt:
+    raise FileNotFoundError(f"--init-from {path}: no checkpoint found")
+  tf.train.Checkpoint(model=model).restore(ckpt).expect_partial()
+  return ckpt
 
 
-def segmentation_counts(labels, logits) -> tf.Tensor:
-  """Per-example [B, 4]: intersection, union, correct pixels, counted pixels."""
-  pred = tf.cast(logits > 0, tf.float32)
-  y, w = labels[keys.LABEL], labels[keys.LABEL_WEIGHT]
-  inter = tf.reduce_sum(pred * y * w, axis=[1, 2, 3])
-  union = tf.reduce_sum(tf.maximum(pred, y) * w, axis=[1, 2, 3])
-  correct = tf.reduce_sum(tf.cast(tf.equal(pred, y), tf.float32) * w, axis=[1, 2, 3])
-  return tf.stack([inter, union, correct, tf.reduce_sum(w, axis=[1, 2, 3])], axis=1)
-
-
-def _read_json(path: str) -> Optional[Dict[str, Any]]:
-  if not tf.io.gfile.exists(path):
-    return None
-  with tf.io.gfile.GFile(path) as f:
-    return json.load(f)
+def _freeze(model: keras.Model, pattern: str) -> int:
+  rx = re.compile(pattern)
+  frozen = 0
+  for layer in model.layers:
+    if rx.search(layer.name) and layer.weights:
+      layer.trainable = False
+      frozen += 1
+  if not frozen:
+    raise ValueError(f"--freeze {pattern!r} matches no layer with weights; layers: "
+                     + ", ".join(l.name for l in model.layers if l.weights))
+  return frozen
 
 
 def fit(config: TrainConfig) -> Dict[str, Any]:
-  """Trains, evaluates, exports; writes config.json and metrics.json."""
+  """Trains, evaluates, exports; writes config.json and metrics.json.
+
+  Raises:
+    FileNotFoundError: no records, or no checkpoint for --init-from.
+    RetraceError: the step would be traced twice.
+    FloatingPointError: the loss became NaN or infinite (the last good
+      checkpoint is kept).
+    KeyboardInterrupt: after saving a checkpoint and metrics.
+  """
   log = logs.get()
-  tf.io.gfile.makedirs(config.model_dir)
-  with tf.io.gfile.GFile(os.path.join(config.model_dir, "config.json"), "w") as f:
+  devices.configure(config)
+  tft_output = tft.TFTransformOutput(os.path.join(config.data, keys.TRANSFORM_DIR))
+  task = make_task(tft_output)
+  strategy = devices.choose_strategy(config)
+  chief = devices.is_chief(strategy)
+  model_dir = config.model_dir if chief else os.path.join(
+      config.model_dir, f"workertemp_{strategy.cluster_resolver.task_id}")
+  tf.io.gfile.makedirs(model_dir)
+  with tf.io.gfile.GFile(os.path.join(model_dir, "config.json"), "w") as f:
     f.write(config.to_json())
   keras.utils.set_random_seed(config.seed)
 
-  tft_output = tft.TFTransformOutput(os.path.join(config.data, keys.TRANSFORM_DIR))
-  strategy = choose_strategy()
   replicas = strategy.num_replicas_in_sync
   global_batch = config.batch_size * replicas
   lr = config.learning_rate * (replicas if config.scale_learning_rate else 1)
   reader = InputReader(config.data, tft_output, config.batch_size, config.shuffle_buffer,
-                       config.seed)
+                       config.seed, config.skip_corrupt_records)
+  reader.files(keys.TRAIN_SPLIT)  # Fail now, with the pattern, if there are none.
 
   with strategy.scope():
-    model = models.build_model(config.model, width=config.width, depth=config.depth)
+    model = task.build_model(config)
+    global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    if config.freeze:
+      log.info("train: froze %d layers matching %r", _freeze(model, config.freeze),
+               config.freeze)
     optimizer = keras.optimizers.Adam(lr)
+    if config.mixed_precision == "mixed_float16":
+      optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     # Created now, not in the first step: variables created while tracing
     # make tf.function trace twice, which the finalized step forbids.
     optimizer.build(model.trainable_variables)
-    global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=global_step)
   manager = tf.train.CheckpointManager(
-      checkpoint, os.path.join(config.model_dir, "checkpoints"), max_to_keep=3)
+      checkpoint, os.path.join(model_dir, "checkpoints"), max_to_keep=3)
   if manager.latest_checkpoint:
     checkpoint.restore(manager.latest_checkpoint).expect_partial()
     log.info("train: resumed from %s at step %d", manager.latest_checkpoint,
              int(global_step.numpy()))
+  elif config.init_from:
+    log.info("train: weights from %s", _init_from(model, config.init_from))
 
   def step_fn(inputs, labels):
     with tf.GradientTape() as tape:
       logits = model(inputs, training=True)
-      loss = tf.nn.compute_average_loss(weighted_bce(labels, logits),
-                                        global_batch_size=global_batch)
-    grads = tape.gradient(loss, model.trainable_variables)
+      loss = tf.nn.compute_average_loss(task.loss(labels, logits), global_batch_size=global_batch)
+      scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
+    grads = tape.gradient(scaled, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
@@ -148,77 +190,140 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
     global_step.assign_add(1)
     return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-  step = FinalizedFunction(train_step, "train_step")
+  step = FinalizedFunction(train_step, "train_step", jit_compile=config.xla)
   dataset = strategy.distribute_datasets_from_function(
       lambda ctx: reader.dataset(keys.TRAIN_SPLIT, training=True, input_context=ctx))
   iterator = iter(dataset)
-  writer = tf.summary.create_file_writer(os.path.join(config.model_dir, "tensorboard", "train"))
+  tb_dir = os.path.join(model_dir, "tensorboard")
+  writer = tf.summary.create_file_writer(os.path.join(tb_dir, "train"))
+
+  @tf.function
+  def gradients(inputs, labels):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(task.loss(labels, model(inputs, training=False)))
+    return tape.gradient(loss, model.trainable_variables)
 
   start_step = int(global_step.numpy())
-  remaining = config.steps - start_step
-  if remaining <= 0:
+  remaining = max(config.steps - start_step, 0)
+  if not remaining:
     log.info("train: model dir already at step %d >= --steps %d; nothing to train",
              start_step, config.steps)
+  progress = Progress(config.steps, config.log_every)
   wait_s = busy_s = 0.0
-  timed_steps = 0
-  window_t, window_steps = time.perf_counter(), 0
+  timed_steps = window_steps = 0
+  window_t = time.perf_counter()
   loss_value = float("nan")
-  for i in range(max(remaining, 0)):
-    t0 = time.perf_counter()
-    batch = next(iterator)
-    t1 = time.perf_counter()
-    loss_value = float(step(batch))
-    t2 = time.perf_counter()
-    if i > 0:  # The first step includes tracing; keep it out of throughput.
-      wait_s += t1 - t0
-      busy_s += t2 - t0
-      timed_steps += 1
-    window_steps += 1
-    current = int(global_step.numpy())
-    if not np.isfinite(loss_value):
-      raise FloatingPointError(
-          f"loss is {loss_value} at step {current}; the last good checkpoint is "
-          f"{manager.latest_checkpoint}")
-    if current % config.log_every == 0 or current == config.steps:
-      now = time.perf_counter()
-      rate = window_steps * global_batch / (now - window_t)
-      log.info("train: step %d/%d  loss %.4f  %.1f examples/s", current, config.steps,
-               loss_value, rate)
-      with writer.as_default(step=current):
-        tf.summary.scalar("loss", loss_value)
-        tf.summary.scalar("examples_per_second", rate)
-      window_t, window_steps = now, 0
-    if current % config.checkpoint_every == 0:
-      manager.save(checkpoint_number=current)
+  interrupted = False
+  profiling = False
+  try:
+    for i in range(remaining):
+      current = start_step + i + 1  # The step this iteration completes.
+      if config.profile_steps and current == config.profile_steps[0] and chief:
+        tf.profiler.experimental.start(tb_dir)
+        profiling = True
+      t0 = time.perf_counter()
+      batch = next(iterator)
+      t1 = time.perf_counter()
+      loss_value = float(step(batch))
+      t2 = time.perf_counter()
+      if profiling and current == config.profile_steps[1]:
+        tf.profiler.experimental.stop()
+        profiling = False
+        log.info("train: profiled steps %d-%d -> %s (TensorBoard, Profile tab)",
+                 *config.profile_steps, tb_dir)
+      if i > 0:  # The first step includes tracing; keep it out of throughput.
+        wait_s += t1 - t0
+        busy_s += t2 - t0
+        timed_steps += 1
+      window_steps += 1
+      if not np.isfinite(loss_value):
+        raise FloatingPointError(
+            f"loss is {loss_value} at step {current}; stopped without saving. The last good "
+            f"checkpoint is {manager.latest_checkpoint or 'none (no checkpoint yet)'}; lower "
+            "--learning-rate or check the records")
+      if current % config.log_every == 0 or current == config.steps:
+        now = time.perf_counter()
+        rate = window_steps * global_batch / (now - window_t)
+        wait = wait_s / busy_s if busy_s else 0.0
+        with writer.as_default(step=current):
+          tf.summary.scalar("loss", loss_value)
+          tf.summary.scalar("examples_per_second", rate)
+          tf.summary.scalar("input_wait_fraction", wait)
+          tf.summary.scalar("learning_rate", lr)
+        window_t, window_steps = now, 0
+        progress.update(current, f"loss {loss_value:.4f}  {rate:.1f} examples/s  "
+                        f"input wait {100 * wait:.0f}%", force=True)
+      elif sys.stdout.isatty():
+        progress.update(current, f"loss {loss_value:.4f}")
+      if config.histogram_every and current % config.histogram_every == 0 and chief:
+        _histograms(writer, current, model, strategy, batch, gradients, task)
+      if current % config.checkpoint_every == 0:
+        manager.save(checkpoint_number=current)
+  except KeyboardInterrupt:
+    interrupted = True
+    log.info("\ntrain: interrupted; saving a checkpoint at step %d", int(global_step.numpy()))
+  finally:
+    if profiling:
+      tf.profiler.experimental.stop()
   final_step = int(global_step.numpy())
-  if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(f"-{final_step}"):
-    manager.save(checkpoint_number=final_step)
+  if np.isfinite(loss_value) or not remaining:
+    if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(
+        f"-{final_step}"):
+      manager.save(checkpoint_number=final_step)
 
-  eval_metrics = evaluate(model, reader, strategy, config.eval_batches)
+  wait_fraction = (wait_s / busy_s) if busy_s else None
   metrics = {
+      "task": task.name,
       "final_step": final_step,
-      "steps_this_run": max(remaining, 0),
+      "steps_this_run": final_step - start_step,
       "final_loss": loss_value,
       "replicas": replicas,
       "global_batch_size": global_batch,
       "learning_rate": lr,
       "step_traces": step.traces,
       "examples_per_second": (timed_steps * global_batch / busy_s) if busy_s else None,
-      "input_wait_fraction": (wait_s / busy_s) if busy_s else None,
-      "eval": eval_metrics,
+      "input_wait_fraction": wait_fraction,
+      "input_bound": bool(wait_fraction is not None and wait_fraction > INPUT_BOUND_FRACTION),
+      "interrupted": interrupted,
   }
-  if config.export:
-    from train import export  # pylint: disable=g-import-not-at-top
-    metrics["export_dir"] = export.export_segmentation(
-        model, tft_output, config.model_dir, image_size=_image_size(config.data, tft_output))
-  with tf.io.gfile.GFile(os.path.join(config.model_dir, "metrics.json"), "w") as f:
+  if metrics["input_bound"]:
+    log.info("train: input-bound: %.0f%% of step time waits for the next batch. Give the "
+             "input more CPU (--intra-op-threads/--inter-op-threads, a machine with more "
+             "cores), read from local disk, write more and larger shards "
+             "(beam-prep --num-shards), or precompute more per-example work in beam-prep.",
+             100 * wait_fraction)
+  if not interrupted:
+    metrics["eval"] = evaluate(model, reader, task, config.eval_batches)
+    if config.export and chief:
+      from train import export  # pylint: disable=g-import-not-at-top
+      metrics["export_dir"] = export.export_model(model, tft_output, task, config.model_dir)
+  with tf.io.gfile.GFile(os.path.join(model_dir, "metrics.json"), "w") as f:
     json.dump(metrics, f, indent=2, sort_keys=True)
+  if interrupted:
+    raise KeyboardInterrupt
   return metrics
 
 
-def evaluate(model: keras.Model, reader: InputReader, strategy: tf.distribute.Strategy,
-             max_batches: int = 0) -> Dict[str, Any]:
-  """Mean IoU (per example, object vs. rest) and pixel accuracy on the eval split."""
+def _histograms(writer, current, model, strategy, batch, gradients, task) -> None:
+  """Weight and gradient histograms, and (segmentation) predicted masks."""
+  inputs, labels = tf.nest.map_structure(
+      lambda t: strategy.experimental_local_results(t)[0], batch)
+  grads = gradients(inputs, labels)
+  with writer.as_default(step=current):
+    for var, grad in zip(model.trainable_variables, grads):
+      name = var.path if hasattr(var, "path") else var.name
+      tf.summary.histogram(f"weights/{name}", var)
+      if grad is not None:
+        tf.summary.histogram(f"gradients/{name}", grad)
+    if task.name == "segmentation":
+      prob = tf.sigmoid(tf.cast(model(inputs[:3], training=False), tf.float32))
+      tf.summary.image("predicted_masks", prob, max_outputs=3)
+      tf.summary.image("true_masks", labels[keys.LABEL][:3], max_outputs=3)
+
+
+def evaluate(model: keras.Model, reader: InputReader, task, max_batches: int = 0
+             ) -> Dict[str, Any]:
+  """The task's metrics on the whole eval split (or `max_batches` of it)."""
   try:
     ds = reader.dataset(keys.EVAL_SPLIT, training=False)
   except FileNotFoundError:
@@ -228,17 +333,9 @@ def evaluate(model: keras.Model, reader: InputReader, strategy: tf.distribute.St
 
   @tf.function
   def counts(inputs, labels):
-    return segmentation_counts(labels, model(inputs, training=False))
+    return task.counts(inputs, labels, model(inputs, training=False))
 
   rows = [counts(x, y).numpy() for x, y in ds]
   if not rows:
     return {"examples": 0}
-  c = np.concatenate(rows)
-  iou = np.where(c[:, 1] > 0, c[:, 0] / np.maximum(c[:, 1], 1), 1.0)
-  return {"examples": int(c.shape[0]), "mean_iou": float(iou.mean()),
-          "pixel_accuracy": float(c[:, 2].sum() / max(c[:, 3].sum(), 1))}
-
-
-def _image_size(data_dir: str, tft_output: tft.TFTransformOutput) -> int:
-  spec = tft_output.transformed_feature_spec()[keys.IMAGE]
-  return int(spec.shape[0])
+  return task.summarize(np.concatenate(rows))

@@ -50,5 +50,20 @@ def segmentation_fcn(width: int = 16, depth: int = 3, channels: int = 5) -> kera
     x = keras.layers.Conv2DTranspose(width * 2**i, 2, strides=2, name=f"up{i}_deconv")(x)
     x = keras.layers.Concatenate(name=f"up{i}_concat")([x, skips[i]])
     x = _block(x, width * 2**i, f"up{i}")
-  logits = keras.layers.Conv2D(1, 1, name="logits")(x)
+  # float32 logits even under mixed precision: the loss needs the range.
+  logits = keras.layers.Conv2D(1, 1, name="logits", dtype="float32")(x)
   return keras.Model(inputs, logits, name="segmentation_fcn")
+
+
+@register_model("cnn_classifier")
+def cnn_classifier(num_classes: int, width: int = 16, depth: int = 3,
+                   channels: int = 3) -> keras.Model:
+  """A small CNN: `depth` conv blocks, global average pooling, class logits."""
+  inputs = keras.Input((None, None, channels), name="inputs")
+  x = inputs
+  for i in range(depth):
+    x = _block(x, width * 2**i, f"block{i}")
+    x = keras.layers.MaxPooling2D(name=f"pool{i}")(x)
+  x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
+  logits = keras.layers.Dense(num_classes, name="logits", dtype="float32")(x)
+  return keras.Model(inputs, logits, name="cnn_classifier")
