@@ -124,24 +124,44 @@ def _fit(argv: List[str]) -> int:
 
 
 def _predict(argv: List[str]) -> int:
-  p = argparse.ArgumentParser(prog="beam-train predict",
-                              description="Predict a mask from an image and clicks.")
+  p = argparse.ArgumentParser(
+      prog="beam-train predict",
+      description="Predict a mask from an image and clicks (or, with a classification "
+      "model, the image's class).")
   p.add_argument("--model", required=True, help="model dir (newest export) or one export dir")
   p.add_argument("--image", required=True)
   p.add_argument("--positive", action="append", default=[], metavar="X,Y",
                  help="a click on the object (x = column, y = row); repeat for more")
   p.add_argument("--negative", action="append", default=[], metavar="X,Y",
                  help="a click off the object; repeat for more")
-  p.add_argument("--output", required=True, help="mask PNG to write")
+  p.add_argument("--output", help="mask PNG to write (segmentation)")
   p.add_argument("--verbose", action="store_true")
   args = p.parse_args(argv)
   log = logs.quiet(args.verbose)
   from train import predict  # pylint: disable=g-import-not-at-top
   try:
+    fn = predict.load_signature(args.model)
+    if predict.is_classifier(fn):
+      out = predict.classify(fn, args.image)
+      probs = out["probabilities"][0]
+      ranked = sorted(zip(out["classes"].tolist(), probs.tolist()), key=lambda t: -t[1])
+      log.info("predict: %s (%s)", out["label"][0].decode(),
+               ", ".join(f"{c.decode()} {v:.3f}" for c, v in ranked[:5]))
+      return 0
+    if not args.output:
+      raise ValueError("--output MASK.png is required for a segmentation model")
     positive = [predict.parse_point(s) for s in args.positive]
     negative = [predict.parse_point(s) for s in args.negative]
+    if not positive:
+      raise ValueError("at least one --positive X,Y click on the object is required")
     image = predict.load_image(args.image)
-    result = predict.predict(args.model, image, positive, negative)
+    h, w = image.shape[:2]
+    positive, moved_p = predict.clamp(positive, w, h)
+    negative, moved_n = predict.clamp(negative, w, h)
+    if moved_p or moved_n:
+      log.info("predict: clicks outside the %dx%d image clamped to its border: %s", w, h,
+               ", ".join(f"{x},{y}" for x, y in moved_p + moved_n))
+    result = predict.predict(fn, image, positive, negative)
   except (ValueError, FileNotFoundError, OSError) as e:
     log.error("beam-train predict: %s", e)
     return 2

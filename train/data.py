@@ -116,9 +116,9 @@ class InputReader:
       raise FileNotFoundError(f"no {split} records match {pattern}")
     return files
 
-  def dataset(self, split: str, training: bool,
+  def records(self, split: str, training: bool,
               input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
-    """Batches of `(inputs, labels)`; training: shuffled, repeated, full batches."""
+    """Serialized records of a split: this input pipeline's shards, interleaved."""
     files = self.files(split)
     compression = "GZIP" if files[0].endswith(".gz") else ""
     ds = tf.data.Dataset.from_tensor_slices(files)
@@ -135,6 +135,12 @@ class InputReader:
                        deterministic=not training)
     if self._skip:
       ds = ds.ignore_errors()
+    return ds
+
+  def dataset(self, split: str, training: bool,
+              input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+    """Batches of `(inputs, labels)`; training: shuffled, repeated, full batches."""
+    ds = self.records(split, training, input_context)
     if training:
       ds = ds.shuffle(self._shuffle_buffer, seed=self._seed).repeat()
     # Batch before parsing: one parse_example and one transform call per batch.

@@ -5,6 +5,7 @@ it, `<name>_overlay.png`: the image with the mask tinted and the clicks
 marked (green positive, red negative).
 """
 
+import io
 import os
 from typing import Dict, Sequence, Tuple
 
@@ -25,17 +26,52 @@ def parse_point(text: str) -> Tuple[int, int]:
 
 
 def load_image(path: str) -> np.ndarray:
+  """Decodes an image file to uint8 RGB, or raises ValueError naming the file."""
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(f"no image at {path}")
   with tf.io.gfile.GFile(path, "rb") as f:
-    im = Image.open(f)
+    data = f.read()
+  try:
+    im = Image.open(io.BytesIO(data))
     im.load()
-  return np.asarray(im.convert("RGB"), dtype=np.uint8)
+    return np.asarray(im.convert("RGB"), dtype=np.uint8)
+  except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+    raise ValueError(f"cannot read image {path}: {e}") from None
 
 
-def predict(model: str, image: np.ndarray, positive: Sequence[Tuple[int, int]],
+def clamp(points: Sequence[Tuple[int, int]], width: int, height: int):
+  """Points clamped into the image, and those that had to move."""
+  out, moved = [], []
+  for x, y in points:
+    cx, cy = min(max(x, 0), width - 1), min(max(y, 0), height - 1)
+    if (cx, cy) != (x, y):
+      moved.append((x, y))
+    out.append((cx, cy))
+  return out, moved
+
+
+def load_signature(model: str):
+  """The `serving_default` signature of the newest export of `model`."""
+  return tf.saved_model.load(latest_export(model)).signatures["serving_default"]
+
+
+def is_classifier(fn) -> bool:
+  return "image_bytes" in fn.structured_input_signature[1]
+
+
+def classify(fn, path: str) -> Dict[str, np.ndarray]:
+  with tf.io.gfile.GFile(path, "rb") as f:
+    data = f.read()
+  try:
+    out = fn(image_bytes=tf.constant([data]))
+  except tf.errors.InvalidArgumentError as e:
+    raise ValueError(f"cannot read image {path}: {e.message.splitlines()[0]}") from None
+  return {k: v.numpy() for k, v in out.items()}
+
+
+def predict(fn, image: np.ndarray, positive: Sequence[Tuple[int, int]],
             negative: Sequence[Tuple[int, int]]) -> Dict[str, np.ndarray]:
-  """Runs the serving signature of the newest export of `model`."""
-  loaded = tf.saved_model.load(latest_export(model))
-  fn = loaded.signatures["serving_default"]
+  """Runs a segmentation `serving_default` signature."""
   out = fn(image=tf.constant(image, tf.uint8),
            positive_clicks=tf.constant(np.asarray(positive, np.int32).reshape(-1, 2)),
            negative_clicks=tf.constant(np.asarray(negative, np.int32).reshape(-1, 2)))

@@ -1,0 +1,187 @@
+"""The serving export: parity with the training path, signatures, bad inputs."""
+
+import glob
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_transform as tft
+from PIL import Image
+
+from beam_prep import keys
+from tests.helpers import png, run_cli
+from train import distance, models
+from train.data import Decoder, Parser
+from train.export import SegmentationServer, latest_export, scale_clicks, to_raw_bytes
+
+
+@pytest.fixture(scope="module")
+def trained(prep_dir, tmp_path_factory):
+  """A segmentation model trained a few steps on the session's records."""
+  from train import cli  # pylint: disable=g-import-not-at-top
+  model_dir = str(tmp_path_factory.mktemp("model"))
+  with pytest.raises(SystemExit) as e:
+    cli.main(["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "6",
+              "--batch-size", "4", "--width", "4", "--depth", "2", "--histogram-every", "0"])
+  assert e.value.code == 0
+  return model_dir
+
+
+def _restored_model(model_dir):
+  model = models.build_model("segmentation_fcn", width=4, depth=2)
+  tf.train.Checkpoint(model=model).restore(
+      tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
+  return model
+
+
+def _eval_examples(prep_dir, n=4):
+  files = sorted(glob.glob(os.path.join(prep_dir, "records", "eval-*")))
+  return [r.numpy() for r in tf.data.TFRecordDataset(files).take(n)]
+
+
+def test_serving_input_and_output_match_the_training_path(prep_dir, trained):
+  tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
+  model = _restored_model(trained)
+  serving = tf.saved_model.load(latest_export(trained)).signatures["serving_default"]
+  server = SegmentationServer(model, tft_out, 64)
+  for serialized in _eval_examples(prep_dir):
+    raw = Decoder(tft_out).decode(tf.constant([serialized]))
+    train_inputs, _ = Parser(tft_out)(raw, training=False)
+    f = tf.train.Example.FromString(serialized).features.feature
+    image = np.frombuffer(f["image"].bytes_list.value[0], np.uint8).reshape(64, 64, 3)
+    record_maps = np.frombuffer(f["distance_maps"].bytes_list.value[0],
+                                np.uint8).reshape(64, 64, 2)
+    pos = np.array(f["positive_clicks"].int64_list.value, np.int32).reshape(-1, 2)
+    neg = np.array(f["negative_clicks"].int64_list.value, np.int32).reshape(-1, 2)
+    # The serving graph's steps, one by one: clicks, maps, model input.
+    maps = distance.distance_maps(scale_clicks(pos, 64, 64, 64),
+                                  scale_clicks(neg, 64, 64, 64), 64, 64).numpy()
+    np.testing.assert_array_equal(maps, record_maps)
+    serve_inputs = server.model_input(to_raw_bytes(tf.constant(image))[None],
+                                      to_raw_bytes(tf.constant(maps))[None])
+    np.testing.assert_array_equal(serve_inputs.numpy(), train_inputs.numpy())
+    # And the exported SavedModel, end to end.
+    out = serving(image=tf.constant(image), positive_clicks=tf.constant(pos),
+                  negative_clicks=tf.constant(neg))
+    want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
+    np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
+    np.testing.assert_array_equal(out["mask"].numpy(), (want > 0.5).astype(np.uint8))
+
+
+def test_batch_scoring_signature_takes_raw_examples(prep_dir, trained):
+  loaded = tf.saved_model.load(latest_export(trained))
+  examples = _eval_examples(prep_dir, 3)
+  batch = loaded.signatures["serve_examples"](examples=tf.constant(examples))
+  assert batch["probabilities"].shape == (3, 64, 64)
+  for i, serialized in enumerate(examples):
+    f = tf.train.Example.FromString(serialized).features.feature
+    one = loaded.signatures["serving_default"](
+        image=tf.constant(np.frombuffer(f["image"].bytes_list.value[0],
+                                        np.uint8).reshape(64, 64, 3)),
+        positive_clicks=tf.constant(np.array(f["positive_clicks"].int64_list.value,
+                                             np.int32).reshape(-1, 2)),
+        negative_clicks=tf.constant(np.array(f["negative_clicks"].int64_list.value,
+                                             np.int32).reshape(-1, 2)))
+    np.testing.assert_allclose(batch["probabilities"][i], one["probabilities"], atol=1e-5)
+
+
+def test_serving_any_image_size_and_bad_inputs(trained):
+  serving = tf.saved_model.load(latest_export(trained)).signatures["serving_default"]
+  img = tf.constant(np.random.default_rng(0).integers(0, 255, (50, 90, 3), dtype=np.uint8))
+  out = serving(image=img, positive_clicks=tf.constant([[45, 25]], tf.int32),
+                negative_clicks=tf.zeros([0, 2], tf.int32))
+  assert out["probabilities"].shape == (50, 90) and out["mask"].dtype == tf.uint8
+  # Outside the image (and negative): clamped to the border, documented.
+  clamped = serving(image=img, positive_clicks=tf.constant([[500, -7]], tf.int32),
+                    negative_clicks=tf.constant([[-3, 900]], tf.int32))
+  border = serving(image=img, positive_clicks=tf.constant([[89, 0]], tf.int32),
+                   negative_clicks=tf.constant([[0, 49]], tf.int32))
+  np.testing.assert_allclose(clamped["probabilities"], border["probabilities"], atol=1e-6)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="positive click"):
+    serving(image=img, positive_clicks=tf.zeros([0, 2], tf.int32),
+            negative_clicks=tf.zeros([0, 2], tf.int32))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="image is empty"):
+    serving(image=tf.zeros([0, 5, 3], tf.uint8), positive_clicks=tf.constant([[0, 0]]),
+            negative_clicks=tf.zeros([0, 2], tf.int32))
+
+
+def test_predict_cli_errors_are_clear(trained, tmp_path, capsys):
+  from train import cli  # pylint: disable=g-import-not-at-top
+  (tmp_path / "junk.png").write_bytes(b"not an image")
+  (tmp_path / "ok.png").write_bytes(png(np.zeros((20, 30, 3), np.uint8)))
+  cases = [
+      (["--image", str(tmp_path / "junk.png"), "--positive", "1,1"], "cannot read image"),
+      (["--image", str(tmp_path / "ok.png")], "at least one --positive"),
+      (["--image", str(tmp_path / "ok.png"), "--positive", "3;4"], "X,Y"),
+      (["--image", str(tmp_path / "nope.png"), "--positive", "1,1"], "nope.png"),
+  ]
+  for args, message in cases:
+    with pytest.raises(SystemExit) as e:
+      cli.main(["predict", "--model", trained, "--output", str(tmp_path / "m.png")] + args)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().out
+  with pytest.raises(SystemExit) as e:
+    cli.main(["predict", "--model", trained, "--output", str(tmp_path / "m.png"),
+              "--image", str(tmp_path / "ok.png"), "--positive", "100,-5"])
+  assert e.value.code == 0
+  assert "clamped" in capsys.readouterr().out
+  assert Image.open(tmp_path / "m.png").size == (30, 20)
+
+
+def test_saved_model_cli_show_and_run(trained, tmp_path):
+  export = latest_export(trained)
+  np.save(tmp_path / "image.npy", np.zeros((40, 50, 3), np.uint8))
+  np.save(tmp_path / "pos.npy", np.array([[20, 20]], np.int32))
+  np.save(tmp_path / "neg.npy", np.zeros((0, 2), np.int32))
+  cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+  shown = subprocess.run([cli, "show", "--dir", export, "--all"], capture_output=True,
+                         text=True, timeout=300)
+  assert shown.returncode == 0, shown.stderr
+  for text in ("serving_default", "serve_examples", "positive_clicks", "negative_clicks",
+               "dtype: DT_UINT8", "probabilities"):
+    assert text in shown.stdout
+  ran = subprocess.run(
+      [cli, "run", "--dir", export, "--tag_set", "serve", "--signature_def", "serving_default",
+       "--inputs", f"image={tmp_path}/image.npy;positive_clicks={tmp_path}/pos.npy;"
+       f"negative_clicks={tmp_path}/neg.npy"], capture_output=True, text=True, timeout=300)
+  assert ran.returncode == 0, ran.stderr
+  assert "probabilities" in ran.stdout and "mask" in ran.stdout
+
+
+def test_classification_end_to_end(tmp_path):
+  from train import cli  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  root = tmp_path / "classes"
+  colours = {"red": (200, 30, 30), "blue": (30, 30, 200)}
+  for label, colour in colours.items():
+    (root / label).mkdir(parents=True)
+    for i in range(12):
+      img = np.clip(np.array(colour) + rng.normal(0, 25, (24, 24, 3)), 0, 255).astype(np.uint8)
+      (root / label / f"{i}.png").write_bytes(png(img))
+  prep = str(tmp_path / "prep")
+  assert run_cli(["classification", "--input", str(root), "--output", prep, "--image-size", "16",
+                  "--num-shards", "2", "--eval-percent", "25"]) == 0
+  model_dir = str(tmp_path / "model")
+  with pytest.raises(SystemExit) as e:
+    cli.main(["fit", "--data", prep, "--model-dir", model_dir, "--steps", "30",
+              "--batch-size", "4", "--width", "4", "--depth", "2", "--histogram-every", "0"])
+  assert e.value.code == 0
+  m = json.load(open(os.path.join(model_dir, "metrics.json")))
+  assert m["task"] == "classification" and m["eval"]["classes"] == 2
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.rmtree(prep)
+  serving = tf.saved_model.load(latest_export(model_dir)).signatures["serving_default"]
+  red = io.BytesIO()
+  Image.fromarray(np.full((30, 20, 3), (210, 20, 20), np.uint8)).save(red, format="JPEG")
+  out = serving(image_bytes=tf.constant([red.getvalue(), png(np.full((8, 8, 3), (20, 20, 220),
+                                                              np.uint8))]))
+  assert out["probabilities"].shape == (2, 2)
+  assert sorted(out["classes"].numpy().tolist()) == [b"blue", b"red"]
+  assert out["label"].numpy().tolist() == [b"red", b"blue"]
+  with pytest.raises(tf.errors.InvalidArgumentError):
+    serving(image_bytes=tf.constant([b"not an image"]))

@@ -1,0 +1,190 @@
+"""The trainer on real records: input path, strategies, checkpoints, TensorBoard."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_transform as tft
+
+from beam_prep import keys, preprocessing
+from train.data import Decoder, InputReader, Parser
+
+
+def _fit(args):
+  from train import cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    cli.main(["fit"] + args)
+  return e.value.code
+
+
+def _cli(args, timeout=600, **kw):
+  """beam-train in a fresh process (device settings need a fresh runtime)."""
+  return subprocess.run([sys.executable, "-m", "train"] + args, capture_output=True, text=True,
+                        timeout=timeout, **kw)
+
+
+SMALL = ["--batch-size", "4", "--width", "4", "--depth", "1", "--log-every", "1",
+         "--histogram-every", "0", "--no-export"]
+
+
+def test_decoder_and_parser_on_in_memory_examples(prep_dir):
+  out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
+  image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+  mask = np.zeros((64, 64), np.uint8)
+  mask[10:30, 10:30] = 1
+  mask[0] = keys.IGNORE
+  ex = {"image_id": "mem", "object_id": 1, "variant": 0, "image": image,
+        "distance_maps": np.full((64, 64, 2), 255, np.uint8), "mask": mask,
+        "positive_clicks": np.array([[20, 20]]), "negative_clicks": np.zeros((0, 2), int)}
+  raw = Decoder(out).decode(tf.constant([preprocessing.encode_example(ex)] * 2))
+  assert raw[keys.IMAGE].shape == (2,) and raw[keys.POSITIVE_CLICKS].values.numpy().tolist() == [
+      20, 20, 20, 20]
+  inputs, labels = Parser(out)(raw, training=False)
+  assert inputs.shape == (2, 64, 64, 5) and inputs.dtype == tf.float32
+  np.testing.assert_allclose(inputs[0, ..., 3:].numpy(), 1.0)
+  assert labels[keys.LABEL].shape == (2, 64, 64, 1)
+  assert float(tf.reduce_sum(labels[keys.LABEL][0])) == 400
+  assert float(tf.reduce_sum(1 - labels[keys.LABEL_WEIGHT][0])) == 64
+  flipped, flabels = Parser(out, seed=1)(raw, training=True)
+  for b in range(2):  # Either unchanged or mirrored, always image and label together.
+    same = np.allclose(flipped[b], inputs[b])
+    mirrored = np.allclose(flipped[b], inputs[b, :, ::-1])
+    assert same or mirrored
+    want = labels[keys.LABEL][b] if same else labels[keys.LABEL][b, :, ::-1]
+    np.testing.assert_array_equal(flabels[keys.LABEL][b], want)
+
+
+def test_reader_sharding_is_disjoint_and_eval_is_deterministic(prep_dir):
+  out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
+  reader = InputReader(prep_dir, out, batch_size=4)
+  everything = sorted(r.numpy() for r in reader.records(keys.TRAIN_SPLIT, training=False))
+  parts = []
+  for i in range(2):
+    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i,
+                                     num_replicas_in_sync=2)
+    parts.append([r.numpy() for r in reader.records(keys.TRAIN_SPLIT, False, ctx)])
+  assert parts[0] and parts[1]
+  assert not set(parts[0]) & set(parts[1])
+  assert sorted(parts[0] + parts[1]) == everything
+  first = [x.numpy() for x, _ in reader.dataset(keys.EVAL_SPLIT, training=False)]
+  second = [x.numpy() for x, _ in reader.dataset(keys.EVAL_SPLIT, training=False)]
+  assert len(first) == len(second) > 0
+  for a, b in zip(first, second):
+    np.testing.assert_array_equal(a, b)
+  batch = next(iter(reader.dataset(keys.TRAIN_SPLIT, training=True)))
+  assert batch[0].shape == (4, 64, 64, 5)
+
+
+def test_two_replicas_on_logical_cpus(prep_dir, tmp_path):
+  model_dir = str(tmp_path / "m")
+  r = _cli(["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "4",
+            "--cpu-replicas", "2", "--scale-learning-rate"] + SMALL)
+  assert r.returncode == 0, r.stdout + r.stderr
+  m = json.load(open(os.path.join(model_dir, "metrics.json")))
+  assert m["replicas"] == 2 and m["global_batch_size"] == 8
+  assert m["learning_rate"] == pytest.approx(2 * 2e-3)
+  assert m["final_step"] == 4 and m["step_traces"] == 1
+  assert "MirroredStrategy over 2 logical CPU devices" in r.stdout
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(prep_dir, tmp_path, capsys):
+  model_dir = str(tmp_path / "m")
+  assert _fit(["--data", prep_dir, "--model-dir", model_dir, "--checkpoint-every", "1",
+               "--steps", "40", "--learning-rate", "1e30"] + SMALL) == 1
+  out = capsys.readouterr().out
+  assert "loss is nan" in out and "last good checkpoint" in out
+  latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+  nan_step = int(out.split("loss is nan at step ")[1].split(";")[0])
+  assert int(latest.rsplit("-", 1)[1]) < nan_step
+  reader = tf.train.load_checkpoint(latest)
+  for name in reader.get_variable_to_shape_map():
+    if name.startswith("model/") and "VARIABLE_VALUE" in name:
+      assert np.isfinite(reader.get_tensor(name)).all(), name
+
+
+def test_metrics_tensorboard_and_profile(prep_dir, tmp_path):
+  model_dir = str(tmp_path / "m")
+  assert _fit(["--data", prep_dir, "--model-dir", model_dir, "--steps", "4",
+               "--batch-size", "4", "--width", "4", "--depth", "1", "--log-every", "2",
+               "--histogram-every", "2", "--profile-steps", "2,3", "--no-export"]) == 0
+  m = json.load(open(os.path.join(model_dir, "metrics.json")))
+  for key in ("final_step", "examples_per_second", "input_wait_fraction", "input_bound",
+              "step_traces", "replicas", "global_batch_size", "eval"):
+    assert key in m, key
+  assert 0 <= m["input_wait_fraction"] <= 1 and m["examples_per_second"] > 0
+  assert 0 <= m["eval"]["mean_iou"] <= 1
+  assert 0 <= m["eval"]["baseline_nearest_click_mean_iou"] <= 1
+  tags = set()
+  for f in glob.glob(os.path.join(model_dir, "tensorboard", "train", "events.*")):
+    for e in tf.compat.v1.train.summary_iterator(f):
+      tags.update(v.tag for v in e.summary.value)
+  for tag in ("loss", "examples_per_second", "input_wait_fraction", "learning_rate",
+              "predicted_masks"):
+    assert tag in tags, tag
+  assert any(t.startswith("weights/") for t in tags)
+  assert any(t.startswith("gradients/") for t in tags)
+  assert glob.glob(os.path.join(model_dir, "tensorboard", "plugins", "profile", "*",
+                                "*.xplane.pb"))
+
+
+def _kernel(model_dir, layer):
+  from train import models  # pylint: disable=g-import-not-at-top
+  model = models.build_model("segmentation_fcn", width=4, depth=1)
+  tf.train.Checkpoint(model=model).restore(
+      tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
+  return model.get_layer(layer).kernel.numpy()
+
+
+def test_fine_tuning_from_a_checkpoint_with_frozen_layers(prep_dir, tmp_path):
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  common = ["--data", prep_dir, "--batch-size", "4", "--width", "4", "--depth", "1",
+            "--histogram-every", "0", "--no-export"]
+  assert _fit(common + ["--model-dir", a, "--steps", "3"]) == 0
+  assert _fit(common + ["--model-dir", b, "--steps", "3", "--init-from", a,
+                        "--freeze", "^down0_"]) == 0
+  np.testing.assert_array_equal(_kernel(a, "down0_conv1"), _kernel(b, "down0_conv1"))
+  assert not np.array_equal(_kernel(a, "up0_conv1"), _kernel(b, "up0_conv1"))
+
+
+def test_ctrl_c_saves_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path):
+  model_dir = str(tmp_path / "m")
+  args = ["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "100000",
+          "--checkpoint-every", "100000"] + SMALL
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  proc = subprocess.Popen([sys.executable, "-m", "train"] + args, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=env)
+  deadline = time.time() + 300
+  seen = ""
+  while time.time() < deadline:
+    line = proc.stdout.readline()
+    seen += line
+    if "train: step 3/" in line:
+      break
+  proc.send_signal(signal.SIGINT)
+  rest, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 130, seen + rest
+  latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+  assert latest is not None
+  saved_step = int(latest.rsplit("-", 1)[1])
+  m = json.load(open(os.path.join(model_dir, "metrics.json")))
+  assert m["interrupted"] and m["final_step"] == saved_step >= 3
+  assert _fit(["--data", prep_dir, "--model-dir", model_dir,
+               "--steps", str(saved_step + 2)] + SMALL) == 0
+  m = json.load(open(os.path.join(model_dir, "metrics.json")))
+  assert m["final_step"] == saved_step + 2 and m["steps_this_run"] == 2
+
+
+def test_retrace_guard_names_the_change_in_the_real_step():
+  from train.loop import FinalizedFunction, RetraceError  # pylint: disable=g-import-not-at-top
+  v = tf.Variable(0.0)
+  step = FinalizedFunction(lambda x: v.assign_add(tf.reduce_sum(x)), "train_step")
+  step(tf.ones([8, 64, 64, 5]))
+  with pytest.raises(RetraceError, match=r"float32\[8, 64, 64, 5\].*float32\[7, 64, 64, 5\]"):
+    step(tf.ones([7, 64, 64, 5]))
