@@ -35,8 +35,12 @@ def _eval_clicks(prep_dir: str):
   logs.quiet()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   files = sorted(glob.glob(os.path.join(prep_dir, "records", "eval-*")))
-  raw = next(iter(tf.data.TFRecordDataset(files).take(1))).numpy()
-  ex = tf.train.Example.FromString(raw).features.feature
+  records = [tf.train.Example.FromString(r.numpy()).features.feature
+             for r in tf.data.TFRecordDataset(files)]
+  # The same record every run, whatever shard Beam put it in.
+  ex = min(records, key=lambda f: (f["image_id"].bytes_list.value[0],
+                                   f["object_id"].int64_list.value[0],
+                                   f["variant"].int64_list.value[0]))
   size = ex["height"].int64_list.value[0]
   pos = np.array(ex["positive_clicks"].int64_list.value).reshape(-1, 2)
   neg = np.array(ex["negative_clicks"].int64_list.value).reshape(-1, 2)
@@ -100,11 +104,13 @@ def main(argv=None):
       f"({manifest['config']['variants']} click variants per object); "
       f"{c['errors_total']} dead letters in {prep}/errors")
   log(f"  transform    {prep}/transform (tf.Transform: per-channel mean/std)")
+  log(f"  preview      {prep}/preview.png (what the records hold)")
   ev = metrics["eval"]
   log(f"  model        {model}: {metrics['final_step']} steps, "
       f"{metrics['examples_per_second'] or 0:.1f} examples/s, "
       f"input wait {100 * (metrics['input_wait_fraction'] or 0):.0f}%, eval mean IoU "
-      f"{ev.get('mean_iou', float('nan')):.3f}")
+      f"{ev.get('mean_iou', float('nan')):.3f} (nearest-click baseline "
+      f"{ev.get('baseline_nearest_click_mean_iou', float('nan')):.3f})")
   log(f"  export       {metrics['export_dir']}")
   log(f"  prediction   {pred} (+ _overlay.png): {image_id} object {object_id}, "
       f"{len(pos)} positive + {len(neg)} negative clicks, IoU with the true mask {iou:.3f}")
