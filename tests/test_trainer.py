@@ -188,3 +188,41 @@ def test_retrace_guard_names_the_change_in_the_real_step():
   step(tf.ones([8, 64, 64, 5]))
   with pytest.raises(RetraceError, match=r"float32\[8, 64, 64, 5\].*float32\[7, 64, 64, 5\]"):
     step(tf.ones([7, 64, 64, 5]))
+
+
+def _free_ports(n):
+  import socket  # pylint: disable=g-import-not-at-top
+  socks = [socket.socket() for _ in range(n)]
+  for s in socks:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in socks]
+  for s in socks:
+    s.close()
+  return ports
+
+
+def test_multi_worker_with_two_local_processes(prep_dir, tmp_path):
+  ports = _free_ports(2)
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+  model_dir = str(tmp_path / "m")
+  procs = []
+  for i in range(2):
+    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster,
+                                                  "task": {"type": "worker", "index": i}}))
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", "train", "fit", "--data", prep_dir, "--model-dir", model_dir,
+         "--steps", "4", "--batch-size", "2", "--width", "4", "--depth", "1",
+         "--histogram-every", "0", "--no-export"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+  outs = []
+  for p in procs:
+    try:
+      outs.append(p.communicate(timeout=400)[0])
+    finally:
+      p.kill()
+  assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
+  assert "MultiWorkerMirroredStrategy, 2 replicas in sync" in outs[1]
+  m = json.load(open(os.path.join(model_dir, "metrics.json")))
+  assert m["replicas"] == 2 and m["global_batch_size"] == 4 and m["final_step"] == 4
+  worker = json.load(open(os.path.join(model_dir, "workertemp_1", "metrics.json")))
+  assert worker["final_loss"] == pytest.approx(m["final_loss"])  # one all-reduced model
