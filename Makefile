@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-all bench install clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or make PYTHON=/path/to/python3.11)"; exit 1; }
@@ -25,6 +25,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# Also the long load tests (10x data, 1000 training steps).
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q -m "" tests
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks --quick --json out/bench.json --plot out/bench_input.png
 
 clean:
 	rm -rf out .pytest_cache

@@ -117,8 +117,17 @@ def split_of(image_id: str, eval_percent: int) -> str:
   return keys.EVAL_SPLIT if h % 100 < eval_percent else keys.TRAIN_SPLIT
 
 
+def sort_key(ex) -> str:
+  """The order of records within a shard: image, object, variant."""
+  parts = [ex["image_id"]]
+  for k in ("object_id", "variant"):
+    if k in ex:
+      parts.append(f"{int(ex[k]):05d}")
+  return "/".join(parts)
+
+
 class EncodeExamples(beam.PTransform):
-  """Finished example dicts -> `(split, serialized tf.Example)` pairs.
+  """Finished example dicts -> `(split, sort key, serialized tf.Example)`.
 
   The split is the example's own `split` when its layout fixed one (Pascal
   VOC's lists, a manifest column), else a stable hash of the image id.
@@ -138,26 +147,86 @@ class EncodeExamples(beam.PTransform):
     eval_percent = self._eval_percent
     encode = self._encode or preprocessing.encode_example
     return pcoll | beam.Map(
-        lambda ex: (ex.get("split") or split_of(ex["image_id"], eval_percent), encode(ex)))
+        lambda ex: (ex.get("split") or split_of(ex["image_id"], eval_percent), sort_key(ex),
+                    encode(ex)))
+
+
+def shard_of(key: str, num_shards: int) -> int:
+  """A record's shard: a stable hash of its key (same on every runner)."""
+  h = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big")
+  return h % num_shards
+
+
+class _WriteShardFn(beam.DoFn):
+  """Writes one shard: its records sorted by key, to a hidden temp file that
+  is renamed into place only when complete."""
+
+  def __init__(self, prefix: str, suffix: str, num_shards: int, kind: str, gzip: bool):
+    self._prefix, self._suffix, self._n = prefix, suffix, num_shards
+    self._kind, self._gzip = kind, gzip
+
+  def process(self, kv):
+    from apache_beam.io.filesystem import CompressionTypes  # pylint: disable=g-import-not-at-top
+    from apache_beam.io.tfrecordio import _TFRecordUtil  # pylint: disable=g-import-not-at-top
+    shard, items = kv
+    items = sorted(i for i in items if i is not None)
+    path = f"{self._prefix}-{shard:05d}-of-{self._n:05d}{self._suffix}"
+    folder, name = path.rsplit("/", 1)
+    tmp = f"{folder}/.tmp-{name}"
+    comp = CompressionTypes.GZIP if self._gzip else CompressionTypes.UNCOMPRESSED
+    with FileSystems.create(tmp, compression_type=comp) as f:
+      for _, payload in items:
+        if self._kind == "tfrecord":
+          _TFRecordUtil.write_record(f, payload)
+        else:
+          f.write(payload + b"\n")
+    if FileSystems.exists(path):
+      FileSystems.delete([path])
+    FileSystems.rename([tmp], [path])
+    Metrics.counter("beam_prep", "records_written").inc(len(items))
+    yield path
+
+
+class _WriteSortedShards(beam.PTransform):
+  """(key, payload) pairs -> `num_shards` files, deterministic to the byte.
+
+  Shard = stable hash of the key; order within a shard = key order. A rerun
+  over the same inputs writes the same bytes, whatever the runner, worker
+  count or bundle order. Each shard is sorted on one worker, so it must fit
+  in a worker's memory: choose enough shards (a few hundred MB each at most).
+  """
+
+  def __init__(self, prefix: str, suffix: str, num_shards: int, kind: str, gzip: bool = False):
+    super().__init__()
+    self._args = (prefix, suffix, num_shards, kind, gzip)
+    self._n = num_shards
+
+  def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+    n = self._n
+    keyed = pcoll | "ToShard" >> beam.Map(lambda kv: (shard_of(kv[0], n), kv))
+    every = pcoll.pipeline | "AllShards" >> beam.Create([(i, None) for i in range(n)])
+    return ((keyed, every) | "WithEmpty" >> beam.Flatten()
+            | "GroupShards" >> beam.GroupByKey()
+            | "WriteShards" >> beam.ParDo(_WriteShardFn(*self._args)))
 
 
 class WriteExamples(beam.PTransform):
-  """Writes serialized tf.Examples to `DIR/records/SPLIT-SSSSS-of-NNNNN.tfrecord[.gz]`."""
+  """Writes `(sort key, serialized tf.Example)` pairs to
+  `DIR/records/SPLIT-SSSSS-of-NNNNN.tfrecord[.gz]`, deterministically.
+
+  Returns the PCollection of written file paths.
+  """
 
   def __init__(self, output_dir: str, split: str, num_shards: int, compression: str = ""):
     super().__init__()
     self._prefix = FileSystems.join(output_dir, keys.RECORDS_DIR, split)
     self._num_shards = num_shards
-    self._compression = compression
+    self._gzip = compression == "gzip"
 
-  def expand(self, pcoll: beam.PCollection) -> beam.pvalue.PDone:
-    from apache_beam.io.filesystem import CompressionTypes  # pylint: disable=g-import-not-at-top
-    gz = self._compression == "gzip"
-    return pcoll | beam.io.WriteToTFRecord(
-        self._prefix,
-        file_name_suffix=keys.RECORD_SUFFIX + (".gz" if gz else ""),
-        num_shards=self._num_shards,
-        compression_type=CompressionTypes.GZIP if gz else CompressionTypes.UNCOMPRESSED)
+  def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+    suffix = keys.RECORD_SUFFIX + (".gz" if self._gzip else "")
+    return pcoll | _WriteSortedShards(self._prefix, suffix, self._num_shards, "tfrecord",
+                                      self._gzip)
 
 
 class AnalyzeAndTransform(beam.PTransform):
@@ -200,16 +269,19 @@ class AnalyzeAndTransform(beam.PTransform):
 
 
 class WriteDeadLetters(beam.PTransform):
-  """Writes error dicts as JSON lines to `DIR/errors/errors-*.jsonl`."""
+  """Writes error dicts as sorted JSON lines to `DIR/errors/errors-00000-of-00001.jsonl`."""
 
   def __init__(self, output_dir: str):
     super().__init__()
     self._prefix = FileSystems.join(output_dir, keys.ERRORS_DIR, "errors")
 
-  def expand(self, errors: beam.PCollection) -> beam.pvalue.PDone:
+  def expand(self, errors: beam.PCollection) -> beam.PCollection:
+    def line(e):
+      text = json.dumps(e, sort_keys=True)
+      return text, text.encode("utf-8")
     return (errors
-            | "ToJson" >> beam.Map(lambda e: json.dumps(e, sort_keys=True))
-            | "Write" >> beam.io.WriteToText(self._prefix, file_name_suffix=".jsonl"))
+            | "ToJson" >> beam.Map(line)
+            | "Write" >> _WriteSortedShards(self._prefix, ".jsonl", 1, "text"))
 
 
 def count_by(pcoll: beam.PCollection, key_fn, label: str) -> beam.PCollection:

@@ -18,6 +18,7 @@ import sys
 from typing import List, Optional
 
 from pipelines import logs
+from train.cli import load_config_file  # JSON only; shared with beam-train
 
 # Chosen by measurement on a 2-core machine (README, "Running mode of the
 # DirectRunner"): one in-memory worker beat two threads and two processes for
@@ -126,8 +127,7 @@ def build_config(args: argparse.Namespace, task: str = "segmentation"):
   from beam_prep.config import PrepConfig, preset  # pylint: disable=g-import-not-at-top
   fields = preset(args.preset)
   if args.config:
-    with open(args.config) as f:
-      fields.update(json.load(f))
+    fields.update(load_config_file(args.config))
   fields["task"] = task
   for name in ("input", "output", "layout", "allow_outside_root", "image_size", "variants",
                "seed", "eval_percent", "num_shards", "compression", "max_pixels",
@@ -165,7 +165,12 @@ def _prep(task: str, argv: List[str]) -> int:
   log = logs.get()
   try:
     config = build_config(known, task)
-  except (ValueError, TypeError, OSError, json.JSONDecodeError) as e:
+    if config.ops_module:
+      import importlib  # pylint: disable=g-import-not-at-top
+      importlib.import_module(config.ops_module)
+    from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+    registry.build_chain(config.chain)  # Names and literal arguments, checked now.
+  except (ValueError, TypeError, OSError, ImportError) as e:
     log.error("beam-prep %s: %s", task, e)
     return 2
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top

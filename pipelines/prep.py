@@ -80,13 +80,15 @@ def build(p: beam.Pipeline, config: PrepConfig, temp_dir: str) -> None:
   for split in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT):
     splits[split] = (encoded
                      | f"Select{split.title()}" >> beam.Filter(lambda kv, s=split: kv[0] == s)
-                     | f"Drop{split.title()}Key" >> beam.Values())
+                     | f"Drop{split.title()}Key" >> beam.Map(lambda kv: (kv[1], kv[2])))
     _ = splits[split] | f"Write{split.title()}Examples" >> WriteExamples(
         out, split, config.num_shards, config.compression)
 
   with tft_beam.Context(temp_dir=temp_dir):
-    _ = splits[keys.TRAIN_SPLIT] | "AnalyzeAndTransform" >> AnalyzeAndTransform(
-        preprocessing_fn, FileSystems.join(out, keys.TRANSFORM_DIR), spec)
+    _ = (splits[keys.TRAIN_SPLIT]
+         | "Serialized" >> beam.Values()
+         | "AnalyzeAndTransform" >> AnalyzeAndTransform(
+        preprocessing_fn, FileSystems.join(out, keys.TRANSFORM_DIR), spec))
 
   errors = tuple(error_list) | "AllErrors" >> beam.Flatten()
   _ = errors | "WriteDeadLetters" >> WriteDeadLetters(out)

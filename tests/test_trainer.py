@@ -73,13 +73,17 @@ def test_reader_sharding_is_disjoint_and_eval_is_deterministic(prep_dir):
   assert parts[0] and parts[1]
   assert not set(parts[0]) & set(parts[1])
   assert sorted(parts[0] + parts[1]) == everything
-  first = [x.numpy() for x, _ in reader.dataset(keys.EVAL_SPLIT, training=False)]
-  second = [x.numpy() for x, _ in reader.dataset(keys.EVAL_SPLIT, training=False)]
+  first = [x.numpy() for x, _ in reader.model_batches(keys.EVAL_SPLIT, training=False)]
+  second = [x.numpy() for x, _ in reader.model_batches(keys.EVAL_SPLIT, training=False)]
   assert len(first) == len(second) > 0
   for a, b in zip(first, second):
     np.testing.assert_array_equal(a, b)
-  batch = next(iter(reader.dataset(keys.TRAIN_SPLIT, training=True)))
-  assert batch[0].shape == (4, 64, 64, 5)
+  # Segmentation batches stay raw uint8 bytes until the step (on the device).
+  raw = next(iter(reader.dataset(keys.TRAIN_SPLIT, training=True)))
+  assert sorted(raw) == [keys.DISTANCE_MAPS, keys.IMAGE, keys.MASK]
+  assert raw[keys.IMAGE].dtype == tf.string and raw[keys.IMAGE].shape == (4,)
+  inputs, _ = reader.parser(raw, training=True)
+  assert inputs.shape == (4, 64, 64, 5)
 
 
 def test_two_replicas_on_logical_cpus(prep_dir, tmp_path):

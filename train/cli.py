@@ -63,13 +63,24 @@ _FIELDS = ("data", "model_dir", "model", "steps", "batch_size", "learning_rate",
            "inter_op_threads", "cpu_replicas", "skip_corrupt_records", "export")
 
 
+def load_config_file(path: str) -> dict:
+  """Reads a config file: JSON only (never YAML tags, pickle or eval)."""
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"config {path} is not JSON: {e}") from None
+  if not isinstance(data, dict):
+    raise ValueError(f"config {path} must hold a JSON object of settings")
+  return data
+
+
 def build_config(args: argparse.Namespace):
   """Defaults, then preset, then config file, then flags; validated."""
   from train.config import TrainConfig, preset  # pylint: disable=g-import-not-at-top
   fields = preset(args.preset)
   if args.config:
-    with open(args.config) as f:
-      fields.update(json.load(f))
+    fields.update(load_config_file(args.config))
   for name in _FIELDS:
     value = getattr(args, name)
     if value is not None:
@@ -96,6 +107,7 @@ def _fit(argv: List[str]) -> int:
     log.error("beam-train fit: %s", e)
     return 2
   from train import loop  # pylint: disable=g-import-not-at-top
+  from train.data import RecordsError  # pylint: disable=g-import-not-at-top
   log.info("train: %s, %d steps, batch %d per replica -> %s", config.data, config.steps,
            config.batch_size, config.model_dir)
   try:
@@ -103,7 +115,8 @@ def _fit(argv: List[str]) -> int:
   except KeyboardInterrupt:
     log.error("beam-train fit: interrupted; checkpoint saved, rerun the same command to resume")
     return 130
-  except (FileNotFoundError, ValueError, loop.RetraceError, FloatingPointError) as e:
+  except (FileNotFoundError, ValueError, RecordsError, loop.RetraceError,
+          FloatingPointError) as e:
     log.error("beam-train fit: %s", e)
     return 1
   log.info("train: done at step %d, loss %.4f, %.1f examples/s, input wait %.0f%%, "

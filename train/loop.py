@@ -23,7 +23,7 @@ import tensorflow_transform as tft
 from beam_prep import keys
 from train import devices, logs
 from train.config import TrainConfig
-from train.data import InputReader
+from train.data import InputReader, RecordsError, check_shards, scan_shards
 from train.tasks import make_task
 
 # Above this share of step time spent waiting for the next batch, training
@@ -152,7 +152,7 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
   lr = config.learning_rate * (replicas if config.scale_learning_rate else 1)
   reader = InputReader(config.data, tft_output, config.batch_size, config.shuffle_buffer,
                        config.seed, config.skip_corrupt_records)
-  reader.files(keys.TRAIN_SPLIT)  # Fail now, with the pattern, if there are none.
+  records_report = _check_records(config, reader, tft_output)
 
   with strategy.scope():
     model = task.build_model(config)
@@ -176,7 +176,14 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
   elif config.init_from:
     log.info("train: weights from %s", _init_from(model, config.init_from))
 
-  def step_fn(inputs, labels):
+  parser = reader.parser
+
+  def step_fn(*batch):
+    if reader.transform_in_step:
+      # The exported transform graph, on the device: uint8 bytes in, floats out.
+      inputs, labels = parser(batch[0], training=True)
+    else:
+      inputs, labels = batch
     with tf.GradientTape() as tape:
       logits = model(inputs, training=True)
       loss = tf.nn.compute_average_loss(task.loss(labels, logits), global_batch_size=global_batch)
@@ -186,7 +193,8 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
     return loss
 
   def train_step(batch):
-    per_replica = strategy.run(step_fn, args=batch)
+    args = (batch,) if reader.transform_in_step else batch
+    per_replica = strategy.run(step_fn, args=args)
     global_step.assign_add(1)
     return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
@@ -222,7 +230,10 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
         tf.profiler.experimental.start(tb_dir)
         profiling = True
       t0 = time.perf_counter()
-      batch = next(iterator)
+      try:
+        batch = next(iterator)
+      except tf.errors.OpError as e:
+        raise _name_corrupt_shards(reader, e) from None
       t1 = time.perf_counter()
       loss_value = float(step(batch))
       t2 = time.perf_counter()
@@ -256,7 +267,7 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
       elif sys.stdout.isatty():
         progress.update(current, f"loss {loss_value:.4f}")
       if config.histogram_every and current % config.histogram_every == 0 and chief:
-        _histograms(writer, current, model, strategy, batch, gradients, task)
+        _histograms(writer, current, model, strategy, batch, gradients, task, reader)
       if current % config.checkpoint_every == 0:
         manager.save(checkpoint_number=current)
   except KeyboardInterrupt:
@@ -286,6 +297,8 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
       "input_bound": bool(wait_fraction is not None and wait_fraction > INPUT_BOUND_FRACTION),
       "interrupted": interrupted,
   }
+  if records_report is not None:
+    metrics["skipped_records"] = records_report
   if metrics["input_bound"]:
     log.info("train: input-bound: %.0f%% of step time waits for the next batch. Give the "
              "input more CPU (--intra-op-threads/--inter-op-threads, a machine with more "
@@ -304,10 +317,62 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
   return metrics
 
 
-def _histograms(writer, current, model, strategy, batch, gradients, task) -> None:
+def _check_records(config: TrainConfig, reader: InputReader, tft_output) -> Any:
+  """Checks the shards before training; with --skip-corrupt-records, scans them.
+
+  Returns:
+    None, or (with skipping) what is skipped: corrupt shards, their errors,
+    records readable, and records lost (from the manifest's counts).
+
+  Raises:
+    FileNotFoundError: no train records.
+    RecordsError: a shard is unreadable or from another run.
+  """
+  log = logs.get()
+  files = reader.files(keys.TRAIN_SPLIT)
+  try:
+    eval_files = reader.files(keys.EVAL_SPLIT)
+  except FileNotFoundError:
+    eval_files = []
+  if not config.skip_corrupt_records:
+    check_shards(files + eval_files, tft_output)
+    return None
+  scan = scan_shards(files + eval_files)
+  corrupt = {p: v["error"] for p, v in scan.items() if v["error"]}
+  check_shards([p for p in files + eval_files if scan[p]["records"] > 0], tft_output)
+  report: Dict[str, Any] = {"corrupt_shards": sorted(corrupt), "errors": corrupt}
+  manifest_path = os.path.join(config.data, keys.MANIFEST_FILE)
+  expected = None
+  if tf.io.gfile.exists(manifest_path):
+    with tf.io.gfile.GFile(manifest_path) as f:
+      expected = json.load(f)["counts"]["examples_written"]
+  for split, split_files in ((keys.TRAIN_SPLIT, files), (keys.EVAL_SPLIT, eval_files)):
+    readable = sum(scan[p]["records"] for p in split_files)
+    report[f"{split}_records_readable"] = readable
+    if expected is not None:
+      report[f"{split}_records_skipped"] = max(expected.get(split, 0) - readable, 0)
+  if corrupt:
+    log.info("train: skipping the unreadable part of %d shard(s): %s; %s train records "
+             "lost", len(corrupt), ", ".join(sorted(corrupt)),
+             report.get("train_records_skipped", "an unknown number of"))
+  return report
+
+
+def _name_corrupt_shards(reader: InputReader, error: Exception) -> Exception:
+  """Turns a read error in the middle of training into one naming the shard."""
+  scan = scan_shards(reader.files(keys.TRAIN_SPLIT))
+  bad = {p: v["error"] for p, v in scan.items() if v["error"]}
+  if not bad:
+    return error
+  return RecordsError(
+      "corrupt records in " + "; ".join(f"shard {p}: {e}" for p, e in sorted(bad.items()))
+      + " (pass --skip-corrupt-records to train on the readable records)")
+
+
+def _histograms(writer, current, model, strategy, batch, gradients, task, reader) -> None:
   """Weight and gradient histograms, and (segmentation) predicted masks."""
-  inputs, labels = tf.nest.map_structure(
-      lambda t: strategy.experimental_local_results(t)[0], batch)
+  local = tf.nest.map_structure(lambda t: strategy.experimental_local_results(t)[0], batch)
+  inputs, labels = reader.parser(local, training=False) if reader.transform_in_step else local
   grads = gradients(inputs, labels)
   with writer.as_default(step=current):
     for var, grad in zip(model.trainable_variables, grads):
@@ -325,7 +390,7 @@ def evaluate(model: keras.Model, reader: InputReader, task, max_batches: int = 0
              ) -> Dict[str, Any]:
   """The task's metrics on the whole eval split (or `max_batches` of it)."""
   try:
-    ds = reader.dataset(keys.EVAL_SPLIT, training=False)
+    ds = reader.model_batches(keys.EVAL_SPLIT, training=False)
   except FileNotFoundError:
     return {"examples": 0}
   if max_batches:

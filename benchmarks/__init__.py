@@ -1,0 +1,1 @@
+"""Benchmarks of the product's claims, measured side by side in one run."""

@@ -1,0 +1,502 @@
+"""Measures every claim of the product as ratios within one run.
+
+    python -m benchmarks [--quick] [--json PATH] [--plot PATH] [--workdir DIR]
+
+Figures (each the median of several timed repetitions after a warm-up):
+
+  input.on_the_fly_img_s     records without maps; distance maps built in a
+                             tf.py_function per example (what the product replaces)
+  input.precomputed_img_s    our records through our reader (parse + transform)
+  input.read_ceiling_img_s   the same files read by TFRecordDataset alone
+  train.synthetic_steps_s    the training step on in-memory tensors
+  train.real_steps_s         the same step fed by our reader
+  train.input_wait_fraction  share of the real run's step time waiting for input
+  prep.kernel_objects_s      the pipeline's ops in a plain Python loop, one core
+  prep.beam_objects_s        the whole pipeline on the DirectRunner, as the CLI runs it
+  clicks.ms_per_sample       one object, one variant, 512x512: sampling + both maps
+  clicks.reference_ms_per_sample   a full distance transform after every click
+  prep.peak_rss_mb.N / .4N   peak memory of the pipeline at two data-set sizes
+  serve.latency_ms_p50/p95   one 512x512 image, 5+5 clicks, loaded SavedModel
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List
+
+import numpy as np
+
+
+def _median_rate(fn: Callable[[], int], repeats: int) -> float:
+  """Median of items/s over `repeats` timed calls; `fn` returns items done."""
+  rates = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    n = fn()
+    rates.append(n / (time.perf_counter() - t))
+  return statistics.median(rates)
+
+
+def _log(msg: str) -> None:
+  print(f"bench: {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- data
+
+def make_data(workdir: str, count: int, size: int, seed: int = 0) -> str:
+  from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, f"data_{count}_{size}")
+  if not os.path.isdir(path):
+    write_sample_data(path, count=count, seed=seed, size=(size, size))
+  return path
+
+
+def run_pipeline(data: str, out: str, size: int, variants: int, shards: int = 4) -> Dict[str, Any]:
+  """The segmentation pipeline exactly as `beam-prep segmentation` runs it."""
+  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
+  from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
+  from pipelines import cli, prep  # pylint: disable=g-import-not-at-top
+  config = PrepConfig(input=data, output=out, image_size=size, variants=variants,
+                      num_shards=shards, overwrite=True)
+  return prep.run(config, PipelineOptions(cli.pipeline_args([])))
+
+
+# ------------------------------------------------------------------------- figures
+
+def bench_clicks(repeats: int) -> Dict[str, float]:
+  """Sampling + both maps for one (object, variant) at 512x512, vs the reference."""
+  from scipy import ndimage  # pylint: disable=g-import-not-at-top
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from beam_prep.ops.clicks import sample_clicks  # pylint: disable=g-import-not-at-top
+  from beam_prep.ops.distance import distance_maps  # pylint: disable=g-import-not-at-top
+  from beam_prep.sample_data import make_scene  # pylint: disable=g-import-not-at-top
+  objects = []
+  for i in range(4):
+    _, inst = make_scene(7, i, (512, 512))
+    for oid in sorted(set(np.unique(inst).tolist()) - {0, 255}):
+      mask = np.where(inst == oid, 1, np.where(inst == keys.IGNORE, keys.IGNORE, 0))
+      objects.append({"image_id": f"s{i}", "object_id": oid, "mask": mask.astype(np.uint8),
+                      "instance_mask": inst})
+  op = sample_clicks(variants=1)
+
+  def ours():
+    for ex in objects:
+      try:
+        s = op(ex)[0]
+      except Exception:  # pylint: disable=broad-except
+        continue  # objects too small for clicks cost the same in both
+      distance_maps(s["positive_clicks"], s["negative_clicks"], 512, 512)
+    return len(objects)
+
+  samples = []
+  for ex in objects:
+    try:
+      samples.append(op(ex)[0])
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+  def reference():
+    # Public reimplementations: after every click, a full exact distance
+    # transform of the click image, for each of the two maps.
+    for s in samples:
+      for kind in ("positive_clicks", "negative_clicks"):
+        grid = np.ones((512, 512), bool)
+        for x, y in s[kind]:
+          grid[y, x] = False
+          ndimage.distance_transform_edt(grid)
+    return len(samples)
+
+  ours()  # warm-up
+  ms = 1000.0 / _median_rate(ours, repeats)
+  ref = 1000.0 / _median_rate(reference, max(1, repeats // 2))
+  return {"clicks.ms_per_sample": ms, "clicks.reference_ms_per_sample": ref,
+          "clicks.objects": len(objects)}
+
+
+def bench_kernel_loop(data: str, size: int, variants: int) -> float:
+  """Objects/s of the pipeline's ops (read, decode, clicks, maps, encode) in a loop."""
+  from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
+  from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
+  from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+  config = PrepConfig(input=data, output="unused", image_size=size, variants=variants)
+  chain = registry.build_chain(config.chain)
+  images = sorted(os.listdir(os.path.join(data, "images")))
+  t = time.perf_counter()
+  objects = 0
+  for name in images:
+    stem = os.path.splitext(name)[0]
+    with open(os.path.join(data, "images", name), "rb") as f:
+      image_bytes = f.read()
+    with open(os.path.join(data, "masks", stem + ".png"), "rb") as f:
+      mask_bytes = f.read()
+    outputs, failures = chain({"image_id": stem, "source": name, "image_bytes": image_bytes,
+                               "mask_bytes": mask_bytes})
+    for ex in outputs:
+      preprocessing.encode_example(ex)
+    objects += len(outputs) // variants + sum(1 for f in failures if f.stage != "decode")
+  return objects / (time.perf_counter() - t)
+
+
+def _record_files(prep_dir: str, split: str = "train") -> List[str]:
+  import glob  # pylint: disable=g-import-not-at-top
+  return sorted(glob.glob(os.path.join(prep_dir, "records", f"{split}-*")))
+
+
+def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[str, float]:
+  """Images/s of three input pipelines that yield the same model input."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from beam_prep.ops.distance import distance_maps  # pylint: disable=g-import-not-at-top
+  from train.data import InputReader  # pylint: disable=g-import-not-at-top
+  from train.export import to_raw_bytes  # pylint: disable=g-import-not-at-top
+
+  tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
+  files = _record_files(prep_dir)
+  reader = InputReader(prep_dir, tft_out, batch, shuffle_buffer=64)
+  spec = tft_out.raw_feature_spec()
+  size = int(tft_out.transformed_feature_spec()[keys.IMAGE].shape[0])
+
+  def precomputed():
+    return reader.dataset(keys.TRAIN_SPLIT, training=True)
+
+  def ceiling():
+    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+        tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=False)
+    return ds.repeat().batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+  def on_the_fly():
+    # The records' image and clicks only; the maps are rebuilt per example by
+    # the numpy op in a tf.py_function. The output is the very batch our
+    # reader gives the training step (raw uint8 bytes of image, maps, mask).
+    def with_maps(serialized):
+      raw = tf.io.parse_single_example(serialized, spec)
+
+      def np_maps(pos, neg):
+        return distance_maps(pos.numpy().reshape(-1, 2), neg.numpy().reshape(-1, 2),
+                             size, size)
+
+      maps = tf.py_function(np_maps, [tf.sparse.to_dense(raw[keys.POSITIVE_CLICKS]),
+                                      tf.sparse.to_dense(raw[keys.NEGATIVE_CLICKS])], tf.uint8)
+      return {keys.IMAGE: raw[keys.IMAGE], keys.MASK: raw[keys.MASK],
+              keys.DISTANCE_MAPS: to_raw_bytes(tf.reshape(maps, [size, size, 2]))}
+
+    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+        tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=False).repeat()
+    ds = ds.map(with_maps, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    return ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+  out = {}
+  for name, make in (("read_ceiling", ceiling), ("precomputed", precomputed),
+                     ("on_the_fly", on_the_fly)):
+    it = iter(make())
+    for _ in range(3):  # warm-up: fill buffers, trace functions
+      next(it)
+
+    def take(it=it):
+      for _ in range(batches):
+        next(it)
+      return batches * batch
+
+    out[f"input.{name}_img_s"] = _median_rate(take, repeats)
+    _log(f"input {name}: {out[f'input.{name}_img_s']:.1f} img/s")
+  return out
+
+
+def bench_train(prep_dir: str, batch: int, steps: int, repeats: int, width: int, depth: int
+                ) -> Dict[str, float]:
+  """The training step on in-memory tensors vs fed by the reader."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from train import models  # pylint: disable=g-import-not-at-top
+  from train.data import InputReader  # pylint: disable=g-import-not-at-top
+  from train.tasks import make_task  # pylint: disable=g-import-not-at-top
+
+  tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
+  task = make_task(tft_out)
+  reader = InputReader(prep_dir, tft_out, batch)
+  model = models.build_model("segmentation_fcn", width=width, depth=depth)
+  opt = keras.optimizers.Adam(1e-3)
+  opt.build(model.trainable_variables)
+
+  @tf.function
+  def step(raw):
+    inputs, labels = reader.parser(raw, training=True)  # on the device, as the trainer does
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(task.loss(labels, model(inputs, training=True)))
+    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                            model.trainable_variables))
+    return loss
+
+  real = iter(reader.dataset(keys.TRAIN_SPLIT, training=True))
+  first = next(real)
+  synthetic = iter(tf.data.Dataset.from_tensors(first).repeat())
+  for it in (synthetic, real):
+    for _ in range(2):
+      float(step(next(it)))
+  waits = []
+
+  def run(it, record_wait):
+    def go():
+      wait = busy = 0.0
+      for _ in range(steps):
+        t0 = time.perf_counter()
+        b = next(it)
+        t1 = time.perf_counter()
+        float(step(b))
+        t2 = time.perf_counter()
+        wait += t1 - t0
+        busy += t2 - t0
+      if record_wait:
+        waits.append(wait / busy)
+      return steps
+    return go
+
+  out = {"train.synthetic_steps_s": _median_rate(run(synthetic, False), repeats),
+         "train.real_steps_s": _median_rate(run(real, True), repeats)}
+  out["train.input_wait_fraction"] = statistics.median(waits)
+  _log(f"train: synthetic {out['train.synthetic_steps_s']:.2f} steps/s, real "
+       f"{out['train.real_steps_s']:.2f} steps/s")
+  return out
+
+
+def bench_serving(model_dir: str, repeats: int) -> Dict[str, float]:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from train.export import latest_export  # pylint: disable=g-import-not-at-top
+  fn = tf.saved_model.load(latest_export(model_dir)).signatures["serving_default"]
+  rng = np.random.default_rng(0)
+  image = tf.constant(rng.integers(0, 256, (512, 512, 3), dtype=np.uint8))
+  pos = tf.constant(rng.integers(0, 512, (5, 2)), tf.int32)
+  neg = tf.constant(rng.integers(0, 512, (5, 2)), tf.int32)
+  for _ in range(3):
+    fn(image=image, positive_clicks=pos, negative_clicks=neg)
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn(image=image, positive_clicks=pos, negative_clicks=neg)["mask"].numpy()
+    times.append(1000 * (time.perf_counter() - t))
+  return {"serve.latency_ms_p50": float(np.percentile(times, 50)),
+          "serve.latency_ms_p95": float(np.percentile(times, 95))}
+
+
+def pipeline_in_fresh_process(data: str, out: str, size: int) -> Dict[str, float]:
+  """One pipeline run in a fresh process: peak RSS (MB), wall seconds, objects."""
+  code = ("import json, resource, sys\n"
+          "from pipelines import logs\nlogs.quiet()\n"
+          "from benchmarks.run import run_pipeline\n"
+          f"m = run_pipeline({data!r}, {out!r}, {size}, 1)\n"
+          "rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,\n"
+          "          resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+          "print('RESULT', json.dumps({'rss_mb': rss / 1024.0,\n"
+          "      'seconds': m['timing']['wall_seconds'],\n"
+          "      'objects': m['counts']['objects_found']}))\n")
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
+                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  for line in r.stdout.splitlines():
+    if line.startswith("RESULT"):
+      return json.loads(line.split(" ", 1)[1])
+  raise RuntimeError(f"pipeline run failed:\n{r.stdout}\n{r.stderr}")
+
+
+# --------------------------------------------------------------------------- main
+
+SETTINGS = {
+    "quick": {"count": 24, "size": 256, "variants": 2, "batch": 8, "batches": 12, "repeats": 3,
+              "train_steps": 5, "width": 8, "depth": 3, "rss_n": 12, "fit_steps": 20,
+              "serve_repeats": 20, "click_repeats": 3},
+    "full": {"count": 64, "size": 256, "variants": 4, "batch": 16, "batches": 25, "repeats": 5,
+             "train_steps": 10, "width": 16, "depth": 3, "rss_n": 16, "fit_steps": 100,
+             "serve_repeats": 50, "click_repeats": 5},
+    # Tiny: what the smoke test runs to keep this code working.
+    "tiny": {"count": 4, "size": 64, "variants": 1, "batch": 2, "batches": 2, "repeats": 1,
+             "train_steps": 2, "width": 4, "depth": 2, "rss_n": 2, "fit_steps": 4,
+             "serve_repeats": 2, "click_repeats": 1},
+}
+
+TARGETS = {
+    "input.precomputed_vs_on_the_fly": (">=", 20.0),
+    "input.precomputed_vs_read_ceiling": (">=", 0.85),
+    "train.real_vs_synthetic": (">=", 0.95),
+    "prep.beam_vs_kernel": (">=", 0.75),
+    "clicks.ms_per_sample": ("<=", 20.0),
+    "clicks.speedup_vs_reference": (">=", 15.0),
+    "prep.peak_rss_4n_vs_n": ("<=", 1.25),
+}
+
+
+def environment() -> Dict[str, Any]:
+  from pipelines.outputs import library_versions  # pylint: disable=g-import-not-at-top
+  return {"cores": os.cpu_count(), "machine": platform.machine(),
+          "platform": platform.platform(), "versions": library_versions()}
+
+
+def measure(mode: str, workdir: str) -> Dict[str, Any]:
+  s = SETTINGS[mode]
+  figures: Dict[str, Any] = {}
+  t0 = time.time()
+  _log(f"{mode} settings: {s}")
+  figures.update(bench_clicks(s["click_repeats"]))
+  _log(f"clicks: {figures['clicks.ms_per_sample']:.1f} ms/sample, reference "
+       f"{figures['clicks.reference_ms_per_sample']:.1f} ms")
+
+  data = make_data(workdir, s["count"], s["size"])
+  prep_dir = os.path.join(workdir, "prep")
+  kernel = bench_kernel_loop(data, s["size"], s["variants"])
+  manifest = run_pipeline(data, prep_dir, s["size"], s["variants"])
+  objects = manifest["counts"]["objects_found"]
+  beam = objects / manifest["timing"]["wall_seconds"]
+  figures.update({"prep.kernel_objects_s": kernel, "prep.beam_objects_s": beam,
+                  "prep.objects": objects, "prep.runner": "DirectRunner in_memory, 1 worker"})
+  _log(f"prep: kernel loop {kernel:.1f} objects/s, Beam {beam:.1f} objects/s")
+
+  figures.update(bench_input(prep_dir, s["batch"], s["batches"], s["repeats"]))
+  figures.update(bench_train(prep_dir, s["batch"], s["train_steps"], s["repeats"], s["width"],
+                             s["depth"]))
+
+  small = make_data(workdir, s["rss_n"], s["size"], seed=1)
+  large = make_data(workdir, 4 * s["rss_n"], s["size"], seed=1)
+  run_n = pipeline_in_fresh_process(small, os.path.join(workdir, "rss_n"), s["size"])
+  run_4n = pipeline_in_fresh_process(large, os.path.join(workdir, "rss_4n"), s["size"])
+  figures["prep.peak_rss_mb.N"] = run_n["rss_mb"]
+  figures["prep.peak_rss_mb.4N"] = run_4n["rss_mb"]
+  figures["prep.rss_images.N"] = s["rss_n"]
+  # Objects per second beyond the fixed start-up and tf.Transform cost: the
+  # slope between the two sizes.
+  extra = run_4n["seconds"] - run_n["seconds"]
+  figures["prep.beam_marginal_objects_s"] = (
+      (run_4n["objects"] - run_n["objects"]) / extra if extra > 0 else float("nan"))
+  figures["prep.beam_fixed_seconds"] = run_n["seconds"] - run_n["objects"] / figures[
+      "prep.beam_marginal_objects_s"] if extra > 0 else float("nan")
+  _log(f"memory: {figures['prep.peak_rss_mb.N']:.0f} MB at N={s['rss_n']}, "
+       f"{figures['prep.peak_rss_mb.4N']:.0f} MB at 4N")
+
+  from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
+  from train import loop  # pylint: disable=g-import-not-at-top
+  model_dir = os.path.join(workdir, "model")
+  shutil.rmtree(model_dir, ignore_errors=True)
+  loop.fit(TrainConfig(data=prep_dir, model_dir=model_dir, steps=s["fit_steps"],
+                       batch_size=s["batch"], width=s["width"], depth=s["depth"],
+                       histogram_every=0, log_every=max(s["fit_steps"], 1)))
+  figures.update(bench_serving(model_dir, s["serve_repeats"]))
+  _log(f"serving: p50 {figures['serve.latency_ms_p50']:.1f} ms, "
+       f"p95 {figures['serve.latency_ms_p95']:.1f} ms")
+
+  ratios = {
+      "input.precomputed_vs_on_the_fly":
+          figures["input.precomputed_img_s"] / figures["input.on_the_fly_img_s"],
+      "input.precomputed_vs_read_ceiling":
+          figures["input.precomputed_img_s"] / figures["input.read_ceiling_img_s"],
+      "train.real_vs_synthetic": figures["train.real_steps_s"] / figures["train.synthetic_steps_s"],
+      "prep.beam_vs_kernel": figures["prep.beam_objects_s"] / figures["prep.kernel_objects_s"],
+      "clicks.ms_per_sample": figures["clicks.ms_per_sample"],
+      "clicks.speedup_vs_reference":
+          figures["clicks.reference_ms_per_sample"] / figures["clicks.ms_per_sample"],
+      "prep.peak_rss_4n_vs_n": figures["prep.peak_rss_mb.4N"] / figures["prep.peak_rss_mb.N"],
+  }
+  targets = {}
+  for k, (op, want) in TARGETS.items():
+    got = ratios[k]
+    targets[k] = {"value": got, "target": f"{op} {want}",
+                  "met": bool(got >= want if op == ">=" else got <= want)}
+  return {"mode": mode, "settings": s, "environment": environment(), "figures": figures,
+          "targets": targets, "seconds": time.time() - t0}
+
+
+def table(result: Dict[str, Any]) -> str:
+  f, s = result["figures"], result["settings"]
+  size = s["size"]
+  rows = [
+      ("input.on_the_fly_img_s", f"{f['input.on_the_fly_img_s']:.1f}",
+       f"{size}px records, batch {s['batch']}, maps in tf.py_function"),
+      ("input.precomputed_img_s", f"{f['input.precomputed_img_s']:.1f}", "our reader"),
+      ("input.read_ceiling_img_s", f"{f['input.read_ceiling_img_s']:.1f}",
+       "TFRecordDataset only"),
+      ("train.synthetic_steps_s", f"{f['train.synthetic_steps_s']:.2f}",
+       f"segmentation_fcn width {s['width']} depth {s['depth']}, batch {s['batch']}"),
+      ("train.real_steps_s", f"{f['train.real_steps_s']:.2f}", "fed by our reader"),
+      ("train.input_wait_fraction", f"{f['train.input_wait_fraction']:.3f}", ""),
+      ("prep.kernel_objects_s", f"{f['prep.kernel_objects_s']:.1f}",
+       f"{s['count']} images, {size}px, {s['variants']} variants, one core"),
+      ("prep.beam_objects_s", f"{f['prep.beam_objects_s']:.1f}", f["prep.runner"]),
+      ("prep.beam_marginal_objects_s", f"{f['prep.beam_marginal_objects_s']:.1f}",
+       f"slope between N and 4N images; fixed cost {f['prep.beam_fixed_seconds']:.1f} s"),
+      ("clicks.ms_per_sample", f"{f['clicks.ms_per_sample']:.1f}", "512x512, one variant"),
+      ("clicks.reference_ms_per_sample", f"{f['clicks.reference_ms_per_sample']:.1f}",
+       "EDT after every click"),
+      ("prep.peak_rss_mb.N", f"{f['prep.peak_rss_mb.N']:.0f}", f"N = {f['prep.rss_images.N']}"),
+      ("prep.peak_rss_mb.4N", f"{f['prep.peak_rss_mb.4N']:.0f}",
+       f"4N = {4 * f['prep.rss_images.N']}"),
+      ("serve.latency_ms_p50", f"{f['serve.latency_ms_p50']:.1f}", "512x512, 5+5 clicks"),
+      ("serve.latency_ms_p95", f"{f['serve.latency_ms_p95']:.1f}", ""),
+  ]
+  out = ["| figure | value | setting |", "|---|---|---|"]
+  out += [f"| `{a}` | {b} | {c} |" for a, b, c in rows]
+  out += ["", "| target | measured | wanted | met |", "|---|---|---|---|"]
+  for k, t in result["targets"].items():
+    out.append(f"| {k} | {t['value']:.3g} | {t['target']} | {'yes' if t['met'] else 'NO'} |")
+  env = result["environment"]
+  out += ["", f"{env['cores']} cores; " + ", ".join(
+      f"{k} {v}" for k, v in env["versions"].items())]
+  return "\n".join(out)
+
+
+def plot(result: Dict[str, Any], path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  f = result["figures"]
+  names = ["on the fly\n(tf.py_function maps)", "precomputed\n(our records)",
+           "read ceiling\n(TFRecordDataset)"]
+  values = [f["input.on_the_fly_img_s"], f["input.precomputed_img_s"],
+            f["input.read_ceiling_img_s"]]
+  fig, ax = plt.subplots(figsize=(6, 3.4))
+  bars = ax.bar(names, values, color=["#c44", "#36a", "#999"])
+  for b, v in zip(bars, values):
+    ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.0f}", ha="center", va="bottom", fontsize=9)
+  ax.set_ylabel("images / s")
+  ax.set_title(f"Input pipeline, {result['settings']['size']}px, "
+               f"{result['environment']['cores']} cores")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks")
+  parser.add_argument("--quick", action="store_true", help="small sizes (a few minutes)")
+  parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
+  parser.add_argument("--json", help="write the results here")
+  parser.add_argument("--plot", help="write the input-pipeline plot (PNG) here")
+  parser.add_argument("--workdir", help="keep the data and outputs here (default: a temp dir)")
+  args = parser.parse_args(argv)
+  from pipelines import logs  # pylint: disable=g-import-not-at-top
+  logs.quiet()
+  mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+  workdir = args.workdir or tempfile.mkdtemp(prefix="beam_prep_bench_")
+  os.makedirs(workdir, exist_ok=True)
+  try:
+    result = measure(mode, workdir)
+  finally:
+    if not args.workdir:
+      shutil.rmtree(workdir, ignore_errors=True)
+  print(table(result))
+  print(f"\n({result['seconds']:.0f} s)")
+  for path in (args.json, args.plot):
+    if path and os.path.dirname(path):
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=2, sort_keys=True)
+  if args.plot:
+    plot(result, args.plot)
