@@ -76,23 +76,26 @@ def scale_clicks(clicks_xy: tf.Tensor, height, width, size: int) -> tf.Tensor:
   return tf.clip_by_value(out, 0, size - 1)
 
 
-def _track_tf_variables(module: tf.Module, model) -> None:
-  # Keras 3 variables wrap tf.Variables. Saved only through the wrappers,
-  # the SavedModel loads in TF2 but not in session-based loaders
-  # (TensorFlow Serving, saved_model_cli run: "Could not find variable").
-  # Tracking the underlying tf.Variables as well fixes both.
-  module.model_tf_variables = [v.value if hasattr(v, "value") else v for v in model.variables]
-
-
-class SegmentationServer(tf.Module):
+class _Server(tf.Module):
   """Holds the Keras 3 model and the tf.Transform (tf_keras) layer side by side."""
 
   def __init__(self, model, tft_output: tft.TFTransformOutput, image_size: int):
     super().__init__()
     self.model = model
-    _track_tf_variables(self, model)
+    # Keras 3 variables wrap tf.Variables. Saved only through the wrappers,
+    # the SavedModel loads in TF2 but not in session-based loaders
+    # (TensorFlow Serving, saved_model_cli run: "Could not find variable").
+    # Tracking the underlying tf.Variables as well fixes both.
+    self.model_tf_variables = [v.value if hasattr(v, "value") else v for v in model.variables]
     self.tft_layer = tft_output.transform_features_layer()
     self.image_size = image_size
+
+
+class SegmentationServer(_Server):
+  """Image and clicks in, mask out."""
+
+  def __init__(self, model, tft_output: tft.TFTransformOutput, image_size: int):
+    super().__init__(model, tft_output, image_size)
     spec = tft_output.raw_feature_spec()
     self._example_spec = {k: spec[k] for k in (keys.IMAGE, keys.POSITIVE_CLICKS,
                                                 keys.NEGATIVE_CLICKS)}
@@ -143,15 +146,11 @@ class SegmentationServer(tf.Module):
     return {"probabilities": prob, "mask": tf.cast(prob > 0.5, tf.uint8)}
 
 
-class ClassificationServer(tf.Module):
+class ClassificationServer(_Server):
   """Encoded images in; class probabilities and label strings out."""
 
   def __init__(self, model, tft_output: tft.TFTransformOutput, image_size: int):
-    super().__init__()
-    self.model = model
-    _track_tf_variables(self, model)
-    self.tft_layer = tft_output.transform_features_layer()
-    self.image_size = image_size
+    super().__init__(model, tft_output, image_size)
     self.classes = tf.constant(tft_output.vocabulary_by_name(keys.LABEL_VOCABULARY))
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
