@@ -14,6 +14,10 @@ a transform.
 from beam_prep.ops.registry import ExampleError, register_op, registered_ops
 from beam_prep.version import __version__
 
+__all__ = ["ExampleError", "register_op", "registered_ops", "__version__", "ReadExamples",
+           "DecodeExamples", "SampleClicks", "ComputeDistanceMaps", "ApplyOps", "EncodeExamples",
+           "WriteExamples", "AnalyzeAndTransform", "WriteDeadLetters"]
+
 _TRANSFORMS = ("ReadExamples", "DecodeExamples", "SampleClicks", "ComputeDistanceMaps",
                "ApplyOps", "EncodeExamples", "WriteExamples", "AnalyzeAndTransform",
                "WriteDeadLetters")

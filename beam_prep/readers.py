@@ -34,7 +34,7 @@ import csv
 import io
 import json
 import posixpath
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Tuple
 
 import apache_beam as beam
 from apache_beam.io import fileio

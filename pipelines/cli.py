@@ -13,7 +13,6 @@ examples. Entry points stay thin: parse, build one frozen config, run.
 """
 
 import argparse
-import json
 import sys
 from typing import List, Optional
 

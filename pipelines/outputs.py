@@ -8,7 +8,6 @@ from typing import Any, Dict, List
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_prep import keys
 
 
 class OutputExistsError(Exception):

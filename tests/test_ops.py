@@ -155,3 +155,14 @@ def test_user_registered_op_runs_in_a_chain():
   assert "test_invert" in registry.registered_ops()
   with pytest.raises(ValueError, match="already registered"):
     registry.register_op("test_invert")(lambda: None)
+
+
+def test_builtin_ops_register_themselves_on_first_use():
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ("from beam_prep.ops import registry\n"
+          "print(' '.join(registry.registered_ops()))\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, check=True).stdout.split()
+  for name in ("decode", "resize", "split_objects", "sample_clicks", "distance_maps"):
+    assert name in out

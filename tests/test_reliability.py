@@ -4,7 +4,6 @@ import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from beam_prep import keys, preprocessing
+from beam_prep import preprocessing
 from tests.helpers import dead_letters, manifest, png, run_cli, scene
 
 TRAIN = ["--batch-size", "4", "--width", "4", "--depth", "1", "--log-every", "1",
@@ -159,7 +158,7 @@ def test_bad_input_corpus_exit_code_summary_and_dead_letters_agree(tmp_path, cap
   assert code == 1 and "over --max-error-fraction" in printed
   assert m["inputs_read"] == 3 and m["images_failed"] == 2 and m["objects_failed"] == 1
   assert m["errors_total"] == len(letters) == 3
-  assert f"errors           3 (" in printed and "-> " + os.path.join(out, "errors") in printed
+  assert "errors           3 (" in printed and "-> " + os.path.join(out, "errors") in printed
   assert m["examples_written"]["train"] + m["examples_written"]["eval"] == 2  # 1 object x 2
   by_reason = {}
   for e in letters:

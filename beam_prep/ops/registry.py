@@ -20,7 +20,7 @@ the chain; nothing in `beam_prep` needs to change.
 
 import ast
 import dataclasses
-from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 Example = Dict[str, Any]
 OpFn = Callable[[Example], Union[Example, List[Example]]]
@@ -186,4 +186,5 @@ def build_chain(
 
 def _load_builtin_ops() -> None:
   # Imported lazily so that registry.py stays importable on its own.
-  from beam_prep.ops import clicks, distance, image  # pylint: disable=g-import-not-at-top,unused-import
+  # The imports register the built-in ops.
+  from beam_prep.ops import clicks, distance, image  # noqa: F401  pylint: disable=unused-import
