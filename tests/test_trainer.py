@@ -157,7 +157,8 @@ def test_fine_tuning_from_a_checkpoint_with_frozen_layers(prep_dir, tmp_path):
   assert not np.array_equal(_kernel(a, "up0_conv1"), _kernel(b, "up0_conv1"))
 
 
-def test_ctrl_c_saves_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_saves_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path, sig):
   model_dir = str(tmp_path / "m")
   args = ["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "100000",
           "--checkpoint-every", "100000"] + SMALL
@@ -171,7 +172,7 @@ def test_ctrl_c_saves_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path):
     seen += line
     if "train: step 3/" in line:
       break
-  proc.send_signal(signal.SIGINT)
+  proc.send_signal(sig)  # Ctrl-C, or a preemptible machine's SIGTERM
   rest, _ = proc.communicate(timeout=300)
   assert proc.returncode == 130, seen + rest
   latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))

@@ -11,7 +11,9 @@ it writes to `MODEL_DIR/metrics.json`:
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from typing import Any, Dict
 
@@ -79,6 +81,35 @@ def _spec_of(x):
   if hasattr(x, "values") and hasattr(x, "_values"):  # PerReplica
     return [_spec_of(v) for v in x.values]
   return repr(x)
+
+
+class _StopRequest:
+  """Ctrl-C (SIGINT) or SIGTERM ask the loop to stop after the current step.
+
+  Stopping between steps, not inside one, lets the checkpoint be saved
+  cleanly (an exception raised in the middle of a TensorFlow call can take
+  the process down). A second Ctrl-C stops at once.
+  """
+
+  def __init__(self):
+    self.requested = False
+    self._previous = {}
+    if threading.current_thread() is threading.main_thread():
+      for sig in (signal.SIGINT, signal.SIGTERM):
+        self._previous[sig] = signal.signal(sig, self._handle)
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.requested and signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.requested = True
+    logs.get().info("\ntrain: %s: stopping after this step (Ctrl-C again to stop now)",
+                    signal.Signals(signum).name)
+
+  def restore(self) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
 
 
 class Progress:
@@ -223,8 +254,14 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
   loss_value = float("nan")
   interrupted = False
   profiling = False
+  stop = _StopRequest()
   try:
     for i in range(remaining):
+      if stop.requested:
+        interrupted = True
+        log.info("train: stopping at step %d as asked; saving a checkpoint",
+                 int(global_step.numpy()))
+        break
       current = start_step + i + 1  # The step this iteration completes.
       if config.profile_steps and current == config.profile_steps[0] and chief:
         tf.profiler.experimental.start(tb_dir)
@@ -270,10 +307,11 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
         _histograms(writer, current, model, strategy, batch, gradients, task, reader)
       if current % config.checkpoint_every == 0:
         manager.save(checkpoint_number=current)
-  except KeyboardInterrupt:
+  except KeyboardInterrupt:  # A second Ctrl-C, or one outside the loop.
     interrupted = True
     log.info("\ntrain: interrupted; saving a checkpoint at step %d", int(global_step.numpy()))
   finally:
+    stop.restore()
     if profiling:
       tf.profiler.experimental.stop()
   final_step = int(global_step.numpy())
