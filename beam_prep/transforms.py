@@ -111,11 +111,15 @@ class ComputeDistanceMaps(ApplyOps):
     super().__init__("distance_maps")
 
 
+def _stable_hash(text: str) -> int:
+  """A hash that is the same in every process, runner and Python version."""
+  return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
 def split_of(image_id: str, eval_percent: int) -> str:
   """Train or eval, by a stable hash of the image id (all objects and
   variants of one image land in the same split)."""
-  h = int.from_bytes(hashlib.sha256(image_id.encode("utf-8")).digest()[:8], "big")
-  return keys.EVAL_SPLIT if h % 100 < eval_percent else keys.TRAIN_SPLIT
+  return keys.EVAL_SPLIT if _stable_hash(image_id) % 100 < eval_percent else keys.TRAIN_SPLIT
 
 
 def sort_key(ex) -> str:
@@ -154,8 +158,7 @@ class EncodeExamples(beam.PTransform):
 
 def shard_of(key: str, num_shards: int) -> int:
   """A record's shard: a stable hash of its key (same on every runner)."""
-  h = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big")
-  return h % num_shards
+  return _stable_hash(key) % num_shards
 
 
 class _WriteShardFn(beam.DoFn):
@@ -288,10 +291,3 @@ class WriteDeadLetters(beam.PTransform):
     return (errors
             | "ToJson" >> beam.Map(line)
             | "Write" >> _WriteSortedShards(self._prefix, ".jsonl", 1, "text"))
-
-
-def count_by(pcoll: beam.PCollection, key_fn, label: str) -> beam.PCollection:
-  """(key, count) pairs of a PCollection; for the run's accounting."""
-  return (pcoll
-          | f"{label}Keys" >> beam.Map(lambda x: (key_fn(x), 1))
-          | f"{label}Sum" >> beam.CombinePerKey(sum))

@@ -13,11 +13,10 @@ examples. Entry points stay thin: parse, build one frozen config, run.
 """
 
 import argparse
-import sys
 from typing import List, Optional
 
 from pipelines import logs
-from train.cli import load_config_file  # JSON only; shared with beam-train
+from train.cli import dispatch, load_config_file  # shared with beam-train
 
 # Chosen by measurement on a 2-core machine (README, "Running mode of the
 # DirectRunner"): one in-memory worker beat two threads and two processes for
@@ -206,11 +205,4 @@ COMMANDS = {
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-    if argv and argv[0] not in ("-h", "--help"):
-      print(f"unknown command {argv[0]!r}\n", file=sys.stderr)
-    print(__doc__.strip())
-    print("\ncommands: " + ", ".join(COMMANDS))
-    sys.exit(0 if not argv or argv[0] in ("-h", "--help") else 2)
-  sys.exit(COMMANDS[argv[0]](argv[1:]))
+  dispatch(__doc__, COMMANDS, argv)

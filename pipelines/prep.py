@@ -168,10 +168,9 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
     importlib.import_module(config.ops_module)
   options = pipeline_options or PipelineOptions()
   dry_run = bool(options.view_as(TestOptions).dry_run)
-  if not dry_run:
-    _check_input(config)
   config = resolve_layout(config, dry_run)
   if not dry_run:
+    _check_input(config)
     outputs.prepare_output(config.output, config.overwrite)
     outputs.write_text(FileSystems.join(config.output, keys.CONFIG_FILE), config.to_json())
   temp_dir = FileSystems.join(config.output, "tmp")
@@ -236,14 +235,17 @@ class InputError(Exception):
 
 
 def _check_input(config: PrepConfig) -> None:
-  """Fails early, with the expected layout, when a local input has nothing."""
+  """Fails early, with the expected layout, when a local input has nothing.
+
+  `config.layout` is the resolved one (see `resolve_layout`).
+  """
   from beam_prep import readers  # pylint: disable=g-import-not-at-top
   root = config.input
   if "://" in root:
     return  # Checked by the workers; no credentials may be at hand here.
   if not FileSystems.exists(root):
     raise InputError(f"input {root} does not exist")
-  layout = readers.detect_layout(root) if config.layout == "auto" else config.layout
+  layout = config.layout
   patterns = readers.input_patterns(root, layout)
   found = any(FileSystems.match([pat], limits=[1])[0].metadata_list for pat in patterns)
   if not found:

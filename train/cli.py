@@ -187,11 +187,20 @@ def _predict(argv: List[str]) -> int:
 COMMANDS = {"fit": _fit, "predict": _predict}
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def dispatch(doc: str, commands, argv: Optional[List[str]]) -> None:
+  """Runs `commands[argv[0]]` and exits with its code; usage on no or bad command.
+
+  Shared by `beam-train` and `beam-prep`.
+  """
   argv = list(sys.argv[1:] if argv is None else argv)
-  if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+  if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
     if argv and argv[0] not in ("-h", "--help"):
       print(f"unknown command {argv[0]!r}\n", file=sys.stderr)
-    print(__doc__.strip())
+    print(doc.strip())
+    print("\ncommands: " + ", ".join(commands))
     sys.exit(0 if not argv or argv[0] in ("-h", "--help") else 2)
-  sys.exit(COMMANDS[argv[0]](argv[1:]))
+  sys.exit(commands[argv[0]](argv[1:]))
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+  dispatch(__doc__, COMMANDS, argv)
