@@ -1,0 +1,31 @@
+"""The benchmark at tiny sizes, so that it keeps working (no timing assertions)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+from benchmarks.run import TARGETS
+
+FIGURES = ("input.on_the_fly_img_s", "input.precomputed_img_s", "input.read_ceiling_img_s",
+           "train.synthetic_steps_s", "train.real_steps_s", "train.input_wait_fraction",
+           "prep.kernel_objects_s", "prep.beam_objects_s", "clicks.ms_per_sample",
+           "clicks.reference_ms_per_sample", "prep.peak_rss_mb.N", "prep.peak_rss_mb.4N",
+           "serve.latency_ms_p50", "serve.latency_ms_p95")
+
+
+def test_benchmark_reports_every_figure(tmp_path):
+  out, plot = str(tmp_path / "b.json"), str(tmp_path / "b.png")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  r = subprocess.run([sys.executable, "-m", "benchmarks", "--tiny", "--json", out, "--plot", plot],
+                     capture_output=True, text=True, timeout=900, cwd=root)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  result = json.load(open(out))
+  for name in FIGURES:
+    value = result["figures"][name]
+    assert math.isfinite(value) and value >= 0, (name, value)
+    assert f"`{name}`" in r.stdout  # in the printed table
+  assert set(result["targets"]) == set(TARGETS)
+  assert result["environment"]["cores"] >= 1 and "tensorflow" in result["environment"]["versions"]
+  assert os.path.getsize(plot) > 1000
