@@ -2,9 +2,7 @@
 
 import dataclasses
 import json
-from typing import Any, Dict, Optional
-
-from beam_prep import keys
+from typing import Any, Dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +16,7 @@ class ClickConfig:
   d_step: float = 10.0
   strategies: tuple = (1, 2, 3)
   flip: bool = False
+  disk_radius: float = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,12 +35,17 @@ class PrepConfig:
     eval_percent: share of images (by hash of the image id) in the eval split.
     num_shards: TFRecord shards per split.
     compression: "" for none or "gzip".
+    click_encoding: segmentation: "distance" (Xu et al. 2016 distance maps),
+      "disks" (RITM's binary disks) or "both".
     max_pixels: images declaring more pixels are rejected (decompression bombs).
     max_error_fraction: exit non-zero when more than this fraction of inputs
       fails (after everything is written).
     ops: extra ops appended to the chain after the built-in ones (a chain
       string, see `beam_prep.ops.registry`).
-    ops_module: module to import first, so that its registered ops exist.
+    ops_module: module (or comma-separated modules) to import first, so that
+      its registered ops exist.
+    preprocessing_fn: "module:function", a tf.Transform preprocessing_fn to
+      use instead of the one generated from the declared features.
     overwrite: replace a non-empty output directory.
     clicks: click simulation settings.
   """
@@ -56,17 +60,19 @@ class PrepConfig:
   eval_percent: int = 20
   num_shards: int = 2
   compression: str = ""
+  click_encoding: str = "distance"
   max_pixels: int = 64_000_000
   max_error_fraction: float = 1.0
   ops: str = ""
   ops_module: str = ""
+  preprocessing_fn: str = ""
   overwrite: bool = False
   clicks: ClickConfig = ClickConfig()
 
   def __post_init__(self):
-    if self.task not in ("segmentation", "classification"):
-      raise ValueError(f"task must be segmentation or classification, got {self.task!r}")
+    from beam_prep import tasks  # pylint: disable=g-import-not-at-top
     from beam_prep.readers import LAYOUTS  # pylint: disable=g-import-not-at-top
+    tasks.get(self.task)
     if self.layout not in LAYOUTS:
       raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
     if self.image_size < 16:
@@ -79,36 +85,38 @@ class PrepConfig:
       raise ValueError(f"num_shards must be at least 1, got {self.num_shards}")
     if self.compression not in ("", "gzip"):
       raise ValueError(f"compression must be '' or 'gzip', got {self.compression!r}")
+    if self.click_encoding not in tasks.CLICK_ENCODINGS:
+      raise ValueError(f"click_encoding must be one of {tasks.CLICK_ENCODINGS}, got "
+                       f"{self.click_encoding!r}")
     if not 0.0 <= self.max_error_fraction <= 1.0:
       raise ValueError(f"max_error_fraction must be in [0, 1], got {self.max_error_fraction}")
+    if self.preprocessing_fn and ":" not in self.preprocessing_fn:
+      raise ValueError(f"preprocessing_fn is module:function, got {self.preprocessing_fn!r}")
 
   @property
-  def decode_chain(self) -> str:
-    """Ops run once per image: decode, resize (and split into objects)."""
-    if self.task == "classification":
-      return f"decode(max_pixels={self.max_pixels}, require_mask=False)|resize({self.image_size})"
-    return f"decode(max_pixels={self.max_pixels})|resize({self.image_size})|split_objects"
+  def task_object(self):
+    from beam_prep import tasks  # pylint: disable=g-import-not-at-top
+    return tasks.get(self.task)
 
   @property
-  def clicks_chain(self) -> str:
-    """Ops run once per object: sample click variants."""
-    c = self.clicks
-    return (f"sample_clicks(variants={self.variants}, seed={self.seed}, "
-            f"min_positive={c.min_positive}, max_positive={c.max_positive}, "
-            f"negatives={tuple(c.negatives)!r}, d={c.d}, d_margin={c.d_margin}, "
-            f"d_step={c.d_step}, strategies={tuple(c.strategies)!r}, flip={c.flip})")
-
-  @property
-  def record_suffix(self) -> str:
-    return keys.RECORD_SUFFIX + (".gz" if self.compression == "gzip" else "")
+  def stages(self):
+    """(Beam label, op chain) of each stage of the run."""
+    return self.task_object.stages(self)
 
   @property
   def chain(self) -> str:
-    """The whole op chain this run applies, for the record."""
-    if self.task == "classification":
-      return "|".join(filter(None, [self.decode_chain, self.ops]))
-    return "|".join(filter(None, [self.decode_chain, self.clicks_chain, "distance_maps",
-                                  self.ops]))
+    """The whole op chain this run applies."""
+    return "|".join(chain for _, chain in self.stages if chain)
+
+  def features(self):
+    """The run's `FeatureTable`: what the records hold, from the chain's declarations.
+
+    The ops module must have been imported (`registry.import_ops_modules`).
+    """
+    from beam_prep import tasks  # pylint: disable=g-import-not-at-top
+    from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+    return FeatureTable.for_chain(self.chain, (self.image_size, self.image_size), self.task,
+                                  read=tasks.READ_FEATURES, ops_module=self.ops_module)
 
   def to_dict(self) -> Dict[str, Any]:
     d = dataclasses.asdict(self)
@@ -135,19 +143,3 @@ class PrepConfig:
       clicks = ClickConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in clicks.items()})
       d["clicks"] = clicks
     return cls(**d)
-
-
-PRESETS: Dict[str, Dict[str, Any]] = {
-    # Tiny and quick: what the demo and the tests run.
-    "smoke": {"image_size": 96, "variants": 2, "num_shards": 2},
-    "default": {},
-}
-
-
-def preset(name: Optional[str]) -> Dict[str, Any]:
-  if not name:
-    return {}
-  try:
-    return dict(PRESETS[name])
-  except KeyError:
-    raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}") from None

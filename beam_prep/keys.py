@@ -1,41 +1,36 @@
-"""Feature keys: the only names `beam_prep` and `train` share.
+"""Feature keys and the layout of a preprocessing output: the names
+`beam_prep` and `train` share.
 
 This module imports nothing but the standard library, so the trainer, the
 serving export and Dataflow workers can all read it cheaply.
 
-Record contract (one `tf.train.Example` per object and click variant; the
-tf.Transform *raw* schema, written to `PREP_OUTPUT/metadata/`):
+What a record holds is not listed here: each op declares the features it
+produces (`register_op(..., produces={key: Feature(...)})`), and every run
+writes the resulting table to `PREP_OUTPUT/features.json` (key, dtype,
+shape, role, normalization, in order). With the default segmentation chain
+a record is one (object, click variant):
 
-| key                  | type            | content                                   |
-|----------------------|-----------------|-------------------------------------------|
-| `image_id`           | bytes           | stem of the source image                  |
-| `object_id`          | int64           | instance id in the source mask (1..254)   |
-| `variant`            | int64           | index of the click sampling (0..K-1)      |
-| `height`, `width`    | int64           | stored size (the pipeline's image size)   |
-| `image`              | bytes           | raw uint8 RGB, shape [height, width, 3]   |
-| `distance_maps`      | bytes           | raw uint8, shape [height, width, 2]:      |
-|                      |                 | channel 0 positive, 1 negative; Euclidean |
-|                      |                 | distance to nearest click, capped at 255  |
-| `mask`               | bytes           | raw uint8 [height, width]: 1 object,      |
-|                      |                 | 0 background, 255 ignore                  |
-| `positive_clicks`    | int64 list      | flattened (x, y) pairs, x = column        |
-| `negative_clicks`    | int64 list      | flattened (x, y) pairs                    |
-| `negative_strategy`  | int64           | 1, 2 or 3 (Xu et al. 2016), 0 if none     |
-| `flipped`            | int64           | 1 if this variant is mirrored left-right  |
+| key                  | declared by    | content                                  |
+|----------------------|----------------|------------------------------------------|
+| `image_id`           | read           | stem of the source image                 |
+| `image`              | decode, resize | uint8 [S, S, 3] RGB; model input         |
+| `height`, `width`    | decode, resize | the stored size S                        |
+| `object_id`          | split_objects  | instance id in the source mask (1..254)  |
+| `mask`               | split_objects  | uint8 [S, S, 1]: 1 object, 0 background, |
+|                      |                | 255 ignore; the label                    |
+| `positive_clicks`    | sample_clicks  | int64 list of (x, y) pairs, x = column   |
+| `negative_clicks`    | sample_clicks  | same                                     |
+| `negative_strategy`, `variant`, `flipped` | sample_clicks | int64          |
+| `distance_maps`      | distance_maps  | uint8 [S, S, 2]: distance to the nearest |
+|                      |                | positive / negative click, capped at 255 |
+| `click_disks`        | click_disks    | uint8 [S, S, 2]: 1 within the radius of  |
+|                      |                | a positive / negative click              |
 
-Transformed features (the exported tf.Transform graph's outputs):
-
-| key                  | dtype   | shape          | value range                |
-|----------------------|---------|----------------|----------------------------|
-| `image`              | float32 | [H, W, 3]      | per-channel standardized   |
-| `distance_maps`      | float32 | [H, W, 2]      | distance / 255, in [0, 1]  |
-| `label`              | float32 | [H, W]         | 1 object, 0 otherwise      |
-| `label_weight`       | float32 | [H, W]         | 0 on ignore pixels, else 1 |
-
-Classification records (`beam-prep classification`): `image_id`, `height`,
-`width`, `image` as above, and `label` (bytes, the class folder's name).
-Transformed: `image` as above and `label` int64, the index of the class in
-the tf.Transform vocabulary named `LABEL_VOCABULARY` (most frequent first).
+Per-pixel features are stored as the raw bytes of the array. The exported
+tf.Transform graph outputs every model input under its own key (float32,
+normalized as declared) and, from the label, `label` and `label_weight`
+(segmentation: float32 [S, S, 1], weight 0 on ignore pixels) or `label`
+(classification: int64 index into the vocabulary `LABEL_VOCABULARY`).
 """
 
 IMAGE_ID = "image_id"
@@ -50,9 +45,14 @@ POSITIVE_CLICKS = "positive_clicks"
 NEGATIVE_CLICKS = "negative_clicks"
 NEGATIVE_STRATEGY = "negative_strategy"
 FLIPPED = "flipped"
+CLICK_DISKS = "click_disks"
+LABEL = "label"
+
+# Keys of examples inside the job that records do not keep.
+IMAGE_BYTES = "image_bytes"
+INSTANCE_MASK = "instance_mask"
 
 # Transformed feature keys (outputs of the tf.Transform graph).
-LABEL = "label"
 LABEL_WEIGHT = "label_weight"
 LABEL_VOCABULARY = "label"
 
@@ -73,3 +73,14 @@ PREVIEW_FILE = "preview.png"
 TRAIN_SPLIT = "train"
 EVAL_SPLIT = "eval"
 RECORD_SUFFIX = ".tfrecord"
+GZIP_SUFFIX = ".gz"
+
+
+def record_pattern(output_dir: str, split: str) -> str:
+  """Glob of a split's shards in a preprocessing output (local or gs://)."""
+  return f"{output_dir.rstrip('/')}/{RECORDS_DIR}/{split}-*{RECORD_SUFFIX}*"
+
+
+def compression_of(path: str) -> str:
+  """TFRecord compression of a shard, from its name: "GZIP" or ""."""
+  return "GZIP" if path.endswith(GZIP_SUFFIX) else ""

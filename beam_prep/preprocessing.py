@@ -1,162 +1,109 @@
-"""The tf.Transform side: raw record schema, example encoding, preprocessing_fn.
+"""The tf.Transform side: the preprocessing_fn generated from declared features.
 
-Records keep the heavy features compact (raw uint8 bytes); the cheap part that
-depends on full-pass statistics is the exported graph, which the trainer and
-the serving model both apply. See `beam_prep.keys` for the data contract.
+Records keep the heavy features compact (raw bytes of the arrays); the cheap
+part that depends on full-pass statistics is the exported graph, which the
+trainer and the serving model both apply. The default `preprocessing_fn`
+covers every declared feature (see `beam_prep.features`):
+
+- each `model_input`, decoded to float32 [B, H, W, C] and normalized as
+  declared ("standardize": per-channel mean and standard deviation over the
+  analyzed split, by full-pass analyzers; `scale(s)`: divided by s; "none"),
+  under its own key;
+- the `label`, turned into the task's label outputs
+  (`beam_prep.tasks`: segmentation `label` and `label_weight`, classification
+  a vocabulary index);
+- `metadata` is not used.
+
+A team may give its own preprocessing_fn (`--preprocessing-fn
+module:function`): it is called as `fn(inputs)`, or `fn(inputs, features)`
+with the run's `FeatureTable` when it takes two arguments, and must output
+the same keys (every model input under its key, and the task's labels).
+`decode_feature` turns a raw per-pixel input into a tensor for it.
 """
 
-from typing import Any, Callable, Dict
+import importlib
+import inspect
+from typing import Callable, Dict, Tuple
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from beam_prep import keys
+from beam_prep.features import Entry, FeatureTable
+
+PreprocessingFn = Callable[[Dict[str, tf.Tensor]], Dict[str, tf.Tensor]]
 
 
-def raw_feature_spec() -> Dict[str, Any]:
-  """Feature spec of the records (the tf.Transform raw schema)."""
-  return {
-      keys.IMAGE_ID: tf.io.FixedLenFeature([], tf.string),
-      keys.OBJECT_ID: tf.io.FixedLenFeature([], tf.int64),
-      keys.VARIANT: tf.io.FixedLenFeature([], tf.int64),
-      keys.HEIGHT: tf.io.FixedLenFeature([], tf.int64),
-      keys.WIDTH: tf.io.FixedLenFeature([], tf.int64),
-      keys.IMAGE: tf.io.FixedLenFeature([], tf.string),
-      keys.DISTANCE_MAPS: tf.io.FixedLenFeature([], tf.string),
-      keys.MASK: tf.io.FixedLenFeature([], tf.string),
-      keys.POSITIVE_CLICKS: tf.io.VarLenFeature(tf.int64),
-      keys.NEGATIVE_CLICKS: tf.io.VarLenFeature(tf.int64),
-      keys.NEGATIVE_STRATEGY: tf.io.FixedLenFeature([], tf.int64),
-      keys.FLIPPED: tf.io.FixedLenFeature([], tf.int64),
-  }
+def decode_feature(raw: tf.Tensor, entry: Entry, image_size: Tuple[int, int]) -> tf.Tensor:
+  """[B] raw bytes of a per-pixel feature -> [B, H, W, C] of its declared dtype."""
+  dtype = tf.as_dtype(entry.feature.dtype)
+  flat = tf.io.decode_raw(raw, dtype, little_endian=True)
+  return tf.reshape(flat, [-1, image_size[0], image_size[1], entry.feature.channels])
 
 
-def classification_raw_feature_spec() -> Dict[str, Any]:
-  """Feature spec of classification records."""
-  return {
-      keys.IMAGE_ID: tf.io.FixedLenFeature([], tf.string),
-      keys.HEIGHT: tf.io.FixedLenFeature([], tf.int64),
-      keys.WIDTH: tf.io.FixedLenFeature([], tf.int64),
-      keys.IMAGE: tf.io.FixedLenFeature([], tf.string),
-      keys.LABEL: tf.io.FixedLenFeature([], tf.string),
-  }
+def standardize(x: tf.Tensor, name: str) -> tf.Tensor:
+  """float32 [B, H, W, C] -> per-channel standardized, by full-pass analyzers.
 
-
-def raw_schema(spec: Dict[str, Any] = None):
-  """A raw feature spec (default: segmentation) as a TFMD Schema."""
-  from tensorflow_transform.tf_metadata import schema_utils  # pylint: disable=g-import-not-at-top
-  return schema_utils.schema_from_feature_spec(spec or raw_feature_spec())
-
-
-def _bytes(v: bytes) -> tf.train.Feature:
-  return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
-
-
-def _ints(v) -> tf.train.Feature:
-  return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in np.ravel(v)]))
-
-
-def encode_example(ex: Dict[str, Any]) -> bytes:
-  """Serializes one finished example dict into a tf.Example in the raw schema."""
-  image = np.ascontiguousarray(ex["image"], dtype=np.uint8)
-  maps = np.ascontiguousarray(ex["distance_maps"], dtype=np.uint8)
-  mask = np.ascontiguousarray(ex["mask"], dtype=np.uint8)
-  h, w = image.shape[:2]
-  if maps.shape != (h, w, 2) or mask.shape != (h, w):
-    raise ValueError(f"inconsistent shapes: image {image.shape}, maps {maps.shape}, "
-                     f"mask {mask.shape}")
-  feature = {
-      keys.IMAGE_ID: _bytes(ex["image_id"].encode("utf-8")),
-      keys.OBJECT_ID: _ints([ex["object_id"]]),
-      keys.VARIANT: _ints([ex["variant"]]),
-      keys.HEIGHT: _ints([h]),
-      keys.WIDTH: _ints([w]),
-      keys.IMAGE: _bytes(image.tobytes()),
-      keys.DISTANCE_MAPS: _bytes(maps.tobytes()),
-      keys.MASK: _bytes(mask.tobytes()),
-      keys.POSITIVE_CLICKS: _ints(ex["positive_clicks"]),
-      keys.NEGATIVE_CLICKS: _ints(ex["negative_clicks"]),
-      keys.NEGATIVE_STRATEGY: _ints([ex.get("negative_strategy", 0)]),
-      keys.FLIPPED: _ints([ex.get("flipped", 0)]),
-  }
-  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
-def encode_classification_example(ex: Dict[str, Any]) -> bytes:
-  """Serializes a decoded, resized, labelled image into a classification record."""
-  image = np.ascontiguousarray(ex["image"], dtype=np.uint8)
-  h, w = image.shape[:2]
-  feature = {
-      keys.IMAGE_ID: _bytes(ex["image_id"].encode("utf-8")),
-      keys.HEIGHT: _ints([h]),
-      keys.WIDTH: _ints([w]),
-      keys.IMAGE: _bytes(image.tobytes()),
-      keys.LABEL: _bytes(ex["label"].encode("utf-8")),
-  }
-  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
-def decode_raw_image(raw: tf.Tensor, height: int, width: int, channels: int) -> tf.Tensor:
-  """[B] raw uint8 bytes -> uint8 [B, height, width, channels] (channels 0: no axis)."""
-  shape = [-1, height, width] + ([channels] if channels else [])
-  return tf.reshape(tf.io.decode_raw(raw, tf.uint8), shape)
-
-
-def make_preprocessing_fn(height: int, width: int) -> Callable[[Dict[str, tf.Tensor]], Dict[str, tf.Tensor]]:
-  """Builds the segmentation preprocessing_fn for records of height x width.
-
-  Full-pass analyzers: per-channel mean and standard deviation of the image
-  over every pixel of the analyzed split (`standardize_image`).
-
-  Outputs: standardized `image`, `distance_maps` scaled to [0, 1], and, when
-  the raw `mask` is given (training, not serving), `label` and
-  `label_weight` (0 on ignore pixels).
+  The mean and the mean of squares are analyzed over every example of the
+  split (all one size, so the mean of per-example means is the pixel mean).
   """
-
-  def preprocessing_fn(inputs):
-    image = tf.cast(decode_raw_image(inputs[keys.IMAGE], height, width, 3), tf.float32)
-    maps = decode_raw_image(inputs[keys.DISTANCE_MAPS], height, width, 2)
-    mask = decode_raw_image(inputs[keys.MASK], height, width, 0)
-    return {
-        keys.IMAGE: standardize_image(image),
-        keys.DISTANCE_MAPS: tf.cast(maps, tf.float32) / float(keys.MAX_DISTANCE),
-        keys.LABEL: tf.cast(tf.equal(mask, 1), tf.float32),
-        keys.LABEL_WEIGHT: tf.cast(tf.not_equal(mask, keys.IGNORE), tf.float32),
-    }
-
-  return preprocessing_fn
-
-
-def standardize_image(image: tf.Tensor) -> tf.Tensor:
-  """float32 [B, H, W, 3] -> per-channel standardized, by full-pass analyzers.
-
-  The mean and the mean of squares are analyzed over every image of the
-  split (all one size, so the mean of per-image means is the pixel mean).
-  """
-  per_image_mean = tf.reduce_mean(image, axis=[1, 2])
-  per_image_sq = tf.reduce_mean(tf.square(image), axis=[1, 2])
-  mean = tft.mean(per_image_mean, reduce_instance_dims=False, name="image_mean")
-  mean_sq = tft.mean(per_image_sq, reduce_instance_dims=False, name="image_mean_square")
+  per_example_mean = tf.reduce_mean(x, axis=[1, 2])
+  per_example_sq = tf.reduce_mean(tf.square(x), axis=[1, 2])
+  mean = tft.mean(per_example_mean, reduce_instance_dims=False, name=f"{name}_mean")
+  mean_sq = tft.mean(per_example_sq, reduce_instance_dims=False, name=f"{name}_mean_square")
   std = tf.sqrt(tf.maximum(mean_sq - tf.square(mean), 1e-6))
-  return (image - mean) / std
+  return (x - mean) / std
 
 
-def make_classification_preprocessing_fn(height: int, width: int):
-  """Builds the classification preprocessing_fn: standardized image, label id.
+def normalize(x: tf.Tensor, entry: Entry) -> tf.Tensor:
+  """A decoded model input, normalized as its declaration says."""
+  x = tf.cast(x, tf.float32)
+  if entry.feature.normalize == "standardize":
+    return standardize(x, entry.key)
+  if entry.feature.scale is not None:
+    return x / entry.feature.scale
+  return x
 
-  The label vocabulary is a full-pass analyzer too
-  (`compute_and_apply_vocabulary`, most frequent class first); the serving
-  model reads the class names back from it.
-  """
+
+def make_preprocessing_fn(table: FeatureTable) -> PreprocessingFn:
+  """The default preprocessing_fn of a feature table (see the module docstring)."""
+  from beam_prep import tasks  # pylint: disable=g-import-not-at-top
+  task = tasks.get(table.task)
+  for entry in table.model_inputs:
+    if not entry.feature.per_pixel:
+      raise ValueError(f"model input {entry.key!r} (declared by op {entry.op!r}) is not "
+                       "per-pixel: the default preprocessing_fn stacks per-pixel model inputs; "
+                       "declare it as metadata or give --preprocessing-fn")
 
   def preprocessing_fn(inputs):
-    image = tf.cast(decode_raw_image(inputs[keys.IMAGE], height, width, 3), tf.float32)
-    return {
-        keys.IMAGE: standardize_image(image),
-        keys.LABEL: tft.compute_and_apply_vocabulary(
-            inputs[keys.LABEL], vocab_filename=keys.LABEL_VOCABULARY, num_oov_buckets=0,
-            default_value=-1),
-    }
+    out = {}
+    for entry in table.model_inputs:
+      out[entry.key] = normalize(decode_feature(inputs[entry.key], entry, table.image_size),
+                                 entry)
+    out.update(task.label_outputs(inputs, table))
+    return out
 
   return preprocessing_fn
+
+
+def load_preprocessing_fn(spec: str, table: FeatureTable) -> PreprocessingFn:
+  """`module:function` -> a preprocessing_fn (given the table if it takes two args).
+
+  Raises:
+    ValueError: the spec does not name a function.
+    ImportError: the module cannot be imported.
+  """
+  module_name, _, fn_name = spec.partition(":")
+  if not module_name or not fn_name:
+    raise ValueError(f"--preprocessing-fn is module:function, got {spec!r}")
+  fn = getattr(importlib.import_module(module_name), fn_name, None)
+  if not callable(fn):
+    raise ValueError(f"--preprocessing-fn {spec}: {module_name} has no function {fn_name!r}")
+  if len(inspect.signature(fn).parameters) >= 2:
+    return lambda inputs: fn(inputs, table)
+  return fn
+
+
+def preprocessing_fn_for(table: FeatureTable, spec: str = "") -> PreprocessingFn:
+  """The user's preprocessing_fn when `spec` names one, else the default."""
+  return load_preprocessing_fn(spec, table) if spec else make_preprocessing_fn(table)
+

@@ -6,7 +6,8 @@
     SampleClicks        object dicts            -> one dict per click variant
     ComputeDistanceMaps variant dicts           -> dicts with `distance_maps`
     ApplyOps            any dicts               -> dicts, through a named op chain
-    EncodeExamples      finished dicts          -> (split, serialized tf.Example)
+    EncodeExamples      finished dicts          -> (split, key, serialized tf.Example),
+                        by the run's FeatureTable
     WriteExamples       serialized tf.Examples  -> sharded TFRecord files
     AnalyzeAndTransform serialized tf.Examples  -> transform_fn/ on disk
     WriteDeadLetters    error dicts             -> errors/*.jsonl
@@ -18,6 +19,7 @@ that fails is dropped silently.
 
 import hashlib
 import json
+import struct
 import zlib
 from typing import Tuple
 
@@ -25,7 +27,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_prep import keys, readers
+from beam_prep import keys, readers, tasks
 from beam_prep.ops import registry
 
 ERRORS_TAG = readers.ERRORS_TAG
@@ -42,9 +44,7 @@ class _ApplyOpsFn(beam.DoFn):
     self._fn = None
 
   def setup(self):
-    if self._ops_module:
-      import importlib  # pylint: disable=g-import-not-at-top
-      importlib.import_module(self._ops_module)
+    registry.import_ops_modules(self._ops_module)
     self._fn = registry.build_chain(self._chain)
     self._out = Metrics.counter("beam_prep", "op_outputs")
     self._failed = Metrics.counter("beam_prep", "op_failures")
@@ -75,9 +75,7 @@ class ApplyOps(beam.PTransform):
 
   def __init__(self, chain: str, ops_module: str = ""):
     super().__init__()
-    if ops_module:
-      import importlib  # pylint: disable=g-import-not-at-top
-      importlib.import_module(ops_module)
+    registry.import_ops_modules(ops_module)
     registry.build_chain(chain)  # Validates names and arguments now.
     self._chain = chain
     self._ops_module = ops_module
@@ -92,16 +90,15 @@ class DecodeExamples(ApplyOps):
   """Decodes, resizes to `size`, and splits each scene into its objects."""
 
   def __init__(self, size: int, max_pixels: int = 64_000_000):
-    super().__init__(f"decode(max_pixels={max_pixels})|resize({size})|split_objects")
+    super().__init__(tasks.decode_chain(size, max_pixels))
 
 
 class SampleClicks(ApplyOps):
   """Samples `variants` click sets per object (see `beam_prep.ops.clicks`)."""
 
   def __init__(self, variants: int = 1, seed: int = 0, **click_params):
-    args = ", ".join(f"{k}={v!r}" for k, v in sorted(click_params.items()))
-    super().__init__(f"sample_clicks(variants={variants}, seed={seed}"
-                     + (f", {args})" if args else ")"))
+    super().__init__(registry.op_call("sample_clicks", variants=variants, seed=seed,
+                                      **click_params))
 
 
 class ComputeDistanceMaps(ApplyOps):
@@ -134,26 +131,39 @@ def sort_key(ex) -> str:
 class EncodeExamples(beam.PTransform):
   """Finished example dicts -> `(split, sort key, serialized tf.Example)`.
 
-  The split is the example's own `split` when its layout fixed one (Pascal
-  VOC's lists, a manifest column), else a stable hash of the image id.
+  The record holds exactly the features of `table` (`FeatureTable.encode`:
+  an undeclared or misshapen feature stops the job with the op's name). The
+  split is the example's own `split` when its layout fixed one (Pascal VOC's
+  lists, a manifest column), else a stable hash of the image id.
 
   Args:
     eval_percent: share of image ids hashed into the eval split.
-    encode: dict -> serialized tf.Example (default: the segmentation record).
+    table: the run's FeatureTable.
   """
 
-  def __init__(self, eval_percent: int, encode=None):
+  def __init__(self, eval_percent: int, table):
     super().__init__()
     self._eval_percent = eval_percent
-    self._encode = encode
+    self._table = table
 
   def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
-    from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
-    eval_percent = self._eval_percent
-    encode = self._encode or preprocessing.encode_example
+    eval_percent, table = self._eval_percent, self._table
     return pcoll | beam.Map(
         lambda ex: (ex.get("split") or split_of(ex["image_id"], eval_percent), sort_key(ex),
-                    encode(ex)))
+                    table.encode(ex)))
+
+
+def _masked_crc32c(data: bytes) -> int:
+  import google_crc32c  # pylint: disable=g-import-not-at-top
+  crc = google_crc32c.value(data)
+  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tfrecord_frame(payload: bytes) -> bytes:
+  """One TFRecord: length, masked CRC-32C of the length, payload, its masked CRC."""
+  length = struct.pack("<Q", len(payload))
+  return (length + struct.pack("<I", _masked_crc32c(length)) + payload
+          + struct.pack("<I", _masked_crc32c(payload)))
 
 
 def shard_of(key: str, num_shards: int) -> int:
@@ -171,7 +181,6 @@ class _WriteShardFn(beam.DoFn):
 
   def process(self, kv):
     from apache_beam.io.filesystem import CompressionTypes  # pylint: disable=g-import-not-at-top
-    from apache_beam.io.tfrecordio import _TFRecordUtil  # pylint: disable=g-import-not-at-top
     shard, items = kv
     items = sorted(i for i in items if i is not None)
     items = [(k, zlib.decompress(v)) for k, v in items]
@@ -182,7 +191,7 @@ class _WriteShardFn(beam.DoFn):
     with FileSystems.create(tmp, compression_type=comp) as f:
       for _, payload in items:
         if self._kind == "tfrecord":
-          _TFRecordUtil.write_record(f, payload)
+          f.write(tfrecord_frame(payload))
         else:
           f.write(payload + b"\n")
     if FileSystems.exists(path):
@@ -233,7 +242,7 @@ class WriteExamples(beam.PTransform):
     self._gzip = compression == "gzip"
 
   def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
-    suffix = keys.RECORD_SUFFIX + (".gz" if self._gzip else "")
+    suffix = keys.RECORD_SUFFIX + (keys.GZIP_SUFFIX if self._gzip else "")
     return pcoll | _WriteSortedShards(self._prefix, suffix, self._num_shards, "tfrecord",
                                       self._gzip)
 
@@ -252,7 +261,7 @@ class AnalyzeAndTransform(beam.PTransform):
   Must be applied inside a `tft_beam.Context`.
   """
 
-  def __init__(self, preprocessing_fn, transform_dir: str, raw_feature_spec=None):
+  def __init__(self, preprocessing_fn, transform_dir: str, raw_feature_spec):
     super().__init__()
     self._preprocessing_fn = preprocessing_fn
     self._transform_dir = transform_dir
@@ -261,10 +270,10 @@ class AnalyzeAndTransform(beam.PTransform):
   def expand(self, serialized: beam.PCollection):
     import tensorflow_transform.beam as tft_beam  # pylint: disable=g-import-not-at-top
     from tensorflow_transform.tf_metadata import dataset_metadata  # pylint: disable=g-import-not-at-top
+    from tensorflow_transform.tf_metadata import schema_utils  # pylint: disable=g-import-not-at-top
     from tfx_bsl.tfxio import tf_example_record  # pylint: disable=g-import-not-at-top
-    from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
 
-    schema = preprocessing.raw_schema(self._spec)
+    schema = schema_utils.schema_from_feature_spec(self._spec)
     tfxio = tf_example_record.TFExampleBeamRecord(
         physical_format="tfrecord", schema=schema, telemetry_descriptors=["beam_prep"])
     record_batches = serialized | "ToRecordBatches" >> tfxio.BeamSource()

@@ -122,12 +122,12 @@ def bench_clicks(repeats: int) -> Dict[str, float]:
 
 def bench_kernel_loop(data: str, size: int, variants: int) -> float:
   """Objects/s of the pipeline's ops (read, decode, clicks, maps, encode) in a loop."""
-  from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
   from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
-  from pipelines.prep import IMAGE_STAGES  # pylint: disable=g-import-not-at-top
   config = PrepConfig(input=data, output="unused", image_size=size, variants=variants)
   chain = registry.build_chain(config.chain)
+  table = config.features()
+  task = config.task_object
   images = sorted(os.listdir(os.path.join(data, "images")))
   t = time.perf_counter()
   objects = 0
@@ -140,17 +140,18 @@ def bench_kernel_loop(data: str, size: int, variants: int) -> float:
     outputs, failures = chain({"image_id": stem, "source": name, "image_bytes": image_bytes,
                                "mask_bytes": mask_bytes})
     for ex in outputs:
-      preprocessing.encode_example(ex)
+      table.encode(ex)
     # Objects as the pipeline counts them: those that made records, and those
     # that failed after the image was split.
     objects += len({ex["object_id"] for ex in outputs})
-    objects += sum(1 for f in failures if f.stage not in IMAGE_STAGES)
+    objects += sum(1 for f in failures if not task.image_level(f.stage, config))
   return objects / (time.perf_counter() - t)
 
 
 def _record_files(prep_dir: str, split: str = "train") -> List[str]:
   import glob  # pylint: disable=g-import-not-at-top
-  return sorted(glob.glob(os.path.join(prep_dir, "records", f"{split}-*")))
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  return sorted(glob.glob(keys.record_pattern(prep_dir, split)))
 
 
 def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[str, float]:
@@ -159,14 +160,18 @@ def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[s
   import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.distance import distance_maps  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   from train.data import InputReader  # pylint: disable=g-import-not-at-top
   from train.export import to_raw_bytes  # pylint: disable=g-import-not-at-top
+  from train.tasks import make_task  # pylint: disable=g-import-not-at-top
 
   tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
+  table = FeatureTable.load(prep_dir)
   files = _record_files(prep_dir)
-  reader = InputReader(prep_dir, tft_out, batch, shuffle_buffer=64)
-  spec = tft_out.raw_feature_spec()
-  size = int(tft_out.transformed_feature_spec()[keys.IMAGE].shape[0])
+  reader = InputReader(prep_dir, tft_out, table, make_task(table, tft_out), batch,
+                       shuffle_buffer=64)
+  spec = table.raw_feature_spec()
+  size = table.image_size[0]
 
   def precomputed():
     return reader.dataset(keys.TRAIN_SPLIT, training=True)
@@ -224,13 +229,16 @@ def bench_train(prep_dir: str, batch: int, steps: int, repeats: int, width: int,
   import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train import models  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   from train.data import InputReader  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
 
   tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
-  task = make_task(tft_out)
-  reader = InputReader(prep_dir, tft_out, batch)
-  model = models.build_model("segmentation_fcn", width=width, depth=depth)
+  table = FeatureTable.load(prep_dir)
+  task = make_task(table, tft_out)
+  reader = InputReader(prep_dir, tft_out, table, task, batch)
+  model = models.build_model("segmentation_fcn", width=width, depth=depth,
+                             channels=table.input_channels)
   opt = keras.optimizers.Adam(1e-3)
   opt.build(model.trainable_variables)
 

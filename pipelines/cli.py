@@ -15,8 +15,8 @@ examples. Entry points stay thin: parse, build one frozen config, run.
 import argparse
 from typing import List, Optional
 
+from beam_prep.console import dispatch, load_config_file, preset
 from pipelines import logs
-from train.cli import dispatch, load_config_file  # shared with beam-train
 
 # Chosen by measurement on a 2-core machine (README, "Running mode of the
 # DirectRunner"): one in-memory worker beat two threads and two processes for
@@ -99,6 +99,12 @@ def prep_parser(task: str = "segmentation") -> argparse.ArgumentParser:
     parser.add_argument("--variants", type=int, help="click samplings per object")
     parser.add_argument("--flip-variants", dest="flip_variants", action="store_true",
                         default=None, help="mirror every odd variant left-right")
+    parser.add_argument("--click-encoding", dest="click_encoding",
+                        choices=["distance", "disks", "both"],
+                        help="how clicks reach the model: distance maps (Xu et al. 2016), "
+                        "binary disks (RITM), or both (default distance)")
+    parser.add_argument("--disk-radius", type=float, dest="disk_radius",
+                        help="radius of the click disks in pixels (default 5)")
   parser.add_argument("--seed", type=int)
   parser.add_argument("--eval-percent", type=int, dest="eval_percent")
   parser.add_argument("--num-shards", type=int, dest="num_shards")
@@ -109,34 +115,36 @@ def prep_parser(task: str = "segmentation") -> argparse.ArgumentParser:
                       help="exit 1 when more than this fraction of inputs fails")
   parser.add_argument("--ops", help="extra op chain applied after the built-in ones")
   parser.add_argument("--ops-module", dest="ops_module",
-                      help="module to import first; it registers user ops")
+                      help="module (or comma-separated modules) to import first; it registers "
+                      "user ops")
+  parser.add_argument("--preprocessing-fn", dest="preprocessing_fn", metavar="MODULE:FUNCTION",
+                      help="a tf.Transform preprocessing_fn to use instead of the one generated "
+                      "from the declared features")
   parser.add_argument("--overwrite", action="store_true", default=None,
                       help="replace a non-empty output directory")
   parser.add_argument("--verbose", action="store_true", help="show library logs")
   return parser
 
 
-def segmentation_parser() -> argparse.ArgumentParser:
-  return prep_parser("segmentation")
-
-
 def build_config(args: argparse.Namespace, task: str = "segmentation"):
   """Defaults, then preset, then config file, then flags; validated."""
-  from beam_prep.config import PrepConfig, preset  # pylint: disable=g-import-not-at-top
-  fields = preset(args.preset)
+  from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
+  fields = preset(args.preset, "prep")
   if args.config:
     fields.update(load_config_file(args.config))
   fields["task"] = task
   for name in ("input", "output", "layout", "allow_outside_root", "image_size", "variants",
-               "seed", "eval_percent", "num_shards", "compression", "max_pixels",
-               "max_error_fraction", "ops", "ops_module", "overwrite"):
+               "seed", "eval_percent", "num_shards", "compression", "click_encoding",
+               "max_pixels", "max_error_fraction", "ops", "ops_module", "preprocessing_fn",
+               "overwrite"):
     value = getattr(args, name, None)
     if value is not None:
       fields[name] = value
-  if getattr(args, "flip_variants", None):
-    clicks = dict(fields.get("clicks") or {})
-    clicks["flip"] = True
-    fields["clicks"] = clicks
+  for flag, field in (("flip_variants", "flip"), ("disk_radius", "disk_radius")):
+    if getattr(args, flag, None) is not None:
+      clicks = dict(fields.get("clicks") or {})
+      clicks[field] = getattr(args, flag)
+      fields["clicks"] = clicks
   missing = [n for n in ("input", "output") if not fields.get(n)]
   if missing:
     raise ValueError(f"missing required option(s): {', '.join('--' + m for m in missing)}")
@@ -145,11 +153,9 @@ def build_config(args: argparse.Namespace, task: str = "segmentation"):
 
 def pipeline_args(beam_args: List[str]) -> List[str]:
   """Beam options with this tool's DirectRunner defaults filled in."""
-  runner = next((a.split("=", 1)[1] for a in beam_args if a.startswith("--runner=")), None)
-  if runner is None and "--runner" in beam_args:
-    runner = beam_args[beam_args.index("--runner") + 1]
+  from pipelines.dataflow import runner_of  # pylint: disable=g-import-not-at-top
   args = list(beam_args)
-  if runner in (None, "DirectRunner", "direct"):
+  if runner_of(beam_args) in ("", "DirectRunner", "direct"):
     for default in DIRECT_DEFAULTS:
       flag = default.split("=")[0]
       if not any(a == flag or a.startswith(flag + "=") for a in args):
@@ -163,15 +169,17 @@ def _prep(task: str, argv: List[str]) -> int:
   log = logs.get()
   try:
     config = build_config(known, task)
-    if config.ops_module:
-      import importlib  # pylint: disable=g-import-not-at-top
-      importlib.import_module(config.ops_module)
     from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+    registry.import_ops_modules(config.ops_module)
     registry.build_chain(config.chain)  # Names and literal arguments, checked now.
+    table = config.features()  # Declarations, checked now.
+    from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
+    preprocessing.preprocessing_fn_for(table, config.preprocessing_fn)
   except (ValueError, TypeError, OSError, ImportError) as e:
     log.error("beam-prep %s: %s", task, e)
     return 2
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import FeatureError  # pylint: disable=g-import-not-at-top
   from pipelines import dataflow, outputs, prep  # pylint: disable=g-import-not-at-top
   try:
     if dataflow.is_dataflow(beam_args):
@@ -180,6 +188,9 @@ def _prep(task: str, argv: List[str]) -> int:
     manifest = prep.run(config, options)
   except (outputs.OutputExistsError, prep.InputError, dataflow.DataflowOptionsError) as e:
     log.error("beam-prep %s: %s", task, e)
+    return 2
+  except FeatureError as e:  # An op's bug: it writes what it did not declare.
+    log.error("beam-prep %s: the job stopped: %s", task, str(e).split(" [while running")[0])
     return 2
   if manifest.get("dry_run"):
     log.info("%s: dry run: the job was built and not submitted", task)

@@ -34,18 +34,16 @@ def _eval_clicks(prep_dir: str):
   from train import logs  # pylint: disable=g-import-not-at-top
   logs.quiet()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  files = sorted(glob.glob(os.path.join(prep_dir, "records", "eval-*")))
-  records = [tf.train.Example.FromString(r.numpy()).features.feature
-             for r in tf.data.TFRecordDataset(files)]
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+  table = FeatureTable.load(prep_dir)
+  files = sorted(glob.glob(keys.record_pattern(prep_dir, keys.EVAL_SPLIT)))
+  records = [table.decode_numpy(r.numpy()) for r in tf.data.TFRecordDataset(files)]
   # The same record every run, whatever shard Beam put it in.
-  ex = min(records, key=lambda f: (f["image_id"].bytes_list.value[0],
-                                   f["object_id"].int64_list.value[0],
-                                   f["variant"].int64_list.value[0]))
-  size = ex["height"].int64_list.value[0]
-  pos = np.array(ex["positive_clicks"].int64_list.value).reshape(-1, 2)
-  neg = np.array(ex["negative_clicks"].int64_list.value).reshape(-1, 2)
-  return (ex["image_id"].bytes_list.value[0].decode(), int(ex["object_id"].int64_list.value[0]),
-          size, pos, neg)
+  ex = min(records, key=lambda r: (r[keys.IMAGE_ID], int(r[keys.OBJECT_ID]),
+                                   int(r[keys.VARIANT])))
+  return (ex[keys.IMAGE_ID], int(ex[keys.OBJECT_ID]), table.image_size[0],
+          ex[keys.POSITIVE_CLICKS], ex[keys.NEGATIVE_CLICKS])
 
 
 def _to_source(clicks, size, width, height):

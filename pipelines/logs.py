@@ -1,18 +1,16 @@
-"""Quiet, readable console output for `beam-prep`: one line per stage.
-
-TensorFlow, absl and Beam print pages of start-up and progress noise; the
-silencing itself is shared with `beam-train` (`train.logs`).
-"""
+"""Readable console output for `beam-prep`: one line per stage, no library noise."""
 
 import logging
 
-from train import logs as _logs
+from beam_prep import console
+
+NAME = "beam_prep"
 
 
-def quiet(verbose: bool = False) -> None:
-  """Silences library noise unless `verbose`; sets up the `beam_prep` logger."""
-  _logs.quiet(verbose, name="beam_prep")
+def quiet(verbose: bool = False) -> logging.Logger:
+  """Silences library noise unless `verbose`; returns the `beam_prep` logger."""
+  return console.quiet(verbose, name=NAME)
 
 
 def get() -> logging.Logger:
-  return logging.getLogger("beam_prep")
+  return logging.getLogger(NAME)

@@ -1,13 +1,17 @@
 """The preprocessing job shared by `beam-prep segmentation` and `classification`.
 
 segmentation:
-    ReadExamples -> DecodeExamples -> SampleClicks -> ComputeDistanceMaps
+    ReadExamples -> DecodeExamples -> SampleClicks -> EncodeClicks (+ user ops)
       -> EncodeExamples -> WriteExamples (train, eval)
                         -> AnalyzeAndTransform (train split)
 classification:
-    ReadExamples -> DecodeExamples -> CheckLabels -> EncodeExamples -> ...
+    ReadExamples -> DecodeExamples -> CheckLabels (+ user ops) -> EncodeExamples -> ...
 both:
     all errors -> WriteDeadLetters; all counts -> manifest.json
+
+The stages and their op chains come from the task (`beam_prep.tasks`); what
+the records hold, the raw schema and the default preprocessing_fn come from
+the chain's declared features (`features.json`).
 
 Output directory:
 
@@ -15,12 +19,12 @@ Output directory:
     records/eval-SSSSS-of-NNNNN.tfrecord
     transform/transform_fn/, transformed_metadata/, metadata/ (raw schema)
     errors/errors-SSSSS-of-NNNNN.jsonl     dead letters
+    features.json                          the declared features, chain, ops module
     config.json                            the resolved PrepConfig
     manifest.json                          config, versions, counts, timings
 """
 
 import dataclasses
-import importlib
 import json
 from typing import Any, Dict, Optional
 
@@ -30,51 +34,31 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep import keys
 from beam_prep.config import PrepConfig
+from beam_prep.features import FEATURES_FILE, FeatureTable
+from beam_prep.ops import registry
 from beam_prep.transforms import (AnalyzeAndTransform, ApplyOps, EncodeExamples, ReadExamples,
                                   WriteDeadLetters, WriteExamples)
 from pipelines import logs, outputs
 
 COUNTS_FILE = "_counts.json"
-IMAGE_STAGES = ("read", "decode", "resize", "split_objects", "require_label")
 
 
-def _error_keys(e: Dict[str, Any]):
-  level = "image" if e["stage"] in IMAGE_STAGES else "object"
-  return [(f"errors_{level}", 1), (f"reason/{e['reason']}", 1)]
-
-
-def task_functions(config: PrepConfig):
-  """(encode, raw feature spec, preprocessing_fn) of the config's task."""
-  from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
-  size = config.image_size
-  if config.task == "classification":
-    return (preprocessing.encode_classification_example,
-            preprocessing.classification_raw_feature_spec(),
-            preprocessing.make_classification_preprocessing_fn(size, size))
-  return (preprocessing.encode_example, preprocessing.raw_feature_spec(),
-          preprocessing.make_preprocessing_fn(size, size))
-
-
-def build(p: beam.Pipeline, config: PrepConfig, temp_dir: str) -> None:
+def build(p: beam.Pipeline, config: PrepConfig, table: FeatureTable, temp_dir: str) -> None:
   """Adds the whole preprocessing job to pipeline `p`."""
   import tensorflow_transform.beam as tft_beam  # pylint: disable=g-import-not-at-top
+  from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
 
   out = config.output
-  encode, spec, preprocessing_fn = task_functions(config)
+  task = config.task_object
   images, read_errors = p | "ReadExamples" >> ReadExamples(
       config.input, config.layout, config.allow_outside_root)
-  units, decode_errors = images | "DecodeExamples" >> ApplyOps(config.decode_chain)
-  error_list = [read_errors, decode_errors]
-  if config.task == "segmentation":
-    variants, click_errors = units | "SampleClicks" >> ApplyOps(config.clicks_chain)
-    chain = "distance_maps" + (f"|{config.ops}" if config.ops else "")
-    finished, map_errors = variants | "ComputeDistanceMaps" >> ApplyOps(chain, config.ops_module)
-    error_list += [click_errors, map_errors]
-  else:
-    chain = "require_label" + (f"|{config.ops}" if config.ops else "")
-    finished, label_errors = units | "CheckLabels" >> ApplyOps(chain, config.ops_module)
-    error_list.append(label_errors)
-  encoded = finished | "EncodeExamples" >> EncodeExamples(config.eval_percent, encode)
+  error_list = [read_errors]
+  current, units = images, None
+  for label, chain in config.stages:
+    current, errors = current | label >> ApplyOps(chain, config.ops_module)
+    error_list.append(errors)
+    units = current if units is None else units  # After the first stage: one per object.
+  encoded = current | "EncodeExamples" >> EncodeExamples(config.eval_percent, table)
 
   splits = {}
   for split in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT):
@@ -84,11 +68,21 @@ def build(p: beam.Pipeline, config: PrepConfig, temp_dir: str) -> None:
     _ = splits[split] | f"Write{split.title()}Examples" >> WriteExamples(
         out, split, config.num_shards, config.compression)
 
+  preprocessing_fn = preprocessing.preprocessing_fn_for(table, config.preprocessing_fn)
   with tft_beam.Context(temp_dir=temp_dir):
     _ = (splits[keys.TRAIN_SPLIT]
          | "Serialized" >> beam.Values()
          | "AnalyzeAndTransform" >> AnalyzeAndTransform(
-        preprocessing_fn, FileSystems.join(out, keys.TRANSFORM_DIR), spec))
+        preprocessing_fn, FileSystems.join(out, keys.TRANSFORM_DIR), table.raw_feature_spec()))
+
+  first_stage = {spec.name for spec in registry.parse_chain(config.stages[0][1])} | {"read"}
+
+  def error_keys(e: Dict[str, Any]):
+    level = "image" if task.image_level(e["stage"], config) else "object"
+    out = [(f"errors_{level}", 1), (f"reason/{e['reason']}", 1)]
+    if e["stage"] not in first_stage:  # Lost after being counted as a unit.
+      out.append(("errors_after_units", 1))
+    return out
 
   errors = tuple(error_list) | "AllErrors" >> beam.Flatten()
   _ = errors | "WriteDeadLetters" >> WriteDeadLetters(out)
@@ -98,7 +92,7 @@ def build(p: beam.Pipeline, config: PrepConfig, temp_dir: str) -> None:
        read_errors | "CountReadErrors" >> beam.Map(lambda _: ("inputs_unreadable", 1)),
        units | "CountObjects" >> beam.Map(lambda _: ("objects", 1)),
        encoded | "CountExamples" >> beam.Map(lambda kv: (f"examples/{kv[0]}", 1)),
-       errors | "CountErrors" >> beam.FlatMap(_error_keys))
+       errors | "CountErrors" >> beam.FlatMap(error_keys))
       | "AllCounts" >> beam.Flatten()
       | "SumCounts" >> beam.CombinePerKey(sum)
       | "OneDict" >> beam.combiners.ToDict()
@@ -122,6 +116,7 @@ def accounting(raw: Dict[str, int], per_object: int) -> Dict[str, Any]:
   object_errors = raw.get("errors_object", 0)
   objects = raw.get("objects", 0)
   images_used = inputs - image_errors
+  units_lost = raw.get("errors_after_units", 0)
   objects_used = objects - object_errors
   return {
       "inputs_read": inputs,
@@ -133,8 +128,9 @@ def accounting(raw: Dict[str, int], per_object: int) -> Dict[str, Any]:
       "examples_written": examples,
       "errors_by_reason": errors,
       "errors_total": image_errors + object_errors,
-      # Every object that did not fail yields exactly `per_object` records.
-      "accounted": sum(examples.values()) == objects_used * per_object,
+      # Every unit (object, or image for classification) that did not fail
+      # yields exactly `per_object` records.
+      "accounted": sum(examples.values()) == (objects - units_lost) * per_object,
   }
 
 
@@ -164,8 +160,8 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
   from apache_beam.options.pipeline_options import TestOptions  # pylint: disable=g-import-not-at-top
   log = logs.get()
   clock = outputs.Stopwatch()
-  if config.ops_module:
-    importlib.import_module(config.ops_module)
+  registry.import_ops_modules(config.ops_module)
+  table = config.features()
   options = pipeline_options or PipelineOptions()
   dry_run = bool(options.view_as(TestOptions).dry_run)
   config = resolve_layout(config, dry_run)
@@ -173,6 +169,7 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
     _check_input(config)
     outputs.prepare_output(config.output, config.overwrite)
     outputs.write_text(FileSystems.join(config.output, keys.CONFIG_FILE), config.to_json())
+    outputs.write_text(FileSystems.join(config.output, FEATURES_FILE), table.to_json())
   temp_dir = FileSystems.join(config.output, "tmp")
   temp_location = options.get_all_options().get("temp_location")
   if temp_location:
@@ -184,7 +181,7 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
     temp_dir = tempfile.mkdtemp(prefix="beam_prep_dry_run_")
 
   p = beam.Pipeline(options=options)
-  build(p, config, temp_dir)
+  build(p, config, table, temp_dir)
   runner = options.get_all_options()["runner"] or "DirectRunner"
   log.info("%s: %s on %s (%s layout: %s -> %s)", config.task,
            "building the job (dry run)" if dry_run else "running", runner, config.layout,
@@ -200,14 +197,23 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
   FileSystems.delete([counts_path])
   if not temp_location and FileSystems.exists(temp_dir):
     FileSystems.delete([temp_dir])
-  acc = accounting(raw, config.variants if config.task == "segmentation" else 1)
+  manifest = _manifest(config, table, raw, seconds)
+  outputs.write_text(FileSystems.join(config.output, keys.MANIFEST_FILE),
+                     json.dumps(manifest, indent=2, sort_keys=True))
+  return manifest
+
+
+def _manifest(config: PrepConfig, table: FeatureTable, raw: Dict[str, int],
+              seconds: float) -> Dict[str, Any]:
+  """manifest.json: config, features, versions, counts, timings, preview."""
+  acc = accounting(raw, config.task_object.records_per_unit(config))
   n_examples = sum(acc["examples_written"].values())
   records = FileSystems.join(config.output, keys.RECORDS_DIR)
   manifest = {
       "pipeline": config.task,
       "config": config.to_dict(),
       "versions": outputs.library_versions(),
-      "feature_spec": {k: repr(v) for k, v in sorted(task_functions(config)[1].items())},
+      "features": table.to_dict()["features"],
       "paths": {
           "records": records,
           "transform": FileSystems.join(config.output, keys.TRANSFORM_DIR),
@@ -224,9 +230,7 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
   if n_examples:
     from pipelines import preview  # pylint: disable=g-import-not-at-top
     manifest["paths"]["preview"] = preview.write_preview(
-        records, FileSystems.join(config.output, keys.PREVIEW_FILE))
-  outputs.write_text(FileSystems.join(config.output, keys.MANIFEST_FILE),
-                     json.dumps(manifest, indent=2, sort_keys=True))
+        records, FileSystems.join(config.output, keys.PREVIEW_FILE), table=table)
   return manifest
 
 

@@ -1,83 +1,88 @@
 """`beam-prep preview`: a picture of what the records hold.
 
-Segmentation records: one row per example with the image (clicks drawn:
-green positive, red negative), the object mask (grey = ignore), and the
-positive and negative distance maps (dark = near a click). Classification
-records: a grid of images titled with their labels.
+Drawn from the records and their `features.json`, so user features show up
+too. Segmentation records: one row per example with the image (clicks drawn:
+green positive, red negative), the label mask (grey = ignore), and one panel
+per channel of every other per-pixel model input (distance maps: dark = near
+a click; disks: white inside). Classification records: a grid of images
+titled with their labels.
 """
 
 import io
-from typing import List
+import posixpath
+from typing import List, Optional
 
 import numpy as np
 
 from beam_prep import keys
+from beam_prep.features import FeatureTable
 
 
-def read_examples(records_dir: str, count: int) -> List[dict]:
-  """The first `count` records of the train (then eval) split, decoded."""
+def read_examples(records_dir: str, count: int, table: FeatureTable) -> List[dict]:
+  """The first `count` records of the train (then eval) split, as numpy dicts."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  root = posixpath.dirname(records_dir.rstrip("/"))
   files = []
   for split in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT):
-    files += sorted(tf.io.gfile.glob(f"{records_dir.rstrip('/')}/{split}-*{keys.RECORD_SUFFIX}*"))
+    files += sorted(tf.io.gfile.glob(keys.record_pattern(root, split)))
   if not files:
     raise FileNotFoundError(f"no records under {records_dir}")
   out = []
   for path in files:
-    comp = "GZIP" if path.endswith(".gz") else ""
-    for raw in tf.data.TFRecordDataset(path, compression_type=comp).take(count - len(out)):
-      out.append(_decode(tf.train.Example.FromString(raw.numpy())))
+    ds = tf.data.TFRecordDataset(path, compression_type=keys.compression_of(path))
+    for raw in ds.take(count - len(out)):
+      out.append(table.decode_numpy(raw.numpy()))
     if len(out) >= count:
       break
   return out
 
 
-def _decode(example) -> dict:
-  f = example.features.feature
-  h, w = f[keys.HEIGHT].int64_list.value[0], f[keys.WIDTH].int64_list.value[0]
-  ex = {
-      "image_id": f[keys.IMAGE_ID].bytes_list.value[0].decode(),
-      "image": np.frombuffer(f[keys.IMAGE].bytes_list.value[0], np.uint8).reshape(h, w, 3),
-  }
-  if keys.DISTANCE_MAPS in f:
-    ex["maps"] = np.frombuffer(f[keys.DISTANCE_MAPS].bytes_list.value[0],
-                               np.uint8).reshape(h, w, 2)
-    ex["mask"] = np.frombuffer(f[keys.MASK].bytes_list.value[0], np.uint8).reshape(h, w)
-    ex["positive"] = np.array(f[keys.POSITIVE_CLICKS].int64_list.value).reshape(-1, 2)
-    ex["negative"] = np.array(f[keys.NEGATIVE_CLICKS].int64_list.value).reshape(-1, 2)
-    ex["object_id"] = f[keys.OBJECT_ID].int64_list.value[0]
-    ex["variant"] = f[keys.VARIANT].int64_list.value[0]
-    ex["strategy"] = f[keys.NEGATIVE_STRATEGY].int64_list.value[0]
-  else:
-    ex["label"] = f[keys.LABEL].bytes_list.value[0].decode()
-  return ex
+def _panels(table: FeatureTable):
+  """(title, feature key, channel) of each per-pixel panel after image and mask."""
+  out = []
+  for e in table.model_inputs:
+    if e.key == keys.IMAGE:
+      continue
+    for c in range(e.feature.channels):
+      out.append((f"{e.key}[{c}]", e.key, c))
+  return out
 
 
-def render(examples: List[dict]) -> bytes:
+def _clicks(ex, key):
+  return np.asarray(ex.get(key, np.zeros((0, 2), np.int64))).reshape(-1, 2)
+
+
+def render(examples: List[dict], table: FeatureTable) -> bytes:
   """PNG bytes of the preview grid."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  if "maps" in examples[0]:
-    rows, cols = len(examples), 4
+  if table.task == "segmentation":
+    label = table.with_role("label")[0].key
+    panels = _panels(table)
+    rows, cols = len(examples), 2 + len(panels)
     fig, axes = plt.subplots(rows, cols, figsize=(cols * 2.4, rows * 2.4 + 0.4), squeeze=False)
-    titles = ("image + clicks", "object mask", "positive distance", "negative distance")
+    titles = ["image + clicks", f"{label} (grey: ignore)"] + [t for t, _, _ in panels]
     for r, ex in enumerate(examples):
       ax = axes[r]
-      ax[0].imshow(ex["image"])
-      for pts, colour in ((ex["positive"], "#00e000"), (ex["negative"], "#ff2020")):
+      ax[0].imshow(ex[keys.IMAGE])
+      pos, neg = _clicks(ex, keys.POSITIVE_CLICKS), _clicks(ex, keys.NEGATIVE_CLICKS)
+      for pts, colour in ((pos, "#00e000"), (neg, "#ff2020")):
         if len(pts):
           ax[0].scatter(pts[:, 0], pts[:, 1], s=22, c=colour, edgecolors="white", linewidths=0.8)
-      mask = np.where(ex["mask"] == keys.IGNORE, 128, ex["mask"] * 255).astype(np.uint8)
+      mask = ex[label][..., 0]
+      mask = np.where(mask == keys.IGNORE, 128, mask * 255).astype(np.uint8)
       ax[1].imshow(mask, cmap="gray", vmin=0, vmax=255)
-      ax[2].imshow(ex["maps"][..., 0], cmap="magma", vmin=0, vmax=255)
-      ax[3].imshow(ex["maps"][..., 1], cmap="magma", vmin=0, vmax=255)
-      for pts, a in ((ex["positive"], ax[2]), (ex["negative"], ax[3])):
-        if len(pts):
+      for a, (_, key, c) in zip(ax[2:], panels):
+        channel = ex[key][..., c].astype(np.float32)
+        a.imshow(channel, cmap="magma", vmin=min(channel.min(), 0), vmax=max(channel.max(), 1))
+        pts = pos if c == 0 else neg
+        if len(pts) and key in (keys.DISTANCE_MAPS, keys.CLICK_DISKS):
           a.scatter(pts[:, 0], pts[:, 1], s=10, c="cyan", marker="x", linewidths=0.8)
-      ax[0].set_ylabel(f"{ex['image_id']}\nobj {ex['object_id']} v{ex['variant']} "
-                       f"s{ex['strategy']}", fontsize=7)
+      meta = " ".join(f"{k[:3]} {int(np.ravel(ex[k])[0])}" for k in
+                      (keys.OBJECT_ID, keys.VARIANT, keys.NEGATIVE_STRATEGY) if k in ex)
+      ax[0].set_ylabel(f"{ex.get(keys.IMAGE_ID, '')}\n{meta}", fontsize=7)
       for c in range(cols):
         ax[c].set_xticks([])
         ax[c].set_yticks([])
@@ -91,8 +96,8 @@ def render(examples: List[dict]) -> bytes:
       a.set_xticks([])
       a.set_yticks([])
       if i < len(examples):
-        a.imshow(examples[i]["image"])
-        a.set_title(examples[i]["label"], fontsize=8)
+        a.imshow(examples[i][keys.IMAGE])
+        a.set_title(examples[i][table.with_role("label")[0].key], fontsize=8)
       else:
         a.axis("off")
   fig.tight_layout()
@@ -102,10 +107,16 @@ def render(examples: List[dict]) -> bytes:
   return buf.getvalue()
 
 
-def write_preview(records_dir: str, output: str, count: int = 6) -> str:
-  """Reads `count` records and writes the preview PNG to `output` (local or gs://)."""
+def write_preview(records_dir: str, output: str, count: int = 6,
+                  table: Optional[FeatureTable] = None) -> str:
+  """Reads `count` records and writes the preview PNG to `output` (local or gs://).
+
+  `table` defaults to the features.json beside `records_dir`.
+  """
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  png = render(read_examples(records_dir, count))
+  if table is None:
+    table = FeatureTable.load(posixpath.dirname(records_dir.rstrip("/")))
+  png = render(read_examples(records_dir, count, table), table)
   if "://" not in output:
     import os  # pylint: disable=g-import-not-at-top
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)

@@ -53,7 +53,8 @@ def dead_letters(out):
 
 def records(out, split="*"):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  files = sorted(glob.glob(os.path.join(out, "records", f"{split}-*")))
-  comp = "GZIP" if files and files[0].endswith(".gz") else ""
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  files = sorted(glob.glob(keys.record_pattern(out, split)))
+  comp = keys.compression_of(files[0]) if files else ""
   return [tf.train.Example.FromString(r.numpy())
           for r in tf.data.TFRecordDataset(files, compression_type=comp)]

@@ -14,10 +14,12 @@ import tensorflow_transform as tft
 from PIL import Image
 
 from beam_prep import keys
+from beam_prep.features import FeatureTable
 from tests.helpers import png, run_cli
-from train import distance, models
+from train import models
 from train.data import Decoder, Parser
-from train.export import SegmentationServer, latest_export, scale_clicks, to_raw_bytes
+from train.export import SegmentationServer, latest_export
+from train.tasks import make_task
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,8 @@ def trained(prep_dir, tmp_path_factory):
 
 
 def _restored_model(model_dir):
-  model = models.build_model("segmentation_fcn", width=4, depth=2)
+  model = models.build_model("segmentation_fcn", width=4, depth=2,
+                             channels=FeatureTable.load(model_dir).input_channels)
   tf.train.Checkpoint(model=model).restore(
       tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
   return model
@@ -46,28 +49,29 @@ def _eval_examples(prep_dir, n=4):
 
 def test_serving_input_and_output_match_the_training_path(prep_dir, trained):
   tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
+  table = FeatureTable.load(prep_dir)
+  task = make_task(table, tft_out)
   model = _restored_model(trained)
   serving = tf.saved_model.load(latest_export(trained)).signatures["serving_default"]
-  server = SegmentationServer(model, tft_out, 64)
+  server = SegmentationServer(model, tft_out, table)
   for serialized in _eval_examples(prep_dir):
-    raw = Decoder(tft_out).decode(tf.constant([serialized]))
-    train_inputs, _ = Parser(tft_out)(raw, training=False)
+    raw = Decoder(table, task.transform_keys).decode(tf.constant([serialized]))
+    train_inputs, _ = Parser(tft_out, table, task)(raw, training=False)
+    rec = table.decode_numpy(serialized)
+    # The serving graph's steps, one by one: twins, raw model inputs, model input.
+    served_raw = server.raw_model_input({
+        keys.IMAGE: tf.constant(rec[keys.IMAGE]),
+        keys.POSITIVE_CLICKS: tf.constant(rec[keys.POSITIVE_CLICKS]),
+        keys.NEGATIVE_CLICKS: tf.constant(rec[keys.NEGATIVE_CLICKS])})
     f = tf.train.Example.FromString(serialized).features.feature
-    image = np.frombuffer(f["image"].bytes_list.value[0], np.uint8).reshape(64, 64, 3)
-    record_maps = np.frombuffer(f["distance_maps"].bytes_list.value[0],
-                                np.uint8).reshape(64, 64, 2)
-    pos = np.array(f["positive_clicks"].int64_list.value, np.int32).reshape(-1, 2)
-    neg = np.array(f["negative_clicks"].int64_list.value, np.int32).reshape(-1, 2)
-    # The serving graph's steps, one by one: clicks, maps, model input.
-    maps = distance.distance_maps(scale_clicks(pos, 64, 64, 64),
-                                  scale_clicks(neg, 64, 64, 64), 64, 64).numpy()
-    np.testing.assert_array_equal(maps, record_maps)
-    serve_inputs = server.model_input(to_raw_bytes(tf.constant(image))[None],
-                                      to_raw_bytes(tf.constant(maps))[None])
+    for key, value in served_raw.items():  # uint8 exact: the very bytes of the records
+      assert value.numpy() == f[key].bytes_list.value[0], key
+    serve_inputs = server.model_input({k: v[None] for k, v in served_raw.items()})
     np.testing.assert_array_equal(serve_inputs.numpy(), train_inputs.numpy())
     # And the exported SavedModel, end to end.
-    out = serving(image=tf.constant(image), positive_clicks=tf.constant(pos),
-                  negative_clicks=tf.constant(neg))
+    out = serving(image=tf.constant(rec[keys.IMAGE]),
+                  positive_clicks=tf.constant(rec[keys.POSITIVE_CLICKS], tf.int32),
+                  negative_clicks=tf.constant(rec[keys.NEGATIVE_CLICKS], tf.int32))
     want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
     np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
     np.testing.assert_array_equal(out["mask"].numpy(), (want > 0.5).astype(np.uint8))

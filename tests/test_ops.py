@@ -8,7 +8,8 @@ from beam_prep import keys
 from beam_prep.ops import registry
 from beam_prep.ops.clicks import ObjectGeometry, example_rng, sample_clicks
 from beam_prep.ops.distance import distance_map, distance_maps
-from beam_prep.ops.image import nearest_indices, resize_image
+from beam_prep.ops.disks import disk_map
+from beam_prep.ops.image import IMAGE, nearest_indices, resize_image
 
 
 def _edt_reference(clicks_xy, h, w):
@@ -139,22 +140,22 @@ def test_chain_parsing_fanout_and_failures():
   assert outputs[0]["distance_maps"].shape == (64, 64, 2)
 
 
-@registry.register_op("test_invert")
-def _invert():
-  def fn(ex):
-    out = dict(ex)
-    out["image"] = 255 - ex["image"]
-    return out
-  return fn
-
-
 def test_user_registered_op_runs_in_a_chain():
-  apply = registry.build_chain("test_invert")
-  outputs, failures = apply({"image": np.zeros((2, 2, 3), np.uint8)})
-  assert not failures and (outputs[0]["image"] == 255).all()
-  assert "test_invert" in registry.registered_ops()
-  with pytest.raises(ValueError, match="already registered"):
-    registry.register_op("test_invert")(lambda: None)
+  with registry.temporary_ops():
+    @registry.register_op("test_invert", produces={"image": IMAGE})
+    def _invert():
+      def fn(ex):
+        out = dict(ex)
+        out["image"] = 255 - ex["image"]
+        return out
+      return fn
+
+    apply = registry.build_chain("test_invert")
+    outputs, failures = apply({"image": np.zeros((2, 2, 3), np.uint8)})
+    assert not failures and (outputs[0]["image"] == 255).all()
+    assert "test_invert" in registry.registered_ops()
+    with pytest.raises(ValueError, match="already registered"):
+      registry.register_op("test_invert")(lambda: None)
 
 
 def test_builtin_ops_register_themselves_on_first_use():
@@ -164,5 +165,17 @@ def test_builtin_ops_register_themselves_on_first_use():
           "print(' '.join(registry.registered_ops()))\n")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120, check=True).stdout.split()
-  for name in ("decode", "resize", "split_objects", "sample_clicks", "distance_maps"):
+  for name in ("decode", "resize", "split_objects", "sample_clicks", "distance_maps",
+               "click_disks"):
     assert name in out
+
+
+@pytest.mark.parametrize("radius", [1, 2.5, 5, 12])
+def test_click_disks_equal_a_distance_transform_threshold(radius):
+  rng = np.random.default_rng(int(radius * 10))
+  clicks = np.stack([rng.integers(0, 50, 4), rng.integers(0, 30, 4)], 1)
+  grid = np.ones((30, 50), bool)
+  grid[clicks[:, 1], clicks[:, 0]] = False
+  want = (ndimage.distance_transform_edt(grid) <= radius).astype(np.uint8)
+  np.testing.assert_array_equal(disk_map(clicks, 30, 50, radius), want)
+  assert disk_map(np.zeros((0, 2)), 30, 50, radius).sum() == 0

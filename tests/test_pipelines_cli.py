@@ -96,7 +96,7 @@ def test_dataflow_dry_run_builds_the_job_with_our_package(tmp_path):
   assert result["dry_run"]
   pipeline = result["job"].proto_pipeline
   top = {t.unique_name for t in pipeline.components.transforms.values()}
-  for stage in ("ReadExamples", "DecodeExamples", "SampleClicks", "ComputeDistanceMaps",
+  for stage in ("ReadExamples", "DecodeExamples", "SampleClicks", "EncodeClicks",
                 "EncodeExamples", "WriteTrainExamples", "WriteEvalExamples",
                 "AnalyzeAndTransform", "WriteDeadLetters"):
     assert stage in top

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from beam_prep import preprocessing
+from beam_prep.features import FeatureTable
 from tests.helpers import dead_letters, manifest, png, run_cli, scene
 
 TRAIN = ["--batch-size", "4", "--width", "4", "--depth", "1", "--log-every", "1",
@@ -100,18 +100,21 @@ def test_shard_from_another_run_is_refused_before_training(prep_dir, tmp_path, c
   other = {"image_id": "x", "object_id": 1, "variant": 0,
            "image": np.zeros((32, 32, 3), np.uint8),
            "distance_maps": np.zeros((32, 32, 2), np.uint8), "mask": np.zeros((32, 32), np.uint8),
-           "positive_clicks": np.zeros((1, 2), int), "negative_clicks": np.zeros((0, 2), int)}
+           "positive_clicks": np.zeros((1, 2), int), "negative_clicks": np.zeros((0, 2), int),
+           "height": 32, "width": 32, "negative_strategy": 0, "flipped": 0}
+  table = FeatureTable.load(prep_dir)
+  other_table = FeatureTable(table.entries, (32, 32), table.task)
   path = os.path.join(data, "records", "train-00007-of-00008.tfrecord")
   with tf.io.TFRecordWriter(path) as w:
-    w.write(preprocessing.encode_example(other))
+    w.write(other_table.encode(other))
   assert _fit(["--data", data, "--model-dir", str(tmp_path / "m"), "--steps", "3"] + TRAIN) == 1
   out = capsys.readouterr().out
-  assert "train-00007-of-00008.tfrecord holds 32x32 images" in out
-  assert "expects 64x64" in out
+  assert "train-00007-of-00008.tfrecord: feature 'image' holds 3072 bytes" in out
+  assert "at 64x64" in out
   with tf.io.TFRecordWriter(path) as w:
     w.write(tf.train.Example().SerializeToString())
   assert _fit(["--data", data, "--model-dir", str(tmp_path / "m"), "--steps", "3"] + TRAIN) == 1
-  assert "does not match the raw schema" in capsys.readouterr().out
+  assert "does not match the features of its features.json" in capsys.readouterr().out
 
 
 def _tree_bytes(root, sub):

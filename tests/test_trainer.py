@@ -13,8 +13,17 @@ import pytest
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from beam_prep import keys, preprocessing
+from beam_prep import keys
+from beam_prep.features import FeatureTable
 from train.data import Decoder, InputReader, Parser
+from train.tasks import make_task
+
+
+def _loaded(prep_dir):
+  """(transform output, feature table, task) of a prep output."""
+  out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
+  table = FeatureTable.load(prep_dir)
+  return out, table, make_task(table, out)
 
 
 def _fit(args):
@@ -35,7 +44,7 @@ SMALL = ["--batch-size", "4", "--width", "4", "--depth", "1", "--log-every", "1"
 
 
 def test_decoder_and_parser_on_in_memory_examples(prep_dir):
-  out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
+  out, table, task = _loaded(prep_dir)
   image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
   mask = np.zeros((64, 64), np.uint8)
   mask[10:30, 10:30] = 1
@@ -43,16 +52,18 @@ def test_decoder_and_parser_on_in_memory_examples(prep_dir):
   ex = {"image_id": "mem", "object_id": 1, "variant": 0, "image": image,
         "distance_maps": np.full((64, 64, 2), 255, np.uint8), "mask": mask,
         "positive_clicks": np.array([[20, 20]]), "negative_clicks": np.zeros((0, 2), int)}
-  raw = Decoder(out).decode(tf.constant([preprocessing.encode_example(ex)] * 2))
+  ex.update(height=64, width=64, negative_strategy=0, flipped=0)
+  raw = Decoder(table).decode(tf.constant([table.encode(ex)] * 2))
   assert raw[keys.IMAGE].shape == (2,) and raw[keys.POSITIVE_CLICKS].values.numpy().tolist() == [
       20, 20, 20, 20]
-  inputs, labels = Parser(out)(raw, training=False)
+  raw = {k: raw[k] for k in task.transform_keys}
+  inputs, labels = Parser(out, table, task)(raw, training=False)
   assert inputs.shape == (2, 64, 64, 5) and inputs.dtype == tf.float32
   np.testing.assert_allclose(inputs[0, ..., 3:].numpy(), 1.0)
   assert labels[keys.LABEL].shape == (2, 64, 64, 1)
   assert float(tf.reduce_sum(labels[keys.LABEL][0])) == 400
   assert float(tf.reduce_sum(1 - labels[keys.LABEL_WEIGHT][0])) == 64
-  flipped, flabels = Parser(out, seed=1)(raw, training=True)
+  flipped, flabels = Parser(out, table, task, seed=1)(raw, training=True)
   for b in range(2):  # Either unchanged or mirrored, always image and label together.
     same = np.allclose(flipped[b], inputs[b])
     mirrored = np.allclose(flipped[b], inputs[b, :, ::-1])
@@ -62,8 +73,8 @@ def test_decoder_and_parser_on_in_memory_examples(prep_dir):
 
 
 def test_reader_sharding_is_disjoint_and_eval_is_deterministic(prep_dir):
-  out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
-  reader = InputReader(prep_dir, out, batch_size=4)
+  out, table, task = _loaded(prep_dir)
+  reader = InputReader(prep_dir, out, table, task, batch_size=4)
   everything = sorted(r.numpy() for r in reader.records(keys.TRAIN_SPLIT, training=False))
   parts = []
   for i in range(2):
@@ -140,7 +151,7 @@ def test_metrics_tensorboard_and_profile(prep_dir, tmp_path):
 
 def _kernel(model_dir, layer):
   from train import models  # pylint: disable=g-import-not-at-top
-  model = models.build_model("segmentation_fcn", width=4, depth=1)
+  model = models.build_model("segmentation_fcn", width=4, depth=1, channels=5)
   tf.train.Checkpoint(model=model).restore(
       tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
   return model.get_layer(layer).kernel.numpy()

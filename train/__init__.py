@@ -1,6 +1,8 @@
 """train: the trainer for records written by beam_prep, and the serving export.
 
-`train` and `beam_prep` share only the feature keys (`beam_prep.keys`, a
-standard-library-only module) and the artifacts on disk: records,
-`transform/` (tf.Transform output) and `manifest.json`.
+`train` reads what a prep run wrote: records, `transform/` (tf.Transform
+output), `manifest.json` and `features.json`. From `beam_prep` it uses the
+feature declarations (`beam_prep.features`, `beam_prep.keys`) and the op
+registry, whose TensorFlow twins build the serving graph; `beam_prep` never
+imports `train`.
 """

@@ -8,9 +8,9 @@
 
 import argparse
 import json
-import sys
 from typing import List, Optional
 
+from beam_prep.console import dispatch, load_config_file, preset
 from train import logs
 
 
@@ -63,22 +63,10 @@ _FIELDS = ("data", "model_dir", "model", "steps", "batch_size", "learning_rate",
            "inter_op_threads", "cpu_replicas", "skip_corrupt_records", "export")
 
 
-def load_config_file(path: str) -> dict:
-  """Reads a config file: JSON only (never YAML tags, pickle or eval)."""
-  try:
-    with open(path) as f:
-      data = json.load(f)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"config {path} is not JSON: {e}") from None
-  if not isinstance(data, dict):
-    raise ValueError(f"config {path} must hold a JSON object of settings")
-  return data
-
-
 def build_config(args: argparse.Namespace):
   """Defaults, then preset, then config file, then flags; validated."""
-  from train.config import TrainConfig, preset  # pylint: disable=g-import-not-at-top
-  fields = preset(args.preset)
+  from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
+  fields = preset(args.preset, "train")
   if args.config:
     fields.update(load_config_file(args.config))
   for name in _FIELDS:
@@ -125,9 +113,10 @@ def _fit(argv: List[str]) -> int:
            m["step_traces"])
   ev = m["eval"]
   if ev.get("examples") and "mean_iou" in ev:
-    log.info("eval: %d examples, mean IoU %.3f (nearest-click baseline %.3f), pixel accuracy "
-             "%.3f", ev["examples"], ev["mean_iou"], ev["baseline_nearest_click_mean_iou"],
-             ev["pixel_accuracy"])
+    baseline = ev.get("baseline_nearest_click_mean_iou")
+    log.info("eval: %d examples, mean IoU %.3f%s, pixel accuracy %.3f", ev["examples"],
+             ev["mean_iou"], "" if baseline is None else
+             f" (nearest-click baseline {baseline:.3f})", ev["pixel_accuracy"])
   elif ev.get("examples"):
     log.info("eval: %d examples, accuracy %.3f over %d classes", ev["examples"],
              ev["accuracy"], ev["classes"])
@@ -185,21 +174,6 @@ def _predict(argv: List[str]) -> int:
 
 
 COMMANDS = {"fit": _fit, "predict": _predict}
-
-
-def dispatch(doc: str, commands, argv: Optional[List[str]]) -> None:
-  """Runs `commands[argv[0]]` and exits with its code; usage on no or bad command.
-
-  Shared by `beam-train` and `beam-prep`.
-  """
-  argv = list(sys.argv[1:] if argv is None else argv)
-  if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-    if argv and argv[0] not in ("-h", "--help"):
-      print(f"unknown command {argv[0]!r}\n", file=sys.stderr)
-    print(doc.strip())
-    print("\ncommands: " + ", ".join(commands))
-    sys.exit(0 if not argv or argv[0] in ("-h", "--help") else 2)
-  sys.exit(commands[argv[0]](argv[1:]))
 
 
 def main(argv: Optional[List[str]] = None) -> None:

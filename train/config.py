@@ -6,7 +6,7 @@ flags. The resolved config is written to `MODEL_DIR/config.json`.
 
 import dataclasses
 import json
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,20 +106,3 @@ class TrainConfig:
     if "profile_steps" in d and d["profile_steps"] is not None:
       d["profile_steps"] = tuple(int(v) for v in d["profile_steps"])
     return cls(**d)
-
-
-PRESETS: Dict[str, Dict[str, Any]] = {
-    # What the demo and the tests run: a few hundred small steps on CPU.
-    "smoke": {"width": 12, "depth": 3, "steps": 240, "batch_size": 8,
-              "checkpoint_every": 80, "log_every": 40, "histogram_every": 120},
-    "default": {},
-}
-
-
-def preset(name: Optional[str]) -> Dict[str, Any]:
-  if not name:
-    return {}
-  try:
-    return dict(PRESETS[name])
-  except KeyError:
-    raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}") from None

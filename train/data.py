@@ -1,112 +1,87 @@
 """The input path: Decoder (schema), Parser (train/eval branches), InputReader.
 
-Nothing here hard-codes the record schema: the Decoder parses with the raw
-feature spec of the tf.Transform output, and the Parser applies the exported
-transform graph, the same one the serving model carries. No Python runs per
-example: parsing, transform and augmentation are graph ops inside tf.data.
+Nothing here names a feature: the prep output's `features.json` (a
+`beam_prep.features.FeatureTable`) says what the records hold, the Decoder
+parses the keys the task needs by its raw feature spec, and the Parser applies
+the exported tf.Transform graph, the same one the serving model carries, then
+concatenates the declared model inputs in declared order. No Python runs per
+example: parsing, transform and augmentation are graph ops.
 
-Segmentation keeps the data uint8 as long as possible: the reader yields the
-parsed raw features (uint8 bytes of image, maps and mask), and the Parser
-(the exported transform graph: decode, cast, standardize) runs inside the
-training step, on the device, so the host only parses and copies bytes.
-Classification (whose transform holds a vocabulary table) applies the
+Segmentation keeps the data compact as long as possible: the reader yields the
+parsed raw features (bytes), and the Parser (decode, cast, normalize) runs
+inside the training step, on the device, so the host only parses and copies
+bytes. Classification (whose transform holds a vocabulary table) applies the
 Parser in tf.data.
 
 Parser output per batch, `(inputs, labels)`:
-  segmentation    inputs  float32 [B, H, W, 5]: standardized RGB + two
-                          distance maps in [0, 1]
-                  labels  {"label": float32 [B, H, W, 1], "label_weight": same}
-  classification  inputs  float32 [B, H, W, 3]
-                  labels  {"label": int64 [B]}
+  inputs  float32 [B, H, W, C]: the model inputs of features.json, in order
+          (C = FeatureTable.input_channels)
+  labels  segmentation: {"label": float32 [B, H, W, 1], "label_weight": same},
+          plus, on eval batches, the raw click features the baseline uses
+          classification: {"label": int64 [B]}
 """
 
-import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep import keys
-
-SEGMENTATION = "segmentation"
-CLASSIFICATION = "classification"
-
-
-def task_of(tft_output: tft.TFTransformOutput) -> str:
-  """Which kind of records a transform output belongs to."""
-  spec = tft_output.transformed_feature_spec()
-  return SEGMENTATION if keys.DISTANCE_MAPS in spec else CLASSIFICATION
-
-
-# The raw features each task's transform graph reads; the rest of a record
-# (ids, clicks) is for tracing a record back, not for training.
-TRANSFORM_INPUTS = {
-    SEGMENTATION: (keys.IMAGE, keys.DISTANCE_MAPS, keys.MASK),
-    CLASSIFICATION: (keys.IMAGE, keys.LABEL),
-}
+from beam_prep.features import FeatureTable
 
 
 class Decoder:
-  """Serialized records -> raw feature tensors, by the transform output's spec.
+  """Serialized records -> raw feature tensors, for the given keys.
 
   Args:
-    tft_output: the transform output whose raw feature spec is used.
-    only_transform_inputs: parse only the features the transform reads.
+    table: the records' FeatureTable.
+    keys_to_parse: the features to parse (default: all).
   """
 
-  def __init__(self, tft_output: tft.TFTransformOutput, only_transform_inputs: bool = False):
-    spec = tft_output.raw_feature_spec()
-    if only_transform_inputs:
-      spec = {k: spec[k] for k in TRANSFORM_INPUTS[task_of(tft_output)]}
-    self._spec = spec
-
-  @property
-  def feature_spec(self):
-    return dict(self._spec)
+  def __init__(self, table: FeatureTable, keys_to_parse: Optional[Sequence[str]] = None):
+    self._spec = table.raw_feature_spec(keys_to_parse)
 
   def decode(self, serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
     """Parses a batch [B] of serialized tf.Examples."""
     return tf.io.parse_example(serialized, self._spec)
 
 
-def model_inputs(transformed: Dict[str, tf.Tensor]) -> tf.Tensor:
-  """The model's input from transformed features (5 channels with maps)."""
-  if keys.DISTANCE_MAPS in transformed:
-    return tf.concat([transformed[keys.IMAGE], transformed[keys.DISTANCE_MAPS]], axis=-1)
-  return transformed[keys.IMAGE]
+def model_inputs(table: FeatureTable, transformed: Dict[str, tf.Tensor]) -> tf.Tensor:
+  """The model's input: the transformed model inputs, concatenated in declared order."""
+  parts = [transformed[e.key] for e in table.model_inputs]
+  return parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
 
 
 class Parser:
   """Raw features -> `(inputs, labels)`, with a train and an eval branch.
 
   The train branch adds the only augmentation cheap enough to do on the fly: a
-  random left-right flip (of image, maps and labels together). The heavy
-  augmentation (click variants) was precomputed by the Beam job.
+  random left-right flip (of the inputs and the task's per-pixel labels
+  together). The heavy augmentation (click variants) was precomputed by the
+  Beam job. Raw features the transform does not read (e.g. clicks on eval
+  batches) pass through into `labels`.
   """
 
-  def __init__(self, tft_output: tft.TFTransformOutput, seed: int = 0):
+  def __init__(self, tft_output: tft.TFTransformOutput, table: FeatureTable, task,
+               seed: int = 0):
     self._transform = tft_output.transform_features_layer()
-    self._task = task_of(tft_output)
+    self._table = table
+    self._task = task
     self._seed = seed
+    self._transform_inputs = set(task.transform_keys)
 
   def __call__(self, raw: Dict[str, tf.Tensor], training: bool):
-    t = self._transform(raw)
-    inputs = model_inputs(t)
-    flip = None
+    t = self._transform({k: v for k, v in raw.items() if k in self._transform_inputs})
+    inputs = model_inputs(self._table, t)
+    labels = self._task.labels(t)
     if training:
       flip = tf.random.uniform([tf.shape(inputs)[0], 1, 1, 1], seed=self._seed) < 0.5
       inputs = tf.where(flip, tf.reverse(inputs, axis=[2]), inputs)
-    if self._task == CLASSIFICATION:
-      return inputs, {keys.LABEL: t[keys.LABEL]}
-    labels = tf.stack([t[keys.LABEL], t[keys.LABEL_WEIGHT]], axis=-1)
-    if flip is not None:
-      labels = tf.where(flip, tf.reverse(labels, axis=[2]), labels)
-    return inputs, {keys.LABEL: labels[..., :1], keys.LABEL_WEIGHT: labels[..., 1:]}
-
-
-def record_files(data_dir: str, split: str) -> str:
-  """Glob of a split's shards in a beam_prep output directory."""
-  return os.path.join(data_dir, keys.RECORDS_DIR, f"{split}-*{keys.RECORD_SUFFIX}*")
+      labels = self._task.flip_labels(labels, flip)
+    for k, v in raw.items():
+      if k not in self._transform_inputs:
+        labels[k] = v
+    return inputs, labels
 
 
 class InputReader:
@@ -115,6 +90,8 @@ class InputReader:
   Args:
     data_dir: beam_prep output directory.
     tft_output: its transform output.
+    table: its FeatureTable.
+    task: the training task (`train.tasks`).
     batch_size: examples per replica (per input pipeline).
     shuffle_buffer: shuffle buffer in examples.
     seed: shuffle seed.
@@ -122,20 +99,22 @@ class InputReader:
       stopping.
   """
 
-  def __init__(self, data_dir: str, tft_output: tft.TFTransformOutput, batch_size: int,
-               shuffle_buffer: int = 256, seed: int = 0, skip_corrupt_records: bool = False):
+  def __init__(self, data_dir: str, tft_output: tft.TFTransformOutput, table: FeatureTable,
+               task, batch_size: int, shuffle_buffer: int = 256, seed: int = 0,
+               skip_corrupt_records: bool = False):
     self._data_dir = data_dir
-    self._decoder = Decoder(tft_output, only_transform_inputs=True)
-    self.parser = Parser(tft_output, seed)
+    self._decoders = {True: Decoder(table, task.transform_keys),
+                      False: Decoder(table, task.transform_keys + task.eval_keys)}
+    self.parser = Parser(tft_output, table, task, seed)
     # Segmentation: transform on the device (see the module docstring).
-    self.transform_in_step = task_of(tft_output) == SEGMENTATION
+    self.transform_in_step = task.transform_in_step
     self._batch_size = batch_size
     self._shuffle_buffer = shuffle_buffer
     self._seed = seed
     self._skip = skip_corrupt_records
 
   def files(self, split: str) -> List[str]:
-    pattern = record_files(self._data_dir, split)
+    pattern = keys.record_pattern(self._data_dir, split)
     files = sorted(tf.io.gfile.glob(pattern))
     if not files:
       raise FileNotFoundError(f"no {split} records match {pattern}")
@@ -145,7 +124,7 @@ class InputReader:
               input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
     """Serialized records of a split: this input pipeline's shards, interleaved."""
     files = self.files(split)
-    compression = "GZIP" if files[0].endswith(".gz") else ""
+    compression = keys.compression_of(files[0])
     ds = tf.data.Dataset.from_tensor_slices(files)
     if input_context and input_context.num_input_pipelines > 1:
       if len(files) < input_context.num_input_pipelines:
@@ -174,11 +153,12 @@ class InputReader:
       ds = ds.shuffle(self._shuffle_buffer, seed=self._seed).repeat()
     # Batch before parsing: one parse_example (and transform) call per batch.
     ds = ds.batch(self._batch_size, drop_remainder=training)
+    decoder = self._decoders[training]
     if self.transform_in_step:
-      ds = ds.map(self._decoder.decode, num_parallel_calls=tf.data.AUTOTUNE,
+      ds = ds.map(decoder.decode, num_parallel_calls=tf.data.AUTOTUNE,
                   deterministic=not training)
     else:
-      ds = ds.map(lambda s: self.parser(self._decoder.decode(s), training),
+      ds = ds.map(lambda s: self.parser(decoder.decode(s), training),
                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
     return ds.prefetch(tf.data.AUTOTUNE)
 
@@ -198,52 +178,52 @@ def _first_record(path: str, compression: str):
   return next(iter(tf.data.TFRecordDataset(path, compression_type=compression).take(1)), None)
 
 
-def check_shards(files: List[str], tft_output: tft.TFTransformOutput) -> None:
-  """Checks each shard's first record against the transform output, cheaply.
+def check_shards(files: List[str], table: FeatureTable) -> None:
+  """Checks each shard's first record against features.json, cheaply.
 
-  Catches a shard from another run (other schema or image size) or an
+  Catches a shard from another run (other features or image size) or an
   unreadable shard before training starts.
 
   Raises:
     RecordsError: naming the shard and the reason.
   """
-  spec = tft_output.raw_feature_spec()
-  wanted = {k: spec[k] for k in TRANSFORM_INPUTS[task_of(tft_output)]}
-  for k in (keys.HEIGHT, keys.WIDTH):
-    wanted[k] = spec[k]
-  size = int(tft_output.transformed_feature_spec()[keys.IMAGE].shape[0])
+  per_pixel = [e for e in table if e.feature.per_pixel]
+  spec = table.raw_feature_spec([e.key for e in per_pixel])
   for path in files:
-    compression = "GZIP" if path.endswith(".gz") else ""
     try:
-      first = _first_record(path, compression)
+      first = _first_record(path, keys.compression_of(path))
     except tf.errors.OpError as e:
       raise RecordsError(f"shard {path} cannot be read: {e.message.strip()} (pass "
                          "--skip-corrupt-records to train without its bad part)") from None
     if first is None:
       continue  # An empty shard (a split smaller than the shard count).
     try:
-      parsed = tf.io.parse_single_example(first, wanted)
+      parsed = tf.io.parse_single_example(first, spec)
     except tf.errors.InvalidArgumentError as e:
       raise RecordsError(
-          f"shard {path} does not match the raw schema of the transform output "
+          f"shard {path} does not match the features of its features.json "
           f"(a shard from another run?): {e.message.splitlines()[0]}") from None
-    h, w = int(parsed[keys.HEIGHT]), int(parsed[keys.WIDTH])
-    if (h, w) != (size, size):
-      raise RecordsError(f"shard {path} holds {w}x{h} images but the transform output "
-                         f"expects {size}x{size} (a shard from another run?)")
-    n = h * w * 3
-    if len(parsed[keys.IMAGE].numpy()) != n:
-      raise RecordsError(f"shard {path}: image bytes do not hold {w}x{h}x3 uint8")
+    for e in per_pixel:
+      want = 1
+      for d in e.shape(table.image_size):
+        want *= d
+      want *= tf.as_dtype(e.feature.dtype).size
+      got = len(parsed[e.key].numpy())
+      if got != want:
+        h, w = table.image_size
+        raise RecordsError(
+            f"shard {path}: feature {e.key!r} holds {got} bytes, but features.json declares "
+            f"{e.shape(table.image_size)} {e.feature.dtype} ({want} bytes) at {w}x{h} (a "
+            "shard from another run?)")
 
 
 def scan_shards(files: List[str]) -> Dict[str, Dict[str, object]]:
   """Reads every shard fully: readable records and the error, if any, per shard."""
   out = {}
   for path in files:
-    compression = "GZIP" if path.endswith(".gz") else ""
     n, error = 0, None
     try:
-      for _ in tf.data.TFRecordDataset(path, compression_type=compression):
+      for _ in tf.data.TFRecordDataset(path, compression_type=keys.compression_of(path)):
         n += 1
     except tf.errors.OpError as e:
       error = e.message.strip().splitlines()[0]

@@ -2,8 +2,21 @@
 
 Layout, as TensorFlow Serving expects: `MODEL_DIR/export/<version>/`, the
 version being the Unix time of the export. The SavedModel is self-contained:
-the tf.Transform graph (and its vocabulary) is copied into it, so it keeps
-working after the preprocessing output is deleted.
+the tf.Transform graph (and its vocabulary) and the TensorFlow twins of the
+ops are traced into it, so it keeps working after the preprocessing output is
+deleted, without the ops module.
+
+The serving graph follows the chain of the prep output's `features.json`:
+every op of the chain that produces or changes a model input runs through its
+TensorFlow twin (`register_op(..., twin=...)`), in chain order, on the
+request; then each model input becomes the raw bytes the records hold, the
+exported tf.Transform layer normalizes them, and the model predicts. With the
+default chain: `decode` (decoded pixels pass), `resize` to the records' size
+(bilinear, half-pixel centres, rounded to uint8; clicks moved to the pixel of
+nearest centre), `sample_clicks` (the request's clicks stand in for sampled
+ones), `distance_maps` (and/or `click_disks`), then any user op. An op that
+changes a model input without a twin stops the export (and `fit`, before
+training) with an error naming it (`ServingPlanError`).
 
 Segmentation, signature `serving_default` (one image per request):
   inputs   image            uint8 [H, W, 3], any size
@@ -27,59 +40,99 @@ Segmentation, signature `serve_examples` (batch scoring, TFX convention):
 Classification, signature `serving_default`:
   inputs   image_bytes      string [B]: encoded PNG/JPEG/BMP/GIF files
   outputs  probabilities    float32 [B, C]; label string [B]; classes string [C]
-
-In each graph, exactly as the Beam job built the records: resize to the
-records' size (bilinear, half-pixel centres, rounded to uint8), clicks moved
-to the pixel of nearest centre, both distance maps by the TensorFlow twin of
-the Beam op, then the exported tf.Transform layer and the model.
 """
 
 import os
 import time
+from typing import Callable, Dict, List, Tuple
 
 import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep import keys
-from train import distance
+from beam_prep.features import FeatureTable
+from beam_prep.ops import registry
 from train.data import model_inputs
 
-# raw bytes <-> uint8 tensors: the records hold `ndarray.tobytes()`; in the
-# graph, a uint8 tensor becomes those same bytes by joining one-byte strings.
+Example = Dict[str, tf.Tensor]
+
+# raw bytes <-> tensors: the records hold `ndarray.tobytes()` (little-endian);
+# in the graph, a tensor becomes those same bytes by joining one-byte strings.
 _BYTE_TABLE = [bytes([i]) for i in range(256)]
 
 
+class ServingPlanError(ValueError):
+  """The chain cannot be served: an op changes a model input without a twin."""
+
+
 def to_raw_bytes(x: tf.Tensor) -> tf.Tensor:
-  """uint8 tensor -> scalar string of its row-major bytes (numpy's tobytes)."""
+  """A tensor -> scalar string of its row-major bytes (numpy's tobytes).
+
+  Multi-byte dtypes are bitcast to bytes in the machine's order, which is
+  little-endian on every platform TensorFlow ships for, as the records are.
+  """
+  if x.dtype != tf.uint8:
+    x = tf.bitcast(x, tf.uint8)
   table = tf.constant(_BYTE_TABLE)
   return tf.strings.reduce_join(tf.gather(table, tf.reshape(tf.cast(x, tf.int32), [-1])))
 
 
-def resize_uint8(image: tf.Tensor, size: int) -> tf.Tensor:
-  """The Beam `resize` op in TensorFlow: bilinear, half-pixel, round half to even."""
-  resized = tf.image.resize(tf.cast(image, tf.float32)[None], [size, size],
-                            method="bilinear", antialias=False)[0]
-  return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
+def serving_plan(table: FeatureTable) -> List[Tuple[str, Callable[[Example], Example]]]:
+  """The twins the serving graph runs, in chain order: `[(op call, twin)]`.
 
+  Imports the ops module that features.json names, so user ops and their
+  twins are registered.
 
-def scale_clicks(clicks_xy: tf.Tensor, height, width, size: int) -> tf.Tensor:
-  """Clicks in the input image -> pixel of nearest centre in the resized image.
-
-  Coordinates outside the image are clamped to its border.
+  Raises:
+    ServingPlanError: an op produces or changes a model input and has no
+      twin, or the ops module cannot be imported.
   """
-  c = tf.cast(tf.reshape(clicks_xy, [-1, 2]), tf.float32)
-  sx = tf.cast(size, tf.float32) / tf.cast(width, tf.float32)
-  sy = tf.cast(size, tf.float32) / tf.cast(height, tf.float32)
-  x = tf.floor((c[:, 0] + 0.5) * sx)
-  y = tf.floor((c[:, 1] + 0.5) * sy)
-  out = tf.cast(tf.stack([x, y], axis=1), tf.int32)
-  return tf.clip_by_value(out, 0, size - 1)
+  try:
+    registry.import_ops_modules(table.ops_module)
+  except ImportError as e:
+    raise ServingPlanError(
+        f"features.json names the ops module {table.ops_module!r}, which cannot be imported "
+        f"({e}); put it on PYTHONPATH so the serving graph can use its ops' twins") from None
+  model_input_keys = set(table.keys("model_input"))
+  plan = []
+  for spec in registry.parse_chain(table.chain):
+    entry = registry.op_entry(spec.name)
+    touched = sorted(set(entry.produces) & model_input_keys)
+    if not touched:
+      continue
+    twin = registry.build_twin(spec)
+    if twin is None:
+      raise ServingPlanError(
+          f"op {spec.name!r} produces the model input(s) {', '.join(touched)} but has no "
+          f"TensorFlow twin, so the serving graph cannot compute what the records hold. Give "
+          f"it one: register_op({spec.name!r}, produces=..., twin=fn) with fn(example, "
+          f"*args) doing the same on one example's tensors; or declare those features "
+          f"with role='metadata' if the model does not need them at serving time.")
+    plan.append((str(spec), twin))
+  return plan
+
+
+def run_plan(plan, table: FeatureTable, ex: Example) -> Dict[str, tf.Tensor]:
+  """One request example through the twins -> {model input key: raw bytes (scalar)}."""
+  for op, twin in plan:
+    ex = twin(dict(ex))
+  out = {}
+  for e in table.model_inputs:
+    if e.key not in ex:
+      raise ServingPlanError(f"the serving graph has no {e.key!r} after the chain's twins "
+                             f"(declared by op {e.op!r})")
+    value = ex[e.key]
+    if value.dtype != tf.as_dtype(e.feature.dtype):
+      raise ServingPlanError(f"the twin of op {e.op!r} gives {e.key!r} as {value.dtype.name}; "
+                             f"features.json declares {e.feature.dtype}")
+    out[e.key] = to_raw_bytes(value)
+  return out
 
 
 class _Server(tf.Module):
-  """Holds the Keras 3 model and the tf.Transform (tf_keras) layer side by side."""
+  """Holds the Keras 3 model, the tf.Transform (tf_keras) layer and the twins."""
 
-  def __init__(self, model, tft_output: tft.TFTransformOutput, image_size: int):
+  def __init__(self, model, tft_output: tft.TFTransformOutput, table: FeatureTable):
     super().__init__()
     self.model = model
     # Keras 3 variables wrap tf.Variables. Saved only through the wrappers,
@@ -88,22 +141,25 @@ class _Server(tf.Module):
     # Tracking the underlying tf.Variables as well fixes both.
     self.model_tf_variables = [v.value if hasattr(v, "value") else v for v in model.variables]
     self.tft_layer = tft_output.transform_features_layer()
-    self.image_size = image_size
+    self._table = table
+    self._plan = serving_plan(table)
+
+  def raw_model_input(self, ex: Example) -> Dict[str, tf.Tensor]:
+    """One request example -> {model input key: raw bytes scalar}, by the twins."""
+    return run_plan(self._plan, self._table, ex)
+
+  def model_input(self, raw: Dict[str, tf.Tensor]) -> tf.Tensor:
+    """[B] raw bytes per model input -> the model's input [B, H, W, C]."""
+    return model_inputs(self._table, self.tft_layer(raw))
+
+  def _batched_raw(self, elems, fn):
+    keys_ = self._table.keys("model_input")
+    sig = {k: tf.TensorSpec([], tf.string) for k in keys_}
+    return tf.map_fn(fn, elems, fn_output_signature=sig)
 
 
 class SegmentationServer(_Server):
   """Image and clicks in, mask out."""
-
-  def __init__(self, model, tft_output: tft.TFTransformOutput, image_size: int):
-    super().__init__(model, tft_output, image_size)
-    spec = tft_output.raw_feature_spec()
-    self._example_spec = {k: spec[k] for k in (keys.IMAGE, keys.POSITIVE_CLICKS,
-                                                keys.NEGATIVE_CLICKS)}
-
-  def model_input(self, image_bytes: tf.Tensor, maps_bytes: tf.Tensor) -> tf.Tensor:
-    """[B] raw image and map bytes at the records' size -> the model's input."""
-    transformed = self.tft_layer({keys.IMAGE: image_bytes, keys.DISTANCE_MAPS: maps_bytes})
-    return model_inputs(transformed)
 
   def _predict(self, inputs):
     logits = self.model(inputs, training=False)
@@ -120,69 +176,73 @@ class SegmentationServer(_Server):
         tf.debugging.assert_positive(h * w, message="image is empty"),
         tf.debugging.assert_positive(tf.shape(positive_clicks)[0],
                                      message="at least one positive click is required")]):
-      size = self.image_size
-      small = resize_uint8(image, size)
-    maps = distance.distance_maps(scale_clicks(positive_clicks, h, w, size),
-                                  scale_clicks(negative_clicks, h, w, size), size, size)
-    prob = self._predict(self.model_input(to_raw_bytes(small)[None], to_raw_bytes(maps)[None]))
+      image = tf.identity(image)
+    ex = {keys.IMAGE: image,
+          keys.POSITIVE_CLICKS: tf.cast(positive_clicks, tf.int64),
+          keys.NEGATIVE_CLICKS: tf.cast(negative_clicks, tf.int64)}
+    raw = {k: v[None] for k, v in self.raw_model_input(ex).items()}
+    prob = self._predict(self.model_input(raw))
     prob = tf.image.resize(prob[..., None], tf.stack([h, w]), method="bilinear")[0, :, :, 0]
     return {"probabilities": prob, "mask": tf.cast(prob > 0.5, tf.uint8)}
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
   def serve_examples(self, examples):
-    parsed = tf.io.parse_example(examples, self._example_spec)
-    size = self.image_size
+    spec = self._table.raw_feature_spec(
+        [keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS])
+    parsed = tf.io.parse_example(examples, spec)
+    h, w = self._table.image_size
+    image_entry = self._table[keys.IMAGE]
+    images = tf.reshape(tf.io.decode_raw(parsed[keys.IMAGE], tf.uint8),
+                        [-1, h, w, image_entry.feature.channels])
 
-    def maps_of(args):
-      pos, neg = args
-      return to_raw_bytes(distance.distance_maps(tf.reshape(pos, [-1, 2]),
-                                                 tf.reshape(neg, [-1, 2]), size, size))
+    def one(args):
+      image, pos, neg = args
+      return self.raw_model_input({keys.IMAGE: image,
+                                   keys.POSITIVE_CLICKS: tf.reshape(pos, [-1, 2]),
+                                   keys.NEGATIVE_CLICKS: tf.reshape(neg, [-1, 2])})
 
-    pos_rt = tf.RaggedTensor.from_sparse(parsed[keys.POSITIVE_CLICKS])
-    neg_rt = tf.RaggedTensor.from_sparse(parsed[keys.NEGATIVE_CLICKS])
-    maps = tf.map_fn(maps_of, (pos_rt, neg_rt),
-                     fn_output_signature=tf.TensorSpec([], tf.string))
-    prob = self._predict(self.model_input(parsed[keys.IMAGE], maps))
+    raw = self._batched_raw((images, tf.RaggedTensor.from_sparse(parsed[keys.POSITIVE_CLICKS]),
+                             tf.RaggedTensor.from_sparse(parsed[keys.NEGATIVE_CLICKS])), one)
+    prob = self._predict(self.model_input(raw))
     return {"probabilities": prob, "mask": tf.cast(prob > 0.5, tf.uint8)}
+
+  def signatures(self):
+    return {"serving_default": self.serve, "serve_examples": self.serve_examples}
 
 
 class ClassificationServer(_Server):
   """Encoded images in; class probabilities and label strings out."""
 
-  def __init__(self, model, tft_output: tft.TFTransformOutput, image_size: int):
-    super().__init__(model, tft_output, image_size)
+  def __init__(self, model, tft_output: tft.TFTransformOutput, table: FeatureTable):
+    super().__init__(model, tft_output, table)
     self.classes = tf.constant(tft_output.vocabulary_by_name(keys.LABEL_VOCABULARY))
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
   def serve(self, image_bytes):
-    size = self.image_size
-
-    def raw_of(data):
-      image = tf.io.decode_image(data, channels=3, expand_animations=False)
-      return to_raw_bytes(resize_uint8(image, size))
-
-    raw = tf.map_fn(raw_of, image_bytes, fn_output_signature=tf.TensorSpec([], tf.string))
-    transformed = self.tft_layer({keys.IMAGE: raw})
-    logits = self.model(model_inputs(transformed), training=False)
+    raw = self._batched_raw(image_bytes,
+                            lambda data: self.raw_model_input({keys.IMAGE_BYTES: data}))
+    logits = self.model(self.model_input(raw), training=False)
     prob = tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)
     return {"probabilities": prob, "label": tf.gather(self.classes, tf.argmax(prob, axis=-1)),
             "classes": self.classes}
 
+  def signatures(self):
+    return {"serving_default": self.serve}
 
-def export_model(model, tft_output: tft.TFTransformOutput, task, model_dir: str) -> str:
-  """Writes `MODEL_DIR/export/<unix time>/` for the task and returns its path."""
-  if task.name == "segmentation":
-    server = SegmentationServer(model, tft_output, task.image_size)
-    signatures = {"serving_default": server.serve, "serve_examples": server.serve_examples}
-  else:
-    server = ClassificationServer(model, tft_output, task.image_size)
-    signatures = {"serving_default": server.serve}
+
+SERVERS = {"segmentation": SegmentationServer, "classification": ClassificationServer}
+
+
+def export_model(model, tft_output: tft.TFTransformOutput, table: FeatureTable,
+                 model_dir: str) -> str:
+  """Writes `MODEL_DIR/export/<unix time>/` for the table's task and returns its path."""
+  server = SERVERS[table.task](model, tft_output, table)
   base = os.path.join(model_dir, "export")
   version = int(time.time())
   while tf.io.gfile.exists(os.path.join(base, str(version))):
     version += 1
   path = os.path.join(base, str(version))
-  tf.saved_model.save(server, path, signatures=signatures)
+  tf.saved_model.save(server, path, signatures=server.signatures())
   return path
 
 

@@ -8,6 +8,7 @@ it writes to `MODEL_DIR/metrics.json`:
   input_bound, interrupted, eval {...}, export_dir
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep import keys
+from beam_prep.features import FEATURES_FILE, FeatureTable
 from train import devices, logs
 from train.config import TrainConfig
 from train.data import InputReader, RecordsError, check_shards, scan_shards
@@ -155,20 +157,66 @@ def _freeze(model: keras.Model, pattern: str) -> int:
   return frozen
 
 
+@dataclasses.dataclass
+class _Run:
+  """Everything a training run holds between setup, the loop and the end."""
+  table: FeatureTable
+  tft_output: Any
+  task: Any
+  strategy: Any
+  chief: bool
+  model_dir: str
+  reader: InputReader
+  model: Any
+  optimizer: Any
+  global_step: Any
+  manager: Any
+  step: "FinalizedFunction"
+  lr: float
+  global_batch: int
+  records_report: Any
+
+
+@dataclasses.dataclass
+class _LoopState:
+  """What the loop measured."""
+  start_step: int
+  remaining: int
+  loss: float = float("nan")
+  interrupted: bool = False
+  wait_s: float = 0.0
+  busy_s: float = 0.0
+  timed_steps: int = 0
+
+
 def fit(config: TrainConfig) -> Dict[str, Any]:
-  """Trains, evaluates, exports; writes config.json and metrics.json.
+  """Trains, evaluates, exports; writes config.json, features.json and metrics.json.
 
   Raises:
-    FileNotFoundError: no records, or no checkpoint for --init-from.
+    FileNotFoundError: no records or features.json, or no checkpoint for
+      --init-from.
+    ServingPlanError: the model is to be exported and an op of the chain
+      changes a model input without a TensorFlow twin (before training).
     RetraceError: the step would be traced twice.
     FloatingPointError: the loss became NaN or infinite (the last good
       checkpoint is kept).
     KeyboardInterrupt: after saving a checkpoint and metrics.
   """
+  run = _setup(config)
+  state = _loop(run, config)
+  return _finish(run, state, config)
+
+
+def _setup(config: TrainConfig) -> _Run:
+  """Devices, features, task, strategy, input, model, optimizer, checkpoints."""
   log = logs.get()
   devices.configure(config)
+  table = FeatureTable.load(config.data)
+  if config.export:
+    from train import export  # pylint: disable=g-import-not-at-top
+    export.serving_plan(table)  # An op without a twin fails now, not after training.
   tft_output = tft.TFTransformOutput(os.path.join(config.data, keys.TRANSFORM_DIR))
-  task = make_task(tft_output)
+  task = make_task(table, tft_output)
   strategy = devices.choose_strategy(config)
   chief = devices.is_chief(strategy)
   model_dir = config.model_dir if chief else os.path.join(
@@ -176,14 +224,16 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
   tf.io.gfile.makedirs(model_dir)
   with tf.io.gfile.GFile(os.path.join(model_dir, "config.json"), "w") as f:
     f.write(config.to_json())
+  with tf.io.gfile.GFile(os.path.join(model_dir, FEATURES_FILE), "w") as f:
+    f.write(table.to_json())
   keras.utils.set_random_seed(config.seed)
 
   replicas = strategy.num_replicas_in_sync
   global_batch = config.batch_size * replicas
   lr = config.learning_rate * (replicas if config.scale_learning_rate else 1)
-  reader = InputReader(config.data, tft_output, config.batch_size, config.shuffle_buffer,
-                       config.seed, config.skip_corrupt_records)
-  records_report = _check_records(config, reader, tft_output)
+  reader = InputReader(config.data, tft_output, table, task, config.batch_size,
+                       config.shuffle_buffer, config.seed, config.skip_corrupt_records)
+  records_report = _check_records(config, reader, table)
 
   with strategy.scope():
     model = task.build_model(config)
@@ -206,12 +256,19 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
              int(global_step.numpy()))
   elif config.init_from:
     log.info("train: weights from %s", _init_from(model, config.init_from))
+  step = _make_step(config, strategy, reader, task, model, optimizer, global_step, global_batch)
+  return _Run(table, tft_output, task, strategy, chief, model_dir, reader, model, optimizer,
+              global_step, manager, step, lr, global_batch, records_report)
 
+
+def _make_step(config, strategy, reader, task, model, optimizer, global_step,
+               global_batch) -> "FinalizedFunction":
+  """The finalized, distributed training step."""
   parser = reader.parser
 
   def step_fn(*batch):
     if reader.transform_in_step:
-      # The exported transform graph, on the device: uint8 bytes in, floats out.
+      # The exported transform graph, on the device: raw bytes in, floats out.
       inputs, labels = parser(batch[0], training=True)
     else:
       inputs, labels = batch
@@ -229,50 +286,50 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
     global_step.assign_add(1)
     return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-  step = FinalizedFunction(train_step, "train_step", jit_compile=config.xla)
-  dataset = strategy.distribute_datasets_from_function(
-      lambda ctx: reader.dataset(keys.TRAIN_SPLIT, training=True, input_context=ctx))
+  return FinalizedFunction(train_step, "train_step", jit_compile=config.xla)
+
+
+def _loop(run: _Run, config: TrainConfig) -> _LoopState:
+  """Trains until --steps (or a stop request); logs, checkpoints, profiles."""
+  log = logs.get()
+  dataset = run.strategy.distribute_datasets_from_function(
+      lambda ctx: run.reader.dataset(keys.TRAIN_SPLIT, training=True, input_context=ctx))
   iterator = iter(dataset)
-  tb_dir = os.path.join(model_dir, "tensorboard")
+  tb_dir = os.path.join(run.model_dir, "tensorboard")
   writer = tf.summary.create_file_writer(os.path.join(tb_dir, "train"))
 
   @tf.function
   def gradients(inputs, labels):
     with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(task.loss(labels, model(inputs, training=False)))
-    return tape.gradient(loss, model.trainable_variables)
+      loss = tf.reduce_mean(run.task.loss(labels, run.model(inputs, training=False)))
+    return tape.gradient(loss, run.model.trainable_variables)
 
-  start_step = int(global_step.numpy())
-  remaining = max(config.steps - start_step, 0)
-  if not remaining:
+  start_step = int(run.global_step.numpy())
+  state = _LoopState(start_step, max(config.steps - start_step, 0))
+  if not state.remaining:
     log.info("train: model dir already at step %d >= --steps %d; nothing to train",
              start_step, config.steps)
-  progress = Progress(config.steps, config.log_every)
-  wait_s = busy_s = 0.0
-  timed_steps = window_steps = 0
-  window_t = time.perf_counter()
-  loss_value = float("nan")
-  interrupted = False
+  window = _Window(run, config, writer)
   profiling = False
   stop = _StopRequest()
   try:
-    for i in range(remaining):
+    for i in range(state.remaining):
       if stop.requested:
-        interrupted = True
+        state.interrupted = True
         log.info("train: stopping at step %d as asked; saving a checkpoint",
-                 int(global_step.numpy()))
+                 int(run.global_step.numpy()))
         break
       current = start_step + i + 1  # The step this iteration completes.
-      if config.profile_steps and current == config.profile_steps[0] and chief:
+      if config.profile_steps and current == config.profile_steps[0] and run.chief:
         tf.profiler.experimental.start(tb_dir)
         profiling = True
       t0 = time.perf_counter()
       try:
         batch = next(iterator)
       except tf.errors.OpError as e:
-        raise _name_corrupt_shards(reader, e) from None
+        raise _name_corrupt_shards(run.reader, e) from None
       t1 = time.perf_counter()
-      loss_value = float(step(batch))
+      state.loss = float(run.step(batch))
       t2 = time.perf_counter()
       if profiling and current == config.profile_steps[1]:
         tf.profiler.experimental.stop()
@@ -280,82 +337,106 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
         log.info("train: profiled steps %d-%d -> %s (TensorBoard, Profile tab)",
                  *config.profile_steps, tb_dir)
       if i > 0:  # The first step includes tracing; keep it out of throughput.
-        wait_s += t1 - t0
-        busy_s += t2 - t0
-        timed_steps += 1
-      window_steps += 1
-      if not np.isfinite(loss_value):
+        state.wait_s += t1 - t0
+        state.busy_s += t2 - t0
+        state.timed_steps += 1
+      if not np.isfinite(state.loss):
         raise FloatingPointError(
-            f"loss is {loss_value} at step {current}; stopped without saving. The last good "
-            f"checkpoint is {manager.latest_checkpoint or 'none (no checkpoint yet)'}; lower "
-            "--learning-rate or check the records")
-      if current % config.log_every == 0 or current == config.steps:
-        now = time.perf_counter()
-        rate = window_steps * global_batch / (now - window_t)
-        wait = wait_s / busy_s if busy_s else 0.0
-        with writer.as_default(step=current):
-          tf.summary.scalar("loss", loss_value)
-          tf.summary.scalar("examples_per_second", rate)
-          tf.summary.scalar("input_wait_fraction", wait)
-          tf.summary.scalar("learning_rate", lr)
-        window_t, window_steps = now, 0
-        progress.update(current, f"loss {loss_value:.4f}  {rate:.1f} examples/s  "
-                        f"input wait {100 * wait:.0f}%", force=True)
-      elif sys.stdout.isatty():
-        progress.update(current, f"loss {loss_value:.4f}")
-      if config.histogram_every and current % config.histogram_every == 0 and chief:
-        _histograms(writer, current, model, strategy, batch, gradients, task, reader)
+            f"loss is {state.loss} at step {current}; stopped without saving. The last good "
+            f"checkpoint is {run.manager.latest_checkpoint or 'none (no checkpoint yet)'}; "
+            "lower --learning-rate or check the records")
+      window.step(current, state)
+      if config.histogram_every and current % config.histogram_every == 0 and run.chief:
+        _histograms(writer, current, run, batch, gradients)
       if current % config.checkpoint_every == 0:
-        manager.save(checkpoint_number=current)
+        run.manager.save(checkpoint_number=current)
   except KeyboardInterrupt:  # A second Ctrl-C, or one outside the loop.
-    interrupted = True
-    log.info("\ntrain: interrupted; saving a checkpoint at step %d", int(global_step.numpy()))
+    state.interrupted = True
+    log.info("\ntrain: interrupted; saving a checkpoint at step %d",
+             int(run.global_step.numpy()))
   finally:
     stop.restore()
     if profiling:
       tf.profiler.experimental.stop()
-  final_step = int(global_step.numpy())
-  if np.isfinite(loss_value) or not remaining:
-    if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(
-        f"-{final_step}"):
-      manager.save(checkpoint_number=final_step)
+  return state
 
-  wait_fraction = (wait_s / busy_s) if busy_s else None
+
+class _Window:
+  """Throughput, input wait and loss every --log-every steps: progress line
+  and TensorBoard scalars."""
+
+  def __init__(self, run: _Run, config: TrainConfig, writer):
+    self._run, self._config, self._writer = run, config, writer
+    self._progress = Progress(config.steps, config.log_every)
+    self._steps, self._t = 0, time.perf_counter()
+
+  def step(self, current: int, state: _LoopState) -> None:
+    self._steps += 1
+    if current % self._config.log_every and current != self._config.steps:
+      if sys.stdout.isatty():
+        self._progress.update(current, f"loss {state.loss:.4f}")
+      return
+    now = time.perf_counter()
+    rate = self._steps * self._run.global_batch / (now - self._t)
+    wait = state.wait_s / state.busy_s if state.busy_s else 0.0
+    with self._writer.as_default(step=current):
+      tf.summary.scalar("loss", state.loss)
+      tf.summary.scalar("examples_per_second", rate)
+      tf.summary.scalar("input_wait_fraction", wait)
+      tf.summary.scalar("learning_rate", self._run.lr)
+    self._t, self._steps = now, 0
+    self._progress.update(current, f"loss {state.loss:.4f}  {rate:.1f} examples/s  "
+                          f"input wait {100 * wait:.0f}%", force=True)
+
+
+def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]:
+  """Last checkpoint, metrics, evaluation and export."""
+  log = logs.get()
+  final_step = int(run.global_step.numpy())
+  if np.isfinite(state.loss) or not state.remaining:
+    latest = run.manager.latest_checkpoint
+    if latest is None or not latest.endswith(f"-{final_step}"):
+      run.manager.save(checkpoint_number=final_step)
+
+  wait_fraction = (state.wait_s / state.busy_s) if state.busy_s else None
   metrics = {
-      "task": task.name,
+      "task": run.task.name,
       "final_step": final_step,
-      "steps_this_run": final_step - start_step,
-      "final_loss": loss_value,
-      "replicas": replicas,
-      "global_batch_size": global_batch,
-      "learning_rate": lr,
-      "step_traces": step.traces,
-      "examples_per_second": (timed_steps * global_batch / busy_s) if busy_s else None,
+      "steps_this_run": final_step - state.start_step,
+      "final_loss": state.loss,
+      "replicas": run.strategy.num_replicas_in_sync,
+      "global_batch_size": run.global_batch,
+      "learning_rate": run.lr,
+      "input_channels": run.table.input_channels,
+      "step_traces": run.step.traces,
+      "examples_per_second": ((state.timed_steps * run.global_batch / state.busy_s)
+                              if state.busy_s else None),
       "input_wait_fraction": wait_fraction,
       "input_bound": bool(wait_fraction is not None and wait_fraction > INPUT_BOUND_FRACTION),
-      "interrupted": interrupted,
+      "interrupted": state.interrupted,
   }
-  if records_report is not None:
-    metrics["skipped_records"] = records_report
+  if run.records_report is not None:
+    metrics["skipped_records"] = run.records_report
   if metrics["input_bound"]:
     log.info("train: input-bound: %.0f%% of step time waits for the next batch. Give the "
              "input more CPU (--intra-op-threads/--inter-op-threads, a machine with more "
              "cores), read from local disk, write more and larger shards "
              "(beam-prep --num-shards), or precompute more per-example work in beam-prep.",
              100 * wait_fraction)
-  if not interrupted:
-    metrics["eval"] = evaluate(model, reader, task, config.eval_batches)
-    if config.export and chief:
+  if not state.interrupted:
+    metrics["eval"] = evaluate(run.model, run.reader, run.task, config.eval_batches)
+    if config.export and run.chief:
       from train import export  # pylint: disable=g-import-not-at-top
-      metrics["export_dir"] = export.export_model(model, tft_output, task, config.model_dir)
-  with tf.io.gfile.GFile(os.path.join(model_dir, "metrics.json"), "w") as f:
+      metrics["export_dir"] = export.export_model(run.model, run.tft_output, run.table,
+                                                  config.model_dir)
+  with tf.io.gfile.GFile(os.path.join(run.model_dir, "metrics.json"), "w") as f:
     json.dump(metrics, f, indent=2, sort_keys=True)
-  if interrupted:
+  if state.interrupted:
     raise KeyboardInterrupt
   return metrics
 
 
-def _check_records(config: TrainConfig, reader: InputReader, tft_output) -> Any:
+def _check_records(config: TrainConfig, reader: InputReader, table: FeatureTable) -> Any:
   """Checks the shards before training; with --skip-corrupt-records, scans them.
 
   Returns:
@@ -373,11 +454,11 @@ def _check_records(config: TrainConfig, reader: InputReader, tft_output) -> Any:
   except FileNotFoundError:
     eval_files = []
   if not config.skip_corrupt_records:
-    check_shards(files + eval_files, tft_output)
+    check_shards(files + eval_files, table)
     return None
   scan = scan_shards(files + eval_files)
   corrupt = {p: v["error"] for p, v in scan.items() if v["error"]}
-  check_shards([p for p in files + eval_files if scan[p]["records"] > 0], tft_output)
+  check_shards([p for p in files + eval_files if scan[p]["records"] > 0], table)
   report: Dict[str, Any] = {"corrupt_shards": sorted(corrupt), "errors": corrupt}
   manifest_path = os.path.join(config.data, keys.MANIFEST_FILE)
   expected = None
@@ -407,20 +488,23 @@ def _name_corrupt_shards(reader: InputReader, error: Exception) -> Exception:
       + " (pass --skip-corrupt-records to train on the readable records)")
 
 
-def _histograms(writer, current, model, strategy, batch, gradients, task, reader) -> None:
-  """Weight and gradient histograms, and (segmentation) predicted masks."""
-  local = tf.nest.map_structure(lambda t: strategy.experimental_local_results(t)[0], batch)
-  inputs, labels = reader.parser(local, training=False) if reader.transform_in_step else local
+def _histograms(writer, current, run: _Run, batch, gradients) -> None:
+  """Weight and gradient histograms, and the task's pictures (predicted masks)."""
+  local = tf.nest.map_structure(lambda t: run.strategy.experimental_local_results(t)[0], batch)
+  if run.reader.transform_in_step:
+    inputs, labels = run.reader.parser(local, training=False)
+  else:
+    inputs, labels = local
   grads = gradients(inputs, labels)
   with writer.as_default(step=current):
-    for var, grad in zip(model.trainable_variables, grads):
+    for var, grad in zip(run.model.trainable_variables, grads):
       name = var.path if hasattr(var, "path") else var.name
       tf.summary.histogram(f"weights/{name}", var)
       if grad is not None:
         tf.summary.histogram(f"gradients/{name}", grad)
-    if task.name == "segmentation":
-      prob = tf.sigmoid(tf.cast(model(inputs[:3], training=False), tf.float32))
-      tf.summary.image("predicted_masks", prob, max_outputs=3)
+    logits = run.model(inputs[:3], training=False)
+    if len(logits.shape) == 4:  # Per-pixel predictions: show them beside the truth.
+      tf.summary.image("predicted_masks", tf.sigmoid(tf.cast(logits, tf.float32)), max_outputs=3)
       tf.summary.image("true_masks", labels[keys.LABEL][:3], max_outputs=3)
 
 

@@ -1,8 +1,12 @@
 """Models, registered by name.
 
 `segmentation_fcn`: a small U-Net-style fully convolutional net. Input
-float32 [B, H, W, 5] (standardized RGB + positive and negative distance maps),
-output mask logits [B, H, W, 1]. H and W must be multiples of 2**depth.
+float32 [B, H, W, C], the model inputs declared in the prep output's
+features.json, concatenated (C = 5 for RGB + two distance maps, 7 with click
+disks too, ...); output mask logits [B, H, W, 1]. H and W must be multiples
+of 2**depth.
+
+`cnn_classifier`: global-pooled CNN, input [B, H, W, C], class logits.
 """
 
 from typing import Callable, Dict
@@ -37,7 +41,7 @@ def _block(x, filters: int, name: str):
 
 
 @register_model("segmentation_fcn")
-def segmentation_fcn(width: int = 16, depth: int = 3, channels: int = 5) -> keras.Model:
+def segmentation_fcn(channels: int, width: int = 16, depth: int = 3) -> keras.Model:
   """U-Net-style encoder/decoder returning per-pixel mask logits."""
   inputs = keras.Input((None, None, channels), name="inputs")
   x, skips = inputs, []
@@ -56,8 +60,8 @@ def segmentation_fcn(width: int = 16, depth: int = 3, channels: int = 5) -> kera
 
 
 @register_model("cnn_classifier")
-def cnn_classifier(num_classes: int, width: int = 16, depth: int = 3,
-                   channels: int = 3) -> keras.Model:
+def cnn_classifier(num_classes: int, channels: int, width: int = 16,
+                   depth: int = 3) -> keras.Model:
   """A small CNN: `depth` conv blocks, global average pooling, class logits."""
   inputs = keras.Input((None, None, channels), name="inputs")
   x = inputs

@@ -1,32 +1,49 @@
 """What differs between segmentation and classification training.
 
-A task builds its model, gives the per-example loss, and turns eval batches
-into per-example counts that `summarize` reduces to metrics.
+A task is one object built from the prep output's `features.json` (its
+`task` field) and the tf.Transform output. It names the raw features the
+transform reads and those evaluation needs, builds the model (input channels
+from the declared model inputs), turns transformed features into labels,
+gives the per-example loss, and turns eval batches into per-example counts
+that `summarize` reduces to metrics.
 """
 
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep import keys
+from beam_prep.features import FeatureTable
 from train import models
 from train.config import TrainConfig
-from train.data import CLASSIFICATION, SEGMENTATION, task_of
 
 
 class SegmentationTask:
   """Mask logits [B, H, W, 1]; weighted sigmoid cross-entropy; IoU."""
-  name = SEGMENTATION
+  name = "segmentation"
   default_model = "segmentation_fcn"
+  transform_in_step = True  # uint8 bytes to the device, transformed there
 
-  def __init__(self, tft_output: tft.TFTransformOutput):
-    self.image_size = int(tft_output.transformed_feature_spec()[keys.IMAGE].shape[0])
+  def __init__(self, table: FeatureTable, tft_output: tft.TFTransformOutput):
+    del tft_output
+    self.table = table
+    self.image_size = table.image_size
+    self.transform_keys: List[str] = table.keys("model_input") + table.keys("label")
+    # The nearest-click baseline needs the clicks (declared by sample_clicks).
+    self.eval_keys: List[str] = [k for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
+                                 if k in table]
 
   def build_model(self, config: TrainConfig):
     return models.build_model(config.model or self.default_model, width=config.width,
-                              depth=config.depth)
+                              depth=config.depth, channels=self.table.input_channels)
+
+  def labels(self, transformed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    return {keys.LABEL: transformed[keys.LABEL], keys.LABEL_WEIGHT: transformed[keys.LABEL_WEIGHT]}
+
+  def flip_labels(self, labels: Dict[str, tf.Tensor], flip: tf.Tensor) -> Dict[str, tf.Tensor]:
+    return {k: tf.where(flip, tf.reverse(v, axis=[2]), v) for k, v in labels.items()}
 
   def loss(self, labels: Dict[str, tf.Tensor], logits: tf.Tensor) -> tf.Tensor:
     """Per example, over non-ignored pixels: cross-entropy + soft-IoU loss, [B].
@@ -46,19 +63,41 @@ class SegmentationTask:
 
   def counts(self, inputs: tf.Tensor, labels, logits: tf.Tensor) -> tf.Tensor:
     """Per example: the model's and the click baseline's IoU counts, [B, 6]."""
+    del inputs
     model = _mask_counts(labels, logits)
-    # Baseline: no model at all; each pixel takes the kind of its nearest
-    # click (positive if nearer a positive click than a negative one).
-    baseline_logits = inputs[..., 4:5] - inputs[..., 3:4]
-    base = _mask_counts(labels, baseline_logits)
+    if not self.eval_keys:
+      return tf.concat([model, tf.zeros_like(model[:, :2])], axis=1)
+    base = _mask_counts(labels, nearest_click_logits(
+        labels[keys.POSITIVE_CLICKS], labels[keys.NEGATIVE_CLICKS], self.image_size))
     return tf.concat([model, base[:, :2]], axis=1)
 
   def summarize(self, c: np.ndarray) -> Dict[str, Any]:
     iou = np.where(c[:, 1] > 0, c[:, 0] / np.maximum(c[:, 1], 1), 1.0)
-    base = np.where(c[:, 5] > 0, c[:, 4] / np.maximum(c[:, 5], 1), 1.0)
-    return {"examples": int(c.shape[0]), "mean_iou": float(iou.mean()),
-            "pixel_accuracy": float(c[:, 2].sum() / max(c[:, 3].sum(), 1)),
-            "baseline_nearest_click_mean_iou": float(base.mean())}
+    out = {"examples": int(c.shape[0]), "mean_iou": float(iou.mean()),
+           "pixel_accuracy": float(c[:, 2].sum() / max(c[:, 3].sum(), 1))}
+    if self.eval_keys:
+      base = np.where(c[:, 5] > 0, c[:, 4] / np.maximum(c[:, 5], 1), 1.0)
+      out["baseline_nearest_click_mean_iou"] = float(base.mean())
+    return out
+
+
+def nearest_click_logits(positive: tf.SparseTensor, negative: tf.SparseTensor,
+                         image_size) -> tf.Tensor:
+  """The no-model baseline: a pixel is object when nearer a positive click than
+  a negative one. Clicks: [B, 2N] sparse (x, y) pairs; returns [B, H, W, 1]."""
+  from beam_prep.ops.distance import tf_distance_map  # pylint: disable=g-import-not-at-top
+  h, w = image_size
+
+  def one(args):
+    pos, neg = args
+    # Distances capped at 255 as in the maps: beyond both caps, background.
+    return (tf.cast(tf_distance_map(neg, h, w), tf.float32)
+            - tf.cast(tf_distance_map(pos, h, w), tf.float32))
+
+  pos = tf.RaggedTensor.from_sparse(positive)
+  neg = tf.RaggedTensor.from_sparse(negative)
+  return tf.map_fn(one, (pos, neg), fn_output_signature=tf.TensorSpec([h, w], tf.float32))[
+      ..., None]
 
 
 def _mask_counts(labels, logits) -> tf.Tensor:
@@ -73,33 +112,51 @@ def _mask_counts(labels, logits) -> tf.Tensor:
 
 class ClassificationTask:
   """Class logits [B, C]; sparse softmax cross-entropy; accuracy."""
-  name = CLASSIFICATION
+  name = "classification"
   default_model = "cnn_classifier"
+  transform_in_step = False  # the vocabulary table runs in tf.data
 
-  def __init__(self, tft_output: tft.TFTransformOutput):
-    self.image_size = int(tft_output.transformed_feature_spec()[keys.IMAGE].shape[0])
-    self.labels = [v.decode() if isinstance(v, bytes) else v
-                   for v in tft_output.vocabulary_by_name(keys.LABEL_VOCABULARY)]
+  def __init__(self, table: FeatureTable, tft_output: tft.TFTransformOutput):
+    self.table = table
+    self.image_size = table.image_size
+    self.transform_keys: List[str] = table.keys("model_input") + table.keys("label")
+    self.eval_keys: List[str] = []
+    self.labels_vocabulary = [v.decode() if isinstance(v, bytes) else v
+                              for v in tft_output.vocabulary_by_name(keys.LABEL_VOCABULARY)]
 
   def build_model(self, config: TrainConfig):
     return models.build_model(config.model or self.default_model,
-                              num_classes=len(self.labels), width=config.width,
-                              depth=config.depth)
+                              num_classes=len(self.labels_vocabulary), width=config.width,
+                              depth=config.depth, channels=self.table.input_channels)
+
+  def labels(self, transformed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    return {keys.LABEL: transformed[keys.LABEL]}
+
+  def flip_labels(self, labels: Dict[str, tf.Tensor], flip: tf.Tensor) -> Dict[str, tf.Tensor]:
+    del flip  # A class does not change with a mirrored image.
+    return labels
 
   def loss(self, labels, logits) -> tf.Tensor:
     return tf.nn.sparse_softmax_cross_entropy_with_logits(
         labels=labels[keys.LABEL], logits=tf.cast(logits, tf.float32))
 
   def counts(self, inputs, labels, logits) -> tf.Tensor:
+    del inputs
     correct = tf.equal(tf.argmax(logits, axis=-1), labels[keys.LABEL])
     return tf.cast(correct, tf.float32)[:, None]
 
   def summarize(self, c: np.ndarray) -> Dict[str, Any]:
     return {"examples": int(c.shape[0]), "accuracy": float(c[:, 0].mean()),
-            "classes": len(self.labels)}
+            "classes": len(self.labels_vocabulary)}
 
 
-def make_task(tft_output: tft.TFTransformOutput):
-  if task_of(tft_output) == SEGMENTATION:
-    return SegmentationTask(tft_output)
-  return ClassificationTask(tft_output)
+TASKS = {t.name: t for t in (SegmentationTask, ClassificationTask)}
+
+
+def make_task(table: FeatureTable, tft_output: tft.TFTransformOutput):
+  """The task named by features.json."""
+  try:
+    return TASKS[table.task](table, tft_output)
+  except KeyError:
+    raise ValueError(f"features.json names task {table.task!r}; this trainer knows "
+                     f"{sorted(TASKS)}") from None

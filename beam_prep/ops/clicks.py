@@ -28,7 +28,12 @@ import numpy as np
 from scipy import ndimage
 
 from beam_prep import keys
+from beam_prep.features import Feature
+from beam_prep.ops.image import IMAGE, MASK
 from beam_prep.ops.registry import ExampleError, register_op
+
+_CLICKS = Feature("int64", shape=(None, 2), role="metadata")
+_INT = Feature("int64", shape=(), role="metadata")
 
 
 def example_rng(seed: int, image_id: str, object_id: int, variant: int) -> np.random.Generator:
@@ -209,7 +214,19 @@ def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
   }
 
 
-@register_op("sample_clicks")
+def sample_clicks_twin(ex, *args, **kwargs):
+  """At serving time the clicks come from the person, not from sampling, and
+  no view is flipped: the example passes unchanged."""
+  del args, kwargs
+  return ex
+
+
+# `image` and `mask` are re-declared because `flip` mirrors them.
+@register_op("sample_clicks",
+             produces={keys.POSITIVE_CLICKS: _CLICKS, keys.NEGATIVE_CLICKS: _CLICKS,
+                       keys.NEGATIVE_STRATEGY: _INT, keys.VARIANT: _INT, keys.FLIPPED: _INT,
+                       keys.IMAGE: IMAGE, keys.MASK: MASK},
+             intermediate=(keys.INSTANCE_MASK,), twin=sample_clicks_twin)
 def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
                   max_positive: int = 5, negatives=(10, 5, 10), d: float = 40,
                   d_margin: float = 5, d_step: float = 10, strategies=(1, 2, 3),

@@ -9,12 +9,14 @@ The computation is a brute-force minimum over the few clicks of a sample, in
 integer arithmetic until one final float32 square root: exact (it equals
 `scipy.ndimage.distance_transform_edt` of the click image, rounded) and much
 cheaper than a full distance transform when there are a handful of clicks. The
-serving model's TensorFlow twin (`train.distance`) does the same arithmetic.
+TensorFlow twin (`distance_maps_twin`, used by the serving graph) does the same
+arithmetic and is tested equal to it.
 """
 
 import numpy as np
 
 from beam_prep import keys
+from beam_prep.features import Feature
 from beam_prep.ops.registry import register_op
 
 
@@ -56,14 +58,51 @@ def distance_maps(positive_xy: np.ndarray, negative_xy: np.ndarray,
                    distance_map(negative_xy, height, width)], axis=-1)
 
 
-@register_op("distance_maps")
+def tf_distance_map(clicks_xy, height, width, cap: int = keys.MAX_DISTANCE):
+  """`distance_map` in TensorFlow: uint8 [height, width], the same values.
+
+  Args:
+    clicks_xy: int [N, 2] of (x, y), inside the image; N may be 0 (all `cap`).
+    height: map height (scalar).
+    width: map width (scalar).
+    cap: largest stored distance.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  clicks = tf.cast(tf.reshape(clicks_xy, [-1, 2]), tf.int32)
+  limit = (cap + 1) ** 2
+  rows = tf.range(height, dtype=tf.int32)
+  cols = tf.range(width, dtype=tf.int32)
+  dy2 = tf.minimum(tf.square(rows[None, :] - clicks[:, 1:2]), limit)  # [N, H]
+  dx2 = tf.minimum(tf.square(cols[None, :] - clicks[:, 0:1]), limit)  # [N, W]
+  d2 = tf.reduce_min(dy2[:, :, None] + dx2[:, None, :], axis=0)  # [H, W]; empty: int max
+  d2 = tf.minimum(d2, limit)
+  dist = tf.round(tf.sqrt(tf.cast(d2, tf.float32)))
+  return tf.cast(tf.minimum(dist, cap), tf.uint8)
+
+
+def distance_maps_twin(ex):
+  """`distance_maps` in TensorFlow, on one example's tensors."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  shape = tf.shape(ex[keys.IMAGE])
+  h, w = shape[0], shape[1]
+  out = dict(ex)
+  out[keys.DISTANCE_MAPS] = tf.stack([tf_distance_map(ex[keys.POSITIVE_CLICKS], h, w),
+                                      tf_distance_map(ex[keys.NEGATIVE_CLICKS], h, w)], axis=-1)
+  return out
+
+
+@register_op("distance_maps",
+             produces={keys.DISTANCE_MAPS: Feature("uint8", channels=2, role="model_input",
+                                                   normalize=keys.MAX_DISTANCE)},
+             twin=distance_maps_twin)
 def distance_maps_op():
-  """Adds `distance_maps` from `positive_clicks` and `negative_clicks`."""
+  """Adds `distance_maps` (Xu et al. 2016) from `positive_clicks` and `negative_clicks`."""
 
   def fn(ex):
-    h, w = ex["image"].shape[:2]
+    h, w = ex[keys.IMAGE].shape[:2]
     out = dict(ex)
-    out["distance_maps"] = distance_maps(ex["positive_clicks"], ex["negative_clicks"], h, w)
+    out[keys.DISTANCE_MAPS] = distance_maps(ex[keys.POSITIVE_CLICKS], ex[keys.NEGATIVE_CLICKS],
+                                            h, w)
     return out
 
   return fn

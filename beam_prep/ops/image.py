@@ -1,17 +1,24 @@
 """Image ops: decode files into arrays, resize, split a scene into objects.
 
-Data contract of the examples these ops read and write:
+Data contract of the examples these ops read and write (declared features in
+bold are kept by the records; see `produces` of each op):
 
 | key              | dtype / shape        | meaning                                   |
 |------------------|----------------------|-------------------------------------------|
-| `image_id`       | str                  | stem of the image file                    |
+| `image_id`       | str                  | stem of the image file (declared by read) |
 | `source`         | str                  | path of the image file                    |
 | `image_bytes`    | bytes                | encoded image file (input of `decode`)    |
 | `mask_bytes`     | bytes                | encoded mask file (input of `decode`)     |
-| `image`          | uint8 [H, W, 3]      | RGB                                       |
+| **`image`**      | uint8 [H, W, 3]      | RGB; model input, standardized            |
+| **`height`**, **`width`** | int         | the image's size                          |
 | `instance_mask`  | uint8 [H, W]         | 0 background, 1..254 instance, 255 ignore |
-| `object_id`      | int                  | instance id of this example's object      |
-| `mask`           | uint8 [H, W]         | 1 object, 0 background, 255 ignore        |
+| **`object_id`**  | int                  | instance id of this example's object      |
+| **`mask`**       | uint8 [H, W]         | 1 object, 0 background, 255 ignore; label |
+| **`label`**      | str                  | class name (classification); label        |
+
+`decode` and `resize` have TensorFlow twins for the serving graph: the serving
+model receives decoded pixels (or, for classification, encoded files) and
+resizes them exactly as the Beam job did.
 """
 
 import io
@@ -21,7 +28,14 @@ import numpy as np
 from PIL import Image
 
 from beam_prep import keys
+from beam_prep.features import Feature
 from beam_prep.ops.registry import ExampleError, register_op
+
+# One declaration of each image feature, shared by every op that writes it.
+IMAGE = Feature("uint8", channels=3, role="model_input", normalize="standardize")
+MASK = Feature("uint8", channels=1, role="label")
+SIZE = Feature("int64", shape=(), role="metadata")
+SIZE_FEATURES = {keys.HEIGHT: SIZE, keys.WIDTH: SIZE}
 
 # Larger than any photograph a segmentation data set holds (8k x 8k), far
 # below what would exhaust a worker's memory when decoded.
@@ -105,7 +119,25 @@ def mask_to_ids(im: Image.Image) -> np.ndarray:
       "(palette or grey PNG, as Pascal VOC's SegmentationObject)")
 
 
-@register_op("decode")
+def decode_twin(ex, max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
+  """`decode` in TensorFlow: `image_bytes` (an encoded file) -> `image`.
+
+  A request that already holds decoded pixels (`image`) passes unchanged.
+  """
+  del max_pixels, require_mask  # The serving graph decodes images only.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  out = dict(ex)
+  if keys.IMAGE_BYTES in ex:
+    out[keys.IMAGE] = tf.io.decode_image(ex[keys.IMAGE_BYTES], channels=3,
+                                         expand_animations=False)
+    del out[keys.IMAGE_BYTES]
+  shape = tf.shape(out[keys.IMAGE])
+  out[keys.HEIGHT], out[keys.WIDTH] = tf.cast(shape[0], tf.int64), tf.cast(shape[1], tf.int64)
+  return out
+
+
+@register_op("decode", produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
+             intermediate=(keys.INSTANCE_MASK,), twin=decode_twin)
 def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
   """Decodes `image_bytes` (and `mask_bytes`) into `image` (and `instance_mask`).
 
@@ -118,7 +150,8 @@ def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
   def fn(ex):
     image = image_to_rgb(_open(ex["image_bytes"], "image", max_pixels))
     out = {k: v for k, v in ex.items() if k not in ("image_bytes", "mask_bytes")}
-    out["image"] = image
+    out[keys.IMAGE] = image
+    out[keys.HEIGHT], out[keys.WIDTH] = image.shape[:2]
     if not require_mask:
       return out
     if ex.get("mask_bytes") is None:
@@ -129,7 +162,7 @@ def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
           "mask_size_mismatch",
           f"image is {image.shape[1]}x{image.shape[0]}, mask is "
           f"{mask.shape[1]}x{mask.shape[0]}")
-    out["instance_mask"] = mask
+    out[keys.INSTANCE_MASK] = mask
     return out
 
   return fn
@@ -182,23 +215,59 @@ def resize_nearest(mask: np.ndarray, height: int, width: int) -> np.ndarray:
   return mask[nearest_indices(mask.shape[0], height)][:, nearest_indices(mask.shape[1], width)]
 
 
-@register_op("resize")
+def resize_twin(ex, size: int, width: int = None):
+  """`resize` in TensorFlow: bilinear, half-pixel centres, round half to even.
+
+  Clicks in the example (given in the input image's pixels at serving time)
+  move to the pixel of nearest centre in the resized image, clamped to it.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  height, width = int(size), int(width or size)
+  image = ex[keys.IMAGE]
+  in_h, in_w = tf.shape(image)[0], tf.shape(image)[1]
+  resized = tf.image.resize(tf.cast(image, tf.float32)[None], [height, width],
+                            method="bilinear", antialias=False)[0]
+  out = dict(ex)
+  out[keys.IMAGE] = tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
+  out[keys.HEIGHT], out[keys.WIDTH] = tf.constant(height, tf.int64), tf.constant(width, tf.int64)
+  for key in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS):
+    if key in ex:
+      out[key] = scale_clicks(ex[key], in_h, in_w, height, width)
+  return out
+
+
+def scale_clicks(clicks_xy, in_height, in_width, height: int, width: int):
+  """Clicks (x, y) in an in_height x in_width image -> the pixel of nearest
+  centre in the height x width image, clamped into it (TensorFlow)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  c = tf.cast(tf.reshape(clicks_xy, [-1, 2]), tf.float32)
+  sx = tf.cast(width, tf.float32) / tf.cast(in_width, tf.float32)
+  sy = tf.cast(height, tf.float32) / tf.cast(in_height, tf.float32)
+  x = tf.clip_by_value(tf.floor((c[:, 0] + 0.5) * sx), 0, width - 1)
+  y = tf.clip_by_value(tf.floor((c[:, 1] + 0.5) * sy), 0, height - 1)
+  return tf.cast(tf.stack([x, y], axis=1), tf.int64)
+
+
+@register_op("resize", produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
+             intermediate=(keys.INSTANCE_MASK,), twin=resize_twin)
 def resize(size: int, width: int = None):
   """Resizes `image` (bilinear) and `instance_mask` (nearest) to size x width."""
   height, width = int(size), int(width or size)
 
   def fn(ex):
     out = dict(ex)
-    out["original_size"] = tuple(ex["image"].shape[:2])
-    out["image"] = resize_image(ex["image"], height, width)
-    if "instance_mask" in ex:
-      out["instance_mask"] = resize_nearest(ex["instance_mask"], height, width)
+    out[keys.IMAGE] = resize_image(ex[keys.IMAGE], height, width)
+    out[keys.HEIGHT], out[keys.WIDTH] = height, width
+    if keys.INSTANCE_MASK in ex:
+      out[keys.INSTANCE_MASK] = resize_nearest(ex[keys.INSTANCE_MASK], height, width)
     return out
 
   return fn
 
 
-@register_op("split_objects")
+@register_op("split_objects",
+             produces={keys.OBJECT_ID: Feature("int64", shape=(), role="metadata"),
+                       keys.MASK: MASK})
 def split_objects(max_objects: int = 0):
   """Fans a scene out into one example per object instance.
 
@@ -208,7 +277,7 @@ def split_objects(max_objects: int = 0):
   """
 
   def fn(ex):
-    inst = ex["instance_mask"]
+    inst = ex[keys.INSTANCE_MASK]
     ids, counts = np.unique(inst, return_counts=True)
     keep = (ids != keys.BACKGROUND) & (ids != keys.IGNORE)
     ids, counts = ids[keep], counts[keep]
@@ -224,15 +293,15 @@ def split_objects(max_objects: int = 0):
       mask[inst == i] = 1
       mask[inst == keys.IGNORE] = keys.IGNORE
       obj = dict(ex)
-      obj["object_id"] = int(i)
-      obj["mask"] = mask
+      obj[keys.OBJECT_ID] = int(i)
+      obj[keys.MASK] = mask
       out.append(obj)
     return out
 
   return fn
 
 
-@register_op("require_label")
+@register_op("require_label", produces={keys.LABEL: Feature("string", shape=(), role="label")})
 def require_label():
   """Classification: an example without a `label` is an error, not a guess."""
 

@@ -1,17 +1,36 @@
 """A registry of heavy per-example ops: small pure functions on numpy dicts.
 
-An op is registered by name with `@register_op("name")` on a *factory*. The
-factory takes only literal arguments (numbers, strings, tuples) and returns a
-function of one example dict. That function returns either one example dict
-or a list of them (fan-out: one image into its objects, one object into its
-click variants). It never drops an example silently: an example that cannot be
-used raises `ExampleError` with a reason, and the pipeline routes it to the
-dead letters.
+An op is registered by name on a *factory*, with the features it produces:
+
+    @register_op("distance_maps",
+                 produces={"distance_maps": Feature("uint8", channels=2, normalize=255)},
+                 twin=distance_maps_twin)
+    def distance_maps_op(): ...
+
+The factory takes only literal arguments (numbers, strings, tuples) and returns
+a function of one example dict of numpy arrays. That function returns one
+example dict or a list of them (fan-out: one image into its objects, one object
+into its click variants). It never drops an example silently: an example that
+cannot be used raises `ExampleError` with a reason, and the pipeline routes it
+to the dead letters.
+
+`produces` (see `beam_prep.features`) is what the records will hold: an op that
+adds a key or changes an existing feature (say `image`) lists it. Keys that
+later ops read but the records do not keep are listed in `intermediate`. An
+op that writes an array it did not declare is a bug in the op: the chain stops
+with an error naming the op and the key, instead of dropping the array or
+filling the dead letters with one entry per example.
+
+`twin` is the op in TensorFlow, for the serving graph (and usable in
+tf.data): called as `twin(example, *args, **kwargs)` with a dict of one
+example's tensors (same keys, unbatched) and the op's own chain arguments, it
+returns the dict with its outputs added or changed. Every op of a chain that
+produces or changes a model input needs one before a model can be exported.
 
 A chain is written as a string, ops separated by `|`, arguments in Python
 literal syntax:
 
-    "decode|resize(128)|split_objects(min_pixels=20)|sample_clicks(variants=2)"
+    "decode|resize(128)|split_objects(max_objects=20)|sample_clicks(variants=2)"
 
 A user extends the plugin by registering an op in their own module (imported
 before the pipeline is built, e.g. via `--ops-module my_ops`) and naming it in
@@ -19,14 +38,31 @@ the chain; nothing in `beam_prep` needs to change.
 """
 
 import ast
+import contextlib
 import dataclasses
-from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
+import inspect
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from beam_prep.features import Feature, FeatureError
 
 Example = Dict[str, Any]
 OpFn = Callable[[Example], Union[Example, List[Example]]]
 OpFactory = Callable[..., OpFn]
 
-_REGISTRY: Dict[str, OpFactory] = {}
+
+@dataclasses.dataclass(frozen=True)
+class OpEntry:
+  """A registered op: its factory, declarations and TensorFlow twin."""
+  name: str
+  factory: OpFactory
+  produces: Mapping[str, Feature]
+  twin: Optional[Callable[..., Any]] = None
+  intermediate: Tuple[str, ...] = ()
+
+
+_REGISTRY: Dict[str, OpEntry] = {}
 
 
 class ExampleError(Exception):
@@ -44,28 +80,46 @@ class ExampleError(Exception):
     self.detail = detail
 
 
-def register_op(name: str) -> Callable[[OpFactory], OpFactory]:
-  """Registers an op factory under `name`.
+def register_op(name: str, produces: Optional[Mapping[str, Feature]] = None,
+                twin: Optional[Callable[..., Any]] = None,
+                intermediate: Sequence[str] = ()) -> Callable[[OpFactory], OpFactory]:
+  """Registers an op factory under `name`, with what it produces.
 
   Args:
     name: the name used in op chains. Must be a Python identifier.
+    produces: {key: Feature} for every key the op adds to the records or
+      changes (see `beam_prep.features`).
+    twin: the op in TensorFlow, `twin(example_tensors, *args, **kwargs)`,
+      for the serving graph.
+    intermediate: keys the op adds for later ops that the records do not keep.
 
   Returns:
     A decorator that registers the factory and returns it unchanged.
 
   Raises:
     ValueError: if the name is taken by a different factory or is not an
-      identifier.
+      identifier, or a declaration is not a Feature.
   """
   if not name.isidentifier():
     raise ValueError(f"op name {name!r} is not an identifier")
+  produces = dict(produces or {})
+  for key, feature in produces.items():
+    if not isinstance(feature, Feature):
+      raise FeatureError(f"op {name!r}: produces[{key!r}] must be a beam_prep.Feature, got "
+                         f"{type(feature).__name__}")
+  overlap = set(produces) & set(intermediate)
+  if overlap:
+    raise FeatureError(f"op {name!r}: {sorted(overlap)} cannot be both produced and "
+                       "intermediate")
+  if twin is not None and not callable(twin):
+    raise ValueError(f"op {name!r}: twin must be a function")
 
   def decorator(factory: OpFactory) -> OpFactory:
     existing = _REGISTRY.get(name)
-    if existing is not None and _qualname(existing) != _qualname(factory):
+    if existing is not None and _qualname(existing.factory) != _qualname(factory):
       raise ValueError(
-          f"op {name!r} is already registered by {_qualname(existing)}")
-    _REGISTRY[name] = factory
+          f"op {name!r} is already registered by {_qualname(existing.factory)}")
+    _REGISTRY[name] = OpEntry(name, factory, produces, twin, tuple(intermediate))
     return factory
 
   return decorator
@@ -79,6 +133,41 @@ def registered_ops() -> List[str]:
   """Names of all registered ops, sorted."""
   _load_builtin_ops()
   return sorted(_REGISTRY)
+
+
+def op_entry(name: str) -> OpEntry:
+  """The registration of op `name`.
+
+  Raises:
+    ValueError: no op of that name, with the registered names.
+  """
+  _load_builtin_ops()
+  try:
+    return _REGISTRY[name]
+  except KeyError:
+    raise ValueError(
+        f"unknown op {name!r}; registered ops: {', '.join(registered_ops())}. "
+        "Register your own with beam_prep.register_op and import its module "
+        "before building the pipeline (--ops-module).") from None
+
+
+@contextlib.contextmanager
+def temporary_ops() -> Iterator[None]:
+  """Ops registered inside the block are forgotten after it (for tests)."""
+  _load_builtin_ops()
+  saved = dict(_REGISTRY)
+  try:
+    yield
+  finally:
+    _REGISTRY.clear()
+    _REGISTRY.update(saved)
+
+
+def import_ops_modules(ops_module: str) -> None:
+  """Imports a module (or comma-separated modules) that registers user ops."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  for name in filter(None, (m.strip() for m in (ops_module or "").split(","))):
+    importlib.import_module(name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,17 +211,33 @@ def parse_chain(chain: str) -> List[OpSpec]:
   return specs
 
 
+def op_call(name: str, *args, **kwargs) -> str:
+  """The chain text of one op call, e.g. `op_call("resize", 96)` -> "resize(96)"."""
+  return str(OpSpec(name, tuple(args), tuple(kwargs.items())))
+
+
 def build_op(spec: OpSpec) -> OpFn:
   """Builds the function of one op from its spec."""
-  _load_builtin_ops()
+  return op_entry(spec.name).factory(*spec.args, **dict(spec.kwargs))
+
+
+def build_twin(spec: OpSpec) -> Optional[Callable[[Dict[str, Any]], Dict[str, Any]]]:
+  """The TensorFlow twin of one op call, bound to its arguments (None if none).
+
+  Raises:
+    ValueError: the twin does not accept the op's chain arguments.
+  """
+  entry = op_entry(spec.name)
+  if entry.twin is None:
+    return None
+  kwargs = dict(spec.kwargs)
   try:
-    factory = _REGISTRY[spec.name]
-  except KeyError:
-    raise ValueError(
-        f"unknown op {spec.name!r}; registered ops: {', '.join(registered_ops())}. "
-        "Register your own with beam_prep.register_op and import its module "
-        "before building the pipeline.") from None
-  return factory(*spec.args, **dict(spec.kwargs))
+    inspect.signature(entry.twin).bind(None, *spec.args, **kwargs)
+  except TypeError as e:
+    raise ValueError(f"the twin of op {spec} is called twin(example, *args, **kwargs) with "
+                     f"the op's arguments, and {_qualname(entry.twin)} does not accept "
+                     f"them: {e}") from None
+  return lambda ex: entry.twin(ex, *spec.args, **kwargs)
 
 
 @dataclasses.dataclass
@@ -142,6 +247,25 @@ class Failure:
   reason: str
   detail: str
   example: Example
+
+
+def _check_declared(entry: OpEntry, before: Example, after: Example) -> None:
+  """An op may add or replace arrays only under keys it declares."""
+  allowed = entry.produces.keys() | set(entry.intermediate)
+  for key, value in after.items():
+    if key in allowed or not isinstance(value, (np.ndarray, np.generic)):
+      continue
+    if key not in before:
+      raise FeatureError(
+          f"op {entry.name!r} adds the array {key!r} ({value.dtype}, shape "
+          f"{list(np.shape(value))}) without declaring it: add {key!r} to its "
+          f"register_op(produces={{...}}) (or intermediate=(...) if the records must not "
+          "keep it)")
+    if before[key] is not value:
+      raise FeatureError(
+          f"op {entry.name!r} changes {key!r} without declaring it: list {key!r} in its "
+          "register_op(produces={...}) so that the record schema and the serving graph "
+          "follow the change")
 
 
 def build_chain(
@@ -159,25 +283,31 @@ def build_chain(
     A function from one example to `(outputs, failures)`. `ExampleError`s
     become failures with their reason; any other exception becomes a failure
     with reason `op_error` and the exception text, so that a bug in one op on
-    one input costs that input, not the job.
+    one input costs that input, not the job. `FeatureError` (an op writing
+    what it did not declare) is raised: it is the op's bug on every input.
   """
   specs = parse_chain(chain) if isinstance(chain, str) else list(chain)
-  fns = [(spec.name, build_op(spec)) for spec in specs]
+  fns = [(op_entry(spec.name), build_op(spec)) for spec in specs]
 
   def apply(example: Example) -> Tuple[List[Example], List[Failure]]:
     current, failures = [example], []
-    for name, fn in fns:
+    for entry, fn in fns:
       nxt = []
       for ex in current:
         try:
           out = fn(ex)
         except ExampleError as e:
-          failures.append(Failure(name, e.reason, e.detail, ex))
+          failures.append(Failure(entry.name, e.reason, e.detail, ex))
           continue
+        except FeatureError:
+          raise
         except Exception as e:  # pylint: disable=broad-except
-          failures.append(Failure(name, "op_error", f"{type(e).__name__}: {e}", ex))
+          failures.append(Failure(entry.name, "op_error", f"{type(e).__name__}: {e}", ex))
           continue
-        nxt.extend(out if isinstance(out, list) else [out])
+        outs = out if isinstance(out, list) else [out]
+        for o in outs:
+          _check_declared(entry, ex, o)
+        nxt.extend(outs)
       current = nxt
     return current, failures
 
@@ -187,4 +317,4 @@ def build_chain(
 def _load_builtin_ops() -> None:
   # Imported lazily so that registry.py stays importable on its own.
   # The imports register the built-in ops.
-  from beam_prep.ops import clicks, distance, image  # noqa: F401  pylint: disable=unused-import
+  from beam_prep.ops import clicks, disks, distance, image  # noqa: F401  pylint: disable=unused-import

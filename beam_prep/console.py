@@ -1,0 +1,108 @@
+"""What both command lines share: quiet logging, command dispatch, config
+files and presets. `beam-prep` and `beam-train` import it; it imports
+neither, and TensorFlow only when silencing it.
+"""
+
+import json
+import logging
+import os
+import sys
+import warnings
+from typing import Any, Callable, Dict, List, Optional
+
+
+class _StdoutHandler(logging.StreamHandler):
+  """Writes to whatever sys.stdout is at the time of each message."""
+
+  @property
+  def stream(self):
+    return sys.stdout
+
+  @stream.setter
+  def stream(self, _):
+    pass
+
+
+def quiet(verbose: bool = False, name: str = "beam_train") -> logging.Logger:
+  """Silences TensorFlow/absl start-up noise unless `verbose`; returns logger `name`.
+
+  Must run before TensorFlow is imported: its C++ side logs through absl
+  before any Python setting reaches it, so it is imported here once with
+  stderr pointed at /dev/null (a Python exception still surfaces).
+  """
+  if not verbose:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    warnings.filterwarnings("ignore")
+    logging.getLogger().setLevel(logging.ERROR)
+    for lib in ("apache_beam", "tensorflow", "absl", "tensorflow_transform", "tfx_bsl"):
+      logging.getLogger(lib).setLevel(logging.ERROR)
+    if "tensorflow" not in sys.modules:
+      sys.stderr.flush()
+      saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+      try:
+        os.dup2(devnull, 2)
+        import tensorflow as tf  # pylint: disable=g-import-not-at-top
+        tf.config.list_physical_devices()
+      finally:
+        os.dup2(saved, 2)
+        os.close(devnull)
+        os.close(saved)
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.get_logger().setLevel(logging.ERROR)
+  log = logging.getLogger(name)
+  if not log.handlers:
+    handler = _StdoutHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+  log.setLevel(logging.DEBUG if verbose else logging.INFO)
+  log.propagate = False
+  return log
+
+
+def dispatch(doc: str, commands: Dict[str, Callable[[List[str]], int]],
+             argv: Optional[List[str]]) -> None:
+  """Runs `commands[argv[0]]` and exits with its code; usage on no or bad command."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+    if argv and argv[0] not in ("-h", "--help"):
+      print(f"unknown command {argv[0]!r}\n", file=sys.stderr)
+    print(doc.strip())
+    print("\ncommands: " + ", ".join(commands))
+    sys.exit(0 if not argv or argv[0] in ("-h", "--help") else 2)
+  sys.exit(commands[argv[0]](argv[1:]))
+
+
+def load_config_file(path: str) -> dict:
+  """Reads a config file: JSON only (never YAML tags, pickle or eval)."""
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"config {path} is not JSON: {e}") from None
+  if not isinstance(data, dict):
+    raise ValueError(f"config {path} must hold a JSON object of settings")
+  return data
+
+
+# Named defaults of both commands, side by side: a preset is one name for a
+# matching pair of preprocessing and training settings.
+PRESETS: Dict[str, Dict[str, Dict[str, Any]]] = {
+    # What the demo and the tests run: tiny records, a few hundred small
+    # steps on CPU.
+    "smoke": {
+        "prep": {"image_size": 96, "variants": 2, "num_shards": 2},
+        "train": {"width": 12, "depth": 3, "steps": 240, "batch_size": 8,
+                  "checkpoint_every": 80, "log_every": 40, "histogram_every": 120},
+    },
+    "default": {"prep": {}, "train": {}},
+}
+
+
+def preset(name: Optional[str], side: str) -> Dict[str, Any]:
+  """The `side` ("prep" or "train") settings of preset `name` ({} for none)."""
+  if not name:
+    return {}
+  try:
+    return dict(PRESETS[name][side])
+  except KeyError:
+    raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}") from None

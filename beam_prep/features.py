@@ -1,0 +1,389 @@
+"""Declared features: what an op produces, and the one table every stage reads.
+
+An op declares the features it writes when it is registered:
+
+    from beam_prep import Feature, register_op
+
+    @register_op("edges", produces={"edges": Feature("uint8", channels=1, normalize=255)},
+                 twin=edges_tf)
+    def edges(): ...
+
+A `Feature` is either *per-pixel* (`channels=C`: an array [H, W, C] at the
+records' image size; C == 1 may also be given as [H, W]) or of a *fixed
+shape* (`shape=()` a scalar, `shape=(None, 2)` a variable number of pairs).
+Its `role` says what the trainer does with it:
+
+| role          | records | tf.Transform graph           | trainer               |
+|---------------|---------|------------------------------|-----------------------|
+| `model_input` | yes     | normalized, same key         | concatenated, in order|
+| `label`       | yes     | turned into labels by task   | loss and metrics      |
+| `metadata`    | yes     | not used                     | tracing, evaluation   |
+
+`normalize` (model inputs): `"standardize"` (per-channel mean and standard
+deviation over the analyzed split: a full pass), a number `s` (divide by `s`,
+e.g. 255), or `"none"`.
+
+`FeatureTable.for_chain` walks a chain in order and builds the table: a key
+keeps the position of its first declaration, and the last declaration of a key
+wins (an op that changes `image` re-declares it). The table writes and reads
+`features.json`, gives the raw feature spec, encodes examples, and names the
+op to blame when an example does not match. This module needs only the
+standard library and numpy; TensorFlow is imported where a TF object is built.
+"""
+
+import dataclasses
+import json
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+ROLES = ("model_input", "label", "metadata")
+# Per-pixel features are stored as the raw little-endian bytes of the array.
+PIXEL_DTYPES = ("uint8", "uint16", "int32", "float32")
+# Fixed-shape features are stored as tf.train.Example lists.
+VALUE_DTYPES = ("int64", "float32", "string")
+FEATURES_FILE = "features.json"
+# The reader's output that every record keeps: the stage that declares it.
+READ_STAGE = "read"
+
+
+class FeatureError(ValueError):
+  """A declaration, or an example against its declarations, is wrong.
+
+  Raised for bugs in an op (an undeclared array, a wrong dtype or shape), not
+  for bad input data: it stops the job instead of filling the dead letters.
+  """
+
+
+def _normalize_spec(value: Union[str, float, int, None]) -> str:
+  if value is None or value == "none":
+    return "none"
+  if value == "standardize":
+    return "standardize"
+  if isinstance(value, str) and value.startswith("scale(") and value.endswith(")"):
+    value = float(value[len("scale("):-1])
+  if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+    return f"scale({float(value)!r})"
+  raise FeatureError(f"normalize must be 'standardize', 'none' or a positive number to divide "
+                     f"by, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+  """One declared feature of the records.
+
+  Args:
+    dtype: per-pixel: one of `PIXEL_DTYPES`; fixed shape: one of `VALUE_DTYPES`.
+    channels: per-pixel channels C: the feature is [H, W, C] at the records'
+      image size.
+    shape: a fixed shape instead (`()` scalar, `(None, 2)` variable-length
+      pairs, `(4,)` a vector); give exactly one of `channels` and `shape`.
+    role: "model_input", "label" or "metadata".
+    normalize: "standardize", "none", or a positive number to divide by.
+  """
+  dtype: str
+  channels: Optional[int] = None
+  shape: Optional[Tuple[Optional[int], ...]] = None
+  role: str = "model_input"
+  normalize: Union[str, float] = "none"
+
+  def __post_init__(self):
+    if (self.channels is None) == (self.shape is None):
+      raise FeatureError("give a Feature either channels=C (per-pixel) or shape=(...)")
+    if self.role not in ROLES:
+      raise FeatureError(f"role must be one of {ROLES}, got {self.role!r}")
+    if self.channels is not None:
+      if not isinstance(self.channels, int) or self.channels < 1:
+        raise FeatureError(f"channels must be a positive int, got {self.channels!r}")
+      if self.dtype not in PIXEL_DTYPES:
+        raise FeatureError(f"a per-pixel feature's dtype must be one of {PIXEL_DTYPES}, "
+                           f"got {self.dtype!r}")
+    else:
+      shape = tuple(None if d in (None, -1) else int(d) for d in self.shape)
+      if any(d is None for d in shape[1:]):
+        raise FeatureError(f"only the first dimension may be variable, got {self.shape}")
+      object.__setattr__(self, "shape", shape)
+      if self.dtype not in VALUE_DTYPES:
+        raise FeatureError(f"a fixed-shape feature's dtype must be one of {VALUE_DTYPES}, "
+                           f"got {self.dtype!r}")
+    norm = _normalize_spec(self.normalize)
+    if norm != "none" and self.role != "model_input":
+      raise FeatureError(f"only model inputs are normalized; a {self.role} has normalize='none'")
+    if norm != "none" and self.dtype == "string":
+      raise FeatureError("a string feature cannot be normalized")
+    object.__setattr__(self, "normalize", norm)
+
+  @property
+  def per_pixel(self) -> bool:
+    return self.channels is not None
+
+  @property
+  def scale(self) -> Optional[float]:
+    """The divisor of a `scale(s)` normalization, else None."""
+    if self.normalize.startswith("scale("):
+      return float(self.normalize[len("scale("):-1])
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """A feature of a table: its key, declaration, and the op that last declared it."""
+  key: str
+  feature: Feature
+  op: str
+
+  def shape(self, image_size: Tuple[int, int]) -> List[Optional[int]]:
+    if self.feature.per_pixel:
+      return [image_size[0], image_size[1], self.feature.channels]
+    return list(self.feature.shape)
+
+  @property
+  def variable_length(self) -> bool:
+    return not self.feature.per_pixel and bool(self.feature.shape) and self.feature.shape[0] is None
+
+
+class FeatureTable:
+  """The features of one run, in declared order: what the records hold.
+
+  Args:
+    entries: the features, in order.
+    image_size: (height, width) of every per-pixel feature.
+    task: "segmentation" or "classification".
+    chain: the op chain that produced them (for the record).
+    ops_module: module(s) that register the chain's user ops.
+  """
+
+  def __init__(self, entries: Sequence[Entry], image_size: Tuple[int, int], task: str,
+               chain: str = "", ops_module: str = ""):
+    self.entries = list(entries)
+    self.image_size = (int(image_size[0]), int(image_size[1]))
+    self.task = task
+    self.chain = chain
+    self.ops_module = ops_module
+    self._by_key = {e.key: e for e in self.entries}
+    if len(self._by_key) != len(self.entries):
+      raise FeatureError("a feature key appears twice in the table")
+
+  # ---- building -----------------------------------------------------------
+
+  @classmethod
+  def for_chain(cls, chain: str, image_size: Tuple[int, int], task: str,
+                read: Optional[Dict[str, Feature]] = None, ops_module: str = ""
+                ) -> "FeatureTable":
+    """Walks the chain's declarations (see the module docstring).
+
+    Args:
+      chain: the whole op chain of the run.
+      image_size: (height, width) of the records.
+      task: the task name, recorded in the table.
+      read: features the reader already gives every example (declared by
+        the "read" stage), first in the table.
+      ops_module: recorded in the table so the trainer can import user ops.
+    """
+    from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+    order: List[str] = []
+    declared: Dict[str, Entry] = {}
+    stages = [(READ_STAGE, read or {})]
+    stages += [(spec.name, registry.op_entry(spec.name).produces)
+               for spec in registry.parse_chain(chain)]
+    for op, produces in stages:
+      for key, feature in produces.items():
+        if key not in declared:
+          order.append(key)
+        declared[key] = Entry(key, feature, op)
+    return cls([declared[k] for k in order], image_size, task, chain, ops_module)
+
+  # ---- views ----------------------------------------------------------------
+
+  def __iter__(self):
+    return iter(self.entries)
+
+  def __contains__(self, key: str) -> bool:
+    return key in self._by_key
+
+  def __getitem__(self, key: str) -> Entry:
+    try:
+      return self._by_key[key]
+    except KeyError:
+      raise KeyError(f"no feature {key!r} in the table; features: "
+                     f"{', '.join(self.keys())}") from None
+
+  def keys(self, role: Optional[str] = None) -> List[str]:
+    return [e.key for e in self.entries if role is None or e.feature.role == role]
+
+  def with_role(self, role: str) -> List[Entry]:
+    return [e for e in self.entries if e.feature.role == role]
+
+  @property
+  def model_inputs(self) -> List[Entry]:
+    return self.with_role("model_input")
+
+  @property
+  def input_channels(self) -> int:
+    """Channels of the model input: its per-pixel model inputs, concatenated."""
+    return sum(e.feature.channels for e in self.model_inputs)
+
+  # ---- features.json --------------------------------------------------------
+
+  def to_dict(self) -> Dict[str, Any]:
+    return {
+        "features": [{"key": e.key, "dtype": e.feature.dtype,
+                      "shape": e.shape(self.image_size), "role": e.feature.role,
+                      "normalize": e.feature.normalize,
+                      "channels": e.feature.channels, "op": e.op} for e in self.entries],
+        "chain": self.chain,
+        "ops_module": self.ops_module,
+        "task": self.task,
+        "image_size": list(self.image_size),
+    }
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2)
+
+  @classmethod
+  def from_dict(cls, d: Dict[str, Any]) -> "FeatureTable":
+    entries = []
+    for f in d["features"]:
+      if f.get("channels") is not None:
+        feature = Feature(f["dtype"], channels=f["channels"], role=f["role"],
+                          normalize=f["normalize"])
+      else:
+        feature = Feature(f["dtype"], shape=tuple(f["shape"]), role=f["role"],
+                          normalize=f["normalize"])
+      entries.append(Entry(f["key"], feature, f.get("op", "")))
+    return cls(entries, tuple(d["image_size"]), d["task"], d.get("chain", ""),
+               d.get("ops_module", ""))
+
+  @classmethod
+  def load(cls, directory: str) -> "FeatureTable":
+    """Reads `DIRECTORY/features.json` (local or gs://, through TensorFlow's gfile)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    path = f"{directory.rstrip('/')}/{FEATURES_FILE}"
+    if not tf.io.gfile.exists(path):
+      raise FileNotFoundError(
+          f"no {FEATURES_FILE} in {directory}: not a beam-prep output, or written by a "
+          "version before declared features (rerun beam-prep)")
+    with tf.io.gfile.GFile(path) as f:
+      return cls.from_dict(json.load(f))
+
+  # ---- the record schema ----------------------------------------------------
+
+  def raw_feature_spec(self, keys: Optional[Iterable[str]] = None) -> Dict[str, Any]:
+    """tf.io feature spec of the records (all features, or `keys`)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    spec = {}
+    for key in (self.keys() if keys is None else keys):
+      e = self[key]
+      if e.feature.per_pixel:
+        spec[key] = tf.io.FixedLenFeature([], tf.string)
+        continue
+      dtype = {"int64": tf.int64, "float32": tf.float32, "string": tf.string}[e.feature.dtype]
+      if e.variable_length:
+        spec[key] = tf.io.VarLenFeature(dtype)
+      else:
+        spec[key] = tf.io.FixedLenFeature(list(e.feature.shape), dtype)
+    return spec
+
+  def raw_schema(self, keys: Optional[Iterable[str]] = None):
+    from tensorflow_transform.tf_metadata import schema_utils  # pylint: disable=g-import-not-at-top
+    return schema_utils.schema_from_feature_spec(self.raw_feature_spec(keys))
+
+  # ---- encoding ---------------------------------------------------------------
+
+  def encode(self, ex: Dict[str, Any]) -> bytes:
+    """One finished example -> a serialized tf.Example, deterministically.
+
+    Raises:
+      FeatureError: a declared feature is missing or has the wrong dtype or
+        shape; the message names the op that declared it.
+    """
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    feature = {}
+    for e in self.entries:
+      value = _array_for(e, ex, self.image_size)
+      if e.feature.per_pixel:
+        feature[e.key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.tobytes()]))
+      elif e.feature.dtype == "string":
+        feature[e.key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=list(value)))
+      elif e.feature.dtype == "int64":
+        feature[e.key] = tf.train.Feature(int64_list=tf.train.Int64List(value=value.tolist()))
+      else:
+        feature[e.key] = tf.train.Feature(float_list=tf.train.FloatList(value=value.tolist()))
+    example = tf.train.Example(features=tf.train.Features(feature=feature))
+    # Map order varies from process to process unless deterministic.
+    return example.SerializeToString(deterministic=True)
+
+  def decode_numpy(self, serialized: bytes) -> Dict[str, Any]:
+    """A serialized record -> dict of numpy arrays (str for string scalars)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    f = tf.train.Example.FromString(serialized).features.feature
+    out = {}
+    for e in self.entries:
+      if e.key not in f:
+        continue
+      if e.feature.per_pixel:
+        arr = np.frombuffer(f[e.key].bytes_list.value[0], np.dtype(e.feature.dtype).newbyteorder("<"))
+        out[e.key] = arr.reshape(e.shape(self.image_size))
+      elif e.feature.dtype == "string":
+        values = [v.decode("utf-8", "replace") for v in f[e.key].bytes_list.value]
+        out[e.key] = values[0] if e.feature.shape == () else values
+      else:
+        values = (f[e.key].int64_list.value if e.feature.dtype == "int64"
+                  else f[e.key].float_list.value)
+        arr = np.array(values, np.int64 if e.feature.dtype == "int64" else np.float32)
+        out[e.key] = arr.reshape([-1 if d is None else d for d in e.feature.shape])
+    return out
+
+
+def _array_for(e: Entry, ex: Dict[str, Any], image_size: Tuple[int, int]):
+  """The example's value of entry `e`, checked and flattened for encoding."""
+  f = e.feature
+  if e.key not in ex or ex[e.key] is None:
+    raise FeatureError(f"op {e.op!r} declares feature {e.key!r} but the example has no "
+                       f"{e.key!r} (its keys: {', '.join(sorted(ex))})")
+  value = ex[e.key]
+  if f.per_pixel:
+    if not isinstance(value, np.ndarray):
+      raise FeatureError(f"op {e.op!r}: feature {e.key!r} must be a numpy array, got "
+                         f"{type(value).__name__}")
+    want = (image_size[0], image_size[1], f.channels)
+    if value.dtype != np.dtype(f.dtype):
+      raise FeatureError(f"op {e.op!r}: feature {e.key!r} is declared {f.dtype} but the "
+                         f"example holds {value.dtype}")
+    if value.shape != want and not (f.channels == 1 and value.shape == want[:2]):
+      raise FeatureError(f"op {e.op!r}: feature {e.key!r} is declared {list(want)} (records "
+                         f"are {image_size[0]}x{image_size[1]}) but the example holds "
+                         f"{list(value.shape)}")
+    return np.ascontiguousarray(value, dtype=np.dtype(f.dtype).newbyteorder("<"))
+  if f.dtype == "string":
+    values = value if isinstance(value, (list, tuple, np.ndarray)) else [value]
+    out = []
+    for v in values:
+      if isinstance(v, str):
+        v = v.encode("utf-8")
+      if not isinstance(v, (bytes, np.bytes_)):
+        raise FeatureError(f"op {e.op!r}: string feature {e.key!r} holds "
+                           f"{type(v).__name__}, not str or bytes")
+      out.append(bytes(v))
+    _check_count(e, len(out), (len(out),))
+    return out
+  arr = np.asarray(value)
+  kind_ok = (np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool) if f.dtype == "int64" \
+      else np.issubdtype(arr.dtype, np.number)
+  if not kind_ok:
+    raise FeatureError(f"op {e.op!r}: feature {e.key!r} is declared {f.dtype} but the example "
+                       f"holds {arr.dtype}")
+  _check_count(e, arr.size, arr.shape)
+  return arr.reshape(-1).astype(np.int64 if f.dtype == "int64" else np.float32)
+
+
+def _check_count(e: Entry, size: int, shape) -> None:
+  dims = e.feature.shape
+  if e.variable_length:
+    per_row = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+    ok = size % per_row == 0 and (len(shape) <= 1 or tuple(shape[1:]) == tuple(dims[1:]))
+  else:
+    ok = size == int(np.prod(dims)) if dims else size == 1
+  if not ok:
+    raise FeatureError(f"op {e.op!r}: feature {e.key!r} is declared with shape "
+                       f"{list(dims)} but the example holds shape {list(shape)}")

@@ -1,0 +1,187 @@
+"""Declared features end to end: user ops and click encodings carried from the
+Beam job through training to serving, with nothing of the plugin edited.
+
+Two real runs besides the session's default one (distance maps):
+  disks+edges  --click-encoding disks and the README's extension module
+               (`tests/fixtures/edge_ops.py`, a gradient-magnitude map): 6
+               input channels
+  both+cap     --click-encoding both and a user op that changes a model
+               input (`cap_distance(64)`): 7 input channels
+The serving parity test is parametrized over every op that has a twin.
+"""
+
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_transform as tft
+from PIL import Image
+
+from beam_prep import keys
+from beam_prep.features import FeatureTable
+from beam_prep.ops import registry
+from tests.helpers import run_cli
+
+RUNS = {
+    "disks+edges": (["--click-encoding", "disks", "--ops-module", "tests.fixtures.edge_ops",
+                     "--ops", "edges"], 6),
+    "both+cap": (["--click-encoding", "both", "--ops-module", "tests.fixtures.user_ops",
+                  "--ops", "cap_distance(64)"], 7),
+}
+# Each op with a twin, and a run whose chain holds it.
+OP_RUNS = {"decode": "disks+edges", "resize": "disks+edges", "sample_clicks": "disks+edges",
+           "click_disks": "disks+edges", "edges": "disks+edges", "distance_maps": "both+cap",
+           "cap_distance": "both+cap"}
+SIZE = 48
+
+
+def _fit(args):
+  from train import cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    cli.main(["fit"] + args)
+  return e.value.code
+
+
+@pytest.fixture(scope="module")
+def runs(sample_dir, tmp_path_factory):
+  """name -> (prep dir, model dir), each prepared and trained for real."""
+  out = {}
+  for name, (args, _) in RUNS.items():
+    root = tmp_path_factory.mktemp(name.replace("+", "_"))
+    prep, model = str(root / "prep"), str(root / "model")
+    assert run_cli(["segmentation", "--input", sample_dir, "--output", prep,
+                    "--image-size", str(SIZE), "--variants", "1", "--eval-percent", "30"]
+                   + args) == 0
+    assert _fit(["--data", prep, "--model-dir", model, "--steps", "4", "--batch-size", "4",
+                 "--width", "4", "--depth", "2", "--histogram-every", "0"]) == 0
+    out[name] = (prep, model)
+  return out
+
+
+def test_every_op_with_a_twin_is_covered_by_a_run():
+  registry.import_ops_modules("tests.fixtures.user_ops,tests.fixtures.edge_ops")
+  with_twins = {n for n in registry.registered_ops() if registry.op_entry(n).twin is not None}
+  assert with_twins <= set(OP_RUNS), sorted(with_twins - set(OP_RUNS))
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_records_features_json_and_model_follow_the_declarations(runs, name):
+  prep, model = runs[name]
+  table = FeatureTable.load(prep)
+  channels = RUNS[name][1]
+  assert table.input_channels == channels
+  assert FeatureTable.load(model).to_dict() == table.to_dict()  # copied by the trainer
+  metrics = json.load(open(os.path.join(model, "metrics.json")))
+  assert metrics["input_channels"] == channels and metrics["step_traces"] == 1
+  with open(os.path.join(prep, "records", os.listdir(os.path.join(prep, "records"))[0]),
+            "rb") as f:
+    assert f.read(1)  # a real shard
+  first = next(iter(tf.data.TFRecordDataset(
+      sorted(tf.io.gfile.glob(keys.record_pattern(prep, "train"))))))
+  stored = set(tf.train.Example.FromString(first.numpy()).features.feature)
+  assert stored == set(table.keys())
+  ex = table.decode_numpy(first.numpy())
+  if "edges" in table:
+    from tests.fixtures.edge_ops import gradient_magnitude  # pylint: disable=g-import-not-at-top
+    grey = ex[keys.IMAGE].astype(np.int32).sum(-1) // 3
+    np.testing.assert_array_equal(ex["edges"][..., 0], gradient_magnitude(grey))
+  if keys.CLICK_DISKS in table:
+    for x, y in ex[keys.POSITIVE_CLICKS]:
+      assert ex[keys.CLICK_DISKS][y, x, 0] == 1
+  if name == "both+cap":
+    assert ex[keys.DISTANCE_MAPS].max() <= 64
+
+
+@pytest.mark.parametrize("op", sorted(OP_RUNS))
+def test_serving_graph_model_input_equals_the_records(runs, op):
+  from train import models  # pylint: disable=g-import-not-at-top
+  from train.data import Decoder, Parser  # pylint: disable=g-import-not-at-top
+  from train.export import SegmentationServer, latest_export  # pylint: disable=g-import-not-at-top
+  from train.tasks import make_task  # pylint: disable=g-import-not-at-top
+  prep, model_dir = runs[OP_RUNS[op]]
+  table = FeatureTable.load(prep)
+  assert op in [s.name for s in registry.parse_chain(table.chain)]
+  tft_out = tft.TFTransformOutput(os.path.join(prep, keys.TRANSFORM_DIR))
+  task = make_task(table, tft_out)
+  model = models.build_model("segmentation_fcn", width=4, depth=2, channels=table.input_channels)
+  tf.train.Checkpoint(model=model).restore(
+      tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
+  server = SegmentationServer(model, tft_out, table)
+  serving = tf.saved_model.load(latest_export(model_dir)).signatures["serving_default"]
+  files = sorted(tf.io.gfile.glob(keys.record_pattern(prep, "eval")))
+  produced = [k for k, f in registry.op_entry(op).produces.items() if k in table.keys("model_input")]
+  for serialized in [r.numpy() for r in tf.data.TFRecordDataset(files).take(3)]:
+    rec = table.decode_numpy(serialized)
+    served = server.raw_model_input({
+        keys.IMAGE: tf.constant(rec[keys.IMAGE]),
+        keys.POSITIVE_CLICKS: tf.constant(rec[keys.POSITIVE_CLICKS]),
+        keys.NEGATIVE_CLICKS: tf.constant(rec[keys.NEGATIVE_CLICKS])})
+    stored = tf.train.Example.FromString(serialized).features.feature
+    assert set(served) == set(table.keys("model_input"))
+    for key in served:  # every model input, byte for byte (uint8: exact)
+      assert served[key].numpy() == stored[key].bytes_list.value[0], (op, key)
+    assert produced  # the op's own outputs are among them
+    raw = Decoder(table, task.transform_keys).decode(tf.constant([serialized]))
+    train_inputs, _ = Parser(tft_out, table, task)(raw, training=False)
+    np.testing.assert_array_equal(
+        server.model_input({k: v[None] for k, v in served.items()}).numpy(), train_inputs.numpy())
+    out = serving(image=tf.constant(rec[keys.IMAGE]),
+                  positive_clicks=tf.constant(rec[keys.POSITIVE_CLICKS], tf.int32),
+                  negative_clicks=tf.constant(rec[keys.NEGATIVE_CLICKS], tf.int32))
+    want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
+    np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_export_serves_without_the_prep_output_or_the_ops_module(runs, name, sample_dir,
+                                                                 tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  prep, model_dir = runs[name]
+  moved = str(tmp_path / "prep_moved")
+  shutil.move(prep, moved)
+  try:
+    image = os.path.join(sample_dir, "images", sorted(os.listdir(
+        os.path.join(sample_dir, "images")))[0])
+    w, h = Image.open(image).size
+    out = str(tmp_path / "mask.png")
+    # A fresh process from a folder where `tests` is not importable: the
+    # SavedModel must not need the user's ops module.
+    code = ("import sys; from train import cli; cli.main(sys.argv[1:])")
+    r = subprocess.run([sys.executable, "-c", code, "predict", "--model", model_dir,
+                        "--image", image, "--positive", f"{w // 2},{h // 2}",
+                        "--negative", "1,1", "--output", out], capture_output=True, text=True,
+                       timeout=300, cwd=str(tmp_path),
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert np.asarray(Image.open(out)).shape == (h, w)
+  finally:
+    shutil.move(moved, prep)
+
+
+def test_an_op_changing_a_model_input_without_a_twin_is_refused_before_training(
+    sample_dir, tmp_path, capsys):
+  prep, model = str(tmp_path / "prep"), str(tmp_path / "model")
+  assert run_cli(["segmentation", "--input", sample_dir, "--output", prep, "--image-size", "32",
+                  "--variants", "1", "--ops-module", "tests.fixtures.user_ops",
+                  "--ops", "brighten(30)"]) == 0
+  capsys.readouterr()
+  args = ["--data", prep, "--model-dir", model, "--steps", "2", "--batch-size", "2",
+          "--width", "4", "--depth", "1", "--histogram-every", "0"]
+  assert _fit(args) == 1
+  out = capsys.readouterr().out
+  assert re.search(r"op 'brighten' produces the model input\(s\) image but has no TensorFlow "
+                   r"twin", out), out
+  assert "twin=" in out and not os.path.exists(os.path.join(model, "checkpoints"))
+  assert _fit(args + ["--no-export"]) == 0  # training without a serving model is allowed
+
+
+def test_readme_extension_example_is_the_tested_fixture():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  readme = open(os.path.join(root, "README.md")).read()
+  fixture = open(os.path.join(root, "tests", "fixtures", "edge_ops.py")).read()
+  assert "```python\n" + fixture + "```" in readme

@@ -1,0 +1,130 @@
+"""Every op's TensorFlow twin against the op itself, on the same example.
+
+Parametrized over every registered op that has a twin, the built-in ones and
+those of the user modules in tests/fixtures: a new op with a twin and no case
+here fails `test_every_op_with_a_twin_has_a_case`.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from beam_prep import keys
+from beam_prep.ops import registry
+from beam_prep.ops.distance import distance_maps as np_distance_maps, tf_distance_map
+from beam_prep.ops.image import resize_image
+from tests.helpers import png, scene
+
+USER_MODULES = "tests.fixtures.user_ops,tests.fixtures.edge_ops"
+registry.import_ops_modules(USER_MODULES)
+
+
+def _object_example(size=64):
+  """An object of a scene at the records' size, after the chain's click sampling."""
+  img, inst = scene(80, ((6, 10, 40, 50), (45, 45, 75, 78)))
+  chain = registry.build_chain(f"decode|resize({size})|split_objects|sample_clicks(seed=3)")
+  outs, failures = chain({"image_id": "x", "image_bytes": png(img), "mask_bytes": png(inst, "L")})
+  assert outs and not failures
+  return outs[0]
+
+
+def _encoded_example():
+  img, inst = scene(40, ((4, 4, 30, 30),))
+  return {"image_id": "x", "image_bytes": png(img), "mask_bytes": png(inst, "L")}
+
+
+# op call -> (example builder, tolerance on uint8 levels)
+CASES = {
+    "decode": (_encoded_example, 0),
+    "resize(64)": (lambda: registry.build_op(registry.parse_chain("decode")[0])(
+        _encoded_example()), 1),
+    "sample_clicks(seed=3)": (lambda: {k: v for k, v in _object_example().items()
+                                       if k not in (keys.POSITIVE_CLICKS,
+                                                    keys.NEGATIVE_CLICKS)}, 0),
+    "distance_maps": (_object_example, 0),
+    "click_disks(radius=5)": (_object_example, 0),
+    "click_disks(radius=2.5)": (_object_example, 0),
+    "cap_distance(64)": (lambda: registry.build_op(registry.parse_chain("distance_maps")[0])(
+        _object_example()), 0),
+    "edges": (_object_example, 0),
+}
+
+
+def _tensors(ex):
+  out = {}
+  for k, v in ex.items():
+    if isinstance(v, (np.ndarray, bytes)):
+      out[k] = tf.constant(v)
+  return out
+
+
+def test_every_op_with_a_twin_has_a_case():
+  with_twins = {n for n in registry.registered_ops() if registry.op_entry(n).twin is not None}
+  covered = {registry.parse_chain(c)[0].name for c in CASES}
+  assert with_twins <= covered, f"no twin test case for {sorted(with_twins - covered)}"
+
+
+@pytest.mark.parametrize("call", sorted(CASES))
+def test_twin_gives_the_ops_model_inputs(call):
+  make, tolerance = CASES[call]
+  spec = registry.parse_chain(call)[0]
+  entry = registry.op_entry(spec.name)
+  ex = make()
+  out = registry.build_op(spec)(ex)
+  want = out[0] if isinstance(out, list) else out  # sample_clicks: variant 0, not flipped
+  got = registry.build_twin(spec)(_tensors(ex))
+  checked = 0
+  for key, feature in entry.produces.items():
+    if feature.role != "model_input":
+      continue
+    g, w = got[key].numpy(), np.asarray(want[key])
+    w = w.reshape(g.shape)
+    assert g.dtype == w.dtype == np.dtype(feature.dtype), key
+    diff = np.abs(g.astype(np.int64) - w.astype(np.int64))
+    # resize: the same float32 arithmetic; TensorFlow's kernel may round one
+    # level differently on a rare pixel. Every other twin is exact.
+    assert diff.max() <= tolerance and (diff > 0).mean() < 0.001, key
+    checked += 1
+  assert checked, f"{call} produces no model input to compare"
+
+
+@pytest.mark.parametrize("h,w,n_pos,n_neg", [
+    (64, 64, 1, 10), (37, 91, 5, 0), (128, 80, 0, 3), (200, 200, 3, 25), (1, 7, 1, 1)])
+def test_tf_distance_maps_equal_numpy(h, w, n_pos, n_neg):
+  rng = np.random.default_rng(h + w + n_pos)
+  pos = np.stack([rng.integers(0, w, n_pos), rng.integers(0, h, n_pos)], 1).reshape(-1, 2)
+  neg = np.stack([rng.integers(0, w, n_neg), rng.integers(0, h, n_neg)], 1).reshape(-1, 2)
+  if n_neg:
+    neg[0] = [w - 1, h - 1]  # Border clicks too.
+  want = np_distance_maps(pos, neg, h, w)
+  got = tf.stack([tf_distance_map(pos, h, w), tf_distance_map(neg, h, w)], -1)
+  np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_raw_bytes_equal_numpy_tobytes():
+  from train.export import to_raw_bytes  # pylint: disable=g-import-not-at-top
+  x = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+  assert to_raw_bytes(tf.constant(x)).numpy() == x.tobytes()
+  f = np.random.default_rng(1).normal(size=(3, 4, 1)).astype("<f4")
+  assert to_raw_bytes(tf.constant(f)).numpy() == f.tobytes()
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (120, 160), (37, 200), (300, 90)])
+def test_tf_resize_matches_the_beam_resize(shape):
+  img = np.random.default_rng(1).integers(0, 256, shape + (3,), dtype=np.uint8)
+  want = resize_image(img, 64, 64)
+  twin = registry.build_twin(registry.parse_chain("resize(64)")[0])
+  got = twin({keys.IMAGE: tf.constant(img)})[keys.IMAGE].numpy()
+  # Same arithmetic; float rounding may differ by one level on a rare pixel.
+  assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+  assert (got != want).mean() < 0.001
+
+
+def test_resize_twin_moves_clicks_to_the_nearest_centre_and_clamps():
+  twin = registry.build_twin(registry.parse_chain("resize(64)")[0])
+  ex = {keys.IMAGE: tf.zeros([64, 64, 3], tf.uint8),
+        keys.POSITIVE_CLICKS: tf.constant([[0, 0], [63, 10], [70, -5]], tf.int64)}
+  assert twin(ex)[keys.POSITIVE_CLICKS].numpy().tolist() == [[0, 0], [63, 10], [63, 0]]
+  ex = {keys.IMAGE: tf.zeros([128, 32, 3], tf.uint8),
+        keys.POSITIVE_CLICKS: tf.constant([[31, 127], [0, 1]], tf.int64)}
+  assert twin(ex)[keys.POSITIVE_CLICKS].numpy().tolist() == [[63, 63], [1, 0]]
