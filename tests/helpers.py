@@ -58,3 +58,52 @@ def records(out, split="*"):
   comp = keys.compression_of(files[0]) if files else ""
   return [tf.train.Example.FromString(r.numpy())
           for r in tf.data.TFRecordDataset(files, compression_type=comp)]
+
+
+def assert_serving_parity(prep_dir, model_dir, n=3, width=4, depth=2):
+  """The serving graph against the training path on `n` eval records.
+
+  Every model input the twins compute equals the records' bytes, the model
+  input equals the trainer's, and the exported SavedModel's probabilities
+  equal the trained model's on the trainer's input.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top,reimported
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+  from train import models  # pylint: disable=g-import-not-at-top
+  from train.data import Decoder, Parser  # pylint: disable=g-import-not-at-top
+  from train.export import SegmentationServer, latest_export  # pylint: disable=g-import-not-at-top
+  from train.tasks import make_task  # pylint: disable=g-import-not-at-top
+  table = FeatureTable.load(prep_dir)
+  tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
+  task = make_task(table, tft_out)
+  model = models.build_model("segmentation_fcn", width=width, depth=depth,
+                             channels=table.input_channels)
+  tf.train.Checkpoint(model=model).restore(
+      tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
+  server = SegmentationServer(model, tft_out, table)
+  serving = tf.saved_model.load(latest_export(model_dir)).signatures["serving_default"]
+  files = sorted(glob.glob(keys.record_pattern(prep_dir, keys.EVAL_SPLIT)))
+  checked = 0
+  for serialized in [r.numpy() for r in tf.data.TFRecordDataset(files).take(n)]:
+    rec = table.decode_numpy(serialized)
+    clicks = {k: rec[k] for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
+    served = server.raw_model_input(
+        {keys.IMAGE: tf.constant(rec[keys.IMAGE]), **{k: tf.constant(v) for k, v in clicks.items()}})
+    stored = tf.train.Example.FromString(serialized).features.feature
+    assert set(served) == set(table.keys("model_input"))
+    for key, value in served.items():  # uint8 exact: the very bytes of the records
+      assert value.numpy() == stored[key].bytes_list.value[0], key
+    raw = Decoder(table, task.transform_keys).decode(tf.constant([serialized]))
+    train_inputs, _ = Parser(tft_out, table, task)(raw, training=False)
+    np.testing.assert_array_equal(
+        server.model_input({k: v[None] for k, v in served.items()}).numpy(), train_inputs.numpy())
+    out = serving(image=tf.constant(rec[keys.IMAGE]),
+                  **{k: tf.constant(v, tf.int32) for k, v in clicks.items()})
+    want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
+    np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
+    np.testing.assert_array_equal(out["mask"].numpy(), (want > 0.5).astype(np.uint8))
+    checked += 1
+  assert checked, f"no eval records in {prep_dir}"

@@ -10,16 +10,12 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-import tensorflow_transform as tft
 from PIL import Image
 
-from beam_prep import keys
 from beam_prep.features import FeatureTable
-from tests.helpers import png, run_cli
+from tests.helpers import assert_serving_parity, png, run_cli
 from train import models
-from train.data import Decoder, Parser
-from train.export import SegmentationServer, latest_export
-from train.tasks import make_task
+from train.export import latest_export
 
 
 @pytest.fixture(scope="module")
@@ -48,33 +44,7 @@ def _eval_examples(prep_dir, n=4):
 
 
 def test_serving_input_and_output_match_the_training_path(prep_dir, trained):
-  tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
-  table = FeatureTable.load(prep_dir)
-  task = make_task(table, tft_out)
-  model = _restored_model(trained)
-  serving = tf.saved_model.load(latest_export(trained)).signatures["serving_default"]
-  server = SegmentationServer(model, tft_out, table)
-  for serialized in _eval_examples(prep_dir):
-    raw = Decoder(table, task.transform_keys).decode(tf.constant([serialized]))
-    train_inputs, _ = Parser(tft_out, table, task)(raw, training=False)
-    rec = table.decode_numpy(serialized)
-    # The serving graph's steps, one by one: twins, raw model inputs, model input.
-    served_raw = server.raw_model_input({
-        keys.IMAGE: tf.constant(rec[keys.IMAGE]),
-        keys.POSITIVE_CLICKS: tf.constant(rec[keys.POSITIVE_CLICKS]),
-        keys.NEGATIVE_CLICKS: tf.constant(rec[keys.NEGATIVE_CLICKS])})
-    f = tf.train.Example.FromString(serialized).features.feature
-    for key, value in served_raw.items():  # uint8 exact: the very bytes of the records
-      assert value.numpy() == f[key].bytes_list.value[0], key
-    serve_inputs = server.model_input({k: v[None] for k, v in served_raw.items()})
-    np.testing.assert_array_equal(serve_inputs.numpy(), train_inputs.numpy())
-    # And the exported SavedModel, end to end.
-    out = serving(image=tf.constant(rec[keys.IMAGE]),
-                  positive_clicks=tf.constant(rec[keys.POSITIVE_CLICKS], tf.int32),
-                  negative_clicks=tf.constant(rec[keys.NEGATIVE_CLICKS], tf.int32))
-    want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
-    np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
-    np.testing.assert_array_equal(out["mask"].numpy(), (want > 0.5).astype(np.uint8))
+  assert_serving_parity(prep_dir, trained, n=4)
 
 
 def test_batch_scoring_signature_takes_raw_examples(prep_dir, trained):
