@@ -56,6 +56,7 @@ def _join(*chains: str) -> str:
 class SegmentationTask:
   """Objects of a scene, click variants, click encodings; label = object mask."""
   name = "segmentation"
+  splits_objects = True  # an image fans out into objects, counted and failed apart
 
   def stages(self, config) -> List[Tuple[str, str]]:
     """(Beam label, op chain) of each stage, in order; user ops come last."""
@@ -88,6 +89,7 @@ class SegmentationTask:
 class ClassificationTask:
   """One record per image; label = class name, as an index into a vocabulary."""
   name = "classification"
+  splits_objects = False
 
   def stages(self, config) -> List[Tuple[str, str]]:
     return [

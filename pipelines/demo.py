@@ -31,7 +31,7 @@ def _run(cmd, log):
 def _eval_clicks(prep_dir: str):
   """image_id and clicks (in the source image's pixels) of the first eval record."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  from train import logs  # pylint: disable=g-import-not-at-top
+  from pipelines import logs  # pylint: disable=g-import-not-at-top
   logs.quiet()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top

@@ -32,7 +32,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep import keys
+from beam_prep import keys, tasks
 from beam_prep.config import PrepConfig
 from beam_prep.features import FEATURES_FILE, FeatureTable
 from beam_prep.ops import registry
@@ -261,7 +261,7 @@ def error_fraction(manifest: Dict[str, Any]) -> float:
   """Failed units over all units: images, plus objects for segmentation."""
   c = manifest["counts"]
   units = c["inputs_read"]
-  if manifest["pipeline"] == "segmentation":
+  if tasks.get(manifest["pipeline"]).splits_objects:
     units += c["objects_found"]
   return (c["images_failed"] + c["objects_failed"]) / max(units, 1)
 
@@ -272,7 +272,7 @@ def summary_lines(manifest: Dict[str, Any]) -> list:
   ex = c["examples_written"]
   inputs = (f"  inputs read      {c['inputs_read']} images ({c['images_used']} used, "
             f"{c['images_failed']} failed)")
-  if manifest["pipeline"] == "segmentation":
+  if tasks.get(manifest["pipeline"]).splits_objects:
     inputs += (f"; {c['objects_found']} objects ({c['objects_used']} used, "
                f"{c['objects_failed']} failed)")
   lines = [

@@ -58,8 +58,9 @@ def render(examples: List[dict], table: FeatureTable) -> bytes:
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  if table.task == "segmentation":
-    label = table.with_role("label")[0].key
+  label_entry = table.with_role("label")[0]
+  if label_entry.feature.per_pixel:  # A mask: one row per example with its panels.
+    label = label_entry.key
     panels = _panels(table)
     rows, cols = len(examples), 2 + len(panels)
     fig, axes = plt.subplots(rows, cols, figsize=(cols * 2.4, rows * 2.4 + 0.4), squeeze=False)
@@ -97,7 +98,7 @@ def render(examples: List[dict], table: FeatureTable) -> bytes:
       a.set_yticks([])
       if i < len(examples):
         a.imshow(examples[i][keys.IMAGE])
-        a.set_title(examples[i][table.with_role("label")[0].key], fontsize=8)
+        a.set_title(examples[i][label_entry.key], fontsize=8)
       else:
         a.axis("off")
   fig.tight_layout()
