@@ -23,7 +23,7 @@ class _StdoutHandler(logging.StreamHandler):
     pass
 
 
-def quiet(verbose: bool = False, name: str = "beam_train") -> logging.Logger:
+def quiet(verbose: bool, name: str) -> logging.Logger:
   """Silences TensorFlow/absl start-up noise unless `verbose`; returns logger `name`.
 
   Must run before TensorFlow is imported: its C++ side logs through absl

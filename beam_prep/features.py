@@ -118,6 +118,11 @@ class Feature:
     return self.channels is not None
 
   @property
+  def stored_dtype(self) -> np.dtype:
+    """numpy dtype of a per-pixel feature's stored bytes (little-endian)."""
+    return np.dtype(self.dtype).newbyteorder("<")
+
+  @property
   def scale(self) -> Optional[float]:
     """The divisor of a `scale(s)` normalization, else None."""
     if self.normalize.startswith("scale("):
@@ -136,6 +141,10 @@ class Entry:
     if self.feature.per_pixel:
       return [image_size[0], image_size[1], self.feature.channels]
     return list(self.feature.shape)
+
+  def stored_bytes(self, image_size: Tuple[int, int]) -> int:
+    """Bytes a per-pixel feature's record value holds."""
+    return int(np.prod(self.shape(image_size))) * self.feature.stored_dtype.itemsize
 
   @property
   def variable_length(self) -> bool:
@@ -322,7 +331,7 @@ class FeatureTable:
       if e.key not in f:
         continue
       if e.feature.per_pixel:
-        arr = np.frombuffer(f[e.key].bytes_list.value[0], np.dtype(e.feature.dtype).newbyteorder("<"))
+        arr = np.frombuffer(f[e.key].bytes_list.value[0], e.feature.stored_dtype)
         out[e.key] = arr.reshape(e.shape(self.image_size))
       elif e.feature.dtype == "string":
         values = [v.decode("utf-8", "replace") for v in f[e.key].bytes_list.value]
@@ -354,7 +363,7 @@ def _array_for(e: Entry, ex: Dict[str, Any], image_size: Tuple[int, int]):
       raise FeatureError(f"op {e.op!r}: feature {e.key!r} is declared {list(want)} (records "
                          f"are {image_size[0]}x{image_size[1]}) but the example holds "
                          f"{list(value.shape)}")
-    return np.ascontiguousarray(value, dtype=np.dtype(f.dtype).newbyteorder("<"))
+    return np.ascontiguousarray(value, dtype=f.stored_dtype)
   if f.dtype == "string":
     values = value if isinstance(value, (list, tuple, np.ndarray)) else [value]
     out = []

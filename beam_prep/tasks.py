@@ -7,7 +7,7 @@ graph's label outputs. Everything else (record schema, encoder, model inputs)
 follows from the ops' declarations (`beam_prep.features`).
 """
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 from beam_prep import keys
 from beam_prep.features import READ_STAGE, Feature, FeatureError, FeatureTable
@@ -49,6 +49,12 @@ def encoding_chain(click_encoding: str, disk_radius: float = 5) -> str:
   return "|".join(ops)
 
 
+def unit_ops(config) -> Set[str]:
+  """The stages that run before an example becomes a unit of the run (an
+  object, or for classification a decoded image): read and the first stage."""
+  return {s.name for s in parse_chain(config.stages[0][1])} | {READ_STAGE}
+
+
 def _join(*chains: str) -> str:
   return "|".join(c for c in chains if c)
 
@@ -73,8 +79,7 @@ class SegmentationTask:
 
   def image_level(self, stage: str, config) -> bool:
     """Whether a failure in `stage` loses a whole image (else one object)."""
-    image_ops = {s.name for s in parse_chain(self.stages(config)[0][1])}
-    return stage in image_ops or stage == READ_STAGE
+    return stage in unit_ops(config)
 
   def label_outputs(self, inputs: Dict[str, Any], table: FeatureTable) -> Dict[str, Any]:
     """`label` (1 on the object) and `label_weight` (0 on ignore pixels), [B, H, W, 1]."""

@@ -52,12 +52,14 @@ def build(p: beam.Pipeline, config: PrepConfig, table: FeatureTable, temp_dir: s
   task = config.task_object
   images, read_errors = p | "ReadExamples" >> ReadExamples(
       config.input, config.layout, config.allow_outside_root)
-  error_list = [read_errors]
-  current, units = images, None
-  for label, chain in config.stages:
+  (first_label, first_chain), *later = config.stages
+  # After the first stage an example is a unit: an object (or a decoded image).
+  units, errors = images | first_label >> ApplyOps(first_chain, config.ops_module)
+  error_list = [read_errors, errors]
+  current = units
+  for label, chain in later:
     current, errors = current | label >> ApplyOps(chain, config.ops_module)
     error_list.append(errors)
-    units = current if units is None else units  # After the first stage: one per object.
   encoded = current | "EncodeExamples" >> EncodeExamples(config.eval_percent, table)
 
   splits = {}
@@ -75,12 +77,14 @@ def build(p: beam.Pipeline, config: PrepConfig, table: FeatureTable, temp_dir: s
          | "AnalyzeAndTransform" >> AnalyzeAndTransform(
         preprocessing_fn, FileSystems.join(out, keys.TRANSFORM_DIR), table.raw_feature_spec()))
 
-  first_stage = {spec.name for spec in registry.parse_chain(config.stages[0][1])} | {"read"}
+  unit_ops = tasks.unit_ops(config)
+  stage_names = {spec.name for spec in registry.parse_chain(config.chain)} | unit_ops
+  image_level = {s: task.image_level(s, config) for s in stage_names}
 
   def error_keys(e: Dict[str, Any]):
-    level = "image" if task.image_level(e["stage"], config) else "object"
+    level = "image" if image_level[e["stage"]] else "object"
     out = [(f"errors_{level}", 1), (f"reason/{e['reason']}", 1)]
-    if e["stage"] not in first_stage:  # Lost after being counted as a unit.
+    if e["stage"] not in unit_ops:  # Lost after being counted as a unit.
       out.append(("errors_after_units", 1))
     return out
 

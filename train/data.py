@@ -204,10 +204,7 @@ def check_shards(files: List[str], table: FeatureTable) -> None:
           f"shard {path} does not match the features of its features.json "
           f"(a shard from another run?): {e.message.splitlines()[0]}") from None
     for e in per_pixel:
-      want = 1
-      for d in e.shape(table.image_size):
-        want *= d
-      want *= tf.as_dtype(e.feature.dtype).size
+      want = e.stored_bytes(table.image_size)
       got = len(parsed[e.key].numpy())
       if got != want:
         h, w = table.image_size

@@ -52,6 +52,7 @@ import tensorflow_transform as tft
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.ops import registry
+from beam_prep.preprocessing import decode_feature
 from train.data import model_inputs
 
 Example = Dict[str, tf.Tensor]
@@ -190,10 +191,7 @@ class SegmentationServer(_Server):
     spec = self._table.raw_feature_spec(
         [keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS])
     parsed = tf.io.parse_example(examples, spec)
-    h, w = self._table.image_size
-    image_entry = self._table[keys.IMAGE]
-    images = tf.reshape(tf.io.decode_raw(parsed[keys.IMAGE], tf.uint8),
-                        [-1, h, w, image_entry.feature.channels])
+    images = decode_feature(parsed[keys.IMAGE], self._table[keys.IMAGE], self._table.image_size)
 
     def one(args):
       image, pos, neg = args
