@@ -24,6 +24,8 @@ REQUIRED = [
     "tensorflow==2.21.*",
     "tensorflow-transform==1.21.*",
     "apache-beam[gcp]==2.77.*",
+    # TFRecord framing of the shard writer (also installed by Beam's gcp extra).
+    "google-crc32c",
     "numpy",
     "scipy",
     "pillow",
