@@ -2,10 +2,13 @@
 
 Public surface (composite PTransforms and the op registry):
 
-    from beam_prep import (ReadExamples, DecodeExamples, SampleClicks,
-                           ComputeDistanceMaps, ApplyOps, EncodeExamples,
-                           WriteExamples, AnalyzeAndTransform, WriteDeadLetters,
-                           register_op, Feature, ExampleError)
+    from beam_prep import (ListInputs, ReadExamples, DecodeExamples, SampleClicks,
+                           ComputeDistanceMaps, ApplyOps, AnalyzeAndTransform,
+                           PlanShards, WriteShards, register_op, Feature, ExampleError)
+
+`ListInputs` -> `PlanShards` -> `WriteShards` is how the job writes records
+without moving pixels through a shuffle (`beam_prep.sharding`); the per-op
+transforms are for pipelines of one's own.
 
 An op declares the features it produces (`register_op(name, produces={key:
 Feature(...)}, twin=...)`); the records, tf.Transform graph, trainer input and
@@ -19,18 +22,18 @@ from beam_prep.features import Feature, FeatureTable
 from beam_prep.ops.registry import ExampleError, register_op, registered_ops
 from beam_prep.version import __version__
 
-__all__ = ["ExampleError", "Feature", "FeatureTable", "register_op", "registered_ops",
-           "__version__", "ReadExamples",
-           "DecodeExamples", "SampleClicks", "ComputeDistanceMaps", "ApplyOps", "EncodeExamples",
-           "WriteExamples", "AnalyzeAndTransform", "WriteDeadLetters"]
+_TRANSFORMS = {
+    "ListInputs": "readers", "ReadExamples": "readers", "DecodeExamples": "transforms",
+    "SampleClicks": "transforms", "ComputeDistanceMaps": "transforms", "ApplyOps": "transforms",
+    "AnalyzeAndTransform": "transforms", "PlanShards": "sharding", "WriteShards": "sharding",
+}
 
-_TRANSFORMS = ("ReadExamples", "DecodeExamples", "SampleClicks", "ComputeDistanceMaps",
-               "ApplyOps", "EncodeExamples", "WriteExamples", "AnalyzeAndTransform",
-               "WriteDeadLetters")
+__all__ = ["ExampleError", "Feature", "FeatureTable", "register_op", "registered_ops",
+           "__version__"] + sorted(_TRANSFORMS)
 
 
 def __getattr__(name):
   if name in _TRANSFORMS:
-    from beam_prep import transforms  # pylint: disable=g-import-not-at-top
-    return getattr(transforms, name)
+    import importlib  # pylint: disable=g-import-not-at-top
+    return getattr(importlib.import_module(f"beam_prep.{_TRANSFORMS[name]}"), name)
   raise AttributeError(f"module 'beam_prep' has no attribute {name!r}")

@@ -33,7 +33,9 @@ class PrepConfig:
     variants: independent click samplings per object.
     seed: seed of the click sampling.
     eval_percent: share of images (by hash of the image id) in the eval split.
-    num_shards: TFRecord shards per split.
+    target_shard_mb: size each record file aims at, in MB; the file count
+      follows from the data (measured in the job), and no file exceeds twice
+      this plus one record.
     compression: "" for none or "gzip".
     click_encoding: segmentation: "distance" (Xu et al. 2016 distance maps),
       "disks" (RITM's binary disks) or "both".
@@ -58,7 +60,7 @@ class PrepConfig:
   variants: int = 2
   seed: int = 0
   eval_percent: int = 20
-  num_shards: int = 2
+  target_shard_mb: float = 200.0
   compression: str = ""
   click_encoding: str = "distance"
   max_pixels: int = 64_000_000
@@ -81,8 +83,8 @@ class PrepConfig:
       raise ValueError(f"variants must be at least 1, got {self.variants}")
     if not 0 <= self.eval_percent < 100:
       raise ValueError(f"eval_percent must be in [0, 100), got {self.eval_percent}")
-    if self.num_shards < 1:
-      raise ValueError(f"num_shards must be at least 1, got {self.num_shards}")
+    if not self.target_shard_mb > 0:
+      raise ValueError(f"target_shard_mb must be positive, got {self.target_shard_mb}")
     if self.compression not in ("", "gzip"):
       raise ValueError(f"compression must be '' or 'gzip', got {self.compression!r}")
     if self.click_encoding not in tasks.CLICK_ENCODINGS:

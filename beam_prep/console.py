@@ -90,7 +90,7 @@ PRESETS: Dict[str, Dict[str, Dict[str, Any]]] = {
     # What the demo and the tests run: tiny records, a few hundred small
     # steps on CPU.
     "smoke": {
-        "prep": {"image_size": 96, "variants": 2, "num_shards": 2},
+        "prep": {"image_size": 96, "variants": 2, "target_shard_mb": 4},
         "train": {"width": 12, "depth": 3, "steps": 240, "batch_size": 8,
                   "checkpoint_every": 80, "log_every": 40, "histogram_every": 120},
     },

@@ -70,6 +70,8 @@ TRANSFORM_DIR = "transform"  # holds transform_fn/, transformed_metadata/, metad
 MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.json"
 PREVIEW_FILE = "preview.png"
+# Written last by the job: the output is complete (the trainer refuses one without it).
+SUCCESS_FILE = "_SUCCESS"
 TRAIN_SPLIT = "train"
 EVAL_SPLIT = "eval"
 RECORD_SUFFIX = ".tfrecord"

@@ -177,6 +177,26 @@ def _voc_pointers(list_path: str, root: str):
     }
 
 
+def read_files(pointer: Dict[str, Any]):
+  """Reads the files a pointer names -> `(example, None)`, or `(None, error)`
+  when the image cannot be read (a missing mask is the decode stage's to judge)."""
+  ex = dict(pointer)
+  try:
+    with FileSystems.open(ex["source"]) as f:
+      ex["image_bytes"] = f.read()
+  except Exception as e:  # pylint: disable=broad-except
+    missing = not FileSystems.exists(ex["source"])
+    return None, error_record("read", "missing_image" if missing else "unreadable_file",
+                              f"{type(e).__name__}: {e}", ex)
+  mask = ex.get("mask_source")
+  if mask is not None:
+    ex["mask_bytes"] = None
+    if FileSystems.exists(mask):
+      with FileSystems.open(mask) as f:
+        ex["mask_bytes"] = f.read()
+  return ex, None
+
+
 class _ReadFilesFn(beam.DoFn):
   """Reads the files a pointer names; a missing image is an error."""
 
@@ -185,27 +205,16 @@ class _ReadFilesFn(beam.DoFn):
 
   def process(self, pointer: Dict[str, Any]):
     self._read.inc()
-    ex = dict(pointer)
-    try:
-      with FileSystems.open(ex["source"]) as f:
-        ex["image_bytes"] = f.read()
-    except Exception as e:  # pylint: disable=broad-except
-      missing = not FileSystems.exists(ex["source"])
-      yield beam.pvalue.TaggedOutput(ERRORS_TAG, error_record(
-          "read", "missing_image" if missing else "unreadable_file",
-          f"{type(e).__name__}: {e}", ex))
-      return
-    mask = ex.get("mask_source")
-    if mask is not None:
-      ex["mask_bytes"] = None
-      if FileSystems.exists(mask):
-        with FileSystems.open(mask) as f:
-          ex["mask_bytes"] = f.read()
-    yield ex
+    ex, error = read_files(pointer)
+    if error is not None:
+      yield beam.pvalue.TaggedOutput(ERRORS_TAG, error)
+    else:
+      yield ex
 
 
-class ReadExamples(beam.PTransform):
-  """Reads examples from any supported layout (see the module docstring).
+class ListInputs(beam.PTransform):
+  """Lists the inputs of any supported layout as small pointers (no file is
+  read but the listings: see the module docstring).
 
   Args:
     root: data root, or the manifest file for `layout="manifest"`.
@@ -214,7 +223,9 @@ class ReadExamples(beam.PTransform):
       folder.
 
   Returns:
-    `(examples, errors)`.
+    `(pointers, errors)`: pointer dicts (`image_id`, `source`, and
+    `mask_source`, `label`, `split` where the layout has them), and the
+    inputs that cannot even be listed (bad manifest rows).
   """
 
   def __init__(self, root: str, layout: str = "auto", allow_outside_root: bool = False):
@@ -230,14 +241,13 @@ class ReadExamples(beam.PTransform):
     return self._layout
 
   def expand(self, pbegin: beam.pvalue.PBegin) -> Tuple[beam.PCollection, beam.PCollection]:
-    root, errors = self._root, []
+    root = self._root
     if self._layout == "manifest":
       rows = (pbegin | "Manifest" >> beam.Create([root])
               | "ParseManifest" >> beam.ParDo(_ManifestRowsFn(self._allow)).with_outputs(
                   ERRORS_TAG, main="pointers"))
-      pointers = rows.pointers
-      errors.append(rows[ERRORS_TAG])
-    elif self._layout == "voc":
+      return rows.pointers, rows[ERRORS_TAG]
+    if self._layout == "voc":
       pointers = (pbegin
                   | "Lists" >> beam.Create(
                       [FileSystems.join(root, "ImageSets", "Segmentation", "*.txt")])
@@ -263,9 +273,22 @@ class ReadExamples(beam.PTransform):
                   | "Paths" >> beam.Map(lambda m: m.path)
                   | "SkipHidden" >> beam.Filter(lambda p: not _hidden(p))
                   | "Pointers" >> beam.Map(pointer))
+    errors = pbegin | "NoListErrors" >> beam.Create([])
+    return pointers, errors
+
+
+class ReadExamples(ListInputs):
+  """Reads examples from any supported layout: `ListInputs`, then the files
+  of each pointer, spread over workers.
+
+  Returns:
+    `(examples, errors)`.
+  """
+
+  def expand(self, pbegin: beam.pvalue.PBegin) -> Tuple[beam.PCollection, beam.PCollection]:
+    pointers, list_errors = super().expand(pbegin)
     read = (pointers
             | "Spread" >> beam.Reshuffle()
             | "ReadFiles" >> beam.ParDo(_ReadFilesFn()).with_outputs(ERRORS_TAG, main="examples"))
-    errors.append(read[ERRORS_TAG])
-    all_errors = (tuple(errors) | "ReadErrors" >> beam.Flatten()) if len(errors) > 1 else errors[0]
-    return read.examples, all_errors
+    errors = (list_errors, read[ERRORS_TAG]) | "ReadErrors" >> beam.Flatten()
+    return read.examples, errors

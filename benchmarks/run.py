@@ -58,13 +58,13 @@ def make_data(workdir: str, count: int, size: int, seed: int = 0) -> str:
   return path
 
 
-def run_pipeline(data: str, out: str, size: int, variants: int, shards: int = 4) -> Dict[str, Any]:
+def run_pipeline(data: str, out: str, size: int, variants: int, **fields) -> Dict[str, Any]:
   """The segmentation pipeline exactly as `beam-prep segmentation` runs it."""
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
   from pipelines import cli, prep  # pylint: disable=g-import-not-at-top
   config = PrepConfig(input=data, output=out, image_size=size, variants=variants,
-                      num_shards=shards, overwrite=True)
+                      overwrite=True, **fields)
   return prep.run(config, PipelineOptions(cli.pipeline_args([])))
 
 

@@ -107,7 +107,9 @@ def prep_parser(task: str = "segmentation") -> argparse.ArgumentParser:
                         help="radius of the click disks in pixels (default 5)")
   parser.add_argument("--seed", type=int)
   parser.add_argument("--eval-percent", type=int, dest="eval_percent")
-  parser.add_argument("--num-shards", type=int, dest="num_shards")
+  parser.add_argument("--target-shard-mb", type=float, dest="target_shard_mb",
+                      help="size each record file aims at, in MB (default 200); the number of "
+                      "files follows from the data")
   parser.add_argument("--compression", choices=["", "gzip"])
   parser.add_argument("--max-pixels", type=int, dest="max_pixels",
                       help="reject images declaring more pixels (decompression bombs)")
@@ -134,7 +136,7 @@ def build_config(args: argparse.Namespace, task: str = "segmentation"):
     fields.update(load_config_file(args.config))
   fields["task"] = task
   for name in ("input", "output", "layout", "allow_outside_root", "image_size", "variants",
-               "seed", "eval_percent", "num_shards", "compression", "click_encoding",
+               "seed", "eval_percent", "target_shard_mb", "compression", "click_encoding",
                "max_pixels", "max_error_fraction", "ops", "ops_module", "preprocessing_fn",
                "overwrite"):
     value = getattr(args, name, None)

@@ -1,17 +1,15 @@
 """The preprocessing job shared by `beam-prep segmentation` and `classification`.
 
-segmentation:
-    ReadExamples -> DecodeExamples -> SampleClicks -> EncodeClicks (+ user ops)
-      -> EncodeExamples -> WriteExamples (train, eval)
-                        -> AnalyzeAndTransform (train split)
-classification:
-    ReadExamples -> DecodeExamples -> CheckLabels (+ user ops) -> EncodeExamples -> ...
-both:
-    all errors -> WriteDeadLetters; all counts -> manifest.json
+    ListInputs -> split -> PlanShards -> WriteShards (per group of pointers:
+        read, the task's op stages, encode, stream into the group's files)
+      -> analysis rows (one per train image) -> AnalyzeAndTransform
+      -> Finalize (once, last): commit the files, write manifest.json,
+         preview.png and _SUCCESS
 
 The stages and their op chains come from the task (`beam_prep.tasks`); what
 the records hold, the raw schema and the default preprocessing_fn come from
-the chain's declared features (`features.json`).
+the chain's declared features (`features.json`); how records reach their
+files is `beam_prep.sharding`.
 
 Output directory:
 
@@ -21,88 +19,108 @@ Output directory:
     errors/errors-SSSSS-of-NNNNN.jsonl     dead letters
     features.json                          the declared features, chain, ops module
     config.json                            the resolved PrepConfig
-    manifest.json                          config, versions, counts, timings
+    manifest.json                          config, versions, counts, shards, timings
+    preview.png                            a few records, drawn
+    _SUCCESS                               written last: the output is complete
 """
 
 import dataclasses
 import json
-from typing import Any, Dict, Optional
+import time
+import uuid
+from typing import Any, Dict, List, Optional
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep import keys, tasks
+from beam_prep import keys, sharding, tasks
 from beam_prep.config import PrepConfig
 from beam_prep.features import FEATURES_FILE, FeatureTable
 from beam_prep.ops import registry
-from beam_prep.transforms import (AnalyzeAndTransform, ApplyOps, EncodeExamples, ReadExamples,
-                                  WriteDeadLetters, WriteExamples)
+from beam_prep.readers import ListInputs
+from beam_prep.transforms import AnalyzeAndTransform
 from pipelines import logs, outputs
 
-COUNTS_FILE = "_counts.json"
+PREVIEW_COUNT = 6
+TEMP_PREFIX = ".temp-"
 
 
-def build(p: beam.Pipeline, config: PrepConfig, table: FeatureTable, temp_dir: str) -> None:
+def processor_for(config: PrepConfig, table: FeatureTable) -> sharding.ImageProcessor:
+  """What turns one input of this run into records and errors."""
+  task = config.task_object
+  unit_ops = tasks.unit_ops(config)
+  stage_names = {spec.name for spec in registry.parse_chain(config.chain)} | unit_ops
+  image_level = {s: task.image_level(s, config) for s in stage_names}
+  return sharding.ImageProcessor(config.stages, config.ops_module, table, image_level, unit_ops)
+
+
+class _FinalizeFn(beam.DoFn):
+  """Runs once, after every group and the transform: commits the files, then
+  writes the manifest, the preview and `_SUCCESS` (last)."""
+
+  def __init__(self, config: PrepConfig, table: FeatureTable, temp_root: str, started: float):
+    self._config, self._table = config, table
+    self._temp_root, self._started = temp_root, started
+
+  def process(self, _, files, counts, preview, transform_written):
+    del transform_written  # Only waited for.
+    config = self._config
+    gzip = config.compression == "gzip"
+    shards = sharding.commit_files(files, config.output, self._temp_root, gzip,
+                                   (keys.TRAIN_SPLIT, keys.EVAL_SPLIT))
+    previews = [record for _, record in sorted(preview)][:PREVIEW_COUNT]
+    manifest = _manifest(config, self._table, counts, time.time() - self._started, shards,
+                         previews)
+    outputs.write_text(FileSystems.join(config.output, keys.MANIFEST_FILE),
+                       json.dumps(manifest, indent=2, sort_keys=True))
+    outputs.write_text(FileSystems.join(config.output, keys.SUCCESS_FILE),
+                       json.dumps({"manifest": keys.MANIFEST_FILE}) + "\n")
+    yield manifest["counts"]
+
+
+def build(p: beam.Pipeline, config: PrepConfig, table: FeatureTable, temp_dir: str,
+          started: Optional[float] = None) -> None:
   """Adds the whole preprocessing job to pipeline `p`."""
   import tensorflow_transform.beam as tft_beam  # pylint: disable=g-import-not-at-top
   from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
 
   out = config.output
-  task = config.task_object
-  images, read_errors = p | "ReadExamples" >> ReadExamples(
+  gzip = config.compression == "gzip"
+  processor = processor_for(config, table)
+  temp_root = FileSystems.join(out, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
+  pointers, list_errors = p | "ListInputs" >> ListInputs(
       config.input, config.layout, config.allow_outside_root)
-  (first_label, first_chain), *later = config.stages
-  # After the first stage an example is a unit: an object (or a decoded image).
-  units, errors = images | first_label >> ApplyOps(first_chain, config.ops_module)
-  error_list = [read_errors, errors]
-  current = units
-  for label, chain in later:
-    current, errors = current | label >> ApplyOps(chain, config.ops_module)
-    error_list.append(errors)
-  encoded = current | "EncodeExamples" >> EncodeExamples(config.eval_percent, table)
-
-  splits = {}
-  for split in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT):
-    splits[split] = (encoded
-                     | f"Select{split.title()}" >> beam.Filter(lambda kv, s=split: kv[0] == s)
-                     | f"Drop{split.title()}Key" >> beam.Map(lambda kv: (kv[1], kv[2])))
-    _ = splits[split] | f"Write{split.title()}Examples" >> WriteExamples(
-        out, split, config.num_shards, config.compression)
+  eval_percent = config.eval_percent
+  inputs = ((pointers,
+             list_errors | "AsPointers" >> beam.Map(sharding.error_pointer))
+            | "AllInputs" >> beam.Flatten()
+            | "Split" >> beam.Map(lambda ptr: (sharding.pointer_split(ptr, eval_percent), ptr)))
+  plan = inputs | "PlanShards" >> sharding.PlanShards(
+      processor, config.target_shard_mb * 1e6, gzip)
+  written = (inputs, plan) | "WriteShards" >> sharding.WriteShards(processor, temp_root, gzip)
 
   preprocessing_fn = preprocessing.preprocessing_fn_for(table, config.preprocessing_fn)
-  with tft_beam.Context(temp_dir=temp_dir):
-    _ = (splits[keys.TRAIN_SPLIT]
-         | "Serialized" >> beam.Values()
-         | "AnalyzeAndTransform" >> AnalyzeAndTransform(
-        preprocessing_fn, FileSystems.join(out, keys.TRANSFORM_DIR), table.raw_feature_spec()))
+  with tft_beam.Context(temp_dir=temp_dir, desired_batch_size=_analysis_batch(table)):
+    transform_fn = written[sharding.ANALYSIS_TAG] | "AnalyzeAndTransform" >> AnalyzeAndTransform(
+        preprocessing_fn, FileSystems.join(out, keys.TRANSFORM_DIR), table.raw_feature_spec())
 
-  unit_ops = tasks.unit_ops(config)
-  stage_names = {spec.name for spec in registry.parse_chain(config.chain)} | unit_ops
-  image_level = {s: task.image_level(s, config) for s in stage_names}
+  counts = (written[sharding.COUNTS_TAG]
+            | "SumCounts" >> beam.CombineGlobally(sharding._MergeCounts()))  # pylint: disable=protected-access
+  preview = (written[sharding.PREVIEW_TAG]
+             | "PreviewRecords" >> beam.combiners.Top.Smallest(PREVIEW_COUNT, key=lambda kv: kv[0]))
+  _ = (p
+       | "Once" >> beam.Create([None])
+       | "Finalize" >> beam.ParDo(
+           _FinalizeFn(config, table, temp_root, started or time.time()),
+           beam.pvalue.AsList(written[sharding.FILES_TAG]), beam.pvalue.AsSingleton(counts),
+           beam.pvalue.AsSingleton(preview), beam.pvalue.AsList(transform_fn)))
 
-  def error_keys(e: Dict[str, Any]):
-    level = "image" if image_level[e["stage"]] else "object"
-    out = [(f"errors_{level}", 1), (f"reason/{e['reason']}", 1)]
-    if e["stage"] not in unit_ops:  # Lost after being counted as a unit.
-      out.append(("errors_after_units", 1))
-    return out
 
-  errors = tuple(error_list) | "AllErrors" >> beam.Flatten()
-  _ = errors | "WriteDeadLetters" >> WriteDeadLetters(out)
-
-  counts = (
-      (images | "CountImages" >> beam.Map(lambda _: ("images_decoded_input", 1)),
-       read_errors | "CountReadErrors" >> beam.Map(lambda _: ("inputs_unreadable", 1)),
-       units | "CountObjects" >> beam.Map(lambda _: ("objects", 1)),
-       encoded | "CountExamples" >> beam.Map(lambda kv: (f"examples/{kv[0]}", 1)),
-       errors | "CountErrors" >> beam.FlatMap(error_keys))
-      | "AllCounts" >> beam.Flatten()
-      | "SumCounts" >> beam.CombinePerKey(sum)
-      | "OneDict" >> beam.combiners.ToDict()
-      | "CountsJson" >> beam.Map(lambda d: json.dumps(d, sort_keys=True)))
-  _ = counts | "WriteCounts" >> beam.io.WriteToText(
-      FileSystems.join(out, COUNTS_FILE), shard_name_template="")
+def _analysis_batch(table: FeatureTable) -> int:
+  """Rows per tf.Transform batch: a few tens of MB of decoded features."""
+  row = sum(e.stored_bytes(table.image_size) * 4 for e in table if e.feature.per_pixel)
+  return int(max(1, min(1000, 64e6 // max(row, 1))))
 
 
 def accounting(raw: Dict[str, int], per_object: int) -> Dict[str, Any]:
@@ -151,19 +169,41 @@ def resolve_layout(config: PrepConfig, dry_run: bool) -> PrepConfig:
   return dataclasses.replace(config, layout=layout)
 
 
-def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) -> Dict[str, Any]:
-  """Runs the job, writes config.json, manifest.json and preview.png.
+class JobStillRunning(Exception):
+  """The launcher stopped waiting; the Dataflow job goes on (the message says how to stop it)."""
+
+
+def job_link(result, options: PipelineOptions) -> Dict[str, Optional[str]]:
+  """Job id and console URL of a submitted Dataflow job (None elsewhere)."""
+  job_id = result.job_id() if hasattr(result, "job_id") else None
+  all_options = options.get_all_options()
+  region, project = all_options.get("region"), all_options.get("project")
+  url = (f"https://console.cloud.google.com/dataflow/jobs/{region}/{job_id}?project={project}"
+         if job_id else None)
+  return {"job_id": job_id, "console_url": url, "region": region}
+
+
+def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None,
+        wait: bool = True) -> Dict[str, Any]:
+  """Runs the job; the job itself writes manifest.json, preview.png and _SUCCESS.
 
   With Beam's `--dry_run=True` (Dataflow), builds the job and returns
-  `{"dry_run": True, "job": ...}` without touching any file.
+  `{"dry_run": True, "job": ...}` without touching any file. With
+  `wait=False` on Dataflow, returns `{"submitted": True, "job_id": ...,
+  "console_url": ...}` as soon as the job is submitted.
+
+  Returns:
+    The manifest the job wrote.
 
   Raises:
     pipelines.outputs.OutputExistsError: non-empty output without overwrite.
     InputError: a local input with nothing to read.
+    JobStillRunning: Ctrl-C while waiting for a Dataflow job.
+    RuntimeError: the job ended without writing `_SUCCESS`.
   """
   from apache_beam.options.pipeline_options import TestOptions  # pylint: disable=g-import-not-at-top
   log = logs.get()
-  clock = outputs.Stopwatch()
+  started = time.time()
   registry.import_ops_modules(config.ops_module)
   table = config.features()
   options = pipeline_options or PipelineOptions()
@@ -174,7 +214,7 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
     outputs.prepare_output(config.output, config.overwrite)
     outputs.write_text(FileSystems.join(config.output, keys.CONFIG_FILE), config.to_json())
     outputs.write_text(FileSystems.join(config.output, FEATURES_FILE), table.to_json())
-  temp_dir = FileSystems.join(config.output, "tmp")
+  temp_dir = FileSystems.join(config.output, TEMP_PREFIX + "transform")
   temp_location = options.get_all_options().get("temp_location")
   if temp_location:
     temp_dir = FileSystems.join(temp_location, "beam_prep_tft")
@@ -185,56 +225,68 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None) 
     temp_dir = tempfile.mkdtemp(prefix="beam_prep_dry_run_")
 
   p = beam.Pipeline(options=options)
-  build(p, config, table, temp_dir)
+  build(p, config, table, temp_dir, started)
   runner = options.get_all_options()["runner"] or "DirectRunner"
   log.info("%s: %s on %s (%s layout: %s -> %s)", config.task,
            "building the job (dry run)" if dry_run else "running", runner, config.layout,
            config.input, config.output)
   result = p.run()
-  result.wait_until_finish()
   if dry_run:
+    result.wait_until_finish()
     return {"pipeline": config.task, "dry_run": True, "job": getattr(result, "job", None)}
-  seconds = clock.seconds()
-
-  counts_path = FileSystems.join(config.output, COUNTS_FILE)
-  raw = outputs.read_json(counts_path)
-  FileSystems.delete([counts_path])
+  link = job_link(result, options)
+  if link["job_id"]:
+    log.info("%s: submitted job %s; live counters: %s", config.task, link["job_id"],
+             link["console_url"])
+    if not wait:
+      return {"pipeline": config.task, "submitted": True, **link}
+  try:
+    result.wait_until_finish()
+  except KeyboardInterrupt:
+    if link["job_id"]:
+      raise JobStillRunning(
+          f"stopped waiting; job {link['job_id']} keeps running on Dataflow ({link['console_url']})."
+          f" To stop it: gcloud dataflow jobs cancel {link['job_id']} --region={link['region']}"
+          ) from None
+    raise
+  success = FileSystems.join(config.output, keys.SUCCESS_FILE)
+  if not FileSystems.exists(success):
+    raise RuntimeError(f"the job ended ({result.state}) without writing {success}")
   if not temp_location and FileSystems.exists(temp_dir):
     FileSystems.delete([temp_dir])
-  manifest = _manifest(config, table, raw, seconds)
-  outputs.write_text(FileSystems.join(config.output, keys.MANIFEST_FILE),
-                     json.dumps(manifest, indent=2, sort_keys=True))
-  return manifest
+  return outputs.read_json(FileSystems.join(config.output, keys.MANIFEST_FILE))
 
 
-def _manifest(config: PrepConfig, table: FeatureTable, raw: Dict[str, int],
-              seconds: float) -> Dict[str, Any]:
-  """manifest.json: config, features, versions, counts, timings, preview."""
+def _manifest(config: PrepConfig, table: FeatureTable, raw: Dict[str, int], seconds: float,
+              shards: Dict[str, Any], previews: List[bytes]) -> Dict[str, Any]:
+  """manifest.json: config, features, versions, counts, shards, timings, preview."""
   acc = accounting(raw, config.task_object.records_per_unit(config))
   n_examples = sum(acc["examples_written"].values())
-  records = FileSystems.join(config.output, keys.RECORDS_DIR)
   manifest = {
       "pipeline": config.task,
       "config": config.to_dict(),
       "versions": outputs.library_versions(),
       "features": table.to_dict()["features"],
       "paths": {
-          "records": records,
+          "records": FileSystems.join(config.output, keys.RECORDS_DIR),
           "transform": FileSystems.join(config.output, keys.TRANSFORM_DIR),
           "errors": FileSystems.join(config.output, keys.ERRORS_DIR),
           "preview": None,
       },
       "counts": acc,
+      "shards": shards,
       "timing": {
           "wall_seconds": round(seconds, 2),
           "examples_per_second": round(n_examples / seconds, 2) if seconds else None,
           "images_per_second": round(acc["inputs_read"] / seconds, 2) if seconds else None,
       },
   }
-  if n_examples:
+  if previews:
     from pipelines import preview  # pylint: disable=g-import-not-at-top
-    manifest["paths"]["preview"] = preview.write_preview(
-        records, FileSystems.join(config.output, keys.PREVIEW_FILE), table=table)
+    path = FileSystems.join(config.output, keys.PREVIEW_FILE)
+    with FileSystems.create(path) as f:
+      f.write(preview.render([table.decode_numpy(r) for r in previews], table))
+    manifest["paths"]["preview"] = path
   return manifest
 
 

@@ -22,6 +22,7 @@ def prep_dir(sample_dir, tmp_path_factory):
   out = str(tmp_path_factory.mktemp("prep") / "out")
   with pytest.raises(SystemExit) as e:
     cli.main(["segmentation", "--input", sample_dir, "--output", out, "--preset", "smoke",
-              "--image-size", "64", "--variants", "2", "--eval-percent", "30"])
+              "--image-size", "64", "--variants", "2", "--eval-percent", "30",
+              "--target-shard-mb", "0.1"])
   assert e.value.code == 0
   return out

@@ -139,7 +139,7 @@ def test_classification_end_to_end(tmp_path):
       (root / label / f"{i}.png").write_bytes(png(img))
   prep = str(tmp_path / "prep")
   assert run_cli(["classification", "--input", str(root), "--output", prep, "--image-size", "16",
-                  "--num-shards", "2", "--eval-percent", "25"]) == 0
+                  "--eval-percent", "25"]) == 0
   model_dir = str(tmp_path / "model")
   with pytest.raises(SystemExit) as e:
     cli.main(["fit", "--data", prep, "--model-dir", model_dir, "--steps", "30",

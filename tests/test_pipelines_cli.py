@@ -59,7 +59,7 @@ def test_overwrite_replaces_everything(sample_dir, tmp_path):
   out.mkdir()
   (out / "stale.txt").write_text("old run")
   args = ["segmentation", "--input", sample_dir, "--output", str(out), "--image-size", "48",
-          "--variants", "1", "--num-shards", "1"]
+          "--variants", "1"]
   assert run_cli(args) == 2
   assert (out / "stale.txt").exists()
   assert run_cli(args + ["--overwrite"]) == 0
@@ -96,9 +96,7 @@ def test_dataflow_dry_run_builds_the_job_with_our_package(tmp_path):
   assert result["dry_run"]
   pipeline = result["job"].proto_pipeline
   top = {t.unique_name for t in pipeline.components.transforms.values()}
-  for stage in ("ReadExamples", "DecodeExamples", "SampleClicks", "EncodeClicks",
-                "EncodeExamples", "WriteTrainExamples", "WriteEvalExamples",
-                "AnalyzeAndTransform", "WriteDeadLetters"):
+  for stage in ("ListInputs", "PlanShards", "WriteShards", "AnalyzeAndTransform", "Finalize"):
     assert stage in top
   staged = {}
   for env in pipeline.components.environments.values():

@@ -31,7 +31,7 @@ def test_voc_layout_keeps_its_splits(tmp_path):
   ids = _voc(tmp_path / "voc")
   out = str(tmp_path / "out")
   assert run_cli(["segmentation", "--input", str(tmp_path / "voc"), "--output", out,
-                  "--image-size", "32", "--variants", "1", "--num-shards", "1"]) == 0
+                  "--image-size", "32", "--variants", "1"]) == 0
   m = manifest(out)
   assert m["config"]["layout"] == "voc"
   c = m["counts"]
@@ -57,7 +57,7 @@ def test_classification_from_class_folders(tmp_path):
   (root / "normal" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
   out = str(tmp_path / "out")
   assert run_cli(["classification", "--input", str(root), "--output", out, "--image-size", "16",
-                  "--eval-percent", "0", "--num-shards", "1"]) == 0
+                  "--eval-percent", "0"]) == 0
   c = manifest(out)["counts"]
   assert c["inputs_read"] == 11 and c["images_failed"] == 1
   assert c["examples_written"] == {"train": 10, "eval": 0} and c["accounted"]
@@ -85,7 +85,7 @@ def test_manifest_csv_and_jsonl_with_escapes_refused(tmp_path):
       "image,mask,split\nimgs/a.png,imgs/a_mask.png,eval\n../secret.png,imgs/a_mask.png,train\n")
   out = str(tmp_path / "out_csv")
   assert run_cli(["segmentation", "--input", str(data / "list.csv"), "--output", out,
-                  "--image-size", "32", "--variants", "1", "--num-shards", "1"]) == 0
+                  "--image-size", "32", "--variants", "1"]) == 0
   c = manifest(out)["counts"]
   assert c["errors_by_reason"] == {"path_outside_root": 1}
   assert c["examples_written"] == {"train": 0, "eval": 1}
@@ -93,7 +93,7 @@ def test_manifest_csv_and_jsonl_with_escapes_refused(tmp_path):
       '{"image": "imgs/a.png", "mask": "imgs/a_mask.png"}\n{not json\n{"mask": "x.png"}\n')
   out = str(tmp_path / "out_jsonl")
   assert run_cli(["segmentation", "--input", str(data / "list.jsonl"), "--output", out,
-                  "--image-size", "32", "--variants", "1", "--num-shards", "1",
+                  "--image-size", "32", "--variants", "1",
                   "--eval-percent", "0"]) == 0
   c = manifest(out)["counts"]
   assert c["errors_by_reason"] == {"bad_manifest_row": 2}
@@ -114,7 +114,7 @@ def test_user_op_gzip_and_flipped_variants(tmp_path):
   out = str(tmp_path / "out")
   assert run_cli(["segmentation", "--input", str(tmp_path / "d"), "--output", out,
                   "--image-size", "48", "--variants", "2", "--flip-variants",
-                  "--compression", "gzip", "--eval-percent", "0", "--num-shards", "1",
+                  "--compression", "gzip", "--eval-percent", "0",
                   "--ops-module", "tests.fixtures.user_ops", "--ops", "cap_distance(64)"]) == 0
   assert "train-00000-of-00001.tfrecord.gz" in os.listdir(os.path.join(out, "records"))
   recs = records(out, "train")

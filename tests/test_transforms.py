@@ -71,7 +71,7 @@ def test_pipeline_output_accounting_and_records(prep_dir, sample_dir):
 
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   files = sorted(glob.glob(os.path.join(prep_dir, "records", "train-*.tfrecord")))
-  assert len(files) == 2
+  assert len(files) == manifest["shards"]["train"]["files"] >= 2
   n = sum(1 for _ in tf.data.TFRecordDataset(files))
   assert n == c["examples_written"]["train"]
   ex = tf.train.Example.FromString(next(iter(tf.data.TFRecordDataset(files))).numpy())
@@ -102,7 +102,7 @@ def test_bad_inputs_reach_the_dead_letters(tmp_path):
   out = tmp_path / "out"
   with pytest.raises(SystemExit) as e:
     cli.main(["segmentation", "--input", str(root), "--output", str(out), "--image-size", "32",
-              "--variants", "1", "--eval-percent", "0", "--num-shards", "1"])
+              "--variants", "1", "--eval-percent", "0"])
   # 5 of 6 inputs failed, but the default --max-error-fraction is 1.0.
   assert e.value.code == 0
   m = json.load(open(out / "manifest.json"))["counts"]

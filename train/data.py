@@ -21,6 +21,7 @@ Parser output per batch, `(inputs, labels)`:
           classification: {"label": int64 [B]}
 """
 
+import os
 from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
@@ -130,7 +131,7 @@ class InputReader:
       if len(files) < input_context.num_input_pipelines:
         raise ValueError(f"{len(files)} {split} shards cannot feed "
                          f"{input_context.num_input_pipelines} input pipelines; write more "
-                         "shards (beam-prep --num-shards)")
+                         "shards (a smaller beam-prep --target-shard-mb)")
       ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if training:
       ds = ds.shuffle(len(files), seed=self._seed, reshuffle_each_iteration=True)
@@ -172,6 +173,24 @@ class InputReader:
 
 class RecordsError(Exception):
   """The records cannot be trained on; the message names the shard and why."""
+
+
+def check_complete(data_dir: str) -> None:
+  """Refuses a preprocessing output the job has not finished writing.
+
+  The job writes `_SUCCESS` last, after every shard, the transform and the
+  manifest; without it the records may be a partial set.
+
+  Raises:
+    RecordsError: naming the directory and what to do.
+  """
+  if not tf.io.gfile.exists(data_dir):
+    raise RecordsError(f"{data_dir} does not exist (expected a beam-prep output)")
+  if not tf.io.gfile.exists(os.path.join(data_dir, keys.SUCCESS_FILE)):
+    raise RecordsError(
+        f"{data_dir} is not a complete beam-prep output: {keys.SUCCESS_FILE} is missing, so the "
+        "job that writes it is still running, failed or was stopped. Wait for it, or run "
+        "beam-prep again (with --overwrite)")
 
 
 def _first_record(path: str, compression: str):

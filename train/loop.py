@@ -27,7 +27,7 @@ from beam_prep import keys
 from beam_prep.features import FEATURES_FILE, FeatureTable
 from train import devices, logs
 from train.config import TrainConfig
-from train.data import InputReader, RecordsError, check_shards, scan_shards
+from train.data import InputReader, RecordsError, check_complete, check_shards, scan_shards
 from train.tasks import make_task
 
 # Above this share of step time spent waiting for the next batch, training
@@ -211,6 +211,7 @@ def _setup(config: TrainConfig) -> _Run:
   """Devices, features, task, strategy, input, model, optimizer, checkpoints."""
   log = logs.get()
   devices.configure(config)
+  check_complete(config.data)
   table = FeatureTable.load(config.data)
   if config.export:
     from train import export  # pylint: disable=g-import-not-at-top
@@ -421,7 +422,7 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
     log.info("train: input-bound: %.0f%% of step time waits for the next batch. Give the "
              "input more CPU (--intra-op-threads/--inter-op-threads, a machine with more "
              "cores), read from local disk, write more and larger shards "
-             "(beam-prep --num-shards), or precompute more per-example work in beam-prep.",
+             "(a smaller beam-prep --target-shard-mb), or precompute more per-example work in beam-prep.",
              100 * wait_fraction)
   if not state.interrupted:
     metrics["eval"] = evaluate(run.model, run.reader, run.task, config.eval_batches)

@@ -1,0 +1,174 @@
+"""Shards sized by bytes, committed once, identical across processes and workers."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from beam_prep import keys, sharding
+from helpers import manifest, run_cli
+
+TARGET_MB = 0.2
+ARGS = ["--image-size", "48", "--variants", "2", "--target-shard-mb", str(TARGET_MB)]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _data(tmp_path_factory, count, seed=11):
+  from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path_factory.mktemp(f"data{count}"))
+  write_sample_data(path, count=count, seed=seed)
+  return path
+
+
+def _tree(root, sub):
+  return {os.path.relpath(p, root): open(p, "rb").read()
+          for p in sorted(glob.glob(os.path.join(root, sub, "*")))}
+
+
+def _prep_in_new_process(data, out, extra=()):
+  cmd = [sys.executable, "-m", "pipelines", "segmentation", "--input", data, "--output", out,
+         *ARGS, *extra]
+  r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+  assert r.returncode == 0, r.stdout + r.stderr
+  return r.stdout + r.stderr
+
+
+def _largest_record(files):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return max(len(r.numpy()) + 16 for r in tf.data.TFRecordDataset(files))
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+  data = _data(tmp_path_factory, 8)
+  out = str(tmp_path_factory.mktemp("small") / "out")
+  assert run_cli(["segmentation", "--input", data, "--output", out] + ARGS) == 0
+  return out
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+  data = _data(tmp_path_factory, 32)
+  root = tmp_path_factory.mktemp("large")
+  # Two separate processes: one worker in memory, two worker threads.
+  one = str(root / "one")
+  two = str(root / "two")
+  _prep_in_new_process(data, one)
+  _prep_in_new_process(data, two, ["--direct_running_mode=multi_threading",
+                                   "--direct_num_workers=2"])
+  return one, two
+
+
+def test_shard_count_follows_the_data_and_sizes_stay_near_the_target(small, large):
+  target = TARGET_MB * 1e6
+  counts = {}
+  for name, out in (("small", small), ("large", large[0])):
+    files = sorted(glob.glob(keys.record_pattern(out, keys.TRAIN_SPLIT)))
+    sizes = [os.path.getsize(f) for f in files]
+    limit = 2 * target + _largest_record(files)
+    assert max(sizes) <= limit, (name, sizes)
+    assert sum(sizes) / len(sizes) >= target / 3, (name, sizes)
+    counts[name] = len(files)
+    shards = manifest(out)["shards"][keys.TRAIN_SPLIT]
+    assert shards["files"] == len(files) and shards["bytes"] == sum(sizes)
+  # 4x the images: at least 2.5x the files (each size rounds to whole groups).
+  assert counts["large"] >= 2.5 * counts["small"] >= 2.5, counts
+
+
+def test_two_processes_and_worker_counts_write_identical_bytes(large):
+  one, two = large
+  for sub in (keys.RECORDS_DIR, keys.ERRORS_DIR):
+    a, b = _tree(one, sub), _tree(two, sub)
+    assert a and a.keys() == b.keys()
+    assert a == b, sub
+  assert manifest(one)["counts"] == manifest(two)["counts"]
+  assert manifest(one)["counts"]["accounted"]
+
+
+def test_the_job_writes_success_last_and_leaves_no_temp_files(small):
+  assert os.path.exists(os.path.join(small, keys.SUCCESS_FILE))
+  assert not glob.glob(os.path.join(small, "**", ".*"), recursive=True)
+  m = manifest(small)
+  assert m["paths"]["preview"] and os.path.exists(m["paths"]["preview"])
+  assert m["timing"]["wall_seconds"] > 0
+
+
+def test_trainer_refuses_an_output_without_success(small, tmp_path, capsys):
+  import shutil  # pylint: disable=g-import-not-at-top
+  from train import cli as train_cli  # pylint: disable=g-import-not-at-top
+  partial = str(tmp_path / "partial")
+  shutil.copytree(small, partial)
+  os.remove(os.path.join(partial, keys.SUCCESS_FILE))
+  with pytest.raises(SystemExit) as e:
+    train_cli.main(["fit", "--data", partial, "--model-dir", str(tmp_path / "m"), "--steps", "1"])
+  assert e.value.code != 0
+  printed = capsys.readouterr().out
+  assert "_SUCCESS is missing" in printed and partial in printed
+
+
+def test_commit_is_idempotent_and_numbers_files_in_group_order(tmp_path):
+  out = str(tmp_path / "out")
+  temp = os.path.join(out, ".temp-x")
+  os.makedirs(os.path.join(temp, "a"))
+  files = []
+  for split, group, part, data in (("train", 1, 0, b"B"), ("train", 0, 1, b"A2"),
+                                   ("train", 0, 0, b"A1"), ("train", 3, 0, b"C")):
+    path = os.path.join(temp, "a", f"{split}-{group}-{part}")
+    with open(path, "wb") as f:
+      f.write(data)
+    files.append({"kind": sharding.RECORDS_KIND, "split": split, "group": group, "part": part,
+                  "temp": path, "records": 1, "bytes": len(data)})
+  # A first commit that stops after moving one file ...
+  first = sharding.final_names(files, out, False, ("train", "eval"))
+  os.makedirs(os.path.join(out, keys.RECORDS_DIR))
+  temp_path, final_path, _ = next(f for f in first if f[0])
+  os.rename(temp_path, final_path)
+  # ... then the retry finishes the job.
+  summary = sharding.commit_files(files, out, temp, False, ("train", "eval"))
+  names = sorted(os.listdir(os.path.join(out, keys.RECORDS_DIR)))
+  assert names == ["eval-00000-of-00001.tfrecord"] + [
+      f"train-{i:05d}-of-00004.tfrecord" for i in range(4)]
+  contents = [open(os.path.join(out, keys.RECORDS_DIR, n), "rb").read() for n in names[1:]]
+  assert contents == [b"A1", b"A2", b"B", b"C"]
+  assert summary["train"]["files"] == 4 and summary["eval"]["records"] == 0
+  assert not os.path.exists(temp)
+  with pytest.raises(IOError, match="neither the temp file"):
+    sharding.commit_files(files[:1] + [dict(files[1], temp=files[1]["temp"] + "x")], out + "2",
+                          temp, False, ("train",))
+
+
+def test_transform_statistics_weigh_every_image_once(small):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+  from train.data import Decoder, Parser  # pylint: disable=g-import-not-at-top
+  from train.tasks import make_task  # pylint: disable=g-import-not-at-top
+  table = FeatureTable.load(small)
+  tft_out = tft.TFTransformOutput(os.path.join(small, keys.TRANSFORM_DIR))
+  task = make_task(table, tft_out)
+  files = sorted(glob.glob(keys.record_pattern(small, keys.TRAIN_SPLIT)))
+  serialized = [r.numpy() for r in tf.data.TFRecordDataset(files)]
+  examples = [table.decode_numpy(s) for s in serialized]
+  first, per_record = {}, []
+  for ex in examples:
+    mean = ex[keys.IMAGE].reshape(-1, 3).mean(axis=0)
+    first.setdefault(str(np.ravel(ex[keys.IMAGE_ID])[0]), mean)
+    per_record.append(mean)
+  by_image = np.mean(list(first.values()), axis=0)
+  by_record = np.mean(per_record, axis=0)
+  assert np.abs(by_image - by_record).max() > 0.5  # the data tells the two apart
+  # Solve out = (x - mean) / std per channel from two pixels of the transformed batch.
+  parser = Parser(tft_out, table, task)
+  inputs, _ = parser(Decoder(table, task.transform_keys).decode(tf.constant(serialized[:4])),
+                     training=False)
+  x = np.stack([ex[keys.IMAGE] for ex in examples[:4]]).astype(np.float64).reshape(-1, 3)
+  y = inputs.numpy()[..., :3].reshape(-1, 3)
+  for c in range(3):
+    i, j = np.argmin(x[:, c]), np.argmax(x[:, c])
+    scale = (y[j, c] - y[i, c]) / (x[j, c] - x[i, c])
+    analyzed_mean = x[i, c] - y[i, c] / scale
+    assert analyzed_mean == pytest.approx(by_image[c], abs=0.05), (c, by_image, by_record)
