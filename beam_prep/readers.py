@@ -13,9 +13,12 @@ Layouts (`layout=`):
   auto       voc if ROOT/JPEGImages exists, manifest if ROOT is a .csv/.jsonl
              file, folders if ROOT/images exists, else classes
 
-Listing and reading run on the workers (so gs:// roots work on Dataflow), with
-a Reshuffle between them so that reading and everything after it spreads over
-workers. Each input yields one example dict:
+`ListInputs` lists the inputs as small pointers (on the workers, so gs://
+roots work on Dataflow); the job reads each pointer's files where its shard
+is written (`beam_prep.sharding`), so no encoded file crosses a shuffle.
+`ReadExamples` (for pipelines of one's own) reads them right away, after a
+Reshuffle that spreads the reading over workers. Each input yields one
+example dict:
 
   image_id     str    unique id (classes: "label/stem")
   source       str    image path

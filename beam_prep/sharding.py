@@ -327,6 +327,8 @@ class _WriteGroupFn(beam.DoFn):
       self._inputs.inc()
       self._written.inc(len(serialized))
       self._failed.inc(len(errs))
+      for e in errs:
+        Metrics.counter("beam_prep", f"error_{e['reason']}").inc()
     records.close()
     errors.close()
     for kind, f in ((RECORDS_KIND, records), (ERRORS_KIND, errors)):

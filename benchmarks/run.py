@@ -15,11 +15,15 @@ Figures (each the median of several timed repetitions after a warm-up):
   prep.beam_objects_s        the whole pipeline on the DirectRunner, as the CLI runs it
   clicks.ms_per_sample       one object, one variant, 512x512: sampling + both maps
   clicks.reference_ms_per_sample   a full distance transform after every click
-  prep.peak_rss_mb.N / .4N   peak memory of the pipeline at two data-set sizes
+  prep.peak_rss_mb.N / .16N  peak memory of the pipeline at two data-set sizes
+  prep.beam_marginal_objects_s  objects/s between N and 16N (fixed cost removed)
+  prep.two_workers_speedup   16N with 2 DirectRunner worker threads vs 1 worker
+  storage.*                  bytes per source image and read rate of record layouts
   serve.latency_ms_p50/p95   one 512x512 image, 5+5 clicks, loaded SavedModel
 """
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -29,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Sequence
 
 import numpy as np
 
@@ -58,14 +62,15 @@ def make_data(workdir: str, count: int, size: int, seed: int = 0) -> str:
   return path
 
 
-def run_pipeline(data: str, out: str, size: int, variants: int, **fields) -> Dict[str, Any]:
+def run_pipeline(data: str, out: str, size: int, variants: int, beam_args: Sequence[str] = (),
+                 **fields) -> Dict[str, Any]:
   """The segmentation pipeline exactly as `beam-prep segmentation` runs it."""
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
   from pipelines import cli, prep  # pylint: disable=g-import-not-at-top
   config = PrepConfig(input=data, output=out, image_size=size, variants=variants,
                       overwrite=True, **fields)
-  return prep.run(config, PipelineOptions(cli.pipeline_args([])))
+  return prep.run(config, PipelineOptions(cli.pipeline_args(list(beam_args), data)))
 
 
 # ------------------------------------------------------------------------- figures
@@ -221,6 +226,105 @@ def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[s
   return out
 
 
+def _per_object_records(files: List[str], table) -> List[bytes]:
+  """Today's records regrouped as one record per object holding every variant:
+  image and mask once, the click encodings and clicks of all variants stacked."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  per_variant = [e.key for e in table.model_inputs if e.key != keys.IMAGE]
+  objects: Dict[Any, List[Dict[str, Any]]] = {}
+  for raw in tf.data.TFRecordDataset(files):
+    f = tf.train.Example.FromString(raw.numpy()).features.feature
+    key = (f[keys.IMAGE_ID].bytes_list.value[0], f[keys.OBJECT_ID].int64_list.value[0])
+    objects.setdefault(key, []).append(f)
+  out = []
+  for variants in objects.values():
+    first = variants[0]
+    feature = {k: first[k] for k in (keys.IMAGE, keys.MASK, keys.IMAGE_ID, keys.OBJECT_ID)}
+    for k in per_variant:
+      feature[k] = tf.train.Feature(bytes_list=tf.train.BytesList(
+          value=[b"".join(v[k].bytes_list.value[0] for v in variants)]))
+    for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS):
+      feature[k] = tf.train.Feature(int64_list=tf.train.Int64List(
+          value=[x for v in variants for x in v[k].int64_list.value]))
+    feature["variants"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[len(variants)]))
+    out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(
+        deterministic=True))
+  return out
+
+
+def bench_storage(data: str, workdir: str, s: Dict[str, Any]) -> Dict[str, float]:
+  """Bytes per source image and read rate (examples/s) of three record layouts.
+
+  A training example is one (object, click variant) in every layout; the
+  reader parses a batch, decodes the per-pixel features and, for the
+  per-object layout, picks one variant at random per example in the graph.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+  plain_dir = os.path.join(workdir, "storage_plain")
+  gzip_dir = os.path.join(workdir, "storage_gzip")
+  m = run_pipeline(data, plain_dir, s["size"], s["variants"])
+  run_pipeline(data, gzip_dir, s["size"], s["variants"], compression="gzip")
+  table = FeatureTable.load(plain_dir)
+  h, w = table.image_size
+  inputs = m["counts"]["inputs_read"]
+  per_pixel = {e.key: e for e in table if e.feature.per_pixel}
+  objects_file = os.path.join(workdir, "storage_per_object.tfrecord")
+  files = {"plain": sorted(glob.glob(keys.record_pattern(plain_dir, "*"))),
+           "gzip": sorted(glob.glob(keys.record_pattern(gzip_dir, "*"))),
+           "per_object": [objects_file]}
+  with tf.io.TFRecordWriter(objects_file) as writer:
+    for r in _per_object_records(files["plain"], table):
+      writer.write(r)
+
+  def reader(layout):
+    names = files[layout]
+    spec = {k: tf.io.FixedLenFeature([], tf.string) for k in per_pixel}
+    if layout == "per_object":
+      spec["variants"] = tf.io.FixedLenFeature([], tf.int64)
+
+    def decode(batch):
+      raw = tf.io.parse_example(batch, spec)
+      out = {}
+      for k, e in per_pixel.items():
+        c = e.feature.channels
+        x = tf.io.decode_raw(raw[k], tf.as_dtype(e.feature.dtype))
+        if layout == "per_object" and k not in (keys.IMAGE, keys.MASK):
+          x = tf.reshape(x, [-1, s["variants"], h, w, c])
+          pick = tf.random.uniform([tf.shape(x)[0]], 0, tf.cast(raw["variants"][0], tf.int32),
+                                   dtype=tf.int32)
+          x = tf.gather(x, pick, axis=1, batch_dims=1)
+        out[k] = tf.reshape(x, [-1, h, w, c])
+      return out
+
+    ds = tf.data.Dataset.from_tensor_slices(names).interleave(
+        lambda f: tf.data.TFRecordDataset(f, compression_type=keys.compression_of(names[0])),
+        cycle_length=max(len(names), 1), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=False)
+    ds = ds.repeat().shuffle(64).batch(s["batch"], drop_remainder=True)
+    return ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+  out = {}
+  for layout, names in files.items():
+    size = sum(os.path.getsize(f) for f in names)
+    out[f"storage.{layout}.bytes_per_image"] = size / max(inputs, 1)
+    it = iter(reader(layout))
+    for _ in range(3):
+      next(it)
+
+    def take(it=it):
+      for _ in range(s["batches"]):
+        next(it)
+      return s["batches"] * s["batch"]
+
+    out[f"storage.{layout}.examples_s"] = _median_rate(take, s["repeats"])
+    _log(f"storage {layout}: {out[f'storage.{layout}.bytes_per_image'] / 1e6:.2f} MB per "
+         f"image, {out[f'storage.{layout}.examples_s']:.0f} examples/s")
+  return out
+
+
 def bench_train(prep_dir: str, batch: int, steps: int, repeats: int, width: int, depth: int
                 ) -> Dict[str, float]:
   """The training step on in-memory tensors vs fed by the reader."""
@@ -302,13 +406,13 @@ def bench_serving(model_dir: str, repeats: int) -> Dict[str, float]:
           "serve.latency_ms_p95": float(np.percentile(times, 95))}
 
 
-def pipeline_in_fresh_process(data: str, out: str, size: int, variants: int = 1
-                              ) -> Dict[str, float]:
+def pipeline_in_fresh_process(data: str, out: str, size: int, variants: int = 1,
+                              beam_args: Sequence[str] = ()) -> Dict[str, float]:
   """One pipeline run in a fresh process: peak RSS (MB), wall seconds, objects."""
   code = ("import json, resource, sys\n"
           "from pipelines import logs\nlogs.quiet()\n"
           "from benchmarks.run import run_pipeline\n"
-          f"m = run_pipeline({data!r}, {out!r}, {size}, {variants})\n"
+          f"m = run_pipeline({data!r}, {out!r}, {size}, {variants}, beam_args={list(beam_args)!r})\n"
           # The pipeline runs in this process (in_memory DirectRunner).
           # VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork+exec,
           # so a child would report its (large) parent's peak.
@@ -316,6 +420,8 @@ def pipeline_in_fresh_process(data: str, out: str, size: int, variants: int = 1
           "           if l.startswith('VmHWM:'))\n"
           "print('RESULT', json.dumps({'rss_mb': rss / 1024.0,\n"
           "      'seconds': m['timing']['wall_seconds'],\n"
+          "      'records_mb': sum(v['bytes'] for k, v in m['shards'].items()\n"
+          "                        if k != 'errors') / 1e6,\n"
           "      'objects': m['counts']['objects_found']}))\n")
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
                      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -348,7 +454,7 @@ TARGETS = {
     "prep.beam_marginal_vs_kernel": (">=", 0.75),
     "clicks.ms_per_sample": ("<=", 20.0),
     "clicks.speedup_vs_reference": (">=", 15.0),
-    "prep.peak_rss_4n_vs_n": ("<=", 1.25),
+    "prep.peak_rss_16n_vs_n": ("<=", 1.1),
 }
 
 
@@ -382,23 +488,34 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
                              s["depth"]))
 
   small = make_data(workdir, s["rss_n"], s["size"], seed=1)
-  large = make_data(workdir, 4 * s["rss_n"], s["size"], seed=1)
+  large = make_data(workdir, 16 * s["rss_n"], s["size"], seed=1)
+  one_worker = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
   run_n = pipeline_in_fresh_process(small, os.path.join(workdir, "rss_n"), s["size"],
-                                    s["variants"])
-  run_4n = pipeline_in_fresh_process(large, os.path.join(workdir, "rss_4n"), s["size"],
-                                     s["variants"])
+                                    s["variants"], one_worker)
+  run_16n = pipeline_in_fresh_process(large, os.path.join(workdir, "rss_16n"), s["size"],
+                                      s["variants"], one_worker)
+  run_16n_2w = pipeline_in_fresh_process(
+      large, os.path.join(workdir, "rss_16n_2w"), s["size"], s["variants"],
+      ["--direct_running_mode=multi_threading", "--direct_num_workers=2"])
   figures["prep.peak_rss_mb.N"] = run_n["rss_mb"]
-  figures["prep.peak_rss_mb.4N"] = run_4n["rss_mb"]
+  figures["prep.peak_rss_mb.16N"] = run_16n["rss_mb"]
   figures["prep.rss_images.N"] = s["rss_n"]
+  figures["prep.records_mb.16N"] = run_16n["records_mb"]
   # Objects per second beyond the fixed start-up and tf.Transform cost: the
   # slope between the two sizes.
-  extra = run_4n["seconds"] - run_n["seconds"]
+  extra = run_16n["seconds"] - run_n["seconds"]
   figures["prep.beam_marginal_objects_s"] = (
-      (run_4n["objects"] - run_n["objects"]) / extra if extra > 0 else float("nan"))
+      (run_16n["objects"] - run_n["objects"]) / extra if extra > 0 else float("nan"))
   figures["prep.beam_fixed_seconds"] = run_n["seconds"] - run_n["objects"] / figures[
       "prep.beam_marginal_objects_s"] if extra > 0 else float("nan")
+  figures["prep.seconds_16n_1_worker"] = run_16n["seconds"]
+  figures["prep.seconds_16n_2_workers"] = run_16n_2w["seconds"]
+  figures["prep.two_workers_speedup"] = run_16n["seconds"] / run_16n_2w["seconds"]
+  figures["prep.peak_rss_mb.16N_2_workers"] = run_16n_2w["rss_mb"]
   _log(f"memory: {figures['prep.peak_rss_mb.N']:.0f} MB at N={s['rss_n']}, "
-       f"{figures['prep.peak_rss_mb.4N']:.0f} MB at 4N")
+       f"{figures['prep.peak_rss_mb.16N']:.0f} MB at 16N ({run_16n['records_mb']:.0f} MB of "
+       f"records); 2 workers {figures['prep.two_workers_speedup']:.2f}x faster at 16N")
+  figures.update(bench_storage(data, workdir, s))
 
   from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
   from train import loop  # pylint: disable=g-import-not-at-top
@@ -423,7 +540,7 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
       "clicks.ms_per_sample": figures["clicks.ms_per_sample"],
       "clicks.speedup_vs_reference":
           figures["clicks.reference_ms_per_sample"] / figures["clicks.ms_per_sample"],
-      "prep.peak_rss_4n_vs_n": figures["prep.peak_rss_mb.4N"] / figures["prep.peak_rss_mb.N"],
+      "prep.peak_rss_16n_vs_n": figures["prep.peak_rss_mb.16N"] / figures["prep.peak_rss_mb.N"],
   }
   targets = {}
   for k, (op, want) in TARGETS.items():
@@ -451,16 +568,24 @@ def table(result: Dict[str, Any]) -> str:
        f"{s['count']} images, {size}px, {s['variants']} variants, one core"),
       ("prep.beam_objects_s", f"{f['prep.beam_objects_s']:.1f}", f["prep.runner"]),
       ("prep.beam_marginal_objects_s", f"{f['prep.beam_marginal_objects_s']:.1f}",
-       f"slope between N and 4N images; fixed cost {f['prep.beam_fixed_seconds']:.1f} s"),
+       f"slope between N and 16N images; fixed cost {f['prep.beam_fixed_seconds']:.1f} s"),
+      ("prep.two_workers_speedup", f"{f['prep.two_workers_speedup']:.2f}",
+       f"16N images: {f['prep.seconds_16n_1_worker']:.1f} s with 1 worker, "
+       f"{f['prep.seconds_16n_2_workers']:.1f} s with 2 threads"),
       ("clicks.ms_per_sample", f"{f['clicks.ms_per_sample']:.1f}", "512x512, one variant"),
       ("clicks.reference_ms_per_sample", f"{f['clicks.reference_ms_per_sample']:.1f}",
        "EDT after every click"),
       ("prep.peak_rss_mb.N", f"{f['prep.peak_rss_mb.N']:.0f}", f"N = {f['prep.rss_images.N']}"),
-      ("prep.peak_rss_mb.4N", f"{f['prep.peak_rss_mb.4N']:.0f}",
-       f"4N = {4 * f['prep.rss_images.N']}"),
+      ("prep.peak_rss_mb.16N", f"{f['prep.peak_rss_mb.16N']:.0f}",
+       f"16N = {16 * f['prep.rss_images.N']} images, {f['prep.records_mb.16N']:.0f} MB of records"),
       ("serve.latency_ms_p50", f"{f['serve.latency_ms_p50']:.1f}", "512x512, 5+5 clicks"),
       ("serve.latency_ms_p95", f"{f['serve.latency_ms_p95']:.1f}", ""),
   ]
+  for layout, what in (("plain", "a record per (object, variant), uncompressed (default)"),
+                       ("gzip", "the same, gzip"),
+                       ("per_object", "a record per object holding all its variants")):
+    rows.append((f"storage.{layout}", f"{f[f'storage.{layout}.bytes_per_image'] / 1e6:.2f} MB/img, "
+                 f"{f[f'storage.{layout}.examples_s']:.0f} ex/s", what))
   out = ["| figure | value | setting |", "|---|---|---|"]
   out += [f"| `{a}` | {b} | {c} |" for a, b, c in rows]
   out += ["", "| target | measured | wanted | met |", "|---|---|---|---|"]

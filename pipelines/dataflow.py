@@ -6,7 +6,8 @@ before anything is submitted, offline (no credentials, no network), and adds
 """
 
 import os
-from typing import List
+import re
+from typing import List, Optional
 
 from beam_prep.config import PrepConfig
 
@@ -33,6 +34,33 @@ def _value(args: List[str], flag: str):
       return a.split("=", 1)[1]
     if a == flag and i + 1 < len(args):
       return args[i + 1]
+  return None
+
+
+_BUCKET_CHARS = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
+_IP = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+
+
+def bucket_problem(path: str) -> Optional[str]:
+  """Why the bucket of a gs:// path breaks GCS's naming rules (None when it is fine).
+
+  Checked offline: Beam, given a bad temp and staging bucket, tries to create
+  a default bucket instead, which hangs without credentials.
+  """
+  if not path.startswith("gs://"):
+    return None
+  bucket = path[len("gs://"):].split("/", 1)[0]
+  rules = ("bucket names are 3-63 characters (up to 222 with dots, 63 between dots) of "
+           "lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or "
+           "digit")
+  if not 3 <= len(bucket) <= (222 if "." in bucket else 63):
+    return f"bucket {bucket!r} in {path} has {len(bucket)} characters; {rules}"
+  if not _BUCKET_CHARS.match(bucket) or any(len(p) > 63 or not p for p in bucket.split(".")):
+    return f"bucket {bucket!r} in {path} is not a valid name: {rules}"
+  if _IP.match(bucket):
+    return f"bucket {bucket!r} in {path} looks like an IP address, which GCS refuses"
+  if bucket.startswith("goog") or re.search(r"g[o0]{2}g(le|l3)", bucket):
+    return f"bucket {bucket!r} in {path}: GCS refuses names that start with 'goog' or hold 'google'"
   return None
 
 
@@ -71,6 +99,11 @@ def check_and_complete(args: List[str], config: PrepConfig) -> List[str]:
     if not path.startswith("gs://"):
       problems.append(f"{name} {path} is not on GCS: Dataflow workers cannot see this "
                       "machine's disk; copy the data to gs:// first")
+  for name, path in (("--temp_location", temp), ("--staging_location", staging),
+                     ("--input", config.input), ("--output", config.output)):
+    problem = bucket_problem(path or "")
+    if problem:
+      problems.append(f"{name}: {problem}")
   if problems:
     raise DataflowOptionsError("cannot submit to Dataflow:\n  - " + "\n  - ".join(problems))
   out = list(args)

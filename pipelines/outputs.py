@@ -10,15 +10,22 @@ from apache_beam.io.filesystems import FileSystems
 
 
 
-class OutputExistsError(Exception):
+class OutputError(Exception):
+  """The output directory cannot be used; the message says why."""
+
+
+class OutputExistsError(OutputError):
   """The output directory holds files and --overwrite was not given."""
 
 
-def _listing(path: str) -> List[str]:
+def _listing(pattern: str) -> List[str]:
+  """Paths matching `pattern`; a listing that fails is an error, never "empty"."""
   try:
-    return [m.path for m in FileSystems.match([FileSystems.join(path, "*")])[0].metadata_list]
-  except Exception:  # pylint: disable=broad-except
-    return []
+    return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+  except Exception as e:  # pylint: disable=broad-except
+    raise OutputError(f"cannot list the output {pattern.rsplit('/', 1)[0]}: "
+                      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                      "(does the bucket exist, and may these credentials list it?)") from None
 
 
 def prepare_output(path: str, overwrite: bool) -> None:
@@ -26,6 +33,7 @@ def prepare_output(path: str, overwrite: bool) -> None:
 
   Raises:
     OutputExistsError: the directory has files and `overwrite` is False.
+    OutputError: a gs:// output that cannot be listed.
   """
   if path.startswith("gs://"):
     existing = _listing(path.rstrip("/") + "/**")

@@ -31,9 +31,28 @@ def test_settings_resolve_defaults_preset_file_flags(tmp_path):
   assert config.seed == 3                 # flag over file
   assert config.clicks.d == 30 and config.clicks.d_margin == 5
   assert beam_args == ["--runner=DirectRunner", "--direct_num_workers=2"]
-  # The user's --direct_* win; ours fill in only what is missing.
-  assert cli.pipeline_args(beam_args) == [
-      "--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=in_memory"]
+  # The user's --direct_* options win: none of ours is added.
+  assert cli.pipeline_args(beam_args) == ["--runner=DirectRunner", "--direct_num_workers=2"]
+
+
+def test_local_mode_follows_input_size_and_cores(tmp_path):
+  small, large = tmp_path / "small", tmp_path / "large"
+  for root, n in ((small, 10), (large, cli.PARALLEL_MIN_INPUTS)):
+    for sub in ("images", "masks"):
+      (root / sub).mkdir(parents=True)
+      for i in range(n):
+        (root / sub / f"{i}.png").write_bytes(b"")
+  one = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+  assert cli.direct_defaults(str(small), cores=4) == one
+  assert cli.direct_defaults(str(large), cores=1) == one
+  assert cli.direct_defaults(str(large), cores=4) == [
+      "--direct_running_mode=multi_threading", "--direct_num_workers=4"]
+  assert cli.direct_defaults(str(large), cores=64)[1] == (
+      f"--direct_num_workers={cli.MAX_LOCAL_WORKERS}")
+  assert cli.pipeline_args([], str(large)) == cli.direct_defaults(str(large))
+  manifest_file = tmp_path / "m.csv"
+  manifest_file.write_text("image\n" + "".join(f"{i}.png\n" for i in range(300)))
+  assert cli.direct_defaults(str(manifest_file), cores=2)[1] == "--direct_num_workers=2"
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -78,6 +97,28 @@ def test_dataflow_options_are_validated_offline(drop, add, message):
   config = PrepConfig(input="gs://acme-vision-prep/data", output="gs://acme-vision-prep/out")
   with pytest.raises(dataflow.DataflowOptionsError, match=message):
     dataflow.check_and_complete(args, config)
+
+
+@pytest.mark.parametrize("path,reason", [
+    ("gs://b/tmp", "has 1 characters"),
+    ("gs://Acme_Prep/tmp", "not a valid name"),
+    ("gs://acme-/tmp", "not a valid name"),
+    ("gs://192.168.5.4/tmp", "IP address"),
+    ("gs://google-prep/tmp", "'google'"),
+    ("gs://" + "a" * 64 + "/tmp", "has 64 characters"),
+])
+def test_bucket_names_are_checked_offline_before_beam_sees_them(path, reason):
+  assert dataflow.bucket_problem(path) and reason in dataflow.bucket_problem(path)
+  args = [a for a in GCS if not a.startswith(("--temp_location", "--staging_location"))]
+  args += [f"--temp_location={path}", f"--staging_location={path}", "--dry_run=True"]
+  config = PrepConfig(input="gs://acme-vision-prep/data", output="gs://acme-vision-prep/out")
+  with pytest.raises(dataflow.DataflowOptionsError, match="--temp_location: bucket"):
+    dataflow.check_and_complete(args, config)
+
+
+def test_valid_bucket_names_pass():
+  for path in ("gs://acme-vision-prep/x", "gs://a_b.c-d/x", "gs://abc", "gs://data.example.com/x"):
+    assert dataflow.bucket_problem(path) is None, path
 
 
 def test_dataflow_refuses_local_paths(tmp_path, capsys):
