@@ -45,6 +45,9 @@ VALUE_DTYPES = ("int64", "float32", "string")
 FEATURES_FILE = "features.json"
 # The reader's output that every record keeps: the stage that declares it.
 READ_STAGE = "read"
+# Suffixes of the per-image summaries tf.Transform's default analysis reads.
+SUMMARY_MEAN = "__mean"
+SUMMARY_MEAN_SQUARE = "__mean_square"
 
 
 class FeatureError(ValueError):
@@ -293,6 +296,48 @@ class FeatureTable:
         spec[key] = tf.io.FixedLenFeature(list(e.feature.shape), dtype)
     return spec
 
+  # ---- what tf.Transform's analysis reads ---------------------------------------
+
+  @property
+  def summarized(self) -> List[Entry]:
+    """Per-pixel model inputs declared "standardize": the analysis reads their
+    per-image channel means instead of their pixels."""
+    return [e for e in self.model_inputs
+            if e.feature.per_pixel and e.feature.normalize == "standardize"]
+
+  @staticmethod
+  def summary_keys(entry: Entry) -> Tuple[str, str]:
+    """Keys of an entry's per-image channel mean and mean of squares."""
+    return f"{entry.key}{SUMMARY_MEAN}", f"{entry.key}{SUMMARY_MEAN_SQUARE}"
+
+  def analysis_feature_spec(self) -> Dict[str, Any]:
+    """The records' spec plus the per-image summaries (`summary_row`)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    spec = self.raw_feature_spec()
+    for e in self.summarized:
+      for key in self.summary_keys(e):
+        spec[key] = tf.io.FixedLenFeature([e.feature.channels], tf.float32)
+    return spec
+
+  def summary_row(self, ex: Dict[str, Any]) -> bytes:
+    """One image as the default analysis reads it: per-pixel features empty,
+    each standardized one's per-channel mean and mean of squares, every other
+    feature as recorded. A few hundred bytes instead of the record."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    feature = {}
+    for e in self.entries:
+      if e.feature.per_pixel:
+        feature[e.key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b""]))
+      else:
+        feature[e.key] = _feature_of(e, _array_for(e, ex, self.image_size))
+    for e in self.summarized:
+      x = _array_for(e, ex, self.image_size).reshape(-1, e.feature.channels).astype(np.float64)
+      mean_key, square_key = self.summary_keys(e)
+      for key, values in ((mean_key, x.mean(axis=0)), (square_key, np.square(x).mean(axis=0))):
+        feature[key] = tf.train.Feature(float_list=tf.train.FloatList(value=values.tolist()))
+    example = tf.train.Example(features=tf.train.Features(feature=feature))
+    return example.SerializeToString(deterministic=True)
+
   def raw_schema(self, keys: Optional[Iterable[str]] = None):
     from tensorflow_transform.tf_metadata import schema_utils  # pylint: disable=g-import-not-at-top
     return schema_utils.schema_from_feature_spec(self.raw_feature_spec(keys))
@@ -307,17 +352,7 @@ class FeatureTable:
         shape; the message names the op that declared it.
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    feature = {}
-    for e in self.entries:
-      value = _array_for(e, ex, self.image_size)
-      if e.feature.per_pixel:
-        feature[e.key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.tobytes()]))
-      elif e.feature.dtype == "string":
-        feature[e.key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=list(value)))
-      elif e.feature.dtype == "int64":
-        feature[e.key] = tf.train.Feature(int64_list=tf.train.Int64List(value=value.tolist()))
-      else:
-        feature[e.key] = tf.train.Feature(float_list=tf.train.FloatList(value=value.tolist()))
+    feature = {e.key: _feature_of(e, _array_for(e, ex, self.image_size)) for e in self.entries}
     example = tf.train.Example(features=tf.train.Features(feature=feature))
     # Map order varies from process to process unless deterministic.
     return example.SerializeToString(deterministic=True)
@@ -342,6 +377,18 @@ class FeatureTable:
         arr = np.array(values, np.int64 if e.feature.dtype == "int64" else np.float32)
         out[e.key] = arr.reshape([-1 if d is None else d for d in e.feature.shape])
     return out
+
+
+def _feature_of(e: Entry, value):
+  """A checked value (`_array_for`) as a tf.train.Feature."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if e.feature.per_pixel:
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.tobytes()]))
+  if e.feature.dtype == "string":
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=list(value)))
+  if e.feature.dtype == "int64":
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=value.tolist()))
+  return tf.train.Feature(float_list=tf.train.FloatList(value=value.tolist()))
 
 
 def _array_for(e: Entry, ex: Dict[str, Any], image_size: Tuple[int, int]):

@@ -8,7 +8,10 @@ covers every declared feature (see `beam_prep.features`):
 - each `model_input`, decoded to float32 [B, H, W, C] and normalized as
   declared ("standardize": per-channel mean and standard deviation over the
   analyzed split, by full-pass analyzers; `scale(s)`: divided by s; "none"),
-  under its own key;
+  under its own key. The job feeds the analysis one small row per train
+  image (`FeatureTable.summary_row`: the channel means and means of squares
+  of its standardized inputs), so every image weighs once and no pixel is
+  analyzed twice; the same function analyzes full records as well;
 - the `label`, turned into the task's label outputs
   (`beam_prep.tasks`: segmentation `label` and `label_weight`, classification
   a vocabulary index);
@@ -23,7 +26,7 @@ the same keys (every model input under its key, and the task's labels).
 
 import importlib
 import inspect
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import tensorflow as tf
 import tensorflow_transform as tft
@@ -40,24 +43,37 @@ def decode_feature(raw: tf.Tensor, entry: Entry, image_size: Tuple[int, int]) ->
   return tf.reshape(flat, [-1, image_size[0], image_size[1], entry.feature.channels])
 
 
-def standardize(x: tf.Tensor, name: str) -> tf.Tensor:
+def standardize(x: tf.Tensor, name: str, example_mean: Optional[tf.Tensor] = None,
+                example_mean_square: Optional[tf.Tensor] = None) -> tf.Tensor:
   """float32 [B, H, W, C] -> per-channel standardized, by full-pass analyzers.
 
-  The mean and the mean of squares are analyzed over every example of the
-  split (all one size, so the mean of per-example means is the pixel mean).
+  The analyzers average per-example channel means and means of squares over
+  the analyzed split (so each example weighs once, and with equal sizes the
+  mean of the means is the pixel mean). Given `example_mean` and
+  `example_mean_square` ([B, C], precomputed per example), they read those
+  instead of the pixels.
   """
-  per_example_mean = tf.reduce_mean(x, axis=[1, 2])
-  per_example_sq = tf.reduce_mean(tf.square(x), axis=[1, 2])
-  mean = tft.mean(per_example_mean, reduce_instance_dims=False, name=f"{name}_mean")
-  mean_sq = tft.mean(per_example_sq, reduce_instance_dims=False, name=f"{name}_mean_square")
+  if example_mean is None:
+    example_mean = tf.reduce_mean(x, axis=[1, 2])
+    example_mean_square = tf.reduce_mean(tf.square(x), axis=[1, 2])
+  mean = tft.mean(example_mean, reduce_instance_dims=False, name=f"{name}_mean")
+  mean_sq = tft.mean(example_mean_square, reduce_instance_dims=False, name=f"{name}_mean_square")
   std = tf.sqrt(tf.maximum(mean_sq - tf.square(mean), 1e-6))
   return (x - mean) / std
 
 
-def normalize(x: tf.Tensor, entry: Entry) -> tf.Tensor:
-  """A decoded model input, normalized as its declaration says."""
+def normalize(x: tf.Tensor, entry: Entry, inputs: Optional[Dict[str, tf.Tensor]] = None
+              ) -> tf.Tensor:
+  """A decoded model input, normalized as its declaration says.
+
+  With `inputs` holding the entry's per-image summaries
+  (`FeatureTable.summary_keys`), standardization analyzes those.
+  """
   x = tf.cast(x, tf.float32)
   if entry.feature.normalize == "standardize":
+    mean_key, square_key = FeatureTable.summary_keys(entry)
+    if inputs is not None and mean_key in inputs:
+      return standardize(x, entry.key, inputs[mean_key], inputs[square_key])
     return standardize(x, entry.key)
   if entry.feature.scale is not None:
     return x / entry.feature.scale
@@ -65,7 +81,13 @@ def normalize(x: tf.Tensor, entry: Entry) -> tf.Tensor:
 
 
 def make_preprocessing_fn(table: FeatureTable) -> PreprocessingFn:
-  """The default preprocessing_fn of a feature table (see the module docstring)."""
+  """The default preprocessing_fn of a feature table (see the module docstring).
+
+  It analyzes either full records or the job's small per-image summary rows
+  (`FeatureTable.summary_row`, schema `analysis_feature_spec`): the exported
+  graph transforms full records either way, and the summaries, absent at
+  training and serving, are never needed there.
+  """
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
   task = tasks.get(table.task)
   for entry in table.model_inputs:
@@ -78,7 +100,7 @@ def make_preprocessing_fn(table: FeatureTable) -> PreprocessingFn:
     out = {}
     for entry in table.model_inputs:
       out[entry.key] = normalize(decode_feature(inputs[entry.key], entry, table.image_size),
-                                 entry)
+                                 entry, inputs)
     out.update(task.label_outputs(inputs, table))
     return out
 

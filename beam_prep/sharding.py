@@ -108,10 +108,14 @@ class ImageProcessor:
     table: the run's FeatureTable.
     image_level: stage name -> whether an error there loses the whole image.
     unit_ops: names of the ops of the first stage.
+    summary_rows: the image's row for tf.Transform is its summary
+      (`FeatureTable.summary_row`, for the default preprocessing_fn), else
+      its first record.
   """
 
   def __init__(self, stages, ops_module: str, table, image_level: Dict[str, bool],
-               unit_ops: Iterable[str]):
+               unit_ops: Iterable[str], summary_rows: bool = True):
+    self._summary_rows = summary_rows
     self._stages = [chain for _, chain in stages if chain]
     self._ops_module = ops_module
     self.table = table
@@ -132,8 +136,8 @@ class ImageProcessor:
     return out
 
   def process(self, pointer: Dict[str, Any]) -> Tuple[List[bytes], List[Dict[str, Any]],
-                                                      Dict[str, int]]:
-    """-> (serialized records, error records, counts)."""
+                                                      Dict[str, int], Optional[bytes]]:
+    """-> (serialized records, error records, counts, the image's analysis row)."""
     self.setup()
     counts: Dict[str, int] = {}
     errors: List[Dict[str, Any]] = []
@@ -149,12 +153,12 @@ class ImageProcessor:
     if "read_error" in pointer:
       add({"inputs_unreadable": 1})
       fail(pointer["read_error"])
-      return [], errors, counts
+      return [], errors, counts, None
     ex, error = readers.read_files(pointer)
     if error is not None:
       add({"inputs_unreadable": 1})
       fail(error)
-      return [], errors, counts
+      return [], errors, counts, None
     add({"images_decoded_input": 1})
     current = [ex]
     for i, fn in enumerate(self._fns):
@@ -167,7 +171,11 @@ class ImageProcessor:
       current = after
       if i == 0:
         add({"objects": len(current)})
-    return [self.table.encode(out) for out in current], errors, counts
+    records = [self.table.encode(out) for out in current]
+    row = None
+    if records:
+      row = self.table.summary_row(current[0]) if self._summary_rows else records[0]
+    return records, errors, counts, row
 
 
 def merge_counts(dicts: Iterable[Dict[str, int]]) -> Dict[str, int]:
@@ -198,7 +206,7 @@ def _probe(sample: List[Dict[str, Any]], processor: ImageProcessor) -> Dict[str,
   """Bytes per input and the gzip ratio, from a fixed sample's real records."""
   raw = packed = 0
   for pointer in sample:
-    records, _, _ = processor.process(pointer)
+    records, _, _, _ = processor.process(pointer)
     data = b"".join(tfrecord_frame(r) for r in records)
     raw += len(data)
     packed += len(zlib.compress(data, 6)) if data else 0
@@ -307,14 +315,14 @@ class _WriteGroupFn(beam.DoFn):
     counts: Dict[str, int] = {}
     previews = 0
     for pointer in pointers:
-      serialized, errs, c = self._processor.process(pointer)
+      serialized, errs, c, row = self._processor.process(pointer)
       counts = merge_counts([counts, c])
       if serialized:
         counts[f"examples/{split}"] = counts.get(f"examples/{split}", 0) + len(serialized)
         if split == keys.TRAIN_SPLIT:
-          # tf.Transform sees every image once (its first record), so the
-          # statistics weigh images equally, at a fraction of the records.
-          yield beam.pvalue.TaggedOutput(ANALYSIS_TAG, serialized[0])
+          # tf.Transform sees every image once, as a small row, so the
+          # statistics weigh images equally and cost a fraction of the job.
+          yield beam.pvalue.TaggedOutput(ANALYSIS_TAG, row)
         if previews < PREVIEW_PER_GROUP:
           previews += 1
           yield beam.pvalue.TaggedOutput(
@@ -341,8 +349,8 @@ class WriteShards(beam.PTransform):
   """(split, pointer) pairs -> record and error files in a temp folder.
 
   Returns a tuple of PCollections tagged `files` (one dict per file written,
-  for `commit_files`), `counts` (one dict per group), `analysis` (the first
-  serialized record of every train image) and `preview` (a few
+  for `commit_files`), `counts` (one dict per group), `analysis` (one row
+  per train image for tf.Transform: see `ImageProcessor`) and `preview` (a few
   (order key, serialized record) pairs per group).
   """
 

@@ -107,13 +107,15 @@ class ComputeDistanceMaps(ApplyOps):
 class AnalyzeAndTransform(beam.PTransform):
   """Full-pass tf.Transform analysis of serialized records; writes the graph.
 
-  Input is a PCollection of serialized tf.Examples (the job gives the first
-  record of every train image, so each image weighs once), fed to tf.Transform as Arrow RecordBatches through TFXIO (the
+  Input is a PCollection of serialized tf.Examples of `analysis_spec`
+  (default: the records' own spec; the job gives one small summary row per
+  train image, `FeatureTable.summary_row`), fed to tf.Transform as Arrow RecordBatches through TFXIO (the
   fast path; instance dicts are tf.Transform's test format). Only the
   analysis runs: the records keep the compact raw features, and the trainer
   and the serving model apply the exported graph. Writes
-  `DIR/transform_fn/`, `DIR/transformed_metadata/` and the raw schema in
-  `DIR/metadata/`, where `tft.TFTransformOutput(DIR)` finds all three.
+  `DIR/transform_fn/`, `DIR/transformed_metadata/` and the records' raw
+  schema (`raw_feature_spec`) in `DIR/metadata/`, where
+  `tft.TFTransformOutput(DIR)` finds all three.
 
   Must be applied inside a `tft_beam.Context`.
 
@@ -122,11 +124,13 @@ class AnalyzeAndTransform(beam.PTransform):
     as a side input to run a step after the transform is on disk).
   """
 
-  def __init__(self, preprocessing_fn, transform_dir: str, raw_feature_spec):
+  def __init__(self, preprocessing_fn, transform_dir: str, raw_feature_spec,
+               analysis_spec=None):
     super().__init__()
     self._preprocessing_fn = preprocessing_fn
     self._transform_dir = transform_dir
     self._spec = raw_feature_spec
+    self._analysis_spec = analysis_spec or raw_feature_spec
 
   def expand(self, serialized: beam.PCollection):
     import tensorflow_transform.beam as tft_beam  # pylint: disable=g-import-not-at-top
@@ -136,7 +140,9 @@ class AnalyzeAndTransform(beam.PTransform):
 
     schema = schema_utils.schema_from_feature_spec(self._spec)
     tfxio = tf_example_record.TFExampleBeamRecord(
-        physical_format="tfrecord", schema=schema, telemetry_descriptors=["beam_prep"])
+        physical_format="tfrecord",
+        schema=schema_utils.schema_from_feature_spec(self._analysis_spec),
+        telemetry_descriptors=["beam_prep"])
     record_batches = serialized | "ToRecordBatches" >> tfxio.BeamSource()
     transform_fn = ((record_batches, tfxio.TensorAdapterConfig())
                     | "Analyze" >> tft_beam.AnalyzeDataset(self._preprocessing_fn))

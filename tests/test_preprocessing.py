@@ -80,3 +80,44 @@ def test_a_users_preprocessing_fn_by_module_and_name(tmp_path):
   assert out[0][keys.LABEL].sum() == 4
   with pytest.raises(ValueError, match="has no function 'nope'"):
     preprocessing.preprocessing_fn_for(table, "tests.fixtures.user_preprocessing:nope")
+
+
+def _analyze_to_dir(path, rows, spec, fn):
+  from tensorflow_transform.tf_metadata import schema_utils  # pylint: disable=g-import-not-at-top
+  meta = dataset_metadata.DatasetMetadata(schema_utils.schema_from_feature_spec(spec))
+  with tft_beam.Context(temp_dir=str(path) + "_tmp"):
+    transform_fn = (rows, meta) | tft_beam.AnalyzeDataset(fn)
+    _ = transform_fn | tft_beam.WriteTransformFn(str(path))
+  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
+  return tft.TFTransformOutput(str(path))
+
+
+def test_summary_rows_analyze_to_the_same_graph_as_full_records(tmp_path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  h, w = 6, 5
+  table = _table(h, w, extra=[
+      Entry("depth", Feature("float32", channels=1, normalize="standardize"), "user_op"),
+      Entry("maps", Feature("uint8", channels=2, normalize=255), "distance_maps")])
+  examples = []
+  for i in range(5):
+    image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    examples.append({keys.IMAGE: image, "depth": rng.normal(i, 2.0, (h, w, 1)).astype("<f4"),
+                     "maps": np.full((h, w, 2), 9 * i, np.uint8),
+                     keys.MASK: (rng.random((h, w, 1)) < 0.5).astype(np.uint8)})
+  full = [{k: v.tobytes() for k, v in ex.items()} for ex in examples]
+  summary = [tf.train.Example.FromString(table.summary_row(ex)) for ex in examples]
+  assert all(len(s.SerializeToString()) < 200 for s in summary)  # a few floats, no pixels
+  spec = table.analysis_feature_spec()
+  summary_rows = [{k: (np.array(list(s.features.feature[k].float_list.value), np.float32)
+                       if k not in table.keys() else b"")
+                   for k in spec} for s in summary]
+  fn = preprocessing.make_preprocessing_fn(table)
+  by_records = _analyze_to_dir(tmp_path / "records", full, table.raw_feature_spec(), fn)
+  by_summaries = _analyze_to_dir(tmp_path / "summaries", summary_rows, spec, fn)
+  batch = {k: tf.constant([r[k] for r in full]) for k in full[0]}
+  a = by_records.transform_features_layer()(batch)
+  b = by_summaries.transform_features_layer()(batch)  # summaries absent: not needed
+  for key in (keys.IMAGE, "depth", "maps", keys.LABEL):
+    np.testing.assert_allclose(a[key].numpy(), b[key].numpy(), rtol=1e-4, atol=1e-4)
+  assert abs(float(np.mean(b["depth"].numpy()))) < 1e-4

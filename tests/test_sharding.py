@@ -1,7 +1,6 @@
 """Shards sized by bytes, committed once, identical across processes and workers."""
 
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -54,11 +53,11 @@ def small(tmp_path_factory):
 def large(tmp_path_factory):
   data = _data(tmp_path_factory, 32)
   root = tmp_path_factory.mktemp("large")
-  # Two separate processes: one worker in memory, two worker threads.
+  # Two separate processes: one worker in memory, two worker processes.
   one = str(root / "one")
   two = str(root / "two")
   _prep_in_new_process(data, one)
-  _prep_in_new_process(data, two, ["--direct_running_mode=multi_threading",
+  _prep_in_new_process(data, two, ["--direct_running_mode=multi_processing",
                                    "--direct_num_workers=2"])
   return one, two
 
