@@ -575,7 +575,7 @@ def table(result: Dict[str, Any]) -> str:
        f"slope between N and 16N images; fixed cost {f['prep.beam_fixed_seconds']:.1f} s"),
       ("prep.two_workers_speedup", f"{f['prep.two_workers_speedup']:.2f}",
        f"16N images: {f['prep.seconds_16n_1_worker']:.1f} s with 1 worker, "
-       f"{f['prep.seconds_16n_2_workers']:.1f} s with 2 threads"),
+       f"{f['prep.seconds_16n_2_workers']:.1f} s with 2 worker threads"),
       ("clicks.ms_per_sample", f"{f['clicks.ms_per_sample']:.1f}", "512x512, one variant"),
       ("clicks.reference_ms_per_sample", f"{f['clicks.reference_ms_per_sample']:.1f}",
        "EDT after every click"),

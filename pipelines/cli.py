@@ -19,10 +19,10 @@ from beam_prep.console import dispatch, load_config_file, preset
 from pipelines import logs
 
 # Chosen by measurement (README, "Running mode of the DirectRunner"): below
-# this many inputs one in-memory worker is fastest (worker processes cost
-# seconds to start, threads contend for the GIL); from it on, one worker
-# process per core (up to 8). Any --direct_* option the user gives wins.
-PARALLEL_MIN_INPUTS = 500
+# this many inputs one in-memory worker is as fast or faster (there are few
+# shard groups to spread, and threads contend for the GIL); from it on, one
+# worker thread per core (up to 8). Any --direct_* option the user gives wins.
+PARALLEL_MIN_INPUTS = 200
 MAX_LOCAL_WORKERS = 8
 _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
@@ -48,7 +48,7 @@ def direct_defaults(input_root: str, cores: Optional[int] = None) -> List[str]:
   import os  # pylint: disable=g-import-not-at-top
   cores = cores or os.cpu_count() or 1
   if cores >= 2 and _inputs_at_least(input_root, PARALLEL_MIN_INPUTS):
-    return ["--direct_running_mode=multi_processing",
+    return ["--direct_running_mode=multi_threading",
             f"--direct_num_workers={min(cores, MAX_LOCAL_WORKERS)}"]
   return ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 

@@ -11,8 +11,9 @@ from benchmarks.run import TARGETS
 FIGURES = ("input.on_the_fly_img_s", "input.precomputed_img_s", "input.read_ceiling_img_s",
            "train.synthetic_steps_s", "train.real_steps_s", "train.input_wait_fraction",
            "prep.kernel_objects_s", "prep.beam_objects_s", "clicks.ms_per_sample",
-           "clicks.reference_ms_per_sample", "prep.peak_rss_mb.N", "prep.peak_rss_mb.4N",
-           "serve.latency_ms_p50", "serve.latency_ms_p95")
+           "clicks.reference_ms_per_sample", "prep.peak_rss_mb.N", "prep.peak_rss_mb.16N",
+           "prep.kernel_objects_s.16N", "prep.beam_marginal_objects_s",
+           "prep.two_workers_speedup", "serve.latency_ms_p50", "serve.latency_ms_p95")
 
 
 def test_benchmark_reports_every_figure(tmp_path):
@@ -26,6 +27,14 @@ def test_benchmark_reports_every_figure(tmp_path):
     value = result["figures"][name]
     assert math.isfinite(value) and value >= 0, (name, value)
     assert f"`{name}`" in r.stdout  # in the printed table
+  for layout in ("plain", "gzip", "per_object"):
+    assert result["figures"][f"storage.{layout}.bytes_per_image"] > 0
+    assert result["figures"][f"storage.{layout}.examples_s"] > 0
+    assert f"`storage.{layout}`" in r.stdout
+  # gzip and one record per object both store fewer bytes than the default.
+  plain = result["figures"]["storage.plain.bytes_per_image"]
+  assert result["figures"]["storage.gzip.bytes_per_image"] < plain
+  assert result["figures"]["storage.per_object.bytes_per_image"] < plain
   assert set(result["targets"]) == set(TARGETS)
   assert result["environment"]["cores"] >= 1 and "tensorflow" in result["environment"]["versions"]
   assert os.path.getsize(plot) > 1000

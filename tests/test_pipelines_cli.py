@@ -46,7 +46,7 @@ def test_local_mode_follows_input_size_and_cores(tmp_path):
   assert cli.direct_defaults(str(small), cores=4) == one
   assert cli.direct_defaults(str(large), cores=1) == one
   assert cli.direct_defaults(str(large), cores=4) == [
-      "--direct_running_mode=multi_processing", "--direct_num_workers=4"]
+      "--direct_running_mode=multi_threading", "--direct_num_workers=4"]
   assert cli.direct_defaults(str(large), cores=64)[1] == (
       f"--direct_num_workers={cli.MAX_LOCAL_WORKERS}")
   assert cli.pipeline_args([], str(large)) == cli.direct_defaults(str(large))

@@ -53,11 +53,11 @@ def small(tmp_path_factory):
 def large(tmp_path_factory):
   data = _data(tmp_path_factory, 32)
   root = tmp_path_factory.mktemp("large")
-  # Two separate processes: one worker in memory, two worker processes.
+  # Two separate processes: one worker in memory, two worker threads.
   one = str(root / "one")
   two = str(root / "two")
   _prep_in_new_process(data, one)
-  _prep_in_new_process(data, two, ["--direct_running_mode=multi_processing",
+  _prep_in_new_process(data, two, ["--direct_running_mode=multi_threading",
                                    "--direct_num_workers=2"])
   return one, two
 
