@@ -115,7 +115,7 @@ class ImageProcessor:
 
   def __init__(self, stages, ops_module: str, table, image_level: Dict[str, bool],
                unit_ops: Iterable[str], summary_rows: bool = True):
-    self._summary_rows = summary_rows
+    self.summary_rows = summary_rows
     self._stages = [chain for _, chain in stages if chain]
     self._ops_module = ops_module
     self.table = table
@@ -174,7 +174,7 @@ class ImageProcessor:
     records = [self.table.encode(out) for out in current]
     row = None
     if records:
-      row = self.table.summary_row(current[0]) if self._summary_rows else records[0]
+      row = self.table.summary_row(current[0]) if self.summary_rows else records[0]
     return records, errors, counts, row
 
 
@@ -186,7 +186,7 @@ def merge_counts(dicts: Iterable[Dict[str, int]]) -> Dict[str, int]:
   return dict(sorted(out.items()))
 
 
-class _MergeCounts(beam.CombineFn):
+class MergeCounts(beam.CombineFn):
   """Sums count dicts (an empty dict when there is nothing)."""
 
   def create_accumulator(self):

@@ -52,6 +52,7 @@ def processor_for(config: PrepConfig, table: FeatureTable) -> sharding.ImageProc
   unit_ops = tasks.unit_ops(config)
   stage_names = {spec.name for spec in registry.parse_chain(config.chain)} | unit_ops
   image_level = {s: task.image_level(s, config) for s in stage_names}
+  # A user's preprocessing_fn may analyze anything: it reads whole records.
   return sharding.ImageProcessor(config.stages, config.ops_module, table, image_level, unit_ops,
                                  summary_rows=not config.preprocessing_fn)
 
@@ -102,13 +103,14 @@ def build(p: beam.Pipeline, config: PrepConfig, table: FeatureTable, temp_dir: s
   written = (inputs, plan) | "WriteShards" >> sharding.WriteShards(processor, temp_root, gzip)
 
   preprocessing_fn = preprocessing.preprocessing_fn_for(table, config.preprocessing_fn)
-  with tft_beam.Context(temp_dir=temp_dir, desired_batch_size=_analysis_batch(config, table)):
+  with tft_beam.Context(temp_dir=temp_dir,
+                        desired_batch_size=_analysis_batch(processor.summary_rows, table)):
     transform_fn = written[sharding.ANALYSIS_TAG] | "AnalyzeAndTransform" >> AnalyzeAndTransform(
         preprocessing_fn, FileSystems.join(out, keys.TRANSFORM_DIR), table.raw_feature_spec(),
-        analysis_spec=None if config.preprocessing_fn else table.analysis_feature_spec())
+        analysis_spec=table.analysis_feature_spec() if processor.summary_rows else None)
 
   counts = (written[sharding.COUNTS_TAG]
-            | "SumCounts" >> beam.CombineGlobally(sharding._MergeCounts()))  # pylint: disable=protected-access
+            | "SumCounts" >> beam.CombineGlobally(sharding.MergeCounts()))
   preview = (written[sharding.PREVIEW_TAG]
              | "PreviewRecords" >> beam.combiners.Top.Smallest(PREVIEW_COUNT, key=lambda kv: kv[0]))
   _ = (p
@@ -119,10 +121,10 @@ def build(p: beam.Pipeline, config: PrepConfig, table: FeatureTable, temp_dir: s
            beam.pvalue.AsSingleton(preview), beam.pvalue.AsList(transform_fn)))
 
 
-def _analysis_batch(config: PrepConfig, table: FeatureTable) -> int:
+def _analysis_batch(summary_rows: bool, table: FeatureTable) -> int:
   """Rows per tf.Transform batch: a few tens of MB of decoded features."""
-  if not config.preprocessing_fn:
-    return 1000  # Summary rows: a few hundred bytes each.
+  if summary_rows:
+    return 1000  # A few hundred bytes each.
   row = sum(e.stored_bytes(table.image_size) * 4 for e in table if e.feature.per_pixel)
   return int(max(1, min(1000, 64e6 // max(row, 1))))
 
