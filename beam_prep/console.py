@@ -106,3 +106,69 @@ def preset(name: Optional[str], side: str) -> Dict[str, Any]:
     return dict(PRESETS[name][side])
   except KeyError:
     raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}") from None
+
+
+class UnknownOptionError(ValueError):
+  """An option nobody knows; the message names it and the closest known one."""
+
+
+def show_defaults(parser, defaults: Dict[str, Any]) -> None:
+  """Adds "(default: X)" to the help of every option whose dest has a default."""
+  for action in parser._actions:  # pylint: disable=protected-access
+    if action.dest not in defaults or action.help == "==SUPPRESS==":
+      continue
+    value = defaults[action.dest]
+    shown = "''" if value == "" else value
+    if isinstance(value, bool):
+      shown = "on" if value else "off"
+    note = f"default: {shown}"
+    if action.const is False and action.nargs == 0:  # a --no-X switch
+      note = f"default: {action.dest.replace('_', ' ')} {shown}"
+    action.help = f"{action.help} ({note})" if action.help else note
+
+
+def check_unknown(args: List[str], known_flags, where: str, strict: bool = False) -> None:
+  """Refuses `--flags` in `args` that are not in `known_flags`, suggesting the closest.
+
+  With `strict`, any token left (a stray value too) is refused.
+
+  Raises:
+    UnknownOptionError: naming every unknown option.
+  """
+  import difflib  # pylint: disable=g-import-not-at-top
+  known = sorted(set(known_flags))
+  problems = []
+  value_of_unknown = False
+  for token in args:
+    if not token.startswith("--"):
+      if strict and not value_of_unknown:
+        problems.append(repr(token))
+      value_of_unknown = False
+      continue
+    flag = token.split("=", 1)[0]
+    value_of_unknown = False
+    if flag in known:
+      continue
+    value_of_unknown = "=" not in token
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+    problems.append(f"{flag}" + (f" (did you mean {close[0]}?)" if close else ""))
+  if problems:
+    raise UnknownOptionError(f"unknown option{'s' if len(problems) > 1 else ''} "
+                             f"{', '.join(problems)}; see {where} --help")
+
+
+def option_flags(parser) -> List[str]:
+  """Every --flag an argparse parser knows."""
+  return [s for s in parser._option_string_actions if s.startswith("--")]  # pylint: disable=protected-access
+
+
+def beam_option_flags() -> List[str]:
+  """Every --flag Beam's PipelineOptions know (as Beam itself collects them)."""
+  from apache_beam.options import pipeline_options as po  # pylint: disable=g-import-not-at-top
+  parser = po._BeamArgumentParser(allow_abbrev=False)  # pylint: disable=protected-access
+  subset = {}
+  for cls in po.PipelineOptions.__subclasses__():
+    subset.setdefault(str(cls), cls)
+  for cls in subset.values():
+    cls._add_argparse_args(parser)  # pylint: disable=protected-access
+  return option_flags(parser)

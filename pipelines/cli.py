@@ -15,7 +15,8 @@ examples. Entry points stay thin: parse, build one frozen config, run.
 import argparse
 from typing import List, Optional
 
-from beam_prep.console import dispatch, load_config_file, preset
+from beam_prep.console import (beam_option_flags, check_unknown, dispatch, load_config_file,
+                               option_flags, preset, show_defaults)
 from pipelines import logs
 
 # Chosen by measurement (README, "Running mode of the DirectRunner"): below
@@ -118,12 +119,13 @@ def prep_parser(task: str = "segmentation") -> argparse.ArgumentParser:
       epilog=LAYOUT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--input", help="data root (local or gs://), or a manifest file")
   parser.add_argument("--output", help="output directory (local or gs://)")
-  parser.add_argument("--layout", help="input layout (default auto)")
+  parser.add_argument("--layout", help="input layout (see below)")
   parser.add_argument("--allow-outside-root", dest="allow_outside_root", action="store_true",
                       default=None, help="let manifest paths leave the manifest's folder")
   parser.add_argument("--config", help="JSON file of PrepConfig fields")
   parser.add_argument("--preset", help="named defaults: smoke (tiny, for demos and tests)")
-  parser.add_argument("--image-size", type=int, dest="image_size")
+  parser.add_argument("--image-size", type=int, dest="image_size",
+                      help="records hold images resized to N x N")
   if task == "segmentation":
     parser.add_argument("--variants", type=int, help="click samplings per object")
     parser.add_argument("--flip-variants", dest="flip_variants", action="store_true",
@@ -131,15 +133,17 @@ def prep_parser(task: str = "segmentation") -> argparse.ArgumentParser:
     parser.add_argument("--click-encoding", dest="click_encoding",
                         choices=["distance", "disks", "both"],
                         help="how clicks reach the model: distance maps (Xu et al. 2016), "
-                        "binary disks (RITM), or both (default distance)")
+                        "binary disks (RITM), or both")
     parser.add_argument("--disk-radius", type=float, dest="disk_radius",
-                        help="radius of the click disks in pixels (default 5)")
-  parser.add_argument("--seed", type=int)
-  parser.add_argument("--eval-percent", type=int, dest="eval_percent")
+                        help="radius of the click disks in pixels")
+  parser.add_argument("--seed", type=int, help="seed of the click sampling")
+  parser.add_argument("--eval-percent", type=int, dest="eval_percent",
+                      help="share of images in the eval split (by a hash of the image id)")
   parser.add_argument("--target-shard-mb", type=float, dest="target_shard_mb",
-                      help="size each record file aims at, in MB (default 200); the number of "
-                      "files follows from the data")
-  parser.add_argument("--compression", choices=["", "gzip"])
+                      help="size each record file aims at, in MB; the number of files follows "
+                      "from the data")
+  parser.add_argument("--compression", choices=["", "gzip"],
+                      help="record compression (README: 'Record layout, measured')")
   parser.add_argument("--max-pixels", type=int, dest="max_pixels",
                       help="reject images declaring more pixels (decompression bombs)")
   parser.add_argument("--max-error-fraction", type=float, dest="max_error_fraction",
@@ -154,10 +158,22 @@ def prep_parser(task: str = "segmentation") -> argparse.ArgumentParser:
   parser.add_argument("--overwrite", action="store_true", default=None,
                       help="replace a non-empty output directory")
   parser.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
-                      help="Dataflow: wait for the job and print its summary (default), or "
-                      "return once it is submitted (--no-wait)")
+                      help="Dataflow: wait for the job and print its summary, or return once "
+                      "it is submitted (--no-wait)")
   parser.add_argument("--verbose", action="store_true", help="show library logs")
+  show_defaults(parser, _defaults())
   return parser
+
+
+def _defaults():
+  """The config's defaults, by option dest (what `--help` shows)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from beam_prep.config import ClickConfig, PrepConfig  # pylint: disable=g-import-not-at-top
+  out = {f.name: f.default for f in dataclasses.fields(PrepConfig)
+         if f.default is not dataclasses.MISSING and f.name not in ("input", "output")}
+  clicks = ClickConfig()
+  out.update(flip_variants=clicks.flip, disk_radius=clicks.disk_radius, wait=True, verbose=False)
+  return out
 
 
 def build_config(args: argparse.Namespace, task: str = "segmentation"):
@@ -199,10 +215,14 @@ def pipeline_args(beam_args: List[str], input_root: str = "") -> List[str]:
 
 
 def _prep(task: str, argv: List[str]) -> int:
-  known, beam_args = prep_parser(task).parse_known_args(argv)
+  parser = prep_parser(task)
+  known, beam_args = parser.parse_known_args(argv)
   logs.quiet(known.verbose)
   log = logs.get()
   try:
+    # Beam drops options it does not know with a log line: a typo here
+    # would run a whole job with a default.
+    check_unknown(beam_args, option_flags(parser) + beam_option_flags(), f"beam-prep {task}")
     config = build_config(known, task)
     from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
     registry.import_ops_modules(config.ops_module)

@@ -35,6 +35,33 @@ def test_settings_resolve_defaults_preset_file_flags(tmp_path):
   assert cli.pipeline_args(beam_args) == ["--runner=DirectRunner", "--direct_num_workers=2"]
 
 
+@pytest.mark.parametrize("typo,suggestion", [
+    ("--varients", "--variants"),
+    ("--direct_num_worker=2", "--direct_num_workers"),
+    ("--imagesize", "--image-size"),
+])
+def test_unknown_options_are_refused_with_the_closest_known_one(typo, suggestion, tmp_path,
+                                                                capsys):
+  argv = ["segmentation", "--input", str(tmp_path), "--output", str(tmp_path / "o"), typo]
+  if "=" not in typo:
+    argv.append("4")
+  assert run_cli(argv) == 2
+  out = capsys.readouterr().out
+  assert f"unknown option {typo.split('=')[0]} (did you mean {suggestion}?)" in out
+  assert not (tmp_path / "o").exists()  # refused before anything ran
+
+
+def test_help_shows_every_default(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["segmentation", "--help"])
+  text = " ".join(capsys.readouterr().out.split())
+  for flag, default in (("--variants VARIANTS", "2"), ("--image-size IMAGE_SIZE", "128"),
+                        ("--target-shard-mb TARGET_SHARD_MB", "200.0"),
+                        ("--eval-percent EVAL_PERCENT", "20"), ("--seed SEED", "0")):
+    after = text.split(flag, 2)[2] if text.count(flag) > 1 else text.split(flag, 1)[1]
+    assert f"(default: {default})" in after.split(" --", 1)[0], flag
+
+
 def test_local_mode_follows_input_size_and_cores(tmp_path):
   small, large = tmp_path / "small", tmp_path / "large"
   for root, n in ((small, 10), (large, cli.PARALLEL_MIN_INPUTS)):

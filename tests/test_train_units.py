@@ -47,3 +47,18 @@ def test_sample_data_is_deterministic(tmp_path):
     assert len(names) == 3
     for n in names:
       assert n.read_bytes() == (tmp_path / "y" / sub / n.name).read_bytes()
+
+
+def test_fit_refuses_an_unknown_option_with_the_closest_known_one(capsys):
+  import pytest  # pylint: disable=g-import-not-at-top
+  from train import cli as train_cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    train_cli.main(["fit", "--data", "x", "--model-dir", "y", "--stpes", "3"])
+  assert e.value.code == 2
+  assert "unknown option --stpes (did you mean --steps?)" in capsys.readouterr().out
+  with pytest.raises(SystemExit):
+    train_cli.main(["fit", "--help"])
+  from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
+  steps = TrainConfig.__dataclass_fields__["steps"].default
+  assert f"total steps for the model directory (default: {steps})" in " ".join(
+      capsys.readouterr().out.split())

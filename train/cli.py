@@ -10,7 +10,8 @@ import argparse
 import json
 from typing import List, Optional
 
-from beam_prep.console import dispatch, load_config_file, preset
+from beam_prep.console import (check_unknown, dispatch, load_config_file, option_flags, preset,
+                               show_defaults)
 from train import logs
 
 
@@ -51,9 +52,26 @@ def fit_parser() -> argparse.ArgumentParser:
                  help="record a profiler trace of global steps A..B")
   p.add_argument("--skip-corrupt-records", dest="skip_corrupt_records", action="store_true",
                  default=None, help="skip unreadable records instead of stopping")
-  p.add_argument("--no-export", dest="export", action="store_false", default=None)
+  p.add_argument("--no-export", dest="export", action="store_false", default=None,
+                 help="train without writing the serving SavedModel")
   p.add_argument("--verbose", action="store_true", help="show library logs")
+  show_defaults(p, _train_defaults())
   return p
+
+
+def _train_defaults():
+  """The TrainConfig's defaults, by option dest (what `--help` shows)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
+  out = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+         if f.default is not dataclasses.MISSING and f.name not in ("data", "model_dir")}
+  out["verbose"] = False
+  if out.get("model") in ("", None):
+    out.pop("model", None)  # Its help says: the task's.
+  profile = out.pop("profile_steps", None)
+  if profile is not None:
+    out["profile_steps"] = "off" if not profile else ",".join(str(v) for v in profile)
+  return out
 
 
 _FIELDS = ("data", "model_dir", "model", "steps", "batch_size", "learning_rate",
@@ -87,9 +105,11 @@ def build_config(args: argparse.Namespace):
 
 
 def _fit(argv: List[str]) -> int:
-  args = fit_parser().parse_args(argv)
+  parser = fit_parser()
+  args, rest = parser.parse_known_args(argv)
   log = logs.quiet(args.verbose)
   try:
+    check_unknown(rest, option_flags(parser), "beam-train fit", strict=True)
     config = build_config(args)
   except (ValueError, TypeError, OSError, json.JSONDecodeError) as e:
     log.error("beam-train fit: %s", e)
