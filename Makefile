@@ -1,6 +1,7 @@
 # Quick start: `make demo` and `make test`. Both create .venv if missing and
 # install the package into it; a second run reuses it.
-PYTHON ?= python3.11
+# The first of python3.11, python3.12, python3.13 that runs (or PYTHON=...).
+PYTHON ?= $(firstword $(foreach p,python3.11 python3.12 python3.13,$(shell $(p) -c "" >/dev/null 2>&1 && echo $(p))))
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -8,7 +9,8 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test test-all bench install clean
 
 $(BIN)/python:
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or make PYTHON=/path/to/python3.11)"; exit 1; }
+	@test -n "$(PYTHON)" || { echo "need python3.11, python3.12 or python3.13 on PATH (or make PYTHON=/path/to/python3)"; exit 1; }
+	@$(PYTHON) -c "import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), sys.version" || { echo "$(PYTHON) is not Python 3.11-3.13"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 

@@ -18,7 +18,7 @@ def _version():
     return re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
 
 
-# One line of versions that installs together on Python 3.11: tf.Transform
+# One line of versions that installs together on Python 3.11-3.13: tf.Transform
 # 1.21 pins TensorFlow below 2.22 and is built against Beam 2.7x.
 REQUIRED = [
     "tensorflow==2.21.*",
@@ -44,7 +44,7 @@ setuptools.setup(
         "Heavy per-example preprocessing computed once by Apache Beam and "
         "tf.Transform into TFRecords, and a TensorFlow trainer that reads them."
     ),
-    python_requires=">=3.10,<3.12",
+    python_requires=">=3.11,<3.14",
     packages=setuptools.find_packages(include=["beam_prep*", "train*", "pipelines*"]),
     install_requires=REQUIRED,
     extras_require={"test": ["pytest>=7"]},

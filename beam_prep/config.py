@@ -49,6 +49,8 @@ class PrepConfig:
     preprocessing_fn: "module:function", a tf.Transform preprocessing_fn to
       use instead of the one generated from the declared features.
     overwrite: replace a non-empty output directory.
+    progress_seconds: interval of the job's progress lines (0: none); they
+      never change the output.
     clicks: click simulation settings.
   """
   input: str
@@ -69,6 +71,7 @@ class PrepConfig:
   ops_module: str = ""
   preprocessing_fn: str = ""
   overwrite: bool = False
+  progress_seconds: float = 30.0
   clicks: ClickConfig = ClickConfig()
 
   def __post_init__(self):
@@ -83,6 +86,8 @@ class PrepConfig:
       raise ValueError(f"variants must be at least 1, got {self.variants}")
     if not 0 <= self.eval_percent < 100:
       raise ValueError(f"eval_percent must be in [0, 100), got {self.eval_percent}")
+    if self.progress_seconds < 0:
+      raise ValueError(f"progress_seconds must be >= 0, got {self.progress_seconds}")
     if not self.target_shard_mb > 0:
       raise ValueError(f"target_shard_mb must be positive, got {self.target_shard_mb}")
     if self.compression not in ("", "gzip"):

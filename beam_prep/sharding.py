@@ -22,7 +22,10 @@ leave files only in their own temp folder, which the commit deletes.
 
 import hashlib
 import json
+import logging
 import struct
+import threading
+import time
 import uuid
 import zlib
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -287,13 +290,65 @@ class _RollingFile:
       self._file = None
 
 
+def _duration(seconds: float) -> str:
+  seconds = int(round(seconds))
+  if seconds < 60:
+    return f"{seconds} s"
+  if seconds < 3600:
+    return f"{seconds // 60} min {seconds % 60:02d} s"
+  return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+class Progress:
+  """One progress line per interval for all shard writers of a job in this
+  process (the DirectRunner's threads share it): inputs done of the total,
+  objects, rate, elapsed time and an estimate of the time left."""
+
+  _lock = threading.Lock()
+  _jobs: Dict[str, Dict[str, Any]] = {}
+
+  @classmethod
+  def add(cls, job: str, interval: float, plan: Dict[str, Any], inputs: int,
+          objects: int) -> Optional[str]:
+    """Counts work done; returns the line when one is due (and logs it)."""
+    if interval <= 0:
+      return None
+    now = time.monotonic()
+    total = sum(plan["inputs"].values())
+    with cls._lock:
+      state = cls._jobs.get(job)
+      if state is None:
+        state = cls._jobs[job] = {"start": now, "last": now, "inputs": 0, "objects": 0}
+        order = sorted(plan["groups"], key=lambda split: (split != keys.TRAIN_SPLIT, split))
+        groups = " + ".join(f"{plan['groups'][split]} {split}" for split in order)
+        size = plan["bytes_per_input"]
+        size = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"
+        logging.getLogger("beam_prep").info(
+            "prep: %d inputs in %s groups (about %s of records per input)", total, groups, size)
+      state["inputs"] += inputs
+      state["objects"] += objects
+      if now - state["last"] < interval:
+        return None
+      state["last"] = now
+      done, elapsed = state["inputs"], now - state["start"]
+      rate = done / elapsed if elapsed > 0 else 0.0
+      line = (f"prep: {done} of {total} inputs ({state['objects']} objects), "
+              f"{rate:.1f} inputs/s, {_duration(elapsed)} elapsed")
+      if rate > 0 and total > done:
+        line += f", about {_duration((total - done) / rate)} left"
+    logging.getLogger("beam_prep").info(line)
+    return line
+
+
 class _WriteGroupFn(beam.DoFn):
   """Writes one group: its inputs in a stable order, record files and error files."""
 
-  def __init__(self, processor: ImageProcessor, temp_root: str, gzip: bool):
+  def __init__(self, processor: ImageProcessor, temp_root: str, gzip: bool,
+               progress_seconds: float):
     self._processor = processor
     self._temp_root = temp_root
     self._gzip = gzip
+    self._progress_seconds = progress_seconds
 
   def setup(self):
     self._processor.setup()
@@ -332,6 +387,7 @@ class _WriteGroupFn(beam.DoFn):
         records.write(tfrecord_frame(s))
       for e in errs:
         errors.write(json.dumps(e, sort_keys=True).encode("utf-8") + b"\n")
+      Progress.add(self._temp_root, self._progress_seconds, plan, 1, c.get("objects", 0))
       self._inputs.inc()
       self._written.inc(len(serialized))
       self._failed.inc(len(errs))
@@ -348,15 +404,19 @@ class _WriteGroupFn(beam.DoFn):
 class WriteShards(beam.PTransform):
   """(split, pointer) pairs -> record and error files in a temp folder.
 
+  With `progress_seconds` > 0, logs a progress line at that interval (to the
+  `beam_prep` logger of the worker process: the console on the DirectRunner).
+
   Returns a tuple of PCollections tagged `files` (one dict per file written,
   for `commit_files`), `counts` (one dict per group), `analysis` (one row
   per train image for tf.Transform: see `ImageProcessor`) and `preview` (a few
   (order key, serialized record) pairs per group).
   """
 
-  def __init__(self, processor: ImageProcessor, temp_root: str, gzip: bool):
+  def __init__(self, processor: ImageProcessor, temp_root: str, gzip: bool,
+               progress_seconds: float = 0.0):
     super().__init__()
-    self._fn = _WriteGroupFn(processor, temp_root, gzip)
+    self._fn = _WriteGroupFn(processor, temp_root, gzip, progress_seconds)
 
   def expand(self, keyed_and_plan):
     keyed, plan = keyed_and_plan

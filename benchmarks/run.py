@@ -441,7 +441,7 @@ SETTINGS = {
              "train_steps": 10, "width": 16, "depth": 3, "rss_n": 16, "fit_steps": 100,
              "serve_repeats": 50, "click_repeats": 5},
     # Tiny: what the smoke test runs to keep this code working.
-    "tiny": {"count": 4, "size": 64, "variants": 1, "batch": 2, "batches": 2, "repeats": 1,
+    "tiny": {"count": 4, "size": 64, "variants": 2, "batch": 2, "batches": 2, "repeats": 1,
              "train_steps": 2, "width": 4, "depth": 2, "rss_n": 2, "fit_steps": 4,
              "serve_repeats": 2, "click_repeats": 1},
 }

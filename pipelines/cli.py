@@ -157,6 +157,8 @@ def prep_parser(task: str = "segmentation") -> argparse.ArgumentParser:
                       "from the declared features")
   parser.add_argument("--overwrite", action="store_true", default=None,
                       help="replace a non-empty output directory")
+  parser.add_argument("--progress-seconds", type=float, dest="progress_seconds",
+                      help="a progress line every N seconds while the job runs (0: none)")
   parser.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
                       help="Dataflow: wait for the job and print its summary, or return once "
                       "it is submitted (--no-wait)")
@@ -186,7 +188,7 @@ def build_config(args: argparse.Namespace, task: str = "segmentation"):
   for name in ("input", "output", "layout", "allow_outside_root", "image_size", "variants",
                "seed", "eval_percent", "target_shard_mb", "compression", "click_encoding",
                "max_pixels", "max_error_fraction", "ops", "ops_module", "preprocessing_fn",
-               "overwrite"):
+               "overwrite", "progress_seconds"):
     value = getattr(args, name, None)
     if value is not None:
       fields[name] = value

@@ -100,7 +100,8 @@ def build(p: beam.Pipeline, config: PrepConfig, table: FeatureTable, temp_dir: s
             | "Split" >> beam.Map(lambda ptr: (sharding.pointer_split(ptr, eval_percent), ptr)))
   plan = inputs | "PlanShards" >> sharding.PlanShards(
       processor, config.target_shard_mb * 1e6, gzip)
-  written = (inputs, plan) | "WriteShards" >> sharding.WriteShards(processor, temp_root, gzip)
+  written = (inputs, plan) | "WriteShards" >> sharding.WriteShards(
+      processor, temp_root, gzip, config.progress_seconds)
 
   preprocessing_fn = preprocessing.preprocessing_fn_for(table, config.preprocessing_fn)
   with tft_beam.Context(temp_dir=temp_dir,

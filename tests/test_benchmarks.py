@@ -12,8 +12,8 @@ FIGURES = ("input.on_the_fly_img_s", "input.precomputed_img_s", "input.read_ceil
            "train.synthetic_steps_s", "train.real_steps_s", "train.input_wait_fraction",
            "prep.kernel_objects_s", "prep.beam_objects_s", "clicks.ms_per_sample",
            "clicks.reference_ms_per_sample", "prep.peak_rss_mb.N", "prep.peak_rss_mb.16N",
-           "prep.kernel_objects_s.16N", "prep.beam_marginal_objects_s",
-           "prep.two_workers_speedup", "serve.latency_ms_p50", "serve.latency_ms_p95")
+           "prep.kernel_objects_s.16N", "prep.two_workers_speedup", "serve.latency_ms_p50",
+           "serve.latency_ms_p95")
 
 
 def test_benchmark_reports_every_figure(tmp_path):
@@ -27,6 +27,10 @@ def test_benchmark_reports_every_figure(tmp_path):
     value = result["figures"][name]
     assert math.isfinite(value) and value >= 0, (name, value)
     assert f"`{name}`" in r.stdout  # in the printed table
+  # At tiny sizes the two runs' times are within noise: the slope may be
+  # undefined (NaN, reported as such), never a made-up number.
+  marginal = result["figures"]["prep.beam_marginal_objects_s"]
+  assert math.isnan(marginal) or marginal > 0
   for layout in ("plain", "gzip", "per_object"):
     assert result["figures"][f"storage.{layout}.bytes_per_image"] > 0
     assert result["figures"][f"storage.{layout}.examples_s"] > 0

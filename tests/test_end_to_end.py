@@ -42,8 +42,13 @@ def test_pipeline_train_export_predict_without_prep_dir(prep_dir, sample_dir, tm
   assert e.value.code == 0
   mask = np.asarray(Image.open(out))
   assert mask.shape == (h, w) and set(np.unique(mask)) <= {0, 255}
-  overlay = Image.open(str(tmp_path / "pred" / "mask_overlay.png"))
-  assert overlay.size == (w, h)
+  overlay = Image.open(str(tmp_path / "pred" / "mask_overlay.png")).convert("RGB")
+  k = overlay.size[0] // w
+  assert overlay.size == (w * k, h * k) and max(overlay.size) >= 512  # enlarged, sharp
+  px = np.asarray(overlay)
+  cy, cx = int((h // 2 + 0.5) * k), int((w // 2 + 0.5) * k)
+  assert tuple(px[cy, cx]) == (0, 230, 0)  # the positive click, where it was given
+  assert tuple(px[int(2.5 * k), int(2.5 * k)]) == (240, 0, 0)
 
 
 def test_resumed_run_reaches_the_same_step(prep_dir, tmp_path):

@@ -171,3 +171,23 @@ def test_transform_statistics_weigh_every_image_once(small):
     scale = (y[j, c] - y[i, c]) / (x[j, c] - x[i, c])
     analyzed_mean = x[i, c] - y[i, c] / scale
     assert analyzed_mean == pytest.approx(by_image[c], abs=0.05), (c, by_image, by_record)
+
+
+def test_progress_lines_at_a_steady_interval(tmp_path_factory, capsys):
+  import re  # pylint: disable=g-import-not-at-top
+  data = _data(tmp_path_factory, 12, seed=5)
+  out = str(tmp_path_factory.mktemp("progress") / "out")
+  assert run_cli(["segmentation", "--input", data, "--output", out, "--image-size", "48",
+                  "--variants", "1", "--progress-seconds", "0.001"]) == 0
+  printed = capsys.readouterr().out
+  assert re.search(r"prep: 12 inputs in \d+ train \+ \d+ eval groups", printed), printed
+  done = [int(m) for m in re.findall(r"prep: (\d+) of 12 inputs \(\d+ objects\), [\d.]+ "
+                                      r"inputs/s, \d+ s elapsed", printed)]
+  assert done and done == sorted(done) and done[-1] <= 12, printed
+  assert "left" in printed
+  quiet = str(tmp_path_factory.mktemp("quiet") / "out")
+  assert run_cli(["segmentation", "--input", data, "--output", quiet, "--image-size", "48",
+                  "--variants", "1", "--progress-seconds", "0"]) == 0
+  assert "inputs/s" not in capsys.readouterr().out
+  assert _tree(out, keys.RECORDS_DIR).values() and (
+      list(_tree(out, keys.RECORDS_DIR).values()) == list(_tree(quiet, keys.RECORDS_DIR).values()))

@@ -2,7 +2,7 @@
 
 Writes the mask (PNG of the input's size, 255 object, 0 elsewhere) and, beside
 it, `<name>_overlay.png`: the image with the mask tinted and the clicks
-marked (green positive, red negative).
+marked (green positive, red negative), at least 512 px on its long side.
 """
 
 import io
@@ -78,16 +78,28 @@ def predict(fn, image: np.ndarray, positive: Sequence[Tuple[int, int]],
   return {k: v.numpy() for k, v in out.items()}
 
 
+# The overlay's long side at least (small images are enlarged, pixels kept sharp).
+OVERLAY_MIN_SIDE = 512
+
+
 def overlay(image: np.ndarray, mask: np.ndarray, positive, negative) -> Image.Image:
+  """The image with the mask tinted and the clicks drawn (green positive, red
+  negative), enlarged by a whole factor (nearest neighbour) to at least
+  `OVERLAY_MIN_SIDE` pixels on its long side."""
   tint = image.astype(np.float32)
   sel = mask > 0
   tint[sel] = 0.5 * tint[sel] + 0.5 * np.array([40, 120, 255], np.float32)
-  im = Image.fromarray(np.clip(tint, 0, 255).astype(np.uint8))
+  h, w = image.shape[:2]
+  scale = max(1, -(-OVERLAY_MIN_SIDE // max(h, w)))
+  im = Image.fromarray(np.clip(tint, 0, 255).astype(np.uint8)).resize(
+      (w * scale, h * scale), Image.NEAREST)
   draw = ImageDraw.Draw(im)
-  r = max(2, min(image.shape[:2]) // 60)
+  r = max(5, max(im.size) // 90)
   for pts, colour in ((positive, (0, 230, 0)), (negative, (240, 0, 0))):
     for x, y in pts:
-      draw.ellipse([x - r, y - r, x + r, y + r], fill=colour, outline=(255, 255, 255))
+      cx, cy = (x + 0.5) * scale, (y + 0.5) * scale  # the centre of the clicked pixel
+      draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour, outline=(255, 255, 255),
+                   width=max(1, r // 3))
   return im
 
 
