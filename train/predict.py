@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image, ImageDraw
 
+from beam_prep.ops.image import displayed
 from train.export import latest_export
 
 
@@ -26,7 +27,8 @@ def parse_point(text: str) -> Tuple[int, int]:
 
 
 def load_image(path: str) -> np.ndarray:
-  """Decodes an image file to uint8 RGB, or raises ValueError naming the file."""
+  """Decodes an image file to uint8 RGB as displayed (EXIF orientation
+  applied, as the Beam job does), or raises ValueError naming the file."""
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f"no image at {path}")
   with tf.io.gfile.GFile(path, "rb") as f:
@@ -34,7 +36,7 @@ def load_image(path: str) -> np.ndarray:
   try:
     im = Image.open(io.BytesIO(data))
     im.load()
-    return np.asarray(im.convert("RGB"), dtype=np.uint8)
+    return np.asarray(displayed(im).convert("RGB"), dtype=np.uint8)
   except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
     raise ValueError(f"cannot read image {path}: {e}") from None
 

@@ -68,6 +68,17 @@ def _open(data: bytes, what: str, max_pixels: int) -> Image.Image:
   return im
 
 
+def displayed(im: Image.Image) -> Image.Image:
+  """The image as viewers show it: its EXIF orientation applied.
+
+  Phones store pixels as the sensor saw them plus an orientation tag, and
+  annotation tools draw masks on the displayed image; without this, such a
+  photo and its mask would be silently misaligned. Masks are used as stored.
+  """
+  from PIL import ImageOps  # pylint: disable=g-import-not-at-top
+  return ImageOps.exif_transpose(im)
+
+
 def image_to_rgb(im: Image.Image) -> np.ndarray:
   """Converts a decoded PIL image to uint8 RGB, or raises with a reason.
 
@@ -148,7 +159,7 @@ def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
   """
 
   def fn(ex):
-    image = image_to_rgb(_open(ex["image_bytes"], "image", max_pixels))
+    image = image_to_rgb(displayed(_open(ex["image_bytes"], "image", max_pixels)))
     out = {k: v for k, v in ex.items() if k not in ("image_bytes", "mask_bytes")}
     out[keys.IMAGE] = image
     out[keys.HEIGHT], out[keys.WIDTH] = image.shape[:2]
