@@ -107,7 +107,8 @@ def check_and_complete(args: List[str], config: PrepConfig) -> List[str]:
   if problems:
     raise DataflowOptionsError("cannot submit to Dataflow:\n  - " + "\n  - ".join(problems))
   out = list(args)
-  if _value(args, "--setup_file") is None:
+  # A custom worker image (docker/Dockerfile) already holds the package.
+  if _value(args, "--setup_file") is None and _value(args, "--sdk_container_image") is None:
     setup = package_setup_file()
     if not os.path.exists(setup):
       raise DataflowOptionsError(

@@ -193,3 +193,26 @@ def test_preview_image_has_four_non_blank_panels_per_example(prep_dir, tmp_path)
   for c in range(4):
     panel = im[h // 10: h - h // 10, c * w // 4 + w // 40:(c + 1) * w // 4 - w // 40]
     assert panel.std() > 10, f"panel column {c} looks blank"
+
+
+def test_dataflow_dry_run_with_a_custom_worker_image():
+  image = "europe-west4-docker.pkg.dev/acme-vision-prod-4711/prep/beam-prep:0.1.0"
+  config = PrepConfig(input="gs://acme-vision-prep/data", output="gs://acme-vision-prep/out",
+                      image_size=64)
+  args = dataflow.check_and_complete(GCS + ["--dry_run=True", f"--sdk_container_image={image}"],
+                                     config)
+  assert not any(a.startswith("--setup_file") for a in args)  # the image holds the package
+  result = prep.run(config, PipelineOptions(args))
+  assert result["dry_run"]
+  envs = result["job"].proto_pipeline.components.environments.values()
+  images = {beam_runner_api_pb2.DockerPayload.FromString(e.payload).container_image
+            for e in envs if e.urn == "beam:env:docker:v1"}
+  assert image in images, images
+  # The Dockerfile builds on Beam's SDK image of the launcher's Beam version.
+  import apache_beam  # pylint: disable=g-import-not-at-top
+  dockerfile = open(os.path.join(os.path.dirname(dataflow.package_setup_file()), "docker",
+                                 "Dockerfile")).read()
+  assert f"ARG BEAM_VERSION={apache_beam.__version__}" in dockerfile
+  pinned = open(os.path.join(os.path.dirname(dataflow.package_setup_file()), "docker",
+                             "worker-requirements.txt")).read()
+  assert f"apache-beam=={apache_beam.__version__}" in pinned
