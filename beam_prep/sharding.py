@@ -78,6 +78,14 @@ def pointer_order(pointer: Dict[str, Any]) -> Tuple[int, str]:
   return stable_hash(pointer.get("image_id", "")), text
 
 
+def _record_suffix(gzip: bool) -> str:
+  return keys.RECORD_SUFFIX + (keys.GZIP_SUFFIX if gzip else "")
+
+
+def _compression(gzip: bool) -> str:
+  return CompressionTypes.GZIP if gzip else CompressionTypes.UNCOMPRESSED
+
+
 def _masked_crc32c(data: bytes) -> int:
   import google_crc32c  # pylint: disable=g-import-not-at-top
   crc = google_crc32c.value(data)
@@ -275,8 +283,7 @@ class _RollingFile:
       self.close()
     if self._file is None:
       path = f"{self._prefix}-{len(self.done):05d}{self._suffix}"
-      comp = CompressionTypes.GZIP if self._gzip else CompressionTypes.UNCOMPRESSED
-      self._file = FileSystems.create(path, compression_type=comp)
+      self._file = FileSystems.create(path, compression_type=_compression(self._gzip))
       self._path, self._size, self._records = path, 0, 0
     self._file.write(frame)
     self._size += len(frame)
@@ -362,8 +369,8 @@ class _WriteGroupFn(beam.DoFn):
     # This attempt's own folder: a retried bundle never meets its files.
     attempt = FileSystems.join(self._temp_root, uuid.uuid4().hex)
     name = f"{split}-{group:05d}"
-    suffix = keys.RECORD_SUFFIX + (keys.GZIP_SUFFIX if self._gzip else "")
-    records = _RollingFile(FileSystems.join(attempt, name), suffix, plan["roll_bytes"],
+    records = _RollingFile(FileSystems.join(attempt, name), _record_suffix(self._gzip),
+                           plan["roll_bytes"],
                            self._gzip)
     errors = _RollingFile(FileSystems.join(attempt, f"{ERRORS_PREFIX}-{name}"), ERRORS_SUFFIX,
                           plan["roll_bytes"], False)
@@ -437,7 +444,7 @@ def final_names(files: List[Dict[str, Any]], output_dir: str, gzip: bool,
   """(temp path or None, final path, info) of every file, numbered in
   (split, group, part) order. A split with no records gets one empty shard,
   so every split a reader expects exists."""
-  suffix = keys.RECORD_SUFFIX + (keys.GZIP_SUFFIX if gzip else "")
+  suffix = _record_suffix(gzip)
   out = []
   by_split: Dict[str, List[Dict[str, Any]]] = {s: [] for s in splits}
   errors = []
@@ -479,8 +486,7 @@ def commit_files(files: List[Dict[str, Any]], output_dir: str, temp_root: str, g
   for temp, final, _ in plan:
     if temp is None:
       if not FileSystems.exists(final):
-        with FileSystems.create(final, compression_type=(
-            CompressionTypes.GZIP if gzip else CompressionTypes.UNCOMPRESSED)):
+        with FileSystems.create(final, compression_type=_compression(gzip)):
           pass
     elif FileSystems.exists(temp):
       if FileSystems.exists(final):

@@ -253,7 +253,8 @@ def _per_object_records(files: List[str], table) -> List[bytes]:
   return out
 
 
-def bench_storage(data: str, workdir: str, s: Dict[str, Any]) -> Dict[str, float]:
+def bench_storage(data: str, plain_dir: str, workdir: str, s: Dict[str, Any]
+                  ) -> Dict[str, float]:
   """Bytes per source image and read rate (examples/s) of three record layouts.
 
   A training example is one (object, click variant) in every layout; the
@@ -263,10 +264,8 @@ def bench_storage(data: str, workdir: str, s: Dict[str, Any]) -> Dict[str, float
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
-  plain_dir = os.path.join(workdir, "storage_plain")
   gzip_dir = os.path.join(workdir, "storage_gzip")
-  m = run_pipeline(data, plain_dir, s["size"], s["variants"])
-  run_pipeline(data, gzip_dir, s["size"], s["variants"], compression="gzip")
+  m = run_pipeline(data, gzip_dir, s["size"], s["variants"], compression="gzip")
   table = FeatureTable.load(plain_dir)
   h, w = table.image_size
   inputs = m["counts"]["inputs_read"]
@@ -517,7 +516,7 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
        f"records); 2 workers {figures['prep.two_workers_speedup']:.2f}x faster at 16N")
   # The plain loop over the same images as the slope, for a like-for-like ratio.
   figures["prep.kernel_objects_s.16N"] = bench_kernel_loop(large, s["size"], s["variants"])
-  figures.update(bench_storage(data, workdir, s))
+  figures.update(bench_storage(data, prep_dir, workdir, s))
 
   from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
   from train import loop  # pylint: disable=g-import-not-at-top

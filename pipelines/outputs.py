@@ -3,7 +3,6 @@
 import json
 import os
 import platform
-import time
 from typing import Any, Dict, List
 
 from apache_beam.io.filesystems import FileSystems
@@ -75,11 +74,3 @@ def library_versions() -> Dict[str, str]:
     except md.PackageNotFoundError:
       pass
   return out
-
-
-class Stopwatch:
-  def __init__(self):
-    self.start = time.time()
-
-  def seconds(self) -> float:
-    return time.time() - self.start

@@ -290,10 +290,9 @@ def _manifest(config: PrepConfig, table: FeatureTable, raw: Dict[str, int], seco
   }
   if previews:
     from pipelines import preview  # pylint: disable=g-import-not-at-top
-    path = FileSystems.join(config.output, keys.PREVIEW_FILE)
-    with FileSystems.create(path) as f:
-      f.write(preview.render([table.decode_numpy(r) for r in previews], table))
-    manifest["paths"]["preview"] = path
+    manifest["paths"]["preview"] = preview.save(
+        [table.decode_numpy(r) for r in previews], table,
+        FileSystems.join(config.output, keys.PREVIEW_FILE))
   return manifest
 
 

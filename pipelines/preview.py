@@ -108,19 +108,24 @@ def render(examples: List[dict], table: FeatureTable) -> bytes:
   return buf.getvalue()
 
 
-def write_preview(records_dir: str, output: str, count: int = 6,
-                  table: Optional[FeatureTable] = None) -> str:
-  """Reads `count` records and writes the preview PNG to `output` (local or gs://).
-
-  `table` defaults to the features.json beside `records_dir`.
-  """
+def save(examples: List[dict], table: FeatureTable, output: str) -> str:
+  """Renders `examples` and writes the PNG to `output` (local or gs://)."""
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  if table is None:
-    table = FeatureTable.load(posixpath.dirname(records_dir.rstrip("/")))
-  png = render(read_examples(records_dir, count, table), table)
+  png = render(examples, table)
   if "://" not in output:
     import os  # pylint: disable=g-import-not-at-top
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   with FileSystems.create(output) as f:
     f.write(png)
   return output
+
+
+def write_preview(records_dir: str, output: str, count: int = 6,
+                  table: Optional[FeatureTable] = None) -> str:
+  """Reads `count` records and writes the preview PNG to `output` (local or gs://).
+
+  `table` defaults to the features.json beside `records_dir`.
+  """
+  if table is None:
+    table = FeatureTable.load(posixpath.dirname(records_dir.rstrip("/")))
+  return save(read_examples(records_dir, count, table), table, output)
