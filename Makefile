@@ -17,7 +17,7 @@ $(BIN)/python:
 # Reinstalls when setup.py changes.
 $(STAMP): $(BIN)/python setup.py
 	@echo "installing beam-prep and its dependencies into $(VENV) (first time: a few minutes)"
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[all,test]"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -20,6 +20,8 @@ def _version():
 
 # One line of versions that installs together on Python 3.11-3.13: tf.Transform
 # 1.21 pins TensorFlow below 2.22 and is built against Beam 2.7x.
+# REQUIRED is what the Beam job needs, on the launcher and on every Dataflow
+# worker (which installs this package with --setup_file); nothing else.
 REQUIRED = [
     "tensorflow==2.21.*",
     "tensorflow-transform==1.21.*",
@@ -29,13 +31,20 @@ REQUIRED = [
     "numpy",
     "scipy",
     "pillow",
-    "matplotlib",
-    # tf.summary needs it; TensorFlow 2.21 no longer installs it.
-    "tensorboard",
-    # Beam builds the package that Dataflow workers install (--setup_file)
-    # with `python -m build`.
-    "build",
+    # COCO polygons and RLE (the coco layout).
+    "pycocotools",
 ]
+
+EXTRAS = {
+    # beam-train: tf.summary needs tensorboard (TensorFlow 2.21 no longer
+    # installs it); plots of the trainer and the benchmarks use matplotlib.
+    "train": ["tensorboard", "matplotlib"],
+    # Launching on Dataflow: Beam builds the package it stages with
+    # `python -m build` (without it, with the deprecated `setup.py sdist`).
+    "dataflow": ["build"],
+    "test": ["pytest>=7"],
+}
+EXTRAS["all"] = sorted({r for name in ("train", "dataflow") for r in EXTRAS[name]})
 
 setuptools.setup(
     name="beam-prep",
@@ -47,7 +56,7 @@ setuptools.setup(
     python_requires=">=3.11,<3.14",
     packages=setuptools.find_packages(include=["beam_prep*", "train*", "pipelines*"]),
     install_requires=REQUIRED,
-    extras_require={"test": ["pytest>=7"]},
+    extras_require=EXTRAS,
     entry_points={
         "console_scripts": [
             "beam-prep=pipelines.cli:main",

@@ -27,7 +27,10 @@ class PrepConfig:
     input: root of the input data (local path or gs://), or a manifest file.
     task: "segmentation" (objects, clicks, distance maps) or "classification".
     layout: input layout, see `beam_prep.readers` ("auto" guesses).
-    allow_outside_root: let manifest paths leave the manifest's folder.
+    allow_outside_root: let manifest paths leave the manifest's folder (coco:
+      file_names leave the image root).
+    image_root: coco: the folder the images' file_names are relative to
+      (default: the JSON file's folder).
     output: output directory (local path or gs://).
     image_size: records hold images resized to image_size x image_size.
     variants: independent click samplings per object.
@@ -58,6 +61,7 @@ class PrepConfig:
   task: str = "segmentation"
   layout: str = "auto"
   allow_outside_root: bool = False
+  image_root: str = ""
   image_size: int = 128
   variants: int = 2
   seed: int = 0
@@ -80,6 +84,8 @@ class PrepConfig:
     tasks.get(self.task)
     if self.layout not in LAYOUTS:
       raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+    if self.image_root and self.layout not in ("auto", "coco"):
+      raise ValueError(f"image_root is for the coco layout, not {self.layout!r}")
     if self.image_size < 16:
       raise ValueError(f"image_size must be at least 16, got {self.image_size}")
     if self.variants < 1:

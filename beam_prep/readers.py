@@ -10,7 +10,11 @@ Layouts (`layout=`):
   manifest   a CSV (header row) or JSON-lines file with `image` and optional
              `mask`, `label`, `split` (train/eval); relative paths are relative
              to the manifest's folder
-  auto       voc if ROOT/JPEGImages exists, manifest if ROOT is a .csv/.jsonl
+  coco       a COCO instance-annotation JSON file (COCO, LVIS, CVAT, Label
+             Studio, Roboflow exports) with images under `image_root`
+             (default: the JSON file's folder); see `beam_prep.coco`
+  auto       voc if ROOT/JPEGImages exists, coco if ROOT is a JSON file whose
+             first key is a COCO key, manifest if ROOT is a .csv/.jsonl/.json
              file, folders if ROOT/images exists, else classes
 
 `ListInputs` lists the inputs as small pointers (on the workers, so gs://
@@ -25,6 +29,8 @@ example dict:
   image_bytes  bytes  the encoded image file
   mask_source  str    mask path (segmentation layouts)
   mask_bytes   bytes  the encoded mask, or None when the file is missing
+  instance_mask uint8 [H, W]  coco: the mask drawn from the annotations
+  annotation_errors  coco: dead-letter records of annotations that failed
   label        str    class name (classes, or a manifest's `label` column)
   split        str    "train"/"eval" when the layout fixes it
 
@@ -46,7 +52,7 @@ from apache_beam.metrics import Metrics
 
 from beam_prep import keys
 
-LAYOUTS = ("auto", "folders", "voc", "classes", "manifest")
+LAYOUTS = ("auto", "folders", "voc", "classes", "manifest", "coco")
 ERRORS_TAG = "errors"
 _VOC_SPLITS = {"train": keys.TRAIN_SPLIT, "val": keys.EVAL_SPLIT}
 
@@ -84,6 +90,10 @@ def _is_manifest(path: str) -> bool:
 
 def detect_layout(root: str) -> str:
   """Guesses the layout of `root` (see the module docstring)."""
+  if root.lower().endswith(".json"):
+    from beam_prep import coco  # pylint: disable=g-import-not-at-top
+    if coco.looks_like_coco(root):
+      return "coco"
   if _is_manifest(root):
     return "manifest"
   if FileSystems.exists(FileSystems.join(root, "JPEGImages")):
@@ -197,6 +207,13 @@ def read_files(pointer: Dict[str, Any]):
     if FileSystems.exists(mask):
       with FileSystems.open(mask) as f:
         ex["mask_bytes"] = f.read()
+  if "coco" in ex:
+    from beam_prep import coco  # pylint: disable=g-import-not-at-top
+    try:
+      ex[keys.INSTANCE_MASK], ex["annotation_errors"] = coco.instance_mask(
+          ex.pop("coco"), ex["image_id"])
+    except coco.ImageEntryError as e:
+      return None, error_record("read", "bad_image_entry", str(e), ex)
   return ex, None
 
 
@@ -208,11 +225,17 @@ class _ReadFilesFn(beam.DoFn):
 
   def process(self, pointer: Dict[str, Any]):
     self._read.inc()
+    for error in pointer.get("annotation_errors", ()):  # coco: annotations of no image.
+      yield beam.pvalue.TaggedOutput(ERRORS_TAG, error)
+    if pointer.get("no_image"):
+      return
     ex, error = read_files(pointer)
     if error is not None:
       yield beam.pvalue.TaggedOutput(ERRORS_TAG, error)
-    else:
-      yield ex
+      return
+    for error in ex.pop("annotation_errors", ()):
+      yield beam.pvalue.TaggedOutput(ERRORS_TAG, error)
+    yield ex
 
 
 class ListInputs(beam.PTransform):
@@ -222,8 +245,10 @@ class ListInputs(beam.PTransform):
   Args:
     root: data root, or the manifest file for `layout="manifest"`.
     layout: one of `LAYOUTS`.
-    allow_outside_root: let manifest paths point outside the manifest's
-      folder.
+    allow_outside_root: let manifest (or COCO file_name) paths point outside
+      the manifest's folder (or the image root).
+    image_root: coco: the folder the images' `file_name`s are relative to
+      (default: the JSON file's folder).
 
   Returns:
     `(pointers, errors)`: pointer dicts (`image_id`, `source`, and
@@ -231,13 +256,15 @@ class ListInputs(beam.PTransform):
     inputs that cannot even be listed (bad manifest rows).
   """
 
-  def __init__(self, root: str, layout: str = "auto", allow_outside_root: bool = False):
+  def __init__(self, root: str, layout: str = "auto", allow_outside_root: bool = False,
+               image_root: str = ""):
     super().__init__()
     if layout not in LAYOUTS:
       raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     self._root = root.rstrip("/") if not _is_manifest(root) else root
     self._layout = detect_layout(root) if layout == "auto" else layout
     self._allow = allow_outside_root
+    self._image_root = image_root
 
   @property
   def layout(self) -> str:
@@ -245,6 +272,9 @@ class ListInputs(beam.PTransform):
 
   def expand(self, pbegin: beam.pvalue.PBegin) -> Tuple[beam.PCollection, beam.PCollection]:
     root = self._root
+    if self._layout == "coco":
+      from beam_prep import coco  # pylint: disable=g-import-not-at-top
+      return pbegin | "ListCoco" >> coco.ListCoco(root, self._image_root, self._allow)
     if self._layout == "manifest":
       rows = (pbegin | "Manifest" >> beam.Create([root])
               | "ParseManifest" >> beam.ParDo(_ManifestRowsFn(self._allow)).with_outputs(

@@ -35,7 +35,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_prep import keys, readers
+from beam_prep import coco, keys, readers
 from beam_prep.ops import registry
 
 # Outputs of WriteShards.
@@ -130,7 +130,7 @@ class ImageProcessor:
     self._stages = [chain for _, chain in stages if chain]
     self._ops_module = ops_module
     self.table = table
-    self._image_level = dict(image_level)
+    self._image_level = {coco.ANNOTATION_STAGE: False, **image_level}
     self._unit_ops = frozenset(unit_ops)
     self._fns = None
 
@@ -161,6 +161,11 @@ class ImageProcessor:
       errors.append(error)
       add(self.error_counts(error))
 
+    for error in pointer.get("annotation_errors", ()):  # coco: annotations of no image.
+      add({"objects": 1})
+      fail(error)
+    if pointer.get("no_image"):
+      return [], errors, counts, None
     if "read_error" in pointer:
       add({"inputs_unreadable": 1})
       fail(pointer["read_error"])
@@ -171,6 +176,9 @@ class ImageProcessor:
       fail(error)
       return [], errors, counts, None
     add({"images_decoded_input": 1})
+    for error in ex.pop("annotation_errors", ()):  # coco: failed annotations of this image.
+      add({"objects": 1})
+      fail(error)
     current = [ex]
     for i, fn in enumerate(self._fns):
       after = []

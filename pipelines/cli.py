@@ -105,6 +105,9 @@ LAYOUT_HELP = """input layouts (--layout, default auto):
             ROOT/ImageSets/Segmentation/{train,val}.txt
   classes   ROOT/<label>/NAME.png|jpg (classification)
   manifest  --input FILE.csv|jsonl with columns image[,mask][,label][,split]
+  coco      --input instances.json [--image-root DIR]: COCO instance
+            annotations (polygons, RLE; iscrowd regions become ignore pixels),
+            as COCO, LVIS, CVAT, Label Studio and Roboflow write them
 """
 
 
@@ -121,7 +124,11 @@ def prep_parser(task: str = "segmentation") -> argparse.ArgumentParser:
   parser.add_argument("--output", help="output directory (local or gs://)")
   parser.add_argument("--layout", help="input layout (see below)")
   parser.add_argument("--allow-outside-root", dest="allow_outside_root", action="store_true",
-                      default=None, help="let manifest paths leave the manifest's folder")
+                      default=None, help="let manifest (or COCO file_name) paths leave the manifest's "
+                      "folder (or the image root)")
+  parser.add_argument("--image-root", dest="image_root",
+                      help="coco layout: folder of the images' file_names (default: the JSON "
+                      "file's folder)")
   parser.add_argument("--config", help="JSON file of PrepConfig fields")
   parser.add_argument("--preset", help="named defaults: smoke (tiny, for demos and tests)")
   parser.add_argument("--image-size", type=int, dest="image_size",
@@ -185,7 +192,8 @@ def build_config(args: argparse.Namespace, task: str = "segmentation"):
   if args.config:
     fields.update(load_config_file(args.config))
   fields["task"] = task
-  for name in ("input", "output", "layout", "allow_outside_root", "image_size", "variants",
+  for name in ("input", "output", "layout", "allow_outside_root", "image_root", "image_size",
+               "variants",
                "seed", "eval_percent", "target_shard_mb", "compression", "click_encoding",
                "max_pixels", "max_error_fraction", "ops", "ops_module", "preprocessing_fn",
                "overwrite", "progress_seconds"):

@@ -26,6 +26,7 @@ Output directory:
 
 import dataclasses
 import json
+import os
 import time
 import uuid
 from typing import Any, Dict, List, Optional
@@ -92,7 +93,7 @@ def build(p: beam.Pipeline, config: PrepConfig, table: FeatureTable, temp_dir: s
   processor = processor_for(config, table)
   temp_root = FileSystems.join(out, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
   pointers, list_errors = p | "ListInputs" >> ListInputs(
-      config.input, config.layout, config.allow_outside_root)
+      config.input, config.layout, config.allow_outside_root, config.image_root)
   eval_percent = config.eval_percent
   inputs = ((pointers,
              list_errors | "AsPointers" >> beam.Map(sharding.error_pointer))
@@ -170,7 +171,10 @@ def resolve_layout(config: PrepConfig, dry_run: bool) -> PrepConfig:
     return config
   if dry_run and "://" in config.input:
     # A dry run builds the job offline: guess from the name, read nothing.
-    layout = "manifest" if readers._is_manifest(config.input) else "folders"  # pylint: disable=protected-access
+    if config.image_root and config.input.lower().endswith(".json"):
+      layout = "coco"
+    else:
+      layout = "manifest" if readers._is_manifest(config.input) else "folders"  # pylint: disable=protected-access
   else:
     layout = readers.detect_layout(config.input)
   return dataclasses.replace(config, layout=layout)
@@ -312,6 +316,12 @@ def _check_input(config: PrepConfig) -> None:
   if not FileSystems.exists(root):
     raise InputError(f"input {root} does not exist")
   layout = config.layout
+  if layout == "coco":
+    image_root = config.image_root or os.path.dirname(root) or "."
+    if "://" not in image_root and not os.path.isdir(image_root):
+      raise InputError(f"image root {image_root} (of the COCO file {root}) is not a folder")
+  elif config.image_root:
+    raise InputError(f"--image-root is for the coco layout; {root} was read as {layout!r}")
   patterns = readers.input_patterns(root, layout)
   found = any(FileSystems.match([pat], limits=[1])[0].metadata_list for pat in patterns)
   if not found:

@@ -12,6 +12,7 @@ bold are kept by the records; see `produces` of each op):
 | **`image`**      | uint8 [H, W, 3]      | RGB; model input, standardized            |
 | **`height`**, **`width`** | int         | the image's size                          |
 | `instance_mask`  | uint8 [H, W]         | 0 background, 1..254 instance, 255 ignore |
+|                  |                      | (decoded, or drawn by the coco reader)    |
 | **`object_id`**  | int                  | instance id of this example's object      |
 | **`mask`**       | uint8 [H, W]         | 1 object, 0 background, 255 ignore; label |
 | **`label`**      | str                  | class name (classification); label        |
@@ -165,9 +166,11 @@ def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
     out[keys.HEIGHT], out[keys.WIDTH] = image.shape[:2]
     if not require_mask:
       return out
-    if ex.get("mask_bytes") is None:
-      raise ExampleError("missing_mask", f"no mask found at {ex.get('mask_source')}")
-    mask = mask_to_ids(_open(ex["mask_bytes"], "mask", max_pixels))
+    mask = ex.get(keys.INSTANCE_MASK)  # Drawn by the reader (coco), else a file.
+    if mask is None:
+      if ex.get("mask_bytes") is None:
+        raise ExampleError("missing_mask", f"no mask found at {ex.get('mask_source')}")
+      mask = mask_to_ids(_open(ex["mask_bytes"], "mask", max_pixels))
     if mask.shape != image.shape[:2]:
       raise ExampleError(
           "mask_size_mismatch",

@@ -1,0 +1,422 @@
+"""The COCO layout: instance annotations in one JSON file, images in a folder.
+
+    --layout coco --input instances.json [--image-root DIR]
+
+This is the format of COCO and LVIS, and the export format of CVAT, Label
+Studio and Roboflow. Each `images` entry (`id`, `file_name`, `height`,
+`width`) is one input. Its `annotations` (`image_id`, `segmentation`,
+`iscrowd`) become one instance mask: objects 1..N in the order of their
+annotation ids, crowd regions 255 (ignore). Overlapping objects are painted
+largest first, so a small object on a large one stays visible. Polygons and
+RLE (compressed and uncompressed) are decoded by `pycocotools`.
+
+What the reader holds in memory: one worker reads the JSON file in 1 MB
+chunks and keeps one `images` or `annotations` entry at a time (every other
+top-level value, such as `categories`, is read whole and dropped). Each
+entry becomes a Beam element keyed by its image id, and Beam's shuffle joins
+each image with its annotations (`CoGroupByKey`). That shuffle is disk-backed
+on Dataflow. On the DirectRunner it holds every annotation in memory, about
+the size of the JSON file.
+
+Rows that cannot be used go to the dead letters with a reason:
+  image level       bad_image_entry (no id or file_name), duplicate_image_id,
+                    path_outside_root, and every reason the image's own read
+                    and decode can give (missing_image, mask_size_mismatch
+                    when the entry's height/width are not the image's, ...)
+  annotation level  unknown_image_id, bad_annotation, bad_segmentation,
+                    empty_segmentation, polygon_outside_image, bad_rle,
+                    rle_size_mismatch, too_many_objects, hidden_object
+An annotation that fails counts as a found object that failed, so the
+manifest's accounting still adds up. Where a failed annotation still covers
+pixels of the image (a polygon that leaves the image, an object past the
+254th), those pixels become ignore pixels, not background.
+"""
+
+import codecs
+import json
+import posixpath
+from typing import Any, Dict, Iterator, List, Tuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from beam_prep import keys
+
+ANNOTATION_STAGE = "annotation"
+# Top-level keys of a COCO file; `detect` looks for one of them first.
+COCO_KEYS = ("info", "licenses", "images", "annotations", "categories", "type")
+MAX_OBJECTS = 254  # Instance ids 1..254; 255 is ignore.
+# A polygon vertex this far past the image's border puts it outside the image.
+OUTSIDE_TOLERANCE = 2.0
+_CHUNK = 1 << 20
+_STREAMED = ("images", "annotations")
+_ORPHAN = "orphan"
+_DECODER = json.JSONDecoder()
+
+
+class CocoError(ValueError):
+  """The annotation file is not a COCO JSON file (the message names it and where)."""
+
+
+class _Stream:
+  """A JSON text read in chunks; values are parsed one at a time."""
+
+  def __init__(self, f, chunk: int = _CHUNK):
+    self._f = f
+    self._utf8 = codecs.getincrementaldecoder("utf-8")()
+    self._chunk = chunk
+    self.buf = ""
+    self.pos = 0
+    self.dropped = 0  # Characters before buf.
+    self.eof = False
+
+  @property
+  def offset(self) -> int:
+    return self.dropped + self.pos
+
+  def _more(self, size: int) -> bool:
+    if self.eof:
+      return False
+    data = self._f.read(size)
+    self.dropped += self.pos
+    self.buf = self.buf[self.pos:] + self._utf8.decode(data, final=not data)
+    self.pos = 0
+    self.eof = not data
+    return True
+
+  def peek(self) -> str:
+    """The next character that is not white space ("" at the end)."""
+    while True:
+      buf, pos = self.buf, self.pos
+      while pos < len(buf) and buf[pos] in " \t\r\n":
+        pos += 1
+      self.pos = pos
+      if pos < len(buf):
+        return buf[pos]
+      if not self._more(self._chunk):
+        return ""
+
+  def take(self, expected: str) -> str:
+    c = self.peek()
+    if c not in expected:
+      raise ValueError(f"expected one of {list(expected)} at character {self.offset}, "
+                       f"found {c or 'the end of the file'!r}")
+    self.pos += 1
+    return c
+
+  def value(self) -> Any:
+    """The next JSON value. One that ends where the buffer ends may go on
+    (a number, say), so it is parsed again with more text."""
+    self.peek()
+    size = self._chunk
+    while True:
+      try:
+        val, end = _DECODER.raw_decode(self.buf, self.pos)
+        if end < len(self.buf) or self.eof:
+          self.pos = end
+          return val
+      except json.JSONDecodeError as e:
+        if self.eof:
+          raise ValueError(f"{e.msg} at character {self.dropped + e.pos}") from None
+      self._more(size)
+      size *= 2  # A long value: read faster than it is parsed again.
+
+
+def iter_entries(f, chunk: int = _CHUNK) -> Iterator[Tuple[str, Any]]:
+  """(top-level key, value) of a COCO file; the values of `images` and
+  `annotations` come one entry at a time, read `chunk` bytes at a time."""
+  s = _Stream(f, chunk)
+  s.take("{")
+  if s.peek() == "}":
+    return
+  while True:
+    key = s.value()
+    if not isinstance(key, str):
+      raise ValueError(f"expected a key at character {s.offset}")
+    s.take(":")
+    if key in _STREAMED:
+      if s.peek() != "[":
+        raise ValueError(f"{key!r} must be a list (character {s.offset})")
+      s.take("[")
+      if s.peek() == "]":
+        s.take("]")
+      else:
+        while True:
+          yield key, s.value()
+          if s.take(",]") == "]":
+            break
+    else:
+      yield key, s.value()
+    if s.take(",}") == "}":
+      return
+
+
+def looks_like_coco(path: str) -> bool:
+  """Whether `path` is a JSON object whose first key is a COCO key."""
+  try:
+    with FileSystems.open(path) as f:
+      s = _Stream(f, chunk=1 << 16)
+      if s.peek() != "{":
+        return False
+      s.take("{")
+      key = s.value()
+      return isinstance(key, str) and key in COCO_KEYS
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def _image_id(entry_id: Any) -> str:
+  return str(entry_id)
+
+
+def _error(reason: str, detail: str, source: str, image_id: str = "",
+           annotation_id: Any = None) -> Dict[str, Any]:
+  from beam_prep.readers import error_record  # pylint: disable=g-import-not-at-top
+  stage = "read" if annotation_id is None else ANNOTATION_STAGE
+  rec = error_record(stage, reason, detail, {"source": source, "image_id": image_id})
+  if annotation_id is not None:
+    rec["annotation_id"] = annotation_id
+  return rec
+
+
+class _EntriesFn(beam.DoFn):
+  """Reads a COCO file into (image id, entry) pairs, images and annotations apart."""
+
+  def process(self, path: str):
+    counts = {"images": 0, "annotations": 0}
+    try:
+      with FileSystems.open(path) as f:
+        for key, value in iter_entries(f):
+          if key not in _STREAMED:
+            continue
+          n = counts[key]
+          counts[key] += 1
+          where = f"{path}:{key}[{n}]"
+          if key == "images":
+            ok = isinstance(value, dict) and "id" in value and value.get("file_name")
+            if not ok:
+              yield beam.pvalue.TaggedOutput("errors", _error(
+                  "bad_image_entry", "an images entry needs 'id' and 'file_name'", where))
+              continue
+            yield beam.pvalue.TaggedOutput("images", (_image_id(value["id"]), {
+                "file_name": str(value["file_name"]), "height": value.get("height"),
+                "width": value.get("width"), "where": where}))
+          else:
+            ok = isinstance(value, dict) and "image_id" in value
+            ann = {"where": where}
+            if ok:
+              ann.update({k: value.get(k) for k in ("id", "segmentation", "iscrowd")})
+            else:
+              ann["error"] = ("bad_annotation", "an annotations entry needs 'image_id'")
+            yield (_image_id(value["image_id"]) if ok else _ORPHAN, ann)
+    except ValueError as e:
+      raise CocoError(f"{path} is not a COCO JSON file: {e}") from None
+
+
+def _annotation_order(ann: Dict[str, Any]):
+  """Annotation ids in numeric order (strings after numbers), then file position."""
+  aid = ann.get("id")
+  number = isinstance(aid, (int, float)) and not isinstance(aid, bool)
+  return (0, aid, "", ann["where"]) if number else (1, 0, str(aid), ann["where"])
+
+
+@beam.typehints.with_output_types(Dict[str, Any])
+class _JoinFn(beam.DoFn):
+  """One image and its annotations -> an input pointer; the rest -> errors."""
+
+  def __init__(self, json_path: str, image_root: str, allow_outside_root: bool):
+    self._json = json_path
+    self._root = image_root
+    self._allow = allow_outside_root
+
+  def process(self, keyed):
+    from beam_prep.readers import _resolve  # pylint: disable=g-import-not-at-top
+    key, grouped = keyed
+    images = sorted(grouped["images"], key=lambda e: e["where"])
+    anns = sorted(grouped["annotations"], key=_annotation_order)
+    if len(images) != 1:
+      if images:
+        for e in images:
+          yield beam.pvalue.TaggedOutput("errors", _error(
+              "duplicate_image_id", f"{len(images)} images entries have id {key}",
+              e["where"], key))
+        reason, detail = "duplicate_image_id", f"image id {key} names {len(images)} images"
+      else:
+        reason, detail = "unknown_image_id", f"no images entry has id {key}"
+      errors = []
+      for a in anns:
+        r, d = a.get("error") or (reason, detail)
+        errors.append(_error(r, d, a["where"], "" if key == _ORPHAN else key, a.get("id")))
+      if errors:  # Failed objects of no image: counted, then dead-lettered.
+        yield {"image_id": f"annotations of image id {key}", "source": self._json,
+               "no_image": True, "annotation_errors": errors}
+      return
+    image = images[0]
+    try:
+      source = _resolve(self._root, image["file_name"], self._root, self._allow)
+    except ValueError as e:
+      yield beam.pvalue.TaggedOutput("errors", _error(
+          "path_outside_root", str(e), image["where"], key))
+      return
+    yield {
+        "image_id": posixpath.splitext(image["file_name"])[0],
+        "source": source,
+        "coco": {"id": key, "height": image["height"], "width": image["width"],
+                 "annotations": [{k: a.get(k) for k in ("id", "segmentation", "iscrowd",
+                                                        "where", "error")} for a in anns]},
+    }
+
+
+class ListCoco(beam.PTransform):
+  """A COCO file -> `(pointers, errors)`, as `readers.ListInputs` returns them."""
+
+  def __init__(self, json_path: str, image_root: str = "", allow_outside_root: bool = False):
+    super().__init__()
+    self._json = json_path
+    self._root = (image_root or posixpath.dirname(json_path) or ".").rstrip("/")
+    self._allow = allow_outside_root
+
+  def expand(self, pbegin):
+    entries = (pbegin
+               | "CocoFile" >> beam.Create([self._json])
+               | "ReadEntries" >> beam.ParDo(_EntriesFn()).with_outputs(
+                   "images", "errors", main="annotations"))
+    joined = ({"images": entries.images, "annotations": entries.annotations}
+              | "JoinByImageId" >> beam.CoGroupByKey()
+              | "Pointers" >> beam.ParDo(_JoinFn(self._json, self._root, self._allow))
+              .with_outputs("errors", main="pointers"))
+    errors = ((entries.errors, joined.errors) | "CocoErrors" >> beam.Flatten())
+    return joined.pointers, errors
+
+
+class _AnnotationError(Exception):
+
+  def __init__(self, reason: str, detail: str, region=None):
+    super().__init__(detail)
+    self.reason, self.detail, self.region = reason, detail, region
+
+
+def _polygons(seg, height: int, width: int):
+  from pycocotools import mask as mask_utils  # pylint: disable=g-import-not-at-top
+  if seg and all(isinstance(v, (int, float)) for v in seg):
+    seg = [seg]  # A single polygon written flat.
+  polys = []
+  for poly in seg:
+    if not isinstance(poly, list) or not all(isinstance(v, (int, float)) for v in poly):
+      raise _AnnotationError("bad_segmentation", "a polygon must be a list of numbers")
+    if len(poly) % 2:
+      raise _AnnotationError("bad_segmentation", f"a polygon has {len(poly)} coordinates, "
+                             "an odd number")
+    if len(poly) >= 6:  # Fewer than 3 points enclose nothing.
+      polys.append([float(v) for v in poly])
+  if not polys:
+    raise _AnnotationError("empty_segmentation", "no polygon with 3 or more points")
+  # (pycocotools would read a 4-number polygon as a box: none reaches it.)
+  region = mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(polys, height, width)))
+  for poly in polys:
+    xs, ys = np.asarray(poly[0::2]), np.asarray(poly[1::2])
+    tol_x, tol_y = max(OUTSIDE_TOLERANCE, 0.01 * width), max(OUTSIDE_TOLERANCE, 0.01 * height)
+    if (xs.min() < -tol_x or ys.min() < -tol_y or xs.max() > width + tol_x
+        or ys.max() > height + tol_y):
+      raise _AnnotationError(
+          "polygon_outside_image",
+          f"a polygon spans x {xs.min():g}..{xs.max():g}, y {ys.min():g}..{ys.max():g}; "
+          f"the image is {width}x{height}", region=region)
+  return region
+
+
+def _rle(seg: Dict[str, Any], height: int, width: int):
+  from pycocotools import mask as mask_utils  # pylint: disable=g-import-not-at-top
+  size, counts = seg.get("size"), seg.get("counts")
+  if not isinstance(size, list) or len(size) != 2 or counts is None:
+    raise _AnnotationError("bad_rle", "an RLE needs 'size' [height, width] and 'counts'")
+  if [int(v) for v in size] != [height, width]:
+    raise _AnnotationError("rle_size_mismatch",
+                           f"the RLE is {size[1]}x{size[0]}, the image is {width}x{height}")
+  if isinstance(counts, list):  # Uncompressed: run lengths from the first pixel (column-major).
+    if not all(isinstance(v, int) and v >= 0 for v in counts) or sum(counts) != height * width:
+      raise _AnnotationError("bad_rle", f"uncompressed counts sum to {sum(map(int, counts))}, "
+                             f"not {height * width} pixels"
+                             if all(isinstance(v, int) for v in counts)
+                             else "uncompressed counts must be non-negative integers")
+    rle = mask_utils.frPyObjects(seg, height, width)
+  elif isinstance(counts, (str, bytes)):
+    rle = {"size": [height, width],
+           "counts": counts.encode("ascii") if isinstance(counts, str) else counts}
+  else:
+    raise _AnnotationError("bad_rle", "RLE counts must be a list or a string")
+  try:
+    return mask_utils.decode(rle)
+  except ValueError as e:
+    raise _AnnotationError("bad_rle", f"pycocotools: {e}") from None
+
+
+def _region(seg, height: int, width: int) -> np.ndarray:
+  if isinstance(seg, dict):
+    region = _rle(seg, height, width)
+  elif isinstance(seg, list):
+    region = _polygons(seg, height, width) if seg else None
+    if region is None:
+      raise _AnnotationError("empty_segmentation", "the segmentation is empty")
+  else:
+    raise _AnnotationError("bad_segmentation",
+                           f"segmentation is a {type(seg).__name__}, not polygons or an RLE")
+  region = region.astype(bool)
+  if not region.any():
+    raise _AnnotationError("empty_segmentation", "the segmentation covers no pixel")
+  return region
+
+
+class ImageEntryError(ValueError):
+  """An images entry whose size cannot be used (an image-level error)."""
+
+
+def instance_mask(coco: Dict[str, Any], image_id: str) -> Tuple[np.ndarray, List[Dict[str, Any]]]:
+  """Renders one image's annotations -> (uint8 instance mask, annotation errors).
+
+  Objects get ids 1..N in annotation-id order and are painted largest first;
+  crowd regions, and what failed annotations still cover, are ignore (255).
+  """
+  try:
+    height, width = int(coco["height"]), int(coco["width"])
+    if height <= 0 or width <= 0:
+      raise ValueError
+  except (TypeError, ValueError, KeyError):
+    raise ImageEntryError(
+        f"images entry {coco.get('id')} has no valid height and width "
+        f"({coco.get('height')!r} x {coco.get('width')!r})") from None
+  errors, objects, ignore = [], [], np.zeros((height, width), bool)
+
+  def fail(ann, reason, detail):
+    errors.append(_error(reason, detail, ann["where"], image_id, ann.get("id")))
+
+  for ann in coco["annotations"]:
+    if ann.get("error"):
+      fail(ann, *ann["error"])
+      continue
+    try:
+      region = _region(ann.get("segmentation"), height, width)
+    except _AnnotationError as e:
+      fail(ann, e.reason, e.detail)
+      if e.region is not None:
+        ignore |= e.region.astype(bool)
+      continue
+    if ann.get("iscrowd"):
+      ignore |= region
+    else:
+      objects.append((ann, region))
+  for ann, region in objects[MAX_OBJECTS:]:
+    fail(ann, "too_many_objects", f"an instance mask holds at most {MAX_OBJECTS} objects")
+    ignore |= region
+  objects = objects[:MAX_OBJECTS]
+  mask = np.where(ignore, keys.IGNORE, keys.BACKGROUND).astype(np.uint8)
+  areas = [int(region.sum()) for _, region in objects]
+  for i in sorted(range(len(objects)), key=lambda i: (-areas[i], i)):
+    mask[objects[i][1]] = i + 1
+  for i, (ann, _) in enumerate(objects):
+    if not (mask == i + 1).any():
+      fail(ann, "hidden_object", "other objects painted over every pixel of this one")
+  return mask, errors
+
+
