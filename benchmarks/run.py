@@ -340,8 +340,8 @@ def bench_train(prep_dir: str, batch: int, steps: int, repeats: int, width: int,
   table = FeatureTable.load(prep_dir)
   task = make_task(table, tft_out)
   reader = InputReader(prep_dir, tft_out, table, task, batch)
-  model = models.build_model("segmentation_fcn", width=width, depth=depth,
-                             channels=table.input_channels)
+  model = models.build_model("segmentation_fcn", table.input_channels,
+                             builtin={"width": width, "depth": depth})
   opt = keras.optimizers.Adam(1e-3)
   opt.build(model.trainable_variables)
 

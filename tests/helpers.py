@@ -60,12 +60,17 @@ def records(out, split="*"):
           for r in tf.data.TFRecordDataset(files, compression_type=comp)]
 
 
-def assert_serving_parity(prep_dir, model_dir, n=3, width=4, depth=2):
+def assert_serving_parity(prep_dir, export, n=3, model=None):
   """The serving graph against the training path on `n` eval records.
 
   Every model input the twins compute equals the records' bytes, the model
   input equals the trainer's, and the exported SavedModel's probabilities
   equal the trained model's on the trainer's input.
+
+  Args:
+    export: a SavedModel, or a dir with versions (a fit model dir).
+    model: the trained Keras model; default: rebuilt from the fit model dir
+      `export` (model.json and its newest checkpoint).
   """
   import numpy as np  # pylint: disable=g-import-not-at-top,reimported
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -79,12 +84,10 @@ def assert_serving_parity(prep_dir, model_dir, n=3, width=4, depth=2):
   table = FeatureTable.load(prep_dir)
   tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
   task = make_task(table, tft_out)
-  model = models.build_model("segmentation_fcn", width=width, depth=depth,
-                             channels=table.input_channels)
-  tf.train.Checkpoint(model=model).restore(
-      tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
+  if model is None:
+    model = models.rebuild(export)
   server = SegmentationServer(model, tft_out, table)
-  serving = tf.saved_model.load(latest_export(model_dir)).signatures["serving_default"]
+  serving = tf.saved_model.load(latest_export(export)).signatures["serving_default"]
   files = sorted(glob.glob(keys.record_pattern(prep_dir, keys.EVAL_SPLIT)))
   checked = 0
   for serialized in [r.numpy() for r in tf.data.TFRecordDataset(files).take(n)]:

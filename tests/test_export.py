@@ -12,7 +12,6 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from beam_prep.features import FeatureTable
 from tests.helpers import assert_serving_parity, png, run_cli
 from train import models
 from train.export import latest_export
@@ -31,11 +30,7 @@ def trained(prep_dir, tmp_path_factory):
 
 
 def _restored_model(model_dir):
-  model = models.build_model("segmentation_fcn", width=4, depth=2,
-                             channels=FeatureTable.load(model_dir).input_channels)
-  tf.train.Checkpoint(model=model).restore(
-      tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
-  return model
+  return models.rebuild(model_dir)
 
 
 def _eval_examples(prep_dir, n=4):

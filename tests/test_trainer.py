@@ -151,7 +151,7 @@ def test_metrics_tensorboard_and_profile(prep_dir, tmp_path):
 
 def _kernel(model_dir, layer):
   from train import models  # pylint: disable=g-import-not-at-top
-  model = models.build_model("segmentation_fcn", width=4, depth=1, channels=5)
+  model = models.build_model("segmentation_fcn", 5, builtin={"width": 4, "depth": 1})
   tf.train.Checkpoint(model=model).restore(
       tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
   return model.get_layer(layer).kernel.numpy()

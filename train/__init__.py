@@ -5,4 +5,21 @@ output), `manifest.json` and `features.json`. From `beam_prep` it uses the
 feature declarations (`beam_prep.features`, `beam_prep.keys`) and the op
 registry, whose TensorFlow twins build the serving graph; `beam_prep` never
 imports `train`.
+
+Public API for one's own training code (imported lazily: `import train`
+does not load TensorFlow):
+
+    from train import dataset, register_model
 """
+
+__all__ = ["dataset", "register_model"]
+
+
+def __getattr__(name):
+  if name == "dataset":
+    from train.data import dataset  # pylint: disable=g-import-not-at-top
+    return dataset
+  if name == "register_model":
+    from train.models import register_model  # pylint: disable=g-import-not-at-top
+    return register_model
+  raise AttributeError(f"module 'train' has no attribute {name!r}")

@@ -4,6 +4,8 @@
                    [--config FILE] [--steps N] [--batch-size B] ...
     beam-train predict --model DIR --image FILE --positive X,Y [...]
                        [--negative X,Y ...] --output MASK.png
+    beam-train export --data PREP_OUTPUT (--model-file MODEL.keras | --model-dir DIR)
+                      [--output EXPORT_DIR] [--model-module M]
 """
 
 import argparse
@@ -22,14 +24,20 @@ def fit_parser() -> argparse.ArgumentParser:
   p.add_argument("--config", help="JSON file of TrainConfig fields")
   p.add_argument("--preset", help="named defaults: smoke (tiny, for demos and tests)")
   p.add_argument("--model", help="registered model name (default: the task's)")
+  p.add_argument("--model-module", dest="model_module",
+                 help="module (or comma-separated modules) to import first; it registers "
+                 "models with train.register_model (searched on the Python path and in the "
+                 "current directory)")
+  p.add_argument("--model-args", dest="model_args", metavar="JSON",
+                 help="keyword arguments of the model factory, a JSON object")
   p.add_argument("--steps", type=int, help="total steps for the model directory")
   p.add_argument("--batch-size", type=int, dest="batch_size", help="examples per replica")
   p.add_argument("--learning-rate", type=float, dest="learning_rate")
   p.add_argument("--scale-learning-rate", dest="scale_learning_rate", action="store_true",
                  default=None, help="multiply the learning rate by the replica count")
   p.add_argument("--shuffle-buffer", type=int, dest="shuffle_buffer")
-  p.add_argument("--width", type=int)
-  p.add_argument("--depth", type=int)
+  p.add_argument("--width", type=int, help="built-in models: channels of the first block")
+  p.add_argument("--depth", type=int, help="built-in models: down-sampling blocks")
   p.add_argument("--checkpoint-every", type=int, dest="checkpoint_every")
   p.add_argument("--log-every", type=int, dest="log_every")
   p.add_argument("--histogram-every", type=int, dest="histogram_every",
@@ -68,13 +76,14 @@ def _train_defaults():
   out["verbose"] = False
   if out.get("model") in ("", None):
     out.pop("model", None)  # Its help says: the task's.
+  out["model_args"] = "{}"
   profile = out.pop("profile_steps", None)
   if profile is not None:
     out["profile_steps"] = "off" if not profile else ",".join(str(v) for v in profile)
   return out
 
 
-_FIELDS = ("data", "model_dir", "model", "steps", "batch_size", "learning_rate",
+_FIELDS = ("data", "model_dir", "model", "model_module", "steps", "batch_size", "learning_rate",
            "scale_learning_rate", "shuffle_buffer", "width", "depth", "checkpoint_every",
            "log_every", "histogram_every", "eval_batches", "seed", "init_from", "freeze",
            "mixed_precision", "xla", "memory_growth", "gpu_memory_limit_mb", "intra_op_threads",
@@ -91,6 +100,11 @@ def build_config(args: argparse.Namespace):
     value = getattr(args, name)
     if value is not None:
       fields[name] = value
+  if args.model_args:
+    try:
+      fields["model_args"] = json.loads(args.model_args)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"--model-args is not JSON: {e}") from None
   if args.profile_steps:
     try:
       fields["profile_steps"] = tuple(int(v) for v in args.profile_steps.split(","))
@@ -104,6 +118,26 @@ def build_config(args: argparse.Namespace):
   return TrainConfig.from_dict(fields)
 
 
+def missing_train_packages() -> List[str]:
+  """Packages of the `train` extra (as setup.py declares it) that are not installed."""
+  import importlib.metadata as md  # pylint: disable=g-import-not-at-top
+  from packaging.requirements import Requirement  # pylint: disable=g-import-not-at-top
+  try:
+    requires = md.requires("beam-prep") or []
+  except md.PackageNotFoundError:
+    return []  # Run from a source tree that is not installed: nothing to check against.
+  missing = []
+  for text in requires:
+    req = Requirement(text)
+    if req.marker is not None and req.marker.evaluate({"extra": "train"}) \
+        and not req.marker.evaluate({"extra": ""}):
+      try:
+        md.distribution(req.name)
+      except md.PackageNotFoundError:
+        missing.append(req.name)
+  return missing
+
+
 def _fit(argv: List[str]) -> int:
   parser = fit_parser()
   args, rest = parser.parse_known_args(argv)
@@ -114,6 +148,11 @@ def _fit(argv: List[str]) -> int:
   except (ValueError, TypeError, OSError, json.JSONDecodeError) as e:
     log.error("beam-train fit: %s", e)
     return 2
+  missing = missing_train_packages()
+  if missing:
+    log.error("beam-train fit: %s not installed; the trainer needs the train extra: "
+              "pip install 'beam-prep[train]'", ", ".join(missing))
+    return 2
   from train import loop  # pylint: disable=g-import-not-at-top
   from train.data import RecordsError  # pylint: disable=g-import-not-at-top
   log.info("train: %s, %d steps, batch %d per replica -> %s", config.data, config.steps,
@@ -123,7 +162,7 @@ def _fit(argv: List[str]) -> int:
   except KeyboardInterrupt:
     log.error("beam-train fit: interrupted; checkpoint saved, rerun the same command to resume")
     return 130
-  except (FileNotFoundError, ValueError, RecordsError, loop.RetraceError,
+  except (FileNotFoundError, ImportError, ValueError, RecordsError, loop.RetraceError,
           FloatingPointError) as e:
     log.error("beam-train fit: %s", e)
     return 1
@@ -193,7 +232,39 @@ def _predict(argv: List[str]) -> int:
   return 0
 
 
-COMMANDS = {"fit": _fit, "predict": _predict}
+def _export(argv: List[str]) -> int:
+  p = argparse.ArgumentParser(
+      prog="beam-train export",
+      description="Write the serving SavedModel (raw image and clicks in, preprocessing "
+      "in the graph) for a model trained outside `beam-train fit`, or again for a fit run.")
+  p.add_argument("--data", required=True, help="the beam_prep output the model was trained on")
+  p.add_argument("--model-file", dest="model_file", help="a Keras model file (.keras)")
+  p.add_argument("--model-dir", dest="model_dir",
+                 help="or a beam-train fit model dir (model.json and checkpoints)")
+  p.add_argument("--model-module", dest="model_module", default="",
+                 help="module(s) to import first (custom layers, registered models)")
+  p.add_argument("--output", help="export base; the SavedModel goes to OUTPUT/<version>/ "
+                 "(default: MODEL_DIR/export with --model-dir)")
+  p.add_argument("--verbose", action="store_true")
+  args = p.parse_args(argv)
+  log = logs.quiet(args.verbose)
+  import os  # pylint: disable=g-import-not-at-top
+  output = args.output or (os.path.join(args.model_dir, "export") if args.model_dir else "")
+  if not output:
+    log.error("beam-train export: --output is required with --model-file")
+    return 2
+  from train import export  # pylint: disable=g-import-not-at-top
+  try:
+    path = export.export_trained(args.data, output, args.model_file or "",
+                                 args.model_dir or "", args.model_module)
+  except (ValueError, FileNotFoundError, ImportError, OSError) as e:
+    log.error("beam-train export: %s", e)
+    return 1
+  log.info("export: %s", path)
+  return 0
+
+
+COMMANDS = {"fit": _fit, "predict": _predict, "export": _export}
 
 
 def main(argv: Optional[List[str]] = None) -> None:

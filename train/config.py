@@ -18,8 +18,11 @@ class TrainConfig:
     model_dir: checkpoints, TensorBoard logs, metrics.json and export/.
     model: registered model name; "" picks the task's default
       (segmentation_fcn, or cnn_classifier for classification records).
-    width: channels of the first convolution block.
-    depth: number of down-sampling blocks.
+    model_module: module (or comma-separated modules) to import first; it
+      registers models of one's own (`from train import register_model`).
+    model_args: keyword arguments of the model factory (a JSON object).
+    width: built-in models: channels of the first convolution block.
+    depth: built-in models: number of down-sampling blocks.
     steps: total training steps for the model directory (a resumed run trains
       until the global step reaches it).
     batch_size: examples per replica per step (global batch = this x replicas).
@@ -49,6 +52,8 @@ class TrainConfig:
   data: str
   model_dir: str
   model: str = ""
+  model_module: str = ""
+  model_args: Dict[str, Any] = dataclasses.field(default_factory=dict)
   width: int = 16
   depth: int = 3
   steps: int = 300
@@ -78,6 +83,8 @@ class TrainConfig:
     for name in ("steps", "batch_size", "width", "depth", "checkpoint_every", "log_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+    if not isinstance(self.model_args, dict):
+      raise ValueError(f"model_args must be a JSON object, got {self.model_args!r}")
     if self.learning_rate <= 0:
       raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
     if self.mixed_precision not in ("", "mixed_float16", "mixed_bfloat16"):

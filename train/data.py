@@ -171,6 +171,47 @@ class InputReader:
     return ds
 
 
+def dataset(data_dir: str, split: str = keys.TRAIN_SPLIT, batch_size: int = 8,
+            training: bool = True, shuffle_buffer: int = 256, seed: int = 0,
+            keras_form: bool = True) -> tf.data.Dataset:
+  """The records of a beam-prep output, as the trainer's step receives them.
+
+  Reads `data_dir`'s records with its `features.json` and exported
+  tf.Transform graph (the very graph the serving model carries), stacks the
+  declared model inputs in declared order, and, when `training`, shuffles,
+  repeats (give Keras `steps_per_epoch`) and flips left-right as the trainer
+  does.
+
+  Args:
+    data_dir: a complete beam-prep output (with `_SUCCESS`).
+    split: "train" or "eval".
+    batch_size: examples per batch (training drops the last partial batch).
+    training: shuffle, repeat and augment; else one pass in file order.
+    shuffle_buffer: examples in the shuffle buffer.
+    seed: shuffle (and flip) seed.
+    keras_form: elements for Keras `model.fit`:
+      segmentation `(inputs, label, label_weight)`: label_weight is 0 on
+      ignore pixels and is Keras's per-pixel sample weight;
+      classification `(inputs, label)`, label the vocabulary index.
+      With False, `(inputs, labels)` with the labels dict the trainer's loss
+      reads (on eval batches, with the raw clicks the baseline uses).
+
+  Returns:
+    A `tf.data.Dataset`; inputs are float32 [B, H, W, C], C being
+    `features.json`'s input channels.
+  """
+  from train.tasks import make_task  # pylint: disable=g-import-not-at-top
+  check_complete(data_dir)
+  table = FeatureTable.load(data_dir)
+  tft_output = tft.TFTransformOutput(os.path.join(data_dir, keys.TRANSFORM_DIR))
+  task = make_task(table, tft_output)
+  reader = InputReader(data_dir, tft_output, table, task, batch_size, shuffle_buffer, seed)
+  ds = reader.model_batches(split, training)
+  if keras_form:
+    ds = ds.map(task.keras_form, num_parallel_calls=tf.data.AUTOTUNE)
+  return ds
+
+
 class RecordsError(Exception):
   """The records cannot be trained on; the message names the shard and why."""
 

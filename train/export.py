@@ -232,25 +232,73 @@ SERVERS = {"segmentation": SegmentationServer, "classification": ClassificationS
 
 
 def export_model(model, tft_output: tft.TFTransformOutput, table: FeatureTable,
-                 model_dir: str) -> str:
-  """Writes `MODEL_DIR/export/<unix time>/` for the table's task and returns its path."""
+                 export_base: str) -> str:
+  """Writes `EXPORT_BASE/<unix time>/` for the table's task and returns its path."""
   server = SERVERS[table.task](model, tft_output, table)
-  base = os.path.join(model_dir, "export")
   version = int(time.time())
-  while tf.io.gfile.exists(os.path.join(base, str(version))):
+  while tf.io.gfile.exists(os.path.join(export_base, str(version))):
     version += 1
-  path = os.path.join(base, str(version))
+  path = os.path.join(export_base, str(version))
   tf.saved_model.save(server, path, signatures=server.signatures())
   return path
 
 
+def export_trained(data_dir: str, output: str, model_file: str = "", model_dir: str = "",
+                   model_module: str = "") -> str:
+  """`beam-train export`: serves a trained Keras model with the records' preprocessing.
+
+  Args:
+    data_dir: the beam-prep output the model was trained on (its features.json
+      and transform/ are what the serving graph carries).
+    output: export base; the SavedModel goes to OUTPUT/<unix time>/.
+    model_file: a Keras 3 model file (`model.save("x.keras")`), trained
+      anywhere (for example on `train.dataset(...)`).
+    model_dir: or a `beam-train fit` model dir: its model is rebuilt from
+      model.json and its newest checkpoint.
+    model_module: modules to import first (custom layers of the model file).
+
+  Raises:
+    ValueError: the model cannot be loaded, or does not take the records'
+      inputs or give the task's outputs (the message says which).
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  from train import models  # pylint: disable=g-import-not-at-top
+  from train.tasks import make_task  # pylint: disable=g-import-not-at-top
+  if bool(model_file) == bool(model_dir):
+    raise ValueError("give one of --model-file (a .keras file) or --model-dir (a beam-train "
+                     "fit model dir)")
+  table = FeatureTable.load(data_dir)
+  tft_output = tft.TFTransformOutput(os.path.join(data_dir, keys.TRANSFORM_DIR))
+  task = make_task(table, tft_output)
+  serving_plan(table)  # An op without a twin fails before the model is loaded.
+  models.import_model_modules(model_module)
+  if model_dir:
+    model, name = models.rebuild(model_dir), model_dir
+  else:
+    if not tf.io.gfile.exists(model_file):
+      raise FileNotFoundError(f"no model file at {model_file}")
+    try:
+      model = keras.saving.load_model(model_file, compile=False)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(f"cannot load the Keras model {model_file}: {type(e).__name__}: {e} "
+                       "(a custom layer's module goes in --model-module)") from None
+    name = model_file
+  task.check_model(model, name)
+  return export_model(model, tft_output, table, output)
+
+
 def latest_export(model: str) -> str:
-  """An export folder: `model` itself, or the newest version under model/export/."""
+  """An export folder: `model` itself, or the newest version under `model` or
+  model/export/."""
   if tf.io.gfile.exists(os.path.join(model, "saved_model.pb")):
     return model
-  base = os.path.join(model, "export")
-  versions = [v.rstrip("/") for v in tf.io.gfile.listdir(base)] if tf.io.gfile.isdir(base) else []
-  versions = sorted((int(v) for v in versions if v.isdigit()), reverse=True)
-  if not versions:
-    raise FileNotFoundError(f"no SavedModel at {model} and no export under {base}")
-  return os.path.join(base, str(versions[0]))
+  for base in (model, os.path.join(model, "export")):
+    versions = ([v.rstrip("/") for v in tf.io.gfile.listdir(base)]
+                if tf.io.gfile.isdir(base) else [])
+    versions = sorted((int(v) for v in versions if v.isdigit()
+                       and tf.io.gfile.exists(os.path.join(base, v, "saved_model.pb"))),
+                      reverse=True)
+    if versions:
+      return os.path.join(base, str(versions[0]))
+  raise FileNotFoundError(f"no SavedModel at {model}, and no version under it or under "
+                          f"{os.path.join(model, 'export')}")

@@ -25,7 +25,7 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FEATURES_FILE, FeatureTable
-from train import devices, logs
+from train import devices, logs, models
 from train.config import TrainConfig
 from train.data import InputReader, RecordsError, check_complete, check_shards, scan_shards
 from train.tasks import make_task
@@ -236,8 +236,11 @@ def _setup(config: TrainConfig) -> _Run:
                        config.shuffle_buffer, config.seed, config.skip_corrupt_records)
   records_report = _check_records(config, reader, table)
 
+  module_files = models.import_model_modules(config.model_module)
+  spec = task.model_spec(config)
   with strategy.scope():
-    model = task.build_model(config)
+    model = models.build_model(**spec)
+    task.check_model(model, spec["name"])
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     if config.freeze:
       log.info("train: froze %d layers matching %r", _freeze(model, config.freeze),
@@ -248,6 +251,9 @@ def _setup(config: TrainConfig) -> _Run:
     # Created now, not in the first step: variables created while tracing
     # make tf.function trace twice, which the finalized step forbids.
     optimizer.build(model.trainable_variables)
+  if chief:  # What `models.rebuild` needs to build this model again.
+    models.write_model_file(model_dir, dict(spec, task=task.name, model_module=config.model_module,
+                                            module_files=module_files))
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=global_step)
   manager = tf.train.CheckpointManager(
       checkpoint, os.path.join(model_dir, "checkpoints"), max_to_keep=3)
@@ -429,7 +435,7 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
     if config.export and run.chief:
       from train import export  # pylint: disable=g-import-not-at-top
       metrics["export_dir"] = export.export_model(run.model, run.tft_output, run.table,
-                                                  config.model_dir)
+                                                  os.path.join(config.model_dir, "export"))
   with tf.io.gfile.GFile(os.path.join(run.model_dir, "metrics.json"), "w") as f:
     json.dump(metrics, f, indent=2, sort_keys=True)
   if state.interrupted:

@@ -16,7 +16,6 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
-from train import models
 from train.config import TrainConfig
 
 
@@ -35,15 +34,25 @@ class SegmentationTask:
     self.eval_keys: List[str] = [k for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
                                  if k in table]
 
-  def build_model(self, config: TrainConfig):
-    return models.build_model(config.model or self.default_model, width=config.width,
-                              depth=config.depth, channels=self.table.input_channels)
+  def model_spec(self, config: TrainConfig) -> Dict[str, Any]:
+    """The arguments of `models.build_model` for this run."""
+    return _model_spec(self, config)
+
+  def check_model(self, model, name: str) -> None:
+    """Raises ValueError unless `model` maps the records' inputs to [B, H, W, 1] logits."""
+    h, w = self.image_size
+    _check_output(model, name, self.table.input_channels, (h, w), (h, w, 1),
+                  "mask logits [B, H, W, 1]")
 
   def labels(self, transformed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
     return {keys.LABEL: transformed[keys.LABEL], keys.LABEL_WEIGHT: transformed[keys.LABEL_WEIGHT]}
 
   def flip_labels(self, labels: Dict[str, tf.Tensor], flip: tf.Tensor) -> Dict[str, tf.Tensor]:
     return {k: tf.where(flip, tf.reverse(v, axis=[2]), v) for k, v in labels.items()}
+
+  def keras_form(self, inputs, labels):
+    """(inputs, label, per-pixel sample weight): what Keras `fit` takes."""
+    return inputs, labels[keys.LABEL], labels[keys.LABEL_WEIGHT]
 
   def loss(self, labels: Dict[str, tf.Tensor], logits: tf.Tensor) -> tf.Tensor:
     """Per example, over non-ignored pixels: cross-entropy + soft-IoU loss, [B].
@@ -124,10 +133,15 @@ class ClassificationTask:
     self.labels_vocabulary = [v.decode() if isinstance(v, bytes) else v
                               for v in tft_output.vocabulary_by_name(keys.LABEL_VOCABULARY)]
 
-  def build_model(self, config: TrainConfig):
-    return models.build_model(config.model or self.default_model,
-                              num_classes=len(self.labels_vocabulary), width=config.width,
-                              depth=config.depth, channels=self.table.input_channels)
+  def model_spec(self, config: TrainConfig) -> Dict[str, Any]:
+    """The arguments of `models.build_model` for this run."""
+    return dict(_model_spec(self, config), num_classes=len(self.labels_vocabulary))
+
+  def check_model(self, model, name: str) -> None:
+    """Raises ValueError unless `model` maps the records' inputs to [B, K] logits."""
+    k = len(self.labels_vocabulary)
+    _check_output(model, name, self.table.input_channels, self.image_size, (k,),
+                  f"class logits [B, {k}] ({k} classes in the vocabulary)")
 
   def labels(self, transformed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
     return {keys.LABEL: transformed[keys.LABEL]}
@@ -135,6 +149,10 @@ class ClassificationTask:
   def flip_labels(self, labels: Dict[str, tf.Tensor], flip: tf.Tensor) -> Dict[str, tf.Tensor]:
     del flip  # A class does not change with a mirrored image.
     return labels
+
+  def keras_form(self, inputs, labels):
+    """(inputs, label): what Keras `fit` takes."""
+    return inputs, labels[keys.LABEL]
 
   def loss(self, labels, logits) -> tf.Tensor:
     return tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -148,6 +166,30 @@ class ClassificationTask:
   def summarize(self, c: np.ndarray) -> Dict[str, Any]:
     return {"examples": int(c.shape[0]), "accuracy": float(c[:, 0].mean()),
             "classes": len(self.labels_vocabulary)}
+
+
+def _model_spec(task, config: TrainConfig) -> Dict[str, Any]:
+  return {"name": config.model or task.default_model,
+          "input_channels": task.table.input_channels,
+          "image_size": list(task.image_size),
+          "model_args": dict(config.model_args),
+          "builtin": {"width": config.width, "depth": config.depth}}
+
+
+def _check_output(model, name: str, channels: int, image_size, want, what: str) -> None:
+  """Runs `model` on one zero input of the records' shape and checks its output."""
+  h, w = image_size
+  try:
+    out = model(tf.zeros([1, h, w, channels]), training=False)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"model {name!r} cannot take the records' input [B, {h}, {w}, {channels}]"
+                     f" (features.json's model inputs): {type(e).__name__}: {e}") from None
+  if not hasattr(out, "shape"):
+    raise ValueError(f"model {name!r} returns {type(out).__name__}, not one tensor")
+  got = tuple(out.shape[1:])
+  if got != tuple(want):
+    raise ValueError(f"model {name!r} maps [1, {h}, {w}, {channels}] to {[1, *got]}; this task "
+                     f"needs {what}")
 
 
 TASKS = {t.name: t for t in (SegmentationTask, ClassificationTask)}
