@@ -216,3 +216,15 @@ def test_dataflow_dry_run_with_a_custom_worker_image():
   pinned = open(os.path.join(os.path.dirname(dataflow.package_setup_file()), "docker",
                              "worker-requirements.txt")).read()
   assert f"apache-beam=={apache_beam.__version__}" in pinned
+  # The pins are the job's requirements and what they pull in: no trainer,
+  # launcher or test tools on the workers.
+  names = {line.split("==")[0] for line in pinned.splitlines() if "==" in line}
+  from packaging.requirements import Requirement  # pylint: disable=g-import-not-at-top
+  from packaging.utils import canonicalize_name  # pylint: disable=g-import-not-at-top
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("worker_requirements", os.path.join(
+      os.path.dirname(dataflow.package_setup_file()), "docker", "worker_requirements.py"))
+  worker_requirements = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(worker_requirements)
+  assert {canonicalize_name(Requirement(r).name) for r in worker_requirements.required()} <= names
+  assert not names & {"matplotlib", "tensorboard", "build", "pytest"}
