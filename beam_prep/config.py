@@ -17,6 +17,7 @@ class ClickConfig:
   strategies: tuple = (1, 2, 3)
   flip: bool = False
   disk_radius: float = 5.0
+  protocol_clicks: int = 10
 
 
 @dataclasses.dataclass(frozen=True)

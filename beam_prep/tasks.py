@@ -34,7 +34,8 @@ def clicks_chain(variants: int, seed: int, clicks) -> str:
   return op_call("sample_clicks", variants=variants, seed=seed,
                  min_positive=clicks.min_positive, max_positive=clicks.max_positive,
                  negatives=tuple(clicks.negatives), d=clicks.d, d_margin=clicks.d_margin,
-                 d_step=clicks.d_step, strategies=tuple(clicks.strategies), flip=clicks.flip)
+                 d_step=clicks.d_step, strategies=tuple(clicks.strategies), flip=clicks.flip,
+                 protocol_clicks=clicks.protocol_clicks)
 
 
 def encoding_chain(click_encoding: str, disk_radius: float = 5) -> str:

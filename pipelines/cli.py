@@ -130,7 +130,7 @@ def prep_parser(task: str = "segmentation") -> argparse.ArgumentParser:
                       help="coco layout: folder of the images' file_names (default: the JSON "
                       "file's folder)")
   parser.add_argument("--config", help="JSON file of PrepConfig fields")
-  parser.add_argument("--preset", help="named defaults: smoke (tiny, for demos and tests)")
+  parser.add_argument("--preset", help="named defaults: smoke (tiny, for tests), demo (make demo)")
   parser.add_argument("--image-size", type=int, dest="image_size",
                       help="records hold images resized to N x N")
   if task == "segmentation":

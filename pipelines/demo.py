@@ -73,9 +73,9 @@ def main(argv=None):
   times["sample data"] = _run([beam_prep, "sample-data", "--output", data,
                                "--count", str(args.count)], log)
   times["preprocess"] = _run([beam_prep, "segmentation", "--input", data, "--output", prep,
-                              "--preset", "smoke", "--overwrite"], log)
+                              "--preset", "demo", "--overwrite"], log)
   times["train+export"] = _run([beam_train, "fit", "--data", prep, "--model-dir", model,
-                                "--preset", "smoke"], log)
+                                "--preset", "demo"], log)
 
   from PIL import Image  # pylint: disable=g-import-not-at-top
   image_id, object_id, size, pos, neg = _eval_clicks(prep)
@@ -109,6 +109,13 @@ def main(argv=None):
       f"input wait {100 * (metrics['input_wait_fraction'] or 0):.0f}%, eval mean IoU "
       f"{ev.get('mean_iou', float('nan')):.3f} (nearest-click baseline "
       f"{ev.get('baseline_nearest_click_mean_iou', float('nan')):.3f})")
+  if "noc" in metrics:
+    m, b = metrics["noc"]["model"], metrics["noc"]["baseline"]
+    fewer = 100 * (1 - m["noc@85"] / b["noc@85"]) if b["noc@85"] else float("nan")
+    log(f"  clicks       NoC@85 {m['noc@85']:.2f} for the model vs {b['noc@85']:.2f} for the "
+        f"nearest-click baseline ({fewer:.0f}% fewer clicks); NoC@90 {m['noc@90']:.2f} vs "
+        f"{b['noc@90']:.2f}; {metrics['noc']['objects']} eval objects, up to "
+        f"{metrics['noc']['max_clicks']} clicks -> {model}/eval/")
   log(f"  export       {metrics['export_dir']}")
   log(f"  prediction   {pred} (+ _overlay.png): {image_id} object {object_id}, "
       f"{len(pos)} positive + {len(neg)} negative clicks, IoU with the true mask {iou:.3f}")

@@ -4,12 +4,14 @@
                    [--config FILE] [--steps N] [--batch-size B] ...
     beam-train predict --model DIR --image FILE --positive X,Y [...]
                        [--negative X,Y ...] --output MASK.png
+    beam-train evaluate --model DIR [--data PREP_OUTPUT] [--max-clicks 20] [--iou 0.85,0.90]
     beam-train export --data PREP_OUTPUT (--model-file MODEL.keras | --model-dir DIR)
                       [--output EXPORT_DIR] [--model-module M]
 """
 
 import argparse
 import json
+import os
 from typing import List, Optional
 
 from beam_prep.console import (check_unknown, dispatch, load_config_file, option_flags, preset,
@@ -33,6 +35,8 @@ def fit_parser() -> argparse.ArgumentParser:
   p.add_argument("--steps", type=int, help="total steps for the model directory")
   p.add_argument("--batch-size", type=int, dest="batch_size", help="examples per replica")
   p.add_argument("--learning-rate", type=float, dest="learning_rate")
+  p.add_argument("--lr-schedule", dest="lr_schedule", choices=["constant", "cosine"],
+                 help="constant, or cosine decay to 5%% of the learning rate over --steps")
   p.add_argument("--scale-learning-rate", dest="scale_learning_rate", action="store_true",
                  default=None, help="multiply the learning rate by the replica count")
   p.add_argument("--shuffle-buffer", type=int, dest="shuffle_buffer")
@@ -43,6 +47,11 @@ def fit_parser() -> argparse.ArgumentParser:
   p.add_argument("--histogram-every", type=int, dest="histogram_every",
                  help="weight/gradient histograms and predicted masks every N steps (0: off)")
   p.add_argument("--eval-batches", type=int, dest="eval_batches")
+  p.add_argument("--noc-clicks", type=int, dest="noc_clicks",
+                 help="segmentation: NoC evaluation at the end with up to N simulated clicks "
+                 "per eval object (0: skip it)")
+  p.add_argument("--noc-objects", type=int, dest="noc_objects",
+                 help="NoC on the first N eval objects only (0: all)")
   p.add_argument("--seed", type=int)
   p.add_argument("--init-from", dest="init_from", help="checkpoint or model dir to start from")
   p.add_argument("--freeze", help="regular expression of layer names not to train")
@@ -84,8 +93,9 @@ def _train_defaults():
 
 
 _FIELDS = ("data", "model_dir", "model", "model_module", "steps", "batch_size", "learning_rate",
+           "lr_schedule",
            "scale_learning_rate", "shuffle_buffer", "width", "depth", "checkpoint_every",
-           "log_every", "histogram_every", "eval_batches", "seed", "init_from", "freeze",
+           "log_every", "histogram_every", "eval_batches", "noc_clicks", "noc_objects", "seed", "init_from", "freeze",
            "mixed_precision", "xla", "memory_growth", "gpu_memory_limit_mb", "intra_op_threads",
            "inter_op_threads", "cpu_replicas", "skip_corrupt_records", "export")
 
@@ -179,8 +189,88 @@ def _fit(argv: List[str]) -> int:
   elif ev.get("examples"):
     log.info("eval: %d examples, accuracy %.3f over %d classes", ev["examples"],
              ev["accuracy"], ev["classes"])
+  if "noc" in m:
+    for line in _noc_lines(m["noc"]):
+      log.info("eval: %s", line)
+    log.info("eval: NoC report, plot and contact sheet -> %s", os.path.join(config.model_dir,
+                                                                              "eval"))
   if "export_dir" in m:
     log.info("export: %s", m["export_dir"])
+  return 0
+
+
+def _noc_lines(brief) -> List[str]:
+  """NoC of the model beside the baseline's, from `noc.brief` (no TensorFlow import)."""
+  out = []
+  for key in sorted(k for k in brief["model"] if k.startswith("noc@")):
+    t = key.split("@")[1]
+    m, b = brief["model"], brief["baseline"]
+    out.append(f"NoC@{t} {m[key]:.2f} (never reached {100 * m['never_reached@' + t]:.0f}%) vs "
+               f"nearest-click baseline {b[key]:.2f} "
+               f"(never reached {100 * b['never_reached@' + t]:.0f}%), {brief['objects']} "
+               f"objects, up to {brief['max_clicks']} clicks")
+  return out
+
+
+def _evaluate(argv: List[str]) -> int:
+  p = argparse.ArgumentParser(
+      prog="beam-train evaluate",
+      description="NoC evaluation of a trained segmentation model and of the nearest-click "
+      "baseline: simulated clicks until the mask reaches each IoU threshold (README: "
+      "'Evaluation: clicks to a good mask').")
+  p.add_argument("--model", required=True, help="a beam-train fit model dir")
+  p.add_argument("--data", help="beam_prep output (default: the one the model was trained on)")
+  p.add_argument("--max-clicks", type=int, default=20, dest="max_clicks",
+                 help="clicks per object at most; NoC counts this when never reached")
+  p.add_argument("--iou", default="0.85,0.90", help="IoU thresholds, comma-separated")
+  p.add_argument("--max-objects", type=int, default=0, dest="max_objects",
+                 help="evaluate the first N eval objects only (0: all)")
+  p.add_argument("--batch-size", type=int, default=16, dest="batch_size",
+                 help="objects per batch")
+  p.add_argument("--output", help="report folder (default: MODEL/eval)")
+  p.add_argument("--verbose", action="store_true")
+  show_defaults(p, {"max_clicks": 20, "iou": "0.85,0.90", "max_objects": 0, "batch_size": 16})
+  args, rest = p.parse_known_args(argv)
+  log = logs.quiet(args.verbose)
+  try:
+    check_unknown(rest, option_flags(p), "beam-train evaluate", strict=True)
+    thresholds = [float(v) for v in args.iou.split(",") if v.strip()]
+    if not thresholds or not all(0 < t <= 1 for t in thresholds):
+      raise ValueError(f"--iou takes thresholds in (0, 1], got {args.iou!r}")
+    if args.max_clicks < 1:
+      raise ValueError(f"--max-clicks must be at least 1, got {args.max_clicks}")
+  except ValueError as e:
+    log.error("beam-train evaluate: %s", e)
+    return 2
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+  from train import models, noc  # pylint: disable=g-import-not-at-top
+  try:
+    data = args.data
+    if not data:
+      with tf.io.gfile.GFile(os.path.join(args.model, "config.json")) as f:
+        data = json.load(f)["data"]
+    table = FeatureTable.load(data)
+    tft_output = tft.TFTransformOutput(os.path.join(data, keys.TRANSFORM_DIR))
+    model = models.rebuild(args.model)
+    ckpt = tf.train.latest_checkpoint(os.path.join(args.model, "checkpoints")) or ""
+    step = int(ckpt.rsplit("-", 1)[1]) if "-" in os.path.basename(ckpt) else 0
+    out = args.output or os.path.join(args.model, "eval")
+    log.info("evaluate: %s on the eval objects of %s, up to %d clicks", args.model, data,
+             args.max_clicks)
+    report = noc.evaluate(model, tft_output, table, data, out, args.max_clicks, thresholds,
+                          args.batch_size, args.max_objects,
+                          summary_dir=os.path.join(args.model, "tensorboard", "eval"), step=step)
+  except (ValueError, FileNotFoundError, ImportError, OSError, KeyError) as e:
+    log.error("beam-train evaluate: %s", e)
+    return 1
+  for line in _noc_lines(noc.brief(report)):
+    log.info("evaluate: %s", line)
+  curve = report["model"]["mean_iou_by_clicks"]
+  log.info("evaluate: mean IoU by clicks %s", ", ".join(f"{k}: {v:.3f}" for k, v in curve.items()))
+  log.info("evaluate: %s, %s, %s -> %s", noc.NOC_FILE, noc.PLOT_FILE, noc.SHEET_FILE, out)
   return 0
 
 
@@ -248,7 +338,6 @@ def _export(argv: List[str]) -> int:
   p.add_argument("--verbose", action="store_true")
   args = p.parse_args(argv)
   log = logs.quiet(args.verbose)
-  import os  # pylint: disable=g-import-not-at-top
   output = args.output or (os.path.join(args.model_dir, "export") if args.model_dir else "")
   if not output:
     log.error("beam-train export: --output is required with --model-file")
@@ -264,7 +353,7 @@ def _export(argv: List[str]) -> int:
   return 0
 
 
-COMMANDS = {"fit": _fit, "predict": _predict, "export": _export}
+COMMANDS = {"fit": _fit, "evaluate": _evaluate, "predict": _predict, "export": _export}
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -26,7 +26,9 @@ class TrainConfig:
     steps: total training steps for the model directory (a resumed run trains
       until the global step reaches it).
     batch_size: examples per replica per step (global batch = this x replicas).
-    learning_rate: Adam learning rate.
+    learning_rate: Adam learning rate (the peak, with a schedule).
+    lr_schedule: "constant", or "cosine": from the learning rate down to 5%
+      of it over `steps`, along a cosine.
     scale_learning_rate: multiply the learning rate by the replica count.
     shuffle_buffer: examples in the shuffle buffer.
     checkpoint_every: save a checkpoint every N steps (and at the end).
@@ -34,6 +36,9 @@ class TrainConfig:
     histogram_every: weight and gradient histograms, predicted masks, every N
       steps (0: never).
     eval_batches: eval batches at the end (0: the whole eval split).
+    noc_clicks: segmentation: at the end, the NoC evaluation (`train.noc`)
+      with up to this many simulated clicks per eval object (0: skip it).
+    noc_objects: evaluate NoC on the first N eval objects only (0: all).
     seed: seed of model initialization and input shuffling.
     export: write a SavedModel to MODEL_DIR/export/<version>/ at the end.
     init_from: a checkpoint (or model dir) whose weights start a new run.
@@ -59,12 +64,15 @@ class TrainConfig:
   steps: int = 300
   batch_size: int = 8
   learning_rate: float = 2e-3
+  lr_schedule: str = "constant"
   scale_learning_rate: bool = False
   shuffle_buffer: int = 256
   checkpoint_every: int = 100
   log_every: int = 25
   histogram_every: int = 100
   eval_batches: int = 0
+  noc_clicks: int = 20
+  noc_objects: int = 0
   seed: int = 0
   export: bool = True
   init_from: str = ""
@@ -83,6 +91,10 @@ class TrainConfig:
     for name in ("steps", "batch_size", "width", "depth", "checkpoint_every", "log_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+    if self.lr_schedule not in ("constant", "cosine"):
+      raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+    if self.noc_clicks < 0:
+      raise ValueError(f"noc_clicks must be >= 0, got {self.noc_clicks}")
     if not isinstance(self.model_args, dict):
       raise ValueError(f"model_args must be a JSON object, got {self.model_args!r}")
     if self.learning_rate <= 0:

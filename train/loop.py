@@ -245,7 +245,10 @@ def _setup(config: TrainConfig) -> _Run:
     if config.freeze:
       log.info("train: froze %d layers matching %r", _freeze(model, config.freeze),
                config.freeze)
-    optimizer = keras.optimizers.Adam(lr)
+    schedule = lr
+    if config.lr_schedule == "cosine":
+      schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=config.steps, alpha=0.05)
+    optimizer = keras.optimizers.Adam(schedule)
     if config.mixed_precision == "mixed_float16":
       optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     # Created now, not in the first step: variables created while tracing
@@ -390,7 +393,7 @@ class _Window:
       tf.summary.scalar("loss", state.loss)
       tf.summary.scalar("examples_per_second", rate)
       tf.summary.scalar("input_wait_fraction", wait)
-      tf.summary.scalar("learning_rate", self._run.lr)
+      tf.summary.scalar("learning_rate", float(self._run.optimizer.learning_rate))
     self._t, self._steps = now, 0
     self._progress.update(current, f"loss {state.loss:.4f}  {rate:.1f} examples/s  "
                           f"input wait {100 * wait:.0f}%", force=True)
@@ -432,6 +435,15 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
              100 * wait_fraction)
   if not state.interrupted:
     metrics["eval"] = evaluate(run.model, run.reader, run.task, config.eval_batches)
+    if config.noc_clicks and run.task.name == "segmentation" and run.chief \
+        and metrics["eval"].get("examples"):
+      from train import noc  # pylint: disable=g-import-not-at-top
+      log.info("eval: NoC with up to %d simulated clicks per eval object", config.noc_clicks)
+      report = noc.evaluate(run.model, run.tft_output, run.table, config.data,
+                            os.path.join(config.model_dir, "eval"), config.noc_clicks,
+                            max_objects=config.noc_objects, summary_dir=os.path.join(run.model_dir, "tensorboard", "eval"),
+                            step=final_step)
+      metrics["noc"] = noc.brief(report)
     if config.export and run.chief:
       from train import export  # pylint: disable=g-import-not-at-top
       metrics["export_dir"] = export.export_model(run.model, run.tft_output, run.table,

@@ -92,21 +92,23 @@ class SegmentationTask:
 
 def nearest_click_logits(positive: tf.SparseTensor, negative: tf.SparseTensor,
                          image_size) -> tf.Tensor:
-  """The no-model baseline: a pixel is object when nearer a positive click than
-  a negative one. Clicks: [B, 2N] sparse (x, y) pairs; returns [B, H, W, 1]."""
-  from beam_prep.ops.distance import tf_distance_map  # pylint: disable=g-import-not-at-top
+  """The no-model baseline (`train.noc.nearest_click_logits`) on the records'
+  clicks: [B, 2N] sparse (x, y) pairs; returns logits [B, H, W, 1]."""
+  from train import noc  # pylint: disable=g-import-not-at-top
   h, w = image_size
 
-  def one(args):
-    pos, neg = args
-    # Distances capped at 255 as in the maps: beyond both caps, background.
-    return (tf.cast(tf_distance_map(neg, h, w), tf.float32)
-            - tf.cast(tf_distance_map(pos, h, w), tf.float32))
+  def dense(clicks: tf.SparseTensor, kind: int):
+    flat = tf.RaggedTensor.from_sparse(clicks)
+    lengths = flat.row_lengths() // 2
+    xy = tf.RaggedTensor.from_row_lengths(tf.reshape(flat.values, [-1, 2]), lengths)
+    xy = xy.to_tensor(shape=[None, None, 2])
+    return xy, tf.where(tf.sequence_mask(lengths, tf.shape(xy, tf.int64)[1]), kind, 0)
 
-  pos = tf.RaggedTensor.from_sparse(positive)
-  neg = tf.RaggedTensor.from_sparse(negative)
-  return tf.map_fn(one, (pos, neg), fn_output_signature=tf.TensorSpec([h, w], tf.float32))[
-      ..., None]
+  pos, pos_kind = dense(positive, 1)
+  neg, neg_kind = dense(negative, -1)
+  clicks = tf.concat([tf.cast(pos, tf.int64), tf.cast(neg, tf.int64)], axis=1)
+  kinds = tf.cast(tf.concat([pos_kind, neg_kind], axis=1), tf.int32)
+  return noc.nearest_click_logits(clicks, kinds, h, w)[..., None]
 
 
 def _mask_counts(labels, logits) -> tf.Tensor:

@@ -12,6 +12,13 @@ sampling of:
   3. pixels along the object's boundary at distance `d_margin`, spread by
      farthest-point sampling (10 clicks).
 
+  4. (not DIOS) the clicks of the evaluation protocol (`train.noc`), run
+     against the nearest-click baseline: the first positive click at the
+     object's pixel farthest from its boundary, then each next click at the
+     error pixel farthest from its error region's boundary, 1 to
+     `protocol_clicks` clicks in all. Such variants teach a model the click
+     patterns it is measured with (one click alone; clicks on its errors).
+
 Clicks are int64 arrays [N, 2] of (x, y) = (column, row).
 
 Randomness comes only from a generator seeded with (seed, image id, object id,
@@ -33,6 +40,7 @@ from beam_prep.ops.image import IMAGE, MASK
 from beam_prep.ops.registry import ExampleError, register_op
 
 _CLICKS = Feature("int64", shape=(None, 2), role="metadata")
+PROTOCOL = 4  # The strategy whose clicks follow the evaluation protocol.
 _INT = Feature("int64", shape=(), role="metadata")
 
 
@@ -94,6 +102,71 @@ def _farthest_points(candidates: np.ndarray, n: int, rng: np.random.Generator) -
   return candidates[chosen].astype(np.int64)
 
 
+def _edt_outside_padded(mask: np.ndarray) -> np.ndarray:
+  """Distance of each True pixel to the nearest False one, the outside of the
+  image counting as False (0 on False pixels)."""
+  return ndimage.distance_transform_edt(np.pad(mask, 1))[1:-1, 1:-1]
+
+
+def protocol_click(pred: np.ndarray, label: np.ndarray, clicked: np.ndarray):
+  """The evaluation protocol's next click (RITM's clicker), numpy and scipy.
+
+  Args:
+    pred: bool [H, W], the current mask.
+    label: uint8 [H, W]: 1 object, 0 background, 255 ignore (never an error).
+    clicked: bool [H, W], pixels clicked already (never clicked again).
+
+  Returns:
+    (x, y, kind), kind 1 for a positive click (the false negatives hold the
+    pixel farthest from their region's boundary) or -1; None without errors.
+    Ties go to the row-major first pixel.
+  """
+  gt, care = label == 1, label != keys.IGNORE
+  fn_d = _edt_outside_padded(gt & ~pred & care)
+  fp_d = _edt_outside_padded(~gt & pred & care)
+  # Compared as integers (squared distances), as the TensorFlow twin does.
+  fn_d, fp_d = np.rint(fn_d ** 2).astype(np.int64), np.rint(fp_d ** 2).astype(np.int64)
+  fn_d[clicked] = 0
+  fp_d[clicked] = 0
+  if max(fn_d.max(), fp_d.max()) == 0:
+    return None
+  positive = fn_d.max() > fp_d.max()
+  d = fn_d if positive else fp_d
+  y, x = np.unravel_index(np.argmax(d), d.shape)
+  return int(x), int(y), 1 if positive else -1
+
+
+def nearest_click_mask(positive: np.ndarray, negative: np.ndarray, h: int, w: int) -> np.ndarray:
+  """The no-model baseline: True where the nearest click (x, y) is positive."""
+  yy, xx = np.mgrid[:h, :w]
+
+  def nearest(points):
+    if len(points) == 0:
+      return np.full((h, w), np.inf)
+    return np.min([(yy - y) ** 2 + (xx - x) ** 2 for x, y in points], axis=0)
+
+  return nearest(positive) < nearest(negative)
+
+
+def protocol_clicks(label: np.ndarray, n: int):
+  """`n` clicks of the evaluation protocol against the nearest-click baseline
+  -> (positive, negative) int64 [N, 2] of (x, y); fewer when no error is left."""
+  h, w = label.shape
+  pos, neg = [], []
+  clicked = np.zeros((h, w), bool)
+  pred = np.zeros((h, w), bool)
+  for _ in range(n):
+    click = protocol_click(pred, label, clicked)
+    if click is None:
+      break
+    x, y, kind = click
+    (pos if kind == 1 else neg).append((x, y))
+    clicked[y, x] = True
+    pred = nearest_click_mask(pos, neg, h, w)
+  as_array = lambda p: np.asarray(p, np.int64).reshape(-1, 2)  # pylint: disable=unnecessary-lambda-assignment
+  return as_array(pos), as_array(neg)
+
+
 class ObjectGeometry:
   """Per-object candidate pixels, computed once and shared by all variants.
 
@@ -107,6 +180,7 @@ class ObjectGeometry:
   def __init__(self, mask: np.ndarray, instance_mask: Optional[np.ndarray],
                d: float, d_margin: float):
     h, w = mask.shape
+    self.mask = mask
     obj = mask == 1
     ys, xs = np.nonzero(obj)
     if ys.size == 0:
@@ -187,17 +261,22 @@ class ObjectGeometry:
 
 def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
                    min_positive: int, max_positive: int, negatives, d_step: float,
-                   strategies) -> dict:
+                   strategies, protocol_clicks_max: int = 10) -> dict:
   """Samples one variant's clicks from an object's candidates.
 
   Returns:
     dict with `positive_clicks`, `negative_clicks` (int64 [N, 2] as (x, y))
-    and `negative_strategy` (1, 2, 3, or 0 if no strategy had candidates).
+    and `negative_strategy` (1, 2, 3, 4, or 0 if no strategy had candidates).
   """
   n_pos = int(rng.integers(min_positive, max_positive + 1))
   pos = geometry.sample_positive(n_pos, d_step, rng)
   pools = {1: geometry.strategy1, 2: geometry.strategy2, 3: geometry.strategy3}
-  usable = [s for s in strategies if pools[s].shape[0] > 0]
+  usable = [s for s in strategies if s == PROTOCOL or pools[s].shape[0] > 0]
+  if PROTOCOL in usable and int(usable[rng.integers(len(usable))]) == PROTOCOL:
+    n = int(rng.integers(1, protocol_clicks_max + 1))
+    pos, neg = protocol_clicks(geometry.mask, n)
+    return {"positive_clicks": pos, "negative_clicks": neg, "negative_strategy": PROTOCOL}
+  usable = [s for s in usable if s != PROTOCOL]
   if usable:
     strategy = int(usable[rng.integers(len(usable))])
     n_neg = int(negatives[strategy - 1])
@@ -230,7 +309,7 @@ def sample_clicks_twin(ex, *args, **kwargs):
 def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
                   max_positive: int = 5, negatives=(10, 5, 10), d: float = 40,
                   d_margin: float = 5, d_step: float = 10, strategies=(1, 2, 3),
-                  flip: bool = False):
+                  flip: bool = False, protocol_clicks: int = 10):
   """Fans one object out into `variants` independent click samplings.
 
   With `flip`, every odd variant is also mirrored left-right (image, masks and
@@ -246,16 +325,20 @@ def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
     d: strategy-1 outer distance from the object.
     d_margin: margin from the object boundary (all clicks).
     d_step: least distance between two clicks of one kind.
-    strategies: which negative strategies may be drawn.
+    strategies: which strategies may be drawn (4: the evaluation protocol's
+      clicks, see the module docstring).
     flip: mirror odd variants left-right.
+    protocol_clicks: strategy 4 gives 1 to this many clicks.
   """
   if variants < 1:
     raise ValueError(f"variants must be >= 1, got {variants}")
   if not 1 <= min_positive <= max_positive:
     raise ValueError(f"need 1 <= min_positive <= max_positive, got {min_positive}, {max_positive}")
   strategies = tuple(int(s) for s in strategies)
-  if not strategies or any(s not in (1, 2, 3) for s in strategies):
-    raise ValueError(f"strategies must be a non-empty subset of (1, 2, 3), got {strategies}")
+  if not strategies or any(s not in (1, 2, 3, PROTOCOL) for s in strategies):
+    raise ValueError(f"strategies must be a non-empty subset of (1, 2, 3, 4), got {strategies}")
+  if protocol_clicks < 1:
+    raise ValueError(f"protocol_clicks must be >= 1, got {protocol_clicks}")
 
   def fn(ex):
     geometry = ObjectGeometry(ex["mask"], ex.get("instance_mask"), d, d_margin)
@@ -275,7 +358,8 @@ def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
         base, geo = flipped_ex, flipped_geometry
       sample = sample_variant(geo, rng, min_positive=min_positive,
                               max_positive=max_positive, negatives=negatives,
-                              d_step=d_step, strategies=strategies)
+                              d_step=d_step, strategies=strategies,
+                              protocol_clicks_max=protocol_clicks)
       variant = dict(base)
       variant.update(sample)
       variant["variant"] = v
