@@ -42,6 +42,9 @@ def fit_parser() -> argparse.ArgumentParser:
   p.add_argument("--shuffle-buffer", type=int, dest="shuffle_buffer")
   p.add_argument("--width", type=int, help="built-in models: channels of the first block")
   p.add_argument("--depth", type=int, help="built-in models: down-sampling blocks")
+  p.add_argument("--backbone-weights", dest="backbone_weights", metavar="imagenet|none|PATH",
+                 help="unet_mobilenetv2 / unet_resnet50: ImageNet weights (downloaded), none, "
+                 "or a weights file of the backbone")
   p.add_argument("--checkpoint-every", type=int, dest="checkpoint_every")
   p.add_argument("--log-every", type=int, dest="log_every")
   p.add_argument("--histogram-every", type=int, dest="histogram_every",
@@ -93,7 +96,7 @@ def _train_defaults():
 
 
 _FIELDS = ("data", "model_dir", "model", "model_module", "steps", "batch_size", "learning_rate",
-           "lr_schedule",
+           "lr_schedule", "backbone_weights",
            "scale_learning_rate", "shuffle_buffer", "width", "depth", "checkpoint_every",
            "log_every", "histogram_every", "eval_batches", "noc_clicks", "noc_objects", "seed", "init_from", "freeze",
            "mixed_precision", "xla", "memory_growth", "gpu_memory_limit_mb", "intra_op_threads",

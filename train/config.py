@@ -23,6 +23,8 @@ class TrainConfig:
     model_args: keyword arguments of the model factory (a JSON object).
     width: built-in models: channels of the first convolution block.
     depth: built-in models: number of down-sampling blocks.
+    backbone_weights: models on a keras.applications backbone: "imagenet"
+      (downloaded), "none" (random), or a weights file of the backbone.
     steps: total training steps for the model directory (a resumed run trains
       until the global step reaches it).
     batch_size: examples per replica per step (global batch = this x replicas).
@@ -61,6 +63,7 @@ class TrainConfig:
   model_args: Dict[str, Any] = dataclasses.field(default_factory=dict)
   width: int = 16
   depth: int = 3
+  backbone_weights: str = "imagenet"
   steps: int = 300
   batch_size: int = 8
   learning_rate: float = 2e-3

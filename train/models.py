@@ -17,6 +17,16 @@ gets the records' (height, width). The built-in models take `width` and
 `segmentation_fcn`: a small U-Net-style fully convolutional net. H and W
 must be multiples of 2**depth.
 
+`unet_mobilenetv2`, `unet_resnet50`: U-Net decoders (skip connections at
+1/2..1/16) on `keras.applications` encoders; H and W multiples of 32.
+`--backbone-weights imagenet` (the default; downloads them), `none`, or a
+weights file of the 3-channel backbone (`save_weights` of
+`keras.applications.ResNet50(include_top=False)`, say). The first
+convolution takes the extra click channels: its RGB part comes from the
+pretrained weights, the click channels start at zero, as DIOS did with its
+FCN. The inputs are standardized per channel by tf.Transform, not by the
+backbone's ImageNet preprocessing; fine-tuning adapts.
+
 `cnn_classifier`: global-pooled CNN, class logits.
 
 What built a run's model is written to MODEL_DIR/model.json, so that
@@ -36,7 +46,7 @@ import keras
 _MODELS: Dict[str, Callable[..., keras.Model]] = {}
 MODEL_FILE = "model.json"
 # Arguments of the built-in models that come from TrainConfig fields.
-_BUILTIN_ARGS = ("width", "depth")
+_BUILTIN_ARGS = ("width", "depth", "backbone_weights")
 # The arguments of build_model, as model.json records them.
 BUILD_KEYS = ("name", "input_channels", "num_classes", "image_size", "model_args", "builtin")
 
@@ -108,7 +118,7 @@ def build_model(name: str, input_channels: int, num_classes: Optional[int] = Non
     kwargs.setdefault("image_size", tuple(image_size))
   if factory.__module__ == __name__:
     for k in _BUILTIN_ARGS:
-      if k in builtin and builtin[k] is not None:
+      if k in params and builtin.get(k) is not None:
         kwargs.setdefault(k, builtin[k])
   where = f"{factory.__module__}.{factory.__qualname__}"
   try:
@@ -144,7 +154,10 @@ def rebuild(model_dir: str) -> keras.Model:
   files = rec.get("module_files") or {}
   import_model_modules(rec.get("model_module", ""),
                        tuple(sorted({os.path.dirname(f) for f in files.values() if f})))
-  model = build_model(**{k: rec.get(k) for k in BUILD_KEYS})
+  args = {k: rec.get(k) for k in BUILD_KEYS}
+  # The checkpoint holds every weight: no pretrained backbone to fetch again.
+  args["builtin"] = dict(args.get("builtin") or {}, backbone_weights="none")
+  model = build_model(**args)
   ckpt = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
   if not ckpt:
     raise FileNotFoundError(f"no checkpoint under {model_dir}/checkpoints")
@@ -192,3 +205,80 @@ def cnn_classifier(input_channels: int, num_classes: int, width: int = 16,
   x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
   logits = keras.layers.Dense(num_classes, name="logits", dtype="float32")(x)
   return keras.Model(inputs, logits, name="cnn_classifier")
+
+
+# U-Net decoders on keras.applications encoders. The skips are the encoder's
+# last activations at 1/2, 1/4, 1/8 and 1/16 of the input; the bottom is at
+# 1/32, so H and W must be multiples of 32.
+_BACKBONES = {
+    "mobilenetv2": ("MobileNetV2", "Conv1",
+                    ("block_1_expand_relu", "block_3_expand_relu", "block_6_expand_relu",
+                     "block_13_expand_relu"), "out_relu"),
+    "resnet50": ("ResNet50", "conv1_conv",
+                 ("conv1_relu", "conv2_block3_out", "conv3_block4_out", "conv4_block6_out"),
+                 "conv5_block3_out"),
+}
+
+
+def _encoder(backbone: str, input_channels: int, weights: str) -> keras.Model:
+  """The backbone taking `input_channels`; pretrained weights (ImageNet or a
+  file of the 3-channel backbone) go to every layer, and the first
+  convolution's RGB part; its extra (click) channels start at zero."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  cls_name, first_conv, _, _ = _BACKBONES[backbone]
+  cls = getattr(keras.applications, cls_name)
+  model = cls(input_shape=(None, None, input_channels), include_top=False, weights=None)
+  if weights in ("", "none", None):
+    return model
+  try:
+    source = cls(input_shape=(None, None, 3), include_top=False,
+                 weights="imagenet" if weights == "imagenet" else weights)
+  except Exception as e:  # pylint: disable=broad-except
+    where = ("downloading the ImageNet weights (needs the internet)" if weights == "imagenet"
+             else f"reading the weights file {weights} (a {cls_name}(include_top=False) "
+             "model's save_weights, *.weights.h5)")
+    raise ValueError(f"backbone {backbone}: {where} failed: {type(e).__name__}: {e}; pass "
+                     "--backbone-weights none to start from random weights") from None
+  for layer in model.layers:
+    if not layer.weights:
+      continue
+    values = source.get_layer(layer.name).get_weights()
+    if layer.name == first_conv and input_channels != 3:
+      kernel = np.zeros(values[0].shape[:2] + (input_channels,) + values[0].shape[3:],
+                        values[0].dtype)
+      kernel[:, :, :min(3, input_channels)] = values[0][:, :, :min(3, input_channels)]
+      values = [kernel] + values[1:]
+    layer.set_weights(values)
+  return model
+
+
+def _backbone_unet(backbone: str, input_channels: int, width: int,
+                   backbone_weights: str) -> keras.Model:
+  _, _, skip_names, bottom_name = _BACKBONES[backbone]
+  encoder = _encoder(backbone, input_channels, backbone_weights)
+  features = keras.Model(encoder.input, [encoder.get_layer(n).output for n in skip_names]
+                         + [encoder.get_layer(bottom_name).output], name=f"{backbone}_encoder")
+  inputs = keras.Input((None, None, input_channels), name="inputs")
+  *skips, x = features(inputs)
+  for i in reversed(range(len(skips))):
+    x = keras.layers.UpSampling2D(name=f"up{i}_resize")(x)
+    x = keras.layers.Concatenate(name=f"up{i}_concat")([x, skips[i]])
+    x = _block(x, width * 2**i, f"up{i}")
+  x = keras.layers.UpSampling2D(name="full_resize")(x)
+  x = _block(x, width, "full")
+  logits = keras.layers.Conv2D(1, 1, name="logits", dtype="float32")(x)
+  return keras.Model(inputs, logits, name=f"unet_{backbone}")
+
+
+@register_model("unet_mobilenetv2")
+def unet_mobilenetv2(input_channels: int, width: int = 16,
+                     backbone_weights: str = "imagenet") -> keras.Model:
+  """U-Net decoder on a MobileNetV2 encoder (keras.applications); H, W multiples of 32."""
+  return _backbone_unet("mobilenetv2", input_channels, width, backbone_weights)
+
+
+@register_model("unet_resnet50")
+def unet_resnet50(input_channels: int, width: int = 16,
+                  backbone_weights: str = "imagenet") -> keras.Model:
+  """U-Net decoder on a ResNet50 encoder (keras.applications); H, W multiples of 32."""
+  return _backbone_unet("resnet50", input_channels, width, backbone_weights)

@@ -175,7 +175,8 @@ def _model_spec(task, config: TrainConfig) -> Dict[str, Any]:
           "input_channels": task.table.input_channels,
           "image_size": list(task.image_size),
           "model_args": dict(config.model_args),
-          "builtin": {"width": config.width, "depth": config.depth}}
+          "builtin": {"width": config.width, "depth": config.depth,
+                      "backbone_weights": config.backbone_weights}}
 
 
 def _check_output(model, name: str, channels: int, image_size, want, what: str) -> None:
