@@ -3,9 +3,14 @@
 Drawn from the records and their `features.json`, so user features show up
 too. Segmentation records: one row per example with the image (clicks drawn:
 green positive, red negative), the label mask (grey = ignore), and one panel
-per channel of every other per-pixel model input (distance maps: dark = near
-a click; disks: white inside). Classification records: a grid of images
-titled with their labels.
+per channel of every other per-pixel model input (a dark-to-bright colormap;
+distance maps: dark = near a click; disks: bright inside; the channel's
+clicks marked with cyan crosses). Classification records: a grid of images
+titled with their labels. Panels are 192 px on their long side (nearest
+neighbour), so the picture is readable even from 32 px records.
+
+Pillow only: the job's last step draws it on a worker, where neither
+matplotlib nor the trainer's packages are installed.
 """
 
 import io
@@ -52,59 +57,111 @@ def _clicks(ex, key):
   return np.asarray(ex.get(key, np.zeros((0, 2), np.int64))).reshape(-1, 2)
 
 
-def render(examples: List[dict], table: FeatureTable) -> bytes:
-  """PNG bytes of the preview grid."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+# A dark-to-bright perceptual colormap (close to matplotlib's magma),
+# interpolated from a few anchors: 256 RGB rows.
+_ANCHORS = np.array([[0, 0, 4], [40, 11, 84], [101, 21, 110], [159, 42, 99], [212, 72, 66],
+                     [245, 125, 21], [250, 193, 39], [252, 253, 191]], np.float64)
+_LUT = np.stack([np.interp(np.linspace(0, len(_ANCHORS) - 1, 256), np.arange(len(_ANCHORS)),
+                           _ANCHORS[:, c]) for c in range(3)], axis=1).round().astype(np.uint8)
+PANEL = 192  # Pixels on a panel's long side.
+GAP, TITLE, SIDE = 6, 20, 150  # Between panels; column titles; row labels (segmentation).
+POSITIVE, NEGATIVE, MARK = (0, 224, 0), (255, 32, 32), (0, 255, 255)
 
+
+def _font(size: int):
+  from PIL import ImageFont  # pylint: disable=g-import-not-at-top
+  try:
+    return ImageFont.load_default(size=size)
+  except TypeError:  # Pillow < 10.1
+    return ImageFont.load_default()
+
+
+def _scaled(rgb: np.ndarray, side: int):
+  """An RGB array as a PIL image, nearest-neighbour, `side` px on its long side."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  h, w = rgb.shape[:2]
+  scale = side / max(h, w)
+  return Image.fromarray(rgb).resize((max(1, round(w * scale)), max(1, round(h * scale))),
+                                     Image.NEAREST), scale
+
+
+def _colormap(channel: np.ndarray) -> np.ndarray:
+  lo, hi = min(float(channel.min()), 0.0), max(float(channel.max()), 1.0)
+  idx = np.clip((channel.astype(np.float64) - lo) / (hi - lo) * 255, 0, 255).astype(np.uint8)
+  return _LUT[idx]
+
+
+def _dots(draw, points, scale, colour, r):
+  for x, y in points:
+    cx, cy = (x + 0.5) * scale, (y + 0.5) * scale
+    draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour, outline="white", width=2)
+
+
+def _crosses(draw, points, scale, r=4):
+  for x, y in points:
+    cx, cy = (x + 0.5) * scale, (y + 0.5) * scale
+    draw.line([cx - r, cy - r, cx + r, cy + r], fill=MARK, width=2)
+    draw.line([cx - r, cy + r, cx + r, cy - r], fill=MARK, width=2)
+
+
+def render(examples: List[dict], table: FeatureTable) -> bytes:
+  """PNG bytes of the preview grid (Pillow only: it is drawn on a worker)."""
+  from PIL import Image, ImageDraw  # pylint: disable=g-import-not-at-top
   label_entry = table.with_role("label")[0]
+  font, small = _font(13), _font(11)
+  gap, title_h = GAP, TITLE
   if label_entry.feature.per_pixel:  # A mask: one row per example with its panels.
     label = label_entry.key
     panels = _panels(table)
-    rows, cols = len(examples), 2 + len(panels)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * 2.4, rows * 2.4 + 0.4), squeeze=False)
     titles = ["image + clicks", f"{label} (grey: ignore)"] + [t for t, _, _ in panels]
+    side_w = SIDE
+    pw, ph = _scaled(examples[0][keys.IMAGE], PANEL)[0].size
+    cols = len(titles)
+    sheet = Image.new("RGB", (side_w + cols * (pw + gap), title_h + len(examples) * (ph + gap)),
+                      "white")
+    draw = ImageDraw.Draw(sheet)
+    for c, title in enumerate(titles):
+      draw.text((side_w + c * (pw + gap) + 2, 3), title, fill=(30, 30, 30), font=font)
     for r, ex in enumerate(examples):
-      ax = axes[r]
-      ax[0].imshow(ex[keys.IMAGE])
+      y0 = title_h + r * (ph + gap)
       pos, neg = _clicks(ex, keys.POSITIVE_CLICKS), _clicks(ex, keys.NEGATIVE_CLICKS)
-      for pts, colour in ((pos, "#00e000"), (neg, "#ff2020")):
-        if len(pts):
-          ax[0].scatter(pts[:, 0], pts[:, 1], s=22, c=colour, edgecolors="white", linewidths=0.8)
       mask = ex[label][..., 0]
-      mask = np.where(mask == keys.IGNORE, 128, mask * 255).astype(np.uint8)
-      ax[1].imshow(mask, cmap="gray", vmin=0, vmax=255)
-      for a, (_, key, c) in zip(ax[2:], panels):
-        channel = ex[key][..., c].astype(np.float32)
-        a.imshow(channel, cmap="magma", vmin=min(channel.min(), 0), vmax=max(channel.max(), 1))
-        pts = pos if c == 0 else neg
-        if len(pts) and key in (keys.DISTANCE_MAPS, keys.CLICK_DISKS):
-          a.scatter(pts[:, 0], pts[:, 1], s=10, c="cyan", marker="x", linewidths=0.8)
-      meta = " ".join(f"{k[:3]} {int(np.ravel(ex[k])[0])}" for k in
-                      (keys.OBJECT_ID, keys.VARIANT, keys.NEGATIVE_STRATEGY) if k in ex)
-      ax[0].set_ylabel(f"{ex.get(keys.IMAGE_ID, '')}\n{meta}", fontsize=7)
-      for c in range(cols):
-        ax[c].set_xticks([])
-        ax[c].set_yticks([])
-        if r == 0:
-          ax[c].set_title(titles[c], fontsize=8)
+      grey = np.where(mask == keys.IGNORE, 128, mask * 255).astype(np.uint8)
+      images = [ex[keys.IMAGE], np.repeat(grey[..., None], 3, axis=-1)]
+      images += [_colormap(ex[key][..., c]) for _, key, c in panels]
+      for c, rgb in enumerate(images):
+        im, scale = _scaled(rgb, PANEL)
+        pd = ImageDraw.Draw(im)
+        if c == 0:
+          _dots(pd, pos, scale, POSITIVE, 5)
+          _dots(pd, neg, scale, NEGATIVE, 5)
+        elif c >= 2:
+          _, key, ch = panels[c - 2]
+          if key in (keys.DISTANCE_MAPS, keys.CLICK_DISKS):
+            _crosses(pd, pos if ch == 0 else neg, scale)
+        sheet.paste(im, (side_w + c * (pw + gap), y0))
+      meta = [f"{name} {int(np.ravel(ex[k])[0])}" for k, name in
+              ((keys.OBJECT_ID, "object"), (keys.VARIANT, "variant"),
+               (keys.NEGATIVE_STRATEGY, "strategy")) if k in ex]
+      lines = [str(ex.get(keys.IMAGE_ID, "")), ", ".join(meta[:2]), ", ".join(meta[2:]),
+               f"{len(pos)} positive clicks", f"{len(neg)} negative clicks"]
+      for i, text in enumerate(t for t in lines if t):
+        draw.text((4, y0 + 4 + 17 * i), text, fill=(30, 30, 30) if i == 0 else (90, 90, 90),
+                  font=font if i == 0 else small)
   else:
     cols = min(4, len(examples))
     rows = (len(examples) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * 2.2, rows * 2.4), squeeze=False)
-    for i, a in enumerate(axes.flat):
-      a.set_xticks([])
-      a.set_yticks([])
-      if i < len(examples):
-        a.imshow(examples[i][keys.IMAGE])
-        a.set_title(examples[i][label_entry.key], fontsize=8)
-      else:
-        a.axis("off")
-  fig.tight_layout()
+    pw = ph = PANEL
+    sheet = Image.new("RGB", (cols * (pw + gap), rows * (ph + title_h + gap)), "white")
+    draw = ImageDraw.Draw(sheet)
+    for i, ex in enumerate(examples):
+      r, c = divmod(i, cols)
+      im, _ = _scaled(ex[keys.IMAGE], PANEL)
+      x0, y0 = c * (pw + gap), r * (ph + title_h + gap)
+      draw.text((x0 + 2, y0 + 3), str(ex[label_entry.key]), fill=(30, 30, 30), font=font)
+      sheet.paste(im, (x0, y0 + title_h))
   buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=80)
-  plt.close(fig)
+  sheet.save(buf, format="PNG")
   return buf.getvalue()
 
 
