@@ -70,6 +70,10 @@ def test_user_model_module_trains_evaluates_exports_and_predicts(
   assert rebuilt.get_layer("enc").filters == 4  # --model-args reached the factory
   assert_serving_parity(prep_dir, model_dir, n=3)
   assert _cli(["export", "--data", prep_dir, "--model-dir", model_dir]) == 0
+  assert _cli(["evaluate", "--model", model_dir, "--max-clicks", "3",
+               "--output", str(tmp_path / "noc")]) == 0
+  assert json.load(open(tmp_path / "noc" / "noc.json"))["model"]["max_clicks"] == 3
+  assert metrics["noc"]["model"]["noc@85"] >= 1  # fit's own NoC ran on the user's model too
 
   # predict needs the SavedModel only: not the module, not the prep output.
   shutil.rmtree(user_module_dir)
