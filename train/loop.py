@@ -436,7 +436,7 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
   if not state.interrupted:
     metrics["eval"] = evaluate(run.model, run.reader, run.task, config.eval_batches)
     if config.noc_clicks and run.task.name == "segmentation" and run.chief \
-        and metrics["eval"].get("examples"):
+        and metrics["eval"].get("examples") and _can_simulate_clicks(run.table):
       from train import noc  # pylint: disable=g-import-not-at-top
       log.info("eval: NoC with up to %d simulated clicks per eval object", config.noc_clicks)
       report = noc.evaluate(run.model, run.tft_output, run.table, config.data,
@@ -453,6 +453,18 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
   if state.interrupted:
     raise KeyboardInterrupt
   return metrics
+
+
+def _can_simulate_clicks(table: FeatureTable) -> bool:
+  """NoC recomputes the click encodings with the ops' twins; without them
+  (a run with --no-export may have an op without one) it is skipped, saying why."""
+  from train import export  # pylint: disable=g-import-not-at-top
+  try:
+    export.serving_plan(table)
+  except export.ServingPlanError as e:
+    logs.get().info("eval: NoC skipped: the clicks' model inputs cannot be recomputed (%s)", e)
+    return False
+  return True
 
 
 def _check_records(config: TrainConfig, reader: InputReader, table: FeatureTable) -> Any:
