@@ -6,8 +6,10 @@ green positive, red negative), the label mask (grey = ignore), and one panel
 per channel of every other per-pixel model input (a dark-to-bright colormap;
 distance maps: dark = near a click; disks: bright inside; the channel's
 clicks marked with cyan crosses). Classification records: a grid of images
-titled with their labels. Panels are 192 px on their long side (nearest
-neighbour), so the picture is readable even from 32 px records.
+titled with their labels (at most 4 columns). Panels are upscaled with
+nearest neighbour to 192 px on their long side, larger when that is needed
+for the picture to be at least 512 px on its long side, so it is readable even
+from 32 px records or a single example.
 
 Pillow only: the job's last step draws it on a worker, where neither
 matplotlib nor the trainer's packages are installed.
@@ -63,7 +65,8 @@ _ANCHORS = np.array([[0, 0, 4], [40, 11, 84], [101, 21, 110], [159, 42, 99], [21
                      [245, 125, 21], [250, 193, 39], [252, 253, 191]], np.float64)
 _LUT = np.stack([np.interp(np.linspace(0, len(_ANCHORS) - 1, 256), np.arange(len(_ANCHORS)),
                            _ANCHORS[:, c]) for c in range(3)], axis=1).round().astype(np.uint8)
-PANEL = 192  # Pixels on a panel's long side.
+PANEL = 192  # Pixels on a panel's long side (at least).
+MIN_SIDE = 512  # Pixels on the picture's long side (at least).
 GAP, TITLE, SIDE = 6, 20, 150  # Between panels; column titles; row labels (segmentation).
 POSITIVE, NEGATIVE, MARK = (0, 224, 0), (255, 32, 32), (0, 255, 255)
 
@@ -76,13 +79,34 @@ def _font(size: int):
     return ImageFont.load_default()
 
 
+def _size(h: int, w: int, side: int):
+  """(width, height) of an h x w panel scaled to `side` px on its long side."""
+  scale = side / max(h, w)
+  return max(1, round(w * scale)), max(1, round(h * scale))
+
+
 def _scaled(rgb: np.ndarray, side: int):
   """An RGB array as a PIL image, nearest-neighbour, `side` px on its long side."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   h, w = rgb.shape[:2]
-  scale = side / max(h, w)
-  return Image.fromarray(rgb).resize((max(1, round(w * scale)), max(1, round(h * scale))),
-                                     Image.NEAREST), scale
+  return Image.fromarray(rgb).resize(_size(h, w, side), Image.NEAREST), side / max(h, w)
+
+
+def _panel_side(sheet_size) -> int:
+  """PANEL, or more if the sheet `sheet_size(side)` would be under MIN_SIDE px."""
+  side = PANEL
+  while max(sheet_size(side)) < MIN_SIDE:
+    side += 8
+  return side
+
+
+def _fit(draw, text: str, font, width: float) -> str:
+  """`text`, cut short with "..." so that it is at most `width` px wide."""
+  if draw.textlength(text, font=font) <= width:
+    return text
+  while text and draw.textlength(text + "...", font=font) > width:
+    text = text[:-1]
+  return text + "..."
 
 
 def _colormap(channel: np.ndarray) -> np.ndarray:
@@ -114,14 +138,20 @@ def render(examples: List[dict], table: FeatureTable) -> bytes:
     label = label_entry.key
     panels = _panels(table)
     titles = ["image + clicks", f"{label} (grey: ignore)"] + [t for t, _, _ in panels]
-    side_w = SIDE
-    pw, ph = _scaled(examples[0][keys.IMAGE], PANEL)[0].size
-    cols = len(titles)
-    sheet = Image.new("RGB", (side_w + cols * (pw + gap), title_h + len(examples) * (ph + gap)),
-                      "white")
+    side_w, cols = SIDE, len(titles)
+    h, w = examples[0][keys.IMAGE].shape[:2]
+
+    def size_of(side):
+      pw, ph = _size(h, w, side)
+      return side_w + cols * (pw + gap), title_h + len(examples) * (ph + gap)
+
+    side = _panel_side(size_of)
+    pw, ph = _size(h, w, side)
+    sheet = Image.new("RGB", size_of(side), "white")
     draw = ImageDraw.Draw(sheet)
     for c, title in enumerate(titles):
-      draw.text((side_w + c * (pw + gap) + 2, 3), title, fill=(30, 30, 30), font=font)
+      draw.text((side_w + c * (pw + gap) + 2, 3), _fit(draw, title, font, pw - 2),
+                fill=(30, 30, 30), font=font)
     for r, ex in enumerate(examples):
       y0 = title_h + r * (ph + gap)
       pos, neg = _clicks(ex, keys.POSITIVE_CLICKS), _clicks(ex, keys.NEGATIVE_CLICKS)
@@ -130,7 +160,7 @@ def render(examples: List[dict], table: FeatureTable) -> bytes:
       images = [ex[keys.IMAGE], np.repeat(grey[..., None], 3, axis=-1)]
       images += [_colormap(ex[key][..., c]) for _, key, c in panels]
       for c, rgb in enumerate(images):
-        im, scale = _scaled(rgb, PANEL)
+        im, scale = _scaled(rgb, side)
         pd = ImageDraw.Draw(im)
         if c == 0:
           _dots(pd, pos, scale, POSITIVE, 5)
@@ -146,19 +176,20 @@ def render(examples: List[dict], table: FeatureTable) -> bytes:
       lines = [str(ex.get(keys.IMAGE_ID, "")), ", ".join(meta[:2]), ", ".join(meta[2:]),
                f"{len(pos)} positive clicks", f"{len(neg)} negative clicks"]
       for i, text in enumerate(t for t in lines if t):
-        draw.text((4, y0 + 4 + 17 * i), text, fill=(30, 30, 30) if i == 0 else (90, 90, 90),
-                  font=font if i == 0 else small)
+        draw.text((4, y0 + 4 + 17 * i), _fit(draw, text, font if i == 0 else small, side_w - 8),
+                  fill=(30, 30, 30) if i == 0 else (90, 90, 90), font=font if i == 0 else small)
   else:
     cols = min(4, len(examples))
     rows = (len(examples) + cols - 1) // cols
-    pw = ph = PANEL
+    pw = ph = _panel_side(lambda side: (cols * (side + gap), rows * (side + title_h + gap)))
     sheet = Image.new("RGB", (cols * (pw + gap), rows * (ph + title_h + gap)), "white")
     draw = ImageDraw.Draw(sheet)
     for i, ex in enumerate(examples):
       r, c = divmod(i, cols)
-      im, _ = _scaled(ex[keys.IMAGE], PANEL)
+      im, _ = _scaled(ex[keys.IMAGE], pw)
       x0, y0 = c * (pw + gap), r * (ph + title_h + gap)
-      draw.text((x0 + 2, y0 + 3), str(ex[label_entry.key]), fill=(30, 30, 30), font=font)
+      draw.text((x0 + 2, y0 + 3), _fit(draw, str(ex[label_entry.key]), font, pw - 2),
+                fill=(30, 30, 30), font=font)
       sheet.paste(im, (x0, y0 + title_h))
   buf = io.BytesIO()
   sheet.save(buf, format="PNG")
