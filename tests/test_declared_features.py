@@ -39,9 +39,11 @@ SIZE = 48
 
 
 def _fit(args):
+  """fit without the NoC evaluation (tests/test_noc.py covers it) unless asked."""
   from train import cli  # pylint: disable=g-import-not-at-top
+  extra = [] if "--noc-clicks" in args else ["--noc-clicks", "0"]
   with pytest.raises(SystemExit) as e:
-    cli.main(["fit"] + args)
+    cli.main(["fit"] + args + extra)
   return e.value.code
 
 

@@ -24,7 +24,8 @@ def trained(prep_dir, tmp_path_factory):
   model_dir = str(tmp_path_factory.mktemp("model"))
   with pytest.raises(SystemExit) as e:
     cli.main(["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "6",
-              "--batch-size", "4", "--width", "4", "--depth", "2", "--histogram-every", "0"])
+              "--batch-size", "4", "--width", "4", "--depth", "2", "--histogram-every", "0",
+              "--noc-clicks", "0"])
   assert e.value.code == 0
   return model_dir
 

@@ -21,9 +21,11 @@ TRAIN = ["--batch-size", "4", "--width", "4", "--depth", "1", "--log-every", "1"
 
 
 def _fit(args):
+  """fit without the NoC evaluation (tests/test_noc.py covers it) unless asked."""
   from train import cli  # pylint: disable=g-import-not-at-top
+  extra = [] if "--noc-clicks" in args else ["--noc-clicks", "0"]
   with pytest.raises(SystemExit) as e:
-    cli.main(["fit"] + args)
+    cli.main(["fit"] + args + extra)
   return e.value.code
 
 
@@ -42,7 +44,7 @@ def _wait_for(proc, text, timeout=300):
 def test_trainer_killed_with_sigkill_resumes_to_the_same_final_step(prep_dir, tmp_path):
   model_dir = str(tmp_path / "m")
   command = [sys.executable, "-m", "train", "fit", "--data", prep_dir, "--model-dir", model_dir,
-             "--steps", "14", "--checkpoint-every", "3"] + TRAIN
+             "--steps", "14", "--checkpoint-every", "3", "--noc-clicks", "0"] + TRAIN
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=env)

@@ -27,9 +27,11 @@ def _loaded(prep_dir):
 
 
 def _fit(args):
+  """fit without the NoC evaluation (tests/test_noc.py covers it) unless asked."""
   from train import cli  # pylint: disable=g-import-not-at-top
+  extra = [] if "--noc-clicks" in args else ["--noc-clicks", "0"]
   with pytest.raises(SystemExit) as e:
-    cli.main(["fit"] + args)
+    cli.main(["fit"] + args + extra)
   return e.value.code
 
 
@@ -100,10 +102,12 @@ def test_reader_sharding_is_disjoint_and_eval_is_deterministic(prep_dir):
 def test_two_replicas_on_logical_cpus(prep_dir, tmp_path):
   model_dir = str(tmp_path / "m")
   r = _cli(["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "4",
-            "--cpu-replicas", "2", "--scale-learning-rate"] + SMALL)
+            "--cpu-replicas", "2", "--scale-learning-rate", "--lr-schedule", "cosine",
+            "--noc-clicks", "2"] + SMALL)
   assert r.returncode == 0, r.stdout + r.stderr
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert m["replicas"] == 2 and m["global_batch_size"] == 8
+  assert m["noc"]["max_clicks"] == 2  # NoC runs on a mirrored model too
   assert m["learning_rate"] == pytest.approx(2 * 2e-3)
   assert m["final_step"] == 4 and m["step_traces"] == 1
   assert "MirroredStrategy over 2 logical CPU devices" in r.stdout
@@ -228,7 +232,7 @@ def test_multi_worker_with_two_local_processes(prep_dir, tmp_path):
     procs.append(subprocess.Popen(
         [sys.executable, "-m", "train", "fit", "--data", prep_dir, "--model-dir", model_dir,
          "--steps", "4", "--batch-size", "2", "--width", "4", "--depth", "1",
-         "--histogram-every", "0", "--no-export"],
+         "--histogram-every", "0", "--no-export", "--noc-clicks", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
   outs = []
   for p in procs:

@@ -173,6 +173,7 @@ class _Run:
   manager: Any
   step: "FinalizedFunction"
   lr: float
+  lr_schedule: Any  # The learning rate, or a schedule of the step.
   global_batch: int
   records_report: Any
 
@@ -268,7 +269,7 @@ def _setup(config: TrainConfig) -> _Run:
     log.info("train: weights from %s", _init_from(model, config.init_from))
   step = _make_step(config, strategy, reader, task, model, optimizer, global_step, global_batch)
   return _Run(table, tft_output, task, strategy, chief, model_dir, reader, model, optimizer,
-              global_step, manager, step, lr, global_batch, records_report)
+              global_step, manager, step, lr, schedule, global_batch, records_report)
 
 
 def _make_step(config, strategy, reader, task, model, optimizer, global_step,
@@ -393,7 +394,8 @@ class _Window:
       tf.summary.scalar("loss", state.loss)
       tf.summary.scalar("examples_per_second", rate)
       tf.summary.scalar("input_wait_fraction", wait)
-      tf.summary.scalar("learning_rate", float(self._run.optimizer.learning_rate))
+      lr = self._run.lr_schedule
+      tf.summary.scalar("learning_rate", float(lr(current - 1)) if callable(lr) else lr)
     self._t, self._steps = now, 0
     self._progress.update(current, f"loss {state.loss:.4f}  {rate:.1f} examples/s  "
                           f"input wait {100 * wait:.0f}%", force=True)
