@@ -438,14 +438,8 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
   if not state.interrupted:
     metrics["eval"] = evaluate(run.model, run.reader, run.task, config.eval_batches)
     if config.noc_clicks and run.task.name == "segmentation" and run.chief \
-        and metrics["eval"].get("examples") and _can_simulate_clicks(run.table):
-      from train import noc  # pylint: disable=g-import-not-at-top
-      log.info("eval: NoC with up to %d simulated clicks per eval object", config.noc_clicks)
-      report = noc.evaluate(run.model, run.tft_output, run.table, config.data,
-                            os.path.join(config.model_dir, "eval"), config.noc_clicks,
-                            max_objects=config.noc_objects, summary_dir=os.path.join(run.model_dir, "tensorboard", "eval"),
-                            step=final_step)
-      metrics["noc"] = noc.brief(report)
+        and metrics["eval"].get("examples"):
+      metrics.update(_noc(run, config, final_step))
     if config.export and run.chief:
       from train import export  # pylint: disable=g-import-not-at-top
       metrics["export_dir"] = export.export_model(run.model, run.tft_output, run.table,
@@ -457,16 +451,24 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
   return metrics
 
 
-def _can_simulate_clicks(table: FeatureTable) -> bool:
-  """NoC recomputes the click encodings with the ops' twins; without them
-  (a run with --no-export may have an op without one) it is skipped, saying why."""
-  from train import export  # pylint: disable=g-import-not-at-top
+def _noc(run: _Run, config: TrainConfig, step: int) -> Dict[str, Any]:
+  """{"noc": headline numbers} of the NoC evaluation, or {} when it cannot run.
+
+  NoC recomputes the click encodings with the ops' twins; without them (a run
+  with --no-export may have an op without one) it is skipped, saying why.
+  """
+  from train import export, noc  # pylint: disable=g-import-not-at-top
+  logs.get().info("eval: NoC with up to %d simulated clicks per eval object", config.noc_clicks)
   try:
-    export.serving_plan(table)
+    report = noc.evaluate(run.model, run.tft_output, run.table, config.data,
+                          os.path.join(config.model_dir, "eval"), config.noc_clicks,
+                          max_objects=config.noc_objects,
+                          summary_dir=os.path.join(run.model_dir, "tensorboard", "eval"),
+                          step=step)
   except export.ServingPlanError as e:
     logs.get().info("eval: NoC skipped: the clicks' model inputs cannot be recomputed (%s)", e)
-    return False
-  return True
+    return {}
+  return {"noc": noc.brief(report)}
 
 
 def _check_records(config: TrainConfig, reader: InputReader, table: FeatureTable) -> Any:

@@ -286,12 +286,13 @@ def evaluate(model, tft_output, table, data_dir: str, out_dir: str, max_clicks: 
                             "from its boundary; then at the error pixel farthest from its "
                             "error region's boundary (RITM); NoC capped at max_clicks",
                             "thresholds": list(thresholds), "image_size": list(table.image_size)}
-  curves, sheets, traces = {}, {}, {}
+  curves, traces, sheet = {}, {}, None
   for name, predictor in predictors.items():
     loop = ClickLoop(predictor, table.image_size, max_clicks)
     scores, kept, click_sets = [], {}, []
     for start in range(0, len(images), batch_size):
-      keep = max(0, sheet_objects - start)
+      # The contact sheet shows the model's masks only.
+      keep = max(0, sheet_objects - start) if name == "model" else 0
       s, clicks, kinds, k = loop.run(images[start:start + batch_size],
                                      labels[start:start + batch_size], keep=keep)
       scores.append(s)
@@ -302,9 +303,10 @@ def evaluate(model, tft_output, table, data_dir: str, out_dir: str, max_clicks: 
     scores = np.concatenate(scores)
     report[name] = summarize(scores, thresholds)
     curves[name] = scores.mean(axis=0)
-    sheets[name] = ({c: np.concatenate(v) for c, v in kept.items()},
-                    np.concatenate([c for c, _ in click_sets]),
-                    np.concatenate([k for _, k in click_sets]))
+    if click_sets:
+      sheet = ({c: np.concatenate(v) for c, v in kept.items()},
+               np.concatenate([c for c, _ in click_sets]),
+               np.concatenate([k for _, k in click_sets]))
     traces[name] = dict(loop.traces)
   report["step_traces"] = traces
   report["objects"] = names
@@ -312,9 +314,9 @@ def evaluate(model, tft_output, table, data_dir: str, out_dir: str, max_clicks: 
   with tf.io.gfile.GFile(os.path.join(out_dir, NOC_FILE), "w") as f:
     json.dump(report, f, indent=2)
   write_plot(curves, os.path.join(out_dir, PLOT_FILE))
-  n = min(sheet_objects, len(images))
-  write_sheet(images[:n], labels[:n], names[:n], sheets["model"],
-              os.path.join(out_dir, SHEET_FILE))
+  if sheet is not None:
+    n = min(sheet_objects, len(images))
+    write_sheet(images[:n], labels[:n], names[:n], sheet, os.path.join(out_dir, SHEET_FILE))
   if summary_dir:
     writer = tf.summary.create_file_writer(summary_dir)
     with writer.as_default(step=step):
