@@ -7,8 +7,10 @@ Public surface (composite PTransforms and the op registry):
                            PlanShards, WriteShards, register_op, Feature, ExampleError)
 
 `ListInputs` -> `PlanShards` -> `WriteShards` is how the job writes records
-without moving pixels through a shuffle (`beam_prep.sharding`); the per-op
-transforms are for pipelines of one's own.
+without moving pixels through a shuffle (`beam_prep.shards`, around the
+per-input `beam_prep.kernel`); the per-op transforms are for pipelines of
+one's own. Input layouts (`beam_prep.layouts`) and tasks (`beam_prep.tasks`)
+are registries like the ops: one module and one registration each.
 
 An op declares the features it produces (`register_op(name, produces={key:
 Feature(...)}, twin=...)`); the records, tf.Transform graph, trainer input and
@@ -25,7 +27,8 @@ from beam_prep.version import __version__
 _TRANSFORMS = {
     "ListInputs": "readers", "ReadExamples": "readers", "DecodeExamples": "transforms",
     "SampleClicks": "transforms", "ComputeDistanceMaps": "transforms", "ApplyOps": "transforms",
-    "AnalyzeAndTransform": "transforms", "PlanShards": "sharding", "WriteShards": "sharding",
+    "AnalyzeAndTransform": "transforms", "PlanShards": "shards.plan",
+    "WriteShards": "shards.write",
 }
 
 __all__ = ["ExampleError", "Feature", "FeatureTable", "register_op", "registered_ops",

@@ -26,8 +26,8 @@ class PrepConfig:
 
   Attributes:
     input: root of the input data (local path or gs://), or a manifest file.
-    task: "segmentation" (objects, clicks, distance maps) or "classification".
-    layout: input layout, see `beam_prep.readers` ("auto" guesses).
+    task: a registered task ("segmentation", "classification", ...).
+    layout: a registered input layout (`beam_prep.layouts`), or "auto".
     allow_outside_root: let manifest paths leave the manifest's folder (coco:
       file_names leave the image root).
     image_root: coco: the folder the images' file_names are relative to
@@ -44,8 +44,9 @@ class PrepConfig:
     click_encoding: segmentation: "distance" (Xu et al. 2016 distance maps),
       "disks" (RITM's binary disks) or "both".
     max_pixels: images declaring more pixels are rejected (decompression bombs).
-    max_error_fraction: exit non-zero when more than this fraction of inputs
-      fails (after everything is written).
+    max_error_fraction: the job fails (exits non-zero and writes no
+      `_SUCCESS`) when more than this fraction of its images, objects or
+      examples failed.
     ops: extra ops appended to the chain after the built-in ones (a chain
       string, see `beam_prep.ops.registry`).
     ops_module: module (or comma-separated modules) to import first, so that
@@ -71,7 +72,7 @@ class PrepConfig:
   compression: str = ""
   click_encoding: str = "distance"
   max_pixels: int = 64_000_000
-  max_error_fraction: float = 1.0
+  max_error_fraction: float = 0.5
   ops: str = ""
   ops_module: str = ""
   preprocessing_fn: str = ""
@@ -80,57 +81,66 @@ class PrepConfig:
   clicks: ClickConfig = ClickConfig()
 
   def __post_init__(self):
-    from beam_prep import tasks  # pylint: disable=g-import-not-at-top
-    from beam_prep.readers import LAYOUTS  # pylint: disable=g-import-not-at-top
-    tasks.get(self.task)
-    if self.layout not in LAYOUTS:
-      raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-    if self.image_root and self.layout not in ("auto", "coco"):
-      raise ValueError(f"image_root is for the coco layout, not {self.layout!r}")
-    if self.image_size < 16:
-      raise ValueError(f"image_size must be at least 16, got {self.image_size}")
-    if self.variants < 1:
-      raise ValueError(f"variants must be at least 1, got {self.variants}")
-    if not 0 <= self.eval_percent < 100:
-      raise ValueError(f"eval_percent must be in [0, 100), got {self.eval_percent}")
-    if self.progress_seconds < 0:
-      raise ValueError(f"progress_seconds must be >= 0, got {self.progress_seconds}")
-    if not self.target_shard_mb > 0:
-      raise ValueError(f"target_shard_mb must be positive, got {self.target_shard_mb}")
-    if self.compression not in ("", "gzip"):
-      raise ValueError(f"compression must be '' or 'gzip', got {self.compression!r}")
-    if self.click_encoding not in tasks.CLICK_ENCODINGS:
-      raise ValueError(f"click_encoding must be one of {tasks.CLICK_ENCODINGS}, got "
-                       f"{self.click_encoding!r}")
-    if not 0.0 <= self.max_error_fraction <= 1.0:
-      raise ValueError(f"max_error_fraction must be in [0, 1], got {self.max_error_fraction}")
-    if self.preprocessing_fn and ":" not in self.preprocessing_fn:
-      raise ValueError(f"preprocessing_fn is module:function, got {self.preprocessing_fn!r}")
+    from beam_prep import layouts, tasks  # pylint: disable=g-import-not-at-top
+    task = tasks.get_task(self.task)
+    if self.layout != layouts.AUTO:
+      layout = layouts.get_layout(self.layout, task.labels)
+      if self.image_root and not layout.takes_image_root:
+        raise ValueError(f"--image-root is for layouts that list image paths in an "
+                         f"annotation file, not {self.layout!r}")
+    checks = [
+        (self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}"),
+        (self.variants >= 1, f"--variants must be at least 1, got {self.variants}"),
+        (0 <= self.eval_percent < 100,
+         f"--eval-percent must be in [0, 100), got {self.eval_percent}"),
+        (self.progress_seconds >= 0,
+         f"--progress-seconds must be >= 0, got {self.progress_seconds}"),
+        (self.target_shard_mb > 0,
+         f"--target-shard-mb must be positive, got {self.target_shard_mb}"),
+        (self.compression in ("", "gzip"),
+         f"--compression must be gzip or none, got {self.compression!r}"),
+        (0.0 <= self.max_error_fraction <= 1.0,
+         f"--max-error-fraction must be in [0, 1], got {self.max_error_fraction}"),
+        (not self.preprocessing_fn or ":" in self.preprocessing_fn,
+         f"--preprocessing-fn is module:function, got {self.preprocessing_fn!r}"),
+    ]
+    for ok, message in checks:
+      if not ok:
+        raise ValueError(message)
 
   @property
   def task_object(self):
     from beam_prep import tasks  # pylint: disable=g-import-not-at-top
-    return tasks.get(self.task)
+    return tasks.get_task(self.task)
 
   @property
   def stages(self):
-    """(Beam label, op chain) of each stage of the run."""
+    """The task's `Stage`s of this run (label, op chain, level)."""
     return self.task_object.stages(self)
 
   @property
   def chain(self) -> str:
     """The whole op chain this run applies."""
-    return "|".join(chain for _, chain in self.stages if chain)
+    return "|".join(s.chain for s in self.stages if s.chain)
+
+  @property
+  def read_options(self):
+    """What the input layout reads (`beam_prep.layouts.ReadOptions`)."""
+    from beam_prep.layouts import ReadOptions  # pylint: disable=g-import-not-at-top
+    return ReadOptions(self.input, self.image_root, self.allow_outside_root)
 
   def features(self):
     """The run's `FeatureTable`: what the records hold, from the chain's declarations.
 
     The ops module must have been imported (`registry.import_ops_modules`).
     """
-    from beam_prep import tasks  # pylint: disable=g-import-not-at-top
     from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
-    return FeatureTable.for_chain(self.chain, (self.image_size, self.image_size), self.task,
-                                  read=tasks.READ_FEATURES, ops_module=self.ops_module)
+    from beam_prep.layouts.registry import READ_FEATURES  # pylint: disable=g-import-not-at-top
+    from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+    specs = registry.parse_chain(self.chain)
+    return FeatureTable.from_declarations(
+        registry.declarations(specs), (self.image_size, self.image_size), self.task,
+        chain=self.chain, read=READ_FEATURES, ops_module=self.ops_module)
 
   def to_dict(self) -> Dict[str, Any]:
     d = dataclasses.asdict(self)

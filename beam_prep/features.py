@@ -23,7 +23,7 @@ Its `role` says what the trainer does with it:
 deviation over the analyzed split: a full pass), a number `s` (divide by `s`,
 e.g. 255), or `"none"`.
 
-`FeatureTable.for_chain` walks a chain in order and builds the table: a key
+`FeatureTable.from_declarations` walks a chain's declarations in order and builds the table: a key
 keeps the position of its first declaration, and the last declaration of a key
 wins (an op that changes `image` re-declares it). The table writes and reads
 `features.json`, gives the raw feature spec, encodes examples, and names the
@@ -179,25 +179,25 @@ class FeatureTable:
   # ---- building -----------------------------------------------------------
 
   @classmethod
-  def for_chain(cls, chain: str, image_size: Tuple[int, int], task: str,
-                read: Optional[Dict[str, Feature]] = None, ops_module: str = ""
-                ) -> "FeatureTable":
-    """Walks the chain's declarations (see the module docstring).
+  def from_declarations(cls, declarations: Sequence[Tuple[str, Dict[str, Feature]]],
+                        image_size: Tuple[int, int], task: str, chain: str = "",
+                        read: Optional[Dict[str, Feature]] = None, ops_module: str = ""
+                        ) -> "FeatureTable":
+    """Walks a chain's declarations (see the module docstring).
 
     Args:
-      chain: the whole op chain of the run.
+      declarations: (op name, produces) of each op of the chain, in order
+        (`registry.declarations`).
       image_size: (height, width) of the records.
       task: the task name, recorded in the table.
+      chain: the chain's text, recorded in the table.
       read: features the reader already gives every example (declared by
         the "read" stage), first in the table.
       ops_module: recorded in the table so the trainer can import user ops.
     """
-    from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
     order: List[str] = []
     declared: Dict[str, Entry] = {}
-    stages = [(READ_STAGE, read or {})]
-    stages += [(spec.name, registry.op_entry(spec.name).produces)
-               for spec in registry.parse_chain(chain)]
+    stages = [(READ_STAGE, read or {})] + list(declarations)
     for op, produces in stages:
       for key, feature in produces.items():
         if key not in declared:

@@ -12,9 +12,9 @@ covers every declared feature (see `beam_prep.features`):
   image (`FeatureTable.summary_row`: the channel means and means of squares
   of its standardized inputs), so every image weighs once and no pixel is
   analyzed twice; the same function analyzes full records as well;
-- the `label`, turned into the task's label outputs
-  (`beam_prep.tasks`: segmentation `label` and `label_weight`, classification
-  a vocabulary index);
+- the `label`, turned into label outputs by its kind (`label_outputs`): a
+  per-pixel mask gives `label` (1 on the object) and `label_weight` (0 on
+  ignore pixels), a class name its index in a vocabulary (most frequent first);
 - `metadata` is not used.
 
 A team may give its own preprocessing_fn (`--preprocessing-fn
@@ -31,7 +31,8 @@ from typing import Callable, Dict, Optional, Tuple
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from beam_prep.features import Entry, FeatureTable
+from beam_prep import keys
+from beam_prep.features import Entry, FeatureError, FeatureTable
 
 PreprocessingFn = Callable[[Dict[str, tf.Tensor]], Dict[str, tf.Tensor]]
 
@@ -80,6 +81,31 @@ def normalize(x: tf.Tensor, entry: Entry, inputs: Optional[Dict[str, tf.Tensor]]
   return x
 
 
+def label_outputs(inputs: Dict[str, tf.Tensor], table: FeatureTable) -> Dict[str, tf.Tensor]:
+  """The label outputs of the table's one label feature, by its kind.
+
+  A per-pixel mask (1 object, 0 background, 255 ignore) gives `label` (1 on
+  the object) and `label_weight` (0 on ignore pixels), float32 [B, H, W, 1];
+  a class name gives `label`, its index in the vocabulary `LABEL_VOCABULARY`
+  (most frequent first).
+
+  Raises:
+    FeatureError: the table does not declare exactly one label.
+  """
+  labels = table.with_role("label")
+  if len(labels) != 1:
+    raise FeatureError(f"a {table.task} run needs exactly one label feature; the chain "
+                       f"declares {[e.key for e in labels] or 'none'}")
+  entry = labels[0]
+  if entry.feature.per_pixel:
+    mask = decode_feature(inputs[entry.key], entry, table.image_size)
+    return {keys.LABEL: tf.cast(tf.equal(mask, 1), tf.float32),
+            keys.LABEL_WEIGHT: tf.cast(tf.not_equal(mask, keys.IGNORE), tf.float32)}
+  return {keys.LABEL: tft.compute_and_apply_vocabulary(
+      inputs[entry.key], vocab_filename=keys.LABEL_VOCABULARY, num_oov_buckets=0,
+      default_value=-1)}
+
+
 def make_preprocessing_fn(table: FeatureTable) -> PreprocessingFn:
   """The default preprocessing_fn of a feature table (see the module docstring).
 
@@ -88,8 +114,6 @@ def make_preprocessing_fn(table: FeatureTable) -> PreprocessingFn:
   graph transforms full records either way, and the summaries, absent at
   training and serving, are never needed there.
   """
-  from beam_prep import tasks  # pylint: disable=g-import-not-at-top
-  task = tasks.get(table.task)
   for entry in table.model_inputs:
     if not entry.feature.per_pixel:
       raise ValueError(f"model input {entry.key!r} (declared by op {entry.op!r}) is not "
@@ -101,7 +125,7 @@ def make_preprocessing_fn(table: FeatureTable) -> PreprocessingFn:
     for entry in table.model_inputs:
       out[entry.key] = normalize(decode_feature(inputs[entry.key], entry, table.image_size),
                                  entry, inputs)
-    out.update(task.label_outputs(inputs, table))
+    out.update(label_outputs(inputs, table))
     return out
 
   return preprocessing_fn

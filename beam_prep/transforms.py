@@ -10,7 +10,7 @@
 
 The job itself does not pass pixels between these: it groups small input
 pointers by shard and runs the same op chains inside each shard's writer
-(`beam_prep.sharding`), so records stream into their files.
+(`beam_prep.shards`), so records stream into their files.
 
 Every op stage returns a pair `(examples, errors)`. An error dict names the
 source file, the stage, a short `reason` and a `detail` for a person; nothing
@@ -23,35 +23,34 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_prep import readers, tasks
+from beam_prep import readers
+from beam_prep.kernel import Kernel, Tally
+from beam_prep.layouts.common import ERRORS_TAG
 from beam_prep.ops import registry
+from beam_prep.tasks.plan import decode_chain
+from beam_prep.tasks.registry import EXAMPLE, Stage
 
-ERRORS_TAG = readers.ERRORS_TAG
-error_record = readers.error_record
 ReadExamples = readers.ReadExamples
 
 
 class _ApplyOpsFn(beam.DoFn):
-  """Applies an op chain to each element; failures go to the errors output."""
+  """Applies an op chain to each element (through the kernel); failures go to
+  the errors output."""
 
-  def __init__(self, chain: str, ops_module: str = ""):
-    self._chain = chain
-    self._ops_module = ops_module
-    self._fn = None
+  def __init__(self, kernel: Kernel):
+    self._kernel = kernel
 
   def setup(self):
-    registry.import_ops_modules(self._ops_module)
-    self._fn = registry.build_chain(self._chain)
+    self._kernel.setup()
     self._out = Metrics.counter("beam_prep", "op_outputs")
     self._failed = Metrics.counter("beam_prep", "op_failures")
 
   def process(self, ex):
-    outputs, failures = self._fn(ex)
-    for f in failures:
+    outputs, errors = self._kernel.apply(dict(ex), Tally())
+    for error in errors:
       self._failed.inc()
-      Metrics.counter("beam_prep", f"error_{f.reason}").inc()
-      yield beam.pvalue.TaggedOutput(
-          ERRORS_TAG, error_record(f.stage, f.reason, f.detail, f.example))
+      Metrics.counter("beam_prep", f"error_{error['reason']}").inc()
+      yield beam.pvalue.TaggedOutput(ERRORS_TAG, error)
     for out in outputs:
       self._out.inc()
       yield out
@@ -73,11 +72,10 @@ class ApplyOps(beam.PTransform):
     super().__init__()
     registry.import_ops_modules(ops_module)
     registry.build_chain(chain)  # Validates names and arguments now.
-    self._chain = chain
-    self._ops_module = ops_module
+    self._kernel = Kernel("", [Stage("ApplyOps", chain, EXAMPLE)], ops_module, None)
 
   def expand(self, pcoll: beam.PCollection) -> Tuple[beam.PCollection, beam.PCollection]:
-    result = pcoll | beam.ParDo(_ApplyOpsFn(self._chain, self._ops_module)).with_outputs(
+    result = pcoll | beam.ParDo(_ApplyOpsFn(self._kernel)).with_outputs(
         ERRORS_TAG, main="examples")
     return result.examples, result[ERRORS_TAG]
 
@@ -86,7 +84,7 @@ class DecodeExamples(ApplyOps):
   """Decodes, resizes to `size`, and splits each scene into its objects."""
 
   def __init__(self, size: int, max_pixels: int = 64_000_000):
-    super().__init__(tasks.decode_chain(size, max_pixels))
+    super().__init__(decode_chain(size, max_pixels))
 
 
 class SampleClicks(ApplyOps):

@@ -9,7 +9,7 @@
 
 Arguments the subcommand does not know are Beam pipeline options
 (`--runner`, `--project`, `--direct_num_workers`, ...), as in Beam's own
-examples. Entry points stay thin: parse, build one frozen config, run.
+examples.
 """
 
 import argparse
@@ -87,8 +87,9 @@ def _sample_data(argv: List[str]) -> int:
   parser.add_argument("--output", required=True, help="directory to write")
   parser.add_argument("--count", type=int, default=32, help="number of scenes (default 32)")
   parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-  parser.add_argument("--width", type=int, default=160)
-  parser.add_argument("--height", type=int, default=128)
+  parser.add_argument("--width", type=int, default=160, help="scene width in pixels (default 160)")
+  parser.add_argument("--height", type=int, default=128,
+                      help="scene height in pixels (default 128)")
   args = parser.parse_args(argv)
   logs.quiet()
   from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
@@ -98,70 +99,53 @@ def _sample_data(argv: List[str]) -> int:
   return 0
 
 
-LAYOUT_HELP = """input layouts (--layout, default auto):
-  folders   ROOT/images/NAME.png|jpg + ROOT/masks/NAME.png (instance ids,
-            0 background, 255 ignore)
-  voc       ROOT/JPEGImages, ROOT/SegmentationObject,
-            ROOT/ImageSets/Segmentation/{train,val}.txt
-  classes   ROOT/<label>/NAME.png|jpg (classification)
-  manifest  --input FILE.csv|jsonl with columns image[,mask][,label][,split]
-  coco      --input instances.json [--image-root DIR]: COCO instance
-            annotations (polygons, RLE; iscrowd regions become ignore pixels),
-            as COCO, LVIS, CVAT, Label Studio and Roboflow write them
-"""
+def _layout_help(task) -> str:
+  from beam_prep import layouts  # pylint: disable=g-import-not-at-top
+  return (f"input layouts (--layout, default auto: the first that recognises --input):\n"
+          f"{layouts.describe(task.labels)}\n")
 
 
-def prep_parser(task: str = "segmentation") -> argparse.ArgumentParser:
-  """The parser of `beam-prep segmentation` / `beam-prep classification`."""
-  what = ("click-variant records for interactive segmentation" if task == "segmentation"
-          else "records for image classification")
-  parser = argparse.ArgumentParser(
-      prog=f"beam-prep {task}",
-      description=f"Precompute {what}. Unknown arguments are passed to Beam as pipeline "
-      "options (--runner, --project, ...).",
-      epilog=LAYOUT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--input", help="data root (local or gs://), or a manifest file")
+def _input_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--input", help="data root (local or gs://), or the file a file-based "
+                      "layout reads (manifest, COCO JSON)")
   parser.add_argument("--output", help="output directory (local or gs://)")
   parser.add_argument("--layout", help="input layout (see below)")
   parser.add_argument("--allow-outside-root", dest="allow_outside_root", action="store_true",
-                      default=None, help="let manifest (or COCO file_name) paths leave the manifest's "
-                      "folder (or the image root)")
+                      default=None, help="let paths listed in a manifest or annotation file "
+                      "leave its folder (or the image root)")
   parser.add_argument("--image-root", dest="image_root",
-                      help="coco layout: folder of the images' file_names (default: the JSON "
-                      "file's folder)")
+                      help="coco layout: folder the images' file_names are relative to "
+                      "('': the JSON file's folder)")
+  parser.add_argument("--max-pixels", type=int, dest="max_pixels",
+                      help="reject images declaring more pixels (decompression bombs)")
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--config", help="JSON file of PrepConfig fields")
   parser.add_argument("--preset", help="named defaults: smoke (tiny, for tests), demo (make demo)")
   parser.add_argument("--image-size", type=int, dest="image_size",
                       help="records hold images resized to N x N")
-  if task == "segmentation":
-    parser.add_argument("--variants", type=int, help="click samplings per object")
-    parser.add_argument("--flip-variants", dest="flip_variants", action="store_true",
-                        default=None, help="mirror every odd variant left-right")
-    parser.add_argument("--click-encoding", dest="click_encoding",
-                        choices=["distance", "disks", "both"],
-                        help="how clicks reach the model: distance maps (Xu et al. 2016), "
-                        "binary disks (RITM), or both")
-    parser.add_argument("--disk-radius", type=float, dest="disk_radius",
-                        help="radius of the click disks in pixels")
   parser.add_argument("--seed", type=int, help="seed of the click sampling")
   parser.add_argument("--eval-percent", type=int, dest="eval_percent",
                       help="share of images in the eval split (by a hash of the image id)")
-  parser.add_argument("--target-shard-mb", type=float, dest="target_shard_mb",
-                      help="size each record file aims at, in MB; the number of files follows "
-                      "from the data")
-  parser.add_argument("--compression", choices=["", "gzip"],
-                      help="record compression (README: 'Record layout, measured')")
-  parser.add_argument("--max-pixels", type=int, dest="max_pixels",
-                      help="reject images declaring more pixels (decompression bombs)")
   parser.add_argument("--max-error-fraction", type=float, dest="max_error_fraction",
-                      help="exit 1 when more than this fraction of inputs fails")
+                      help="the job fails (exit 1, no _SUCCESS) when more than this fraction "
+                      "of its images, objects or examples failed")
   parser.add_argument("--ops", help="extra op chain applied after the built-in ones")
   parser.add_argument("--ops-module", dest="ops_module",
                       help="module (or comma-separated modules) to import first; it registers "
-                      "user ops")
+                      "your own ops (and input layouts)")
   parser.add_argument("--preprocessing-fn", dest="preprocessing_fn", metavar="MODULE:FUNCTION",
                       help="a tf.Transform preprocessing_fn to use instead of the one generated "
                       "from the declared features")
+
+
+def _output_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--target-shard-mb", type=float, dest="target_shard_mb",
+                      help="size each record file aims at, in MB; the number of files follows "
+                      "from the data")
+  parser.add_argument("--compression", choices=["none", "gzip"],
+                      help="record compression (README: 'Record layout, measured')")
   parser.add_argument("--overwrite", action="store_true", default=None,
                       help="replace a non-empty output directory")
   parser.add_argument("--progress-seconds", type=float, dest="progress_seconds",
@@ -170,6 +154,21 @@ def prep_parser(task: str = "segmentation") -> argparse.ArgumentParser:
                       help="Dataflow: wait for the job and print its summary, or return once "
                       "it is submitted (--no-wait)")
   parser.add_argument("--verbose", action="store_true", help="show library logs")
+
+
+def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
+  """The parser of `beam-prep TASK` for a registered task."""
+  from beam_prep import tasks  # pylint: disable=g-import-not-at-top
+  task = tasks.get_task(task_name)
+  parser = argparse.ArgumentParser(
+      prog=f"beam-prep {task.name}",
+      description=f"Precompute {task.summary}. Unknown arguments are passed to Beam as "
+      "pipeline options (--runner, --project, ...).",
+      epilog=_layout_help(task), formatter_class=argparse.RawDescriptionHelpFormatter)
+  _input_arguments(parser)
+  _run_arguments(parser)
+  task.add_arguments(parser)
+  _output_arguments(parser)
   show_defaults(parser, _defaults())
   return parser
 
@@ -179,32 +178,36 @@ def _defaults():
   import dataclasses  # pylint: disable=g-import-not-at-top
   from beam_prep.config import ClickConfig, PrepConfig  # pylint: disable=g-import-not-at-top
   out = {f.name: f.default for f in dataclasses.fields(PrepConfig)
-         if f.default is not dataclasses.MISSING and f.name not in ("input", "output")}
+         if f.default is not dataclasses.MISSING
+         and f.name not in ("input", "output", "image_root")}
+  out["compression"] = out["compression"] or "none"
   clicks = ClickConfig()
   out.update(flip_variants=clicks.flip, disk_radius=clicks.disk_radius, wait=True, verbose=False)
   return out
 
 
-def build_config(args: argparse.Namespace, task: str = "segmentation"):
+_COMMON_FIELDS = ("input", "output", "layout", "allow_outside_root", "image_root", "image_size",
+                  "seed", "eval_percent", "target_shard_mb", "compression", "max_pixels",
+                  "max_error_fraction", "ops", "ops_module", "preprocessing_fn", "overwrite",
+                  "progress_seconds")
+
+
+def build_config(args: argparse.Namespace, task_name: str = "segmentation"):
   """Defaults, then preset, then config file, then flags; validated."""
+  from beam_prep import tasks  # pylint: disable=g-import-not-at-top
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
   fields = preset(args.preset, "prep")
   if args.config:
     fields.update(load_config_file(args.config))
-  fields["task"] = task
-  for name in ("input", "output", "layout", "allow_outside_root", "image_root", "image_size",
-               "variants",
-               "seed", "eval_percent", "target_shard_mb", "compression", "click_encoding",
-               "max_pixels", "max_error_fraction", "ops", "ops_module", "preprocessing_fn",
-               "overwrite", "progress_seconds"):
-    value = getattr(args, name, None)
-    if value is not None:
-      fields[name] = value
-  for flag, field in (("flip_variants", "flip"), ("disk_radius", "disk_radius")):
-    if getattr(args, flag, None) is not None:
-      clicks = dict(fields.get("clicks") or {})
-      clicks[field] = getattr(args, flag)
-      fields["clicks"] = clicks
+  fields["task"] = task_name
+  given = {name: getattr(args, name, None) for name in _COMMON_FIELDS}
+  if given["compression"] == "none":
+    given["compression"] = ""
+  for name, value in tasks.get_task(task_name).config_fields(args).items():
+    if name == "clicks" and value:
+      value = dict(fields.get("clicks") or {}, **value)
+    given[name] = value
+  fields.update({k: v for k, v in given.items() if v is not None})
   missing = [n for n in ("input", "output") if not fields.get(n)]
   if missing:
     raise ValueError(f"missing required option(s): {', '.join('--' + m for m in missing)}")
@@ -224,6 +227,43 @@ def pipeline_args(beam_args: List[str], input_root: str = "") -> List[str]:
   return args
 
 
+def _check(config, log, task: str) -> bool:
+  """Checks what can be checked before the job: chain, declarations, preprocessing_fn."""
+  from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
+  from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+  try:
+    registry.import_ops_modules(config.ops_module)
+    registry.build_chain(config.chain)  # Names and literal arguments, checked now.
+    table = config.features()  # Declarations, checked now.
+    preprocessing.preprocessing_fn_for(table, config.preprocessing_fn)
+  except (ValueError, TypeError, OSError, ImportError) as e:
+    log.error("beam-prep %s: %s", task, e)
+    return False
+  return True
+
+
+def _launch(config, beam_args, known, log, task: str):
+  """Runs the job -> (manifest or None, exit code when it is already known)."""
+  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import FeatureError  # pylint: disable=g-import-not-at-top
+  from pipelines import dataflow, outputs, prep  # pylint: disable=g-import-not-at-top
+  try:
+    if dataflow.is_dataflow(beam_args):
+      beam_args = dataflow.check_and_complete(beam_args, config)
+    options = PipelineOptions(pipeline_args(beam_args, config.input))
+    return prep.run(config, options, wait=known.wait), None
+  except (outputs.OutputError, prep.InputError, dataflow.DataflowOptionsError) as e:
+    log.error("beam-prep %s: %s", task, e)
+    return None, 2
+  except prep.JobStillRunning as e:
+    log.error("beam-prep %s: %s", task, e)
+    return None, 130
+  except FeatureError as e:  # An op's bug: it stops the job, which leaves no output.
+    log.error("beam-prep %s: the job stopped and its output was removed: %s", task,
+              str(e).split(" [while running")[0])
+    return None, 2
+
+
 def _prep(task: str, argv: List[str]) -> int:
   parser = prep_parser(task)
   known, beam_args = parser.parse_known_args(argv)
@@ -234,58 +274,41 @@ def _prep(task: str, argv: List[str]) -> int:
     # would run a whole job with a default.
     check_unknown(beam_args, option_flags(parser) + beam_option_flags(), f"beam-prep {task}")
     config = build_config(known, task)
-    from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
-    registry.import_ops_modules(config.ops_module)
-    registry.build_chain(config.chain)  # Names and literal arguments, checked now.
-    table = config.features()  # Declarations, checked now.
-    from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
-    preprocessing.preprocessing_fn_for(table, config.preprocessing_fn)
-  except (ValueError, TypeError, OSError, ImportError) as e:
+  except (ValueError, TypeError, OSError) as e:
     log.error("beam-prep %s: %s", task, e)
     return 2
-  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
-  from beam_prep.features import FeatureError  # pylint: disable=g-import-not-at-top
-  from pipelines import dataflow, outputs, prep  # pylint: disable=g-import-not-at-top
-  try:
-    if dataflow.is_dataflow(beam_args):
-      beam_args = dataflow.check_and_complete(beam_args, config)
-    options = PipelineOptions(pipeline_args(beam_args, config.input))
-    manifest = prep.run(config, options, wait=known.wait)
-  except (outputs.OutputError, prep.InputError, dataflow.DataflowOptionsError) as e:
-    log.error("beam-prep %s: %s", task, e)
+  if not _check(config, log, task):
     return 2
-  except prep.JobStillRunning as e:
-    log.error("beam-prep %s: %s", task, e)
-    return 130
-  except FeatureError as e:  # An op's bug: it writes what it did not declare.
-    log.error("beam-prep %s: the job stopped: %s", task, str(e).split(" [while running")[0])
-    return 2
+  manifest, code = _launch(config, beam_args, known, log, task)
+  if manifest is None:
+    return code
+  return _report(manifest, config, log, task)
+
+
+def _report(manifest, config, log, task: str) -> int:
+  from pipelines import report  # pylint: disable=g-import-not-at-top
   if manifest.get("dry_run"):
     log.info("%s: dry run: the job was built and not submitted", task)
     return 0
   if manifest.get("submitted"):
-    log.info("%s: not waiting; when the job is done, %s holds manifest.json and %s",
-             task, config.output, "_SUCCESS")
+    log.info("%s: not waiting; when the job is done, %s holds manifest.json and, if it is "
+             "complete, _SUCCESS", task, config.output)
     return 0
-  log.info("%s: done", task)
-  for line in prep.summary_lines(manifest):
+  log.info("%s: %s", task, "done" if manifest["complete"] else "FAILED")
+  for line in report.summary_lines(manifest):
     log.info(line)
-  fraction = prep.error_fraction(manifest)
-  if fraction > config.max_error_fraction:
-    log.error("beam-prep %s: %.1f%% of inputs failed, over --max-error-fraction %.1f%% "
-              "(everything was written; see the dead letters)",
-              task, 100 * fraction, 100 * config.max_error_fraction)
-    return 1
-  return 0
+  if manifest["complete"]:
+    return 0
+  for line in report.failure_lines(manifest):
+    log.error(line)
+  return 1
 
 
-COMMANDS = {
-    "sample-data": _sample_data,
-    "segmentation": lambda argv: _prep("segmentation", argv),
-    "classification": lambda argv: _prep("classification", argv),
-    "preview": _preview,
-}
+def _task_commands():
+  from beam_prep import tasks  # pylint: disable=g-import-not-at-top
+  return {name: (lambda argv, name=name: _prep(name, argv)) for name in tasks.task_names()}
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-  dispatch(__doc__, COMMANDS, argv)
+  commands = {"sample-data": _sample_data, **_task_commands(), "preview": _preview}
+  dispatch(__doc__, commands, argv)

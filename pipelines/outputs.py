@@ -54,6 +54,16 @@ def prepare_output(path: str, overwrite: bool) -> None:
     os.makedirs(path, exist_ok=True)
 
 
+def remove_output(path: str) -> None:
+  """Deletes an output directory this run wrote (after it failed for good)."""
+  if path.startswith("gs://"):
+    if _listing(path.rstrip("/") + "/**"):
+      FileSystems.delete([path.rstrip("/") + "/"])
+  elif os.path.isdir(path):
+    import shutil  # pylint: disable=g-import-not-at-top
+    shutil.rmtree(path)
+
+
 def write_text(path: str, text: str) -> None:
   with FileSystems.create(path) as f:
     f.write(text.encode("utf-8"))

@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-from beam_prep import coco, keys, readers
+from beam_prep import keys, readers
+from beam_prep.layouts import coco
 from beam_prep.ops.image import resize_nearest
 from tests.helpers import dead_letters, manifest, records, run_cli
 
@@ -190,10 +191,10 @@ def test_small_chunks_give_the_same_entries():
 
 def test_auto_layout_tells_coco_from_a_json_lines_manifest(tmp_path):
   path, _, _ = _dataset(tmp_path)
-  assert readers.detect_layout(path) == "coco"
+  assert readers.resolve_layout(path, "auto").name == "coco"
   jsonl = tmp_path / "rows.json"
   jsonl.write_text('{"image": "a.png", "mask": "a_mask.png"}\n')
-  assert readers.detect_layout(str(jsonl)) == "manifest"
+  assert readers.resolve_layout(str(jsonl), "auto").name == "manifest"
 
 
 def test_broken_json_names_the_file_and_the_place(tmp_path):
@@ -209,7 +210,7 @@ def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
   out = str(tmp_path / "out")
   assert run_cli(["segmentation", "--input", path, "--image-root", str(tmp_path / "images"),
                   "--output", out, "--image-size", "64", "--variants", "1",
-                  "--eval-percent", "0"]) == 0
+                  "--eval-percent", "0", "--max-error-fraction", "1"]) == 0
   m = manifest(out)
   assert m["config"]["layout"] == "coco"
   c = m["counts"]
@@ -217,8 +218,9 @@ def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
       "bad_image_entry": 1, "missing_image": 1, "mask_has_no_object": 1,
       "empty_segmentation": 1, "polygon_outside_image": 1, "unknown_image_id": 1}
   assert (c["inputs_read"], c["images_used"], c["images_failed"]) == (len(images), 2, 3)
-  # Objects: 2 in a, 1 used + 2 failed in b, 1 of an unknown image.
-  assert (c["objects_found"], c["objects_used"], c["objects_failed"]) == (6, 3, 3)
+  # Objects: 2 in a, 1 used + 2 failed in b, 1 of an unknown image, 1 of the missing image.
+  assert (c["objects_found"], c["objects_used"], c["objects_failed"]) == (7, 3, 4)
+  assert c["objects_of_failed_images"] == 1
   assert c["examples_written"] == {"train": 3, "eval": 0} and c["accounted"]
   letters = dead_letters(out)
   assert len(letters) == c["errors_total"] == 6
@@ -246,6 +248,6 @@ def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
 
 def test_image_root_is_refused_for_other_layouts(tmp_path):
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
-  with pytest.raises(ValueError, match="image_root is for the coco layout"):
+  with pytest.raises(ValueError, match="--image-root is for layouts"):
     PrepConfig(input=str(tmp_path), output=str(tmp_path / "o"), layout="folders",
                image_root=str(tmp_path))

@@ -55,8 +55,8 @@ def runs(sample_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp(name.replace("+", "_"))
     prep, model = str(root / "prep"), str(root / "model")
     assert run_cli(["segmentation", "--input", sample_dir, "--output", prep,
-                    "--image-size", str(SIZE), "--variants", "1", "--eval-percent", "30"]
-                   + args) == 0
+                    "--image-size", str(SIZE), "--variants", "1", "--eval-percent", "30",
+                    "--max-error-fraction", "1"] + args) == 0
     assert _fit(["--data", prep, "--model-dir", model, "--steps", "4", "--batch-size", "4",
                  "--width", "4", "--depth", "2", "--histogram-every", "0"]) == 0
     out[name] = (prep, model)
@@ -138,7 +138,8 @@ def test_an_op_changing_a_model_input_without_a_twin_is_refused_before_training(
     sample_dir, tmp_path, capsys):
   prep, model = str(tmp_path / "prep"), str(tmp_path / "model")
   assert run_cli(["segmentation", "--input", sample_dir, "--output", prep, "--image-size", "32",
-                  "--variants", "1", "--ops-module", "tests.fixtures.user_ops",
+                  "--variants", "1", "--max-error-fraction", "1",
+                  "--ops-module", "tests.fixtures.user_ops",
                   "--ops", "brighten(30)"]) == 0
   capsys.readouterr()
   args = ["--data", prep, "--model-dir", model, "--steps", "2", "--batch-size", "2",

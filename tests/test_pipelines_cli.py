@@ -85,9 +85,9 @@ def test_local_mode_follows_input_size_and_cores(tmp_path):
 
 @pytest.mark.parametrize("argv,message", [
     (["--input", "x"], "--output"),
-    (["--input", "x", "--output", "y", "--image-size", "4"], "image_size"),
+    (["--input", "x", "--output", "y", "--image-size", "4"], "--image-size must be"),
     (["--input", "x", "--output", "y", "--layout", "zip"], "layout"),
-    (["--input", "x", "--output", "y", "--eval-percent", "100"], "eval_percent"),
+    (["--input", "x", "--output", "y", "--eval-percent", "100"], "--eval-percent must be"),
 ])
 def test_bad_options_are_refused_with_a_reason(argv, message, capsys):
   assert run_cli(["segmentation"] + argv) == 2
@@ -106,7 +106,7 @@ def test_overwrite_replaces_everything(sample_dir, tmp_path):
   out.mkdir()
   (out / "stale.txt").write_text("old run")
   args = ["segmentation", "--input", sample_dir, "--output", str(out), "--image-size", "48",
-          "--variants", "1"]
+          "--variants", "1", "--max-error-fraction", "1"]
   assert run_cli(args) == 2
   assert (out / "stale.txt").exists()
   assert run_cli(args + ["--overwrite"]) == 0
@@ -209,7 +209,8 @@ def test_the_job_runs_without_the_trainers_packages(sample_dir, tmp_path):
           "  sys.modules[name] = None  # import fails\n"
           "from pipelines.cli import main\n"
           f"main(['segmentation', '--input', {sample_dir!r}, '--output', {out!r}, "
-          "'--preset', 'smoke', '--image-size', '32', '--variants', '1'])\n")
+          "'--preset', 'smoke', '--image-size', '32', '--variants', '1', "
+          "'--max-error-fraction', '1'])\n")
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

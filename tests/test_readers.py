@@ -94,7 +94,7 @@ def test_manifest_csv_and_jsonl_with_escapes_refused(tmp_path):
   out = str(tmp_path / "out_jsonl")
   assert run_cli(["segmentation", "--input", str(data / "list.jsonl"), "--output", out,
                   "--image-size", "32", "--variants", "1",
-                  "--eval-percent", "0"]) == 0
+                  "--eval-percent", "0", "--max-error-fraction", "1"]) == 0
   c = manifest(out)["counts"]
   assert c["errors_by_reason"] == {"bad_manifest_row": 2}
   assert c["inputs_read"] == 3 and c["examples_written"]["train"] == 1

@@ -14,16 +14,16 @@ def test_click_encoding_chooses_the_encoding_ops(encoding, ops):
   registry.import_ops_modules("tests.fixtures.edge_ops")
   config = PrepConfig(input="x", output="y", click_encoding=encoding, ops="edges",
                       ops_module="tests.fixtures.edge_ops")
-  labels = [label for label, _ in config.stages]
-  assert labels == ["DecodeExamples", "SampleClicks", "EncodeClicks"]
-  last = [s.name for s in registry.parse_chain(config.stages[-1][1])]
+  assert [s.label for s in config.stages] == ["DecodeExamples", "SampleClicks", "EncodeClicks"]
+  assert [s.level for s in config.stages] == ["input", "object", "example"]
+  last = [s.name for s in registry.parse_chain(config.stages[-1].chain)]
   assert last == ops + ["edges"]
   registry.build_chain(config.chain)  # every op exists, every argument is a literal
 
 
 def test_click_settings_reach_the_chain_text():
   config = PrepConfig(input="x", output="y", variants=3, seed=7)
-  spec = registry.parse_chain(config.stages[1][1])[0]
+  spec = registry.parse_chain(config.stages[1].chain)[0]
   assert spec.name == "sample_clicks" and dict(spec.kwargs)["variants"] == 3
   assert dict(spec.kwargs)["seed"] == 7
 
@@ -32,11 +32,11 @@ def test_classification_chain_and_error_levels():
   config = PrepConfig(input="x", output="y", task="classification")
   assert [s.name for s in registry.parse_chain(config.chain)] == [
       "decode", "resize", "require_label"]
-  task = tasks.get("classification")
-  assert task.image_level("require_label", config) and task.records_per_unit(config) == 1
+  task = tasks.get_task("classification")
+  assert [s.level for s in config.stages] == ["input", "example"]
+  assert task.examples_per_unit(config) == 1 and not task.splits_objects(config)
   seg = PrepConfig(input="x", output="y", variants=3)
-  assert tasks.get("segmentation").image_level("resize", seg)
-  assert not tasks.get("segmentation").image_level("sample_clicks", seg)
-  assert tasks.get("segmentation").records_per_unit(seg) == 3
+  assert tasks.get_task("segmentation").examples_per_unit(seg) == 3
+  assert tasks.get_task("segmentation").splits_objects(seg)
   with pytest.raises(ValueError, match="task must be one of"):
-    tasks.get("detection")
+    tasks.get_task("detection")

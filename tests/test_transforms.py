@@ -103,8 +103,11 @@ def test_bad_inputs_reach_the_dead_letters(tmp_path):
   with pytest.raises(SystemExit) as e:
     cli.main(["segmentation", "--input", str(root), "--output", str(out), "--image-size", "32",
               "--variants", "1", "--eval-percent", "0"])
-  # 5 of 6 inputs failed, but the default --max-error-fraction is 1.0.
-  assert e.value.code == 0
+  # 5 of 6 inputs failed, over the default --max-error-fraction (0.5): the job
+  # fails, writes everything but _SUCCESS, and the trainer would refuse it.
+  assert e.value.code == 1
+  assert not (out / "_SUCCESS").exists()
+  assert json.load(open(out / "manifest.json"))["complete"] is False
   m = json.load(open(out / "manifest.json"))["counts"]
   assert m["inputs_read"] == 6 and m["images_failed"] == 5 and m["images_used"] == 1
   assert m["errors_by_reason"] == {"empty_image": 1, "mask_has_no_object": 1,
@@ -139,5 +142,5 @@ def test_missing_input_is_a_clear_error(tmp_path, capsys):
     cli.main(["segmentation", "--input", str(tmp_path / "empty"), "--output",
               str(tmp_path / "out")])
   assert e.value.code == 2
-  assert "no input found" in capsys.readouterr().out
+  assert "no input layout recognises" in capsys.readouterr().out
   assert not (tmp_path / "out").exists()

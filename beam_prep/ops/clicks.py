@@ -301,7 +301,7 @@ def sample_clicks_twin(ex, *args, **kwargs):
 
 
 # `image` and `mask` are re-declared because `flip` mirrors them.
-@register_op("sample_clicks",
+@register_op("sample_clicks", reads=(keys.IMAGE_ID, keys.OBJECT_ID, keys.MASK),
              produces={keys.POSITIVE_CLICKS: _CLICKS, keys.NEGATIVE_CLICKS: _CLICKS,
                        keys.NEGATIVE_STRATEGY: _INT, keys.VARIANT: _INT, keys.FLIPPED: _INT,
                        keys.IMAGE: IMAGE, keys.MASK: MASK},

@@ -52,7 +52,7 @@ def click_disks_twin(ex, radius: float = 5):
   return out
 
 
-@register_op("click_disks",
+@register_op("click_disks", reads=(keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS),
              produces={keys.CLICK_DISKS: Feature("uint8", channels=2, role="model_input")},
              twin=click_disks_twin)
 def click_disks(radius: float = 5):

@@ -92,6 +92,7 @@ def distance_maps_twin(ex):
 
 
 @register_op("distance_maps",
+             reads=(keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS),
              produces={keys.DISTANCE_MAPS: Feature("uint8", channels=2, role="model_input",
                                                    normalize=keys.MAX_DISTANCE)},
              twin=distance_maps_twin)

@@ -148,7 +148,8 @@ def decode_twin(ex, max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = T
   return out
 
 
-@register_op("decode", produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
+@register_op("decode", reads=(keys.IMAGE_BYTES,),
+             produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
              intermediate=(keys.INSTANCE_MASK,), twin=decode_twin)
 def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
   """Decodes `image_bytes` (and `mask_bytes`) into `image` (and `instance_mask`).
@@ -166,7 +167,8 @@ def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
     out[keys.HEIGHT], out[keys.WIDTH] = image.shape[:2]
     if not require_mask:
       return out
-    mask = ex.get(keys.INSTANCE_MASK)  # Drawn by the reader (coco), else a file.
+    mask = ex.get(keys.INSTANCE_MASK)  # Drawn by the layout from annotations, else a file.
+    what = "the annotations were drawn at" if mask is not None else "its mask file is"
     if mask is None:
       if ex.get("mask_bytes") is None:
         raise ExampleError("missing_mask", f"no mask found at {ex.get('mask_source')}")
@@ -174,7 +176,7 @@ def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
     if mask.shape != image.shape[:2]:
       raise ExampleError(
           "mask_size_mismatch",
-          f"image is {image.shape[1]}x{image.shape[0]}, mask is "
+          f"the image is {image.shape[1]}x{image.shape[0]} (width x height), {what} "
           f"{mask.shape[1]}x{mask.shape[0]}")
     out[keys.INSTANCE_MASK] = mask
     return out
@@ -262,7 +264,7 @@ def scale_clicks(clicks_xy, in_height, in_width, height: int, width: int):
   return tf.cast(tf.stack([x, y], axis=1), tf.int64)
 
 
-@register_op("resize", produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
+@register_op("resize", reads=(keys.IMAGE,), produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
              intermediate=(keys.INSTANCE_MASK,), twin=resize_twin)
 def resize(size: int, width: int = None):
   """Resizes `image` (bilinear) and `instance_mask` (nearest) to size x width."""
@@ -279,7 +281,7 @@ def resize(size: int, width: int = None):
   return fn
 
 
-@register_op("split_objects",
+@register_op("split_objects", reads=(keys.INSTANCE_MASK,),
              produces={keys.OBJECT_ID: Feature("int64", shape=(), role="metadata"),
                        keys.MASK: MASK})
 def split_objects(max_objects: int = 0):
@@ -315,7 +317,8 @@ def split_objects(max_objects: int = 0):
   return fn
 
 
-@register_op("require_label", produces={keys.LABEL: Feature("string", shape=(), role="label")})
+@register_op("require_label", reads=(),
+             produces={keys.LABEL: Feature("string", shape=(), role="label")})
 def require_label():
   """Classification: an example without a `label` is an error, not a guess."""
 

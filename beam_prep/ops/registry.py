@@ -14,6 +14,12 @@ into its click variants). It never drops an example silently: an example that
 cannot be used raises `ExampleError` with a reason, and the pipeline routes it
 to the dead letters.
 
+`reads` names the keys the op needs in its input, so a chain is checked before
+any data is read: a key that neither the input layout nor an earlier op
+provides is refused, naming the op and the key (`check_chain`). An op that
+does not declare `reads` is checked at run time instead: one that fails the
+same way on the first examples it meets stops the job (`beam_prep.kernel`).
+
 `produces` (see `beam_prep.features`) is what the records will hold: an op that
 adds a key or changes an existing feature (say `image`) lists it. Keys that
 later ops read but the records do not keep are listed in `intermediate`. An
@@ -35,6 +41,9 @@ literal syntax:
 A user extends the plugin by registering an op in their own module (imported
 before the pipeline is built, e.g. via `--ops-module my_ops`) and naming it in
 the chain; nothing in `beam_prep` needs to change.
+
+This module is a leaf: it knows no op. The built-in ops register themselves
+when `beam_prep.ops` is imported (which importing this module also does).
 """
 
 import ast
@@ -60,9 +69,20 @@ class OpEntry:
   produces: Mapping[str, Feature]
   twin: Optional[Callable[..., Any]] = None
   intermediate: Tuple[str, ...] = ()
+  reads: Optional[Tuple[str, ...]] = None  # None: not declared (checked at run time)
+
+  @property
+  def provides(self) -> Tuple[str, ...]:
+    """Every key the op adds or changes: records' features and intermediates."""
+    return tuple(self.produces) + self.intermediate
 
 
 _REGISTRY: Dict[str, OpEntry] = {}
+
+
+class OpBugError(FeatureError):
+  """An op fails the same way on every example it meets: a bug in the op (or
+  in the chain), not bad data. It stops the job, naming the op and the error."""
 
 
 class ExampleError(Exception):
@@ -82,11 +102,14 @@ class ExampleError(Exception):
 
 def register_op(name: str, produces: Optional[Mapping[str, Feature]] = None,
                 twin: Optional[Callable[..., Any]] = None,
-                intermediate: Sequence[str] = ()) -> Callable[[OpFactory], OpFactory]:
-  """Registers an op factory under `name`, with what it produces.
+                intermediate: Sequence[str] = (),
+                reads: Optional[Sequence[str]] = None) -> Callable[[OpFactory], OpFactory]:
+  """Registers an op factory under `name`, with what it reads and produces.
 
   Args:
     name: the name used in op chains. Must be a Python identifier.
+    reads: keys the op needs in its input example (checked before the job
+      runs); None leaves them undeclared.
     produces: {key: Feature} for every key the op adds to the records or
       changes (see `beam_prep.features`).
     twin: the op in TensorFlow, `twin(example_tensors, *args, **kwargs)`,
@@ -119,7 +142,8 @@ def register_op(name: str, produces: Optional[Mapping[str, Feature]] = None,
     if existing is not None and _qualname(existing.factory) != _qualname(factory):
       raise ValueError(
           f"op {name!r} is already registered by {_qualname(existing.factory)}")
-    _REGISTRY[name] = OpEntry(name, factory, produces, twin, tuple(intermediate))
+    _REGISTRY[name] = OpEntry(name, factory, produces, twin, tuple(intermediate),
+                              None if reads is None else tuple(reads))
     return factory
 
   return decorator
@@ -131,7 +155,6 @@ def _qualname(fn: Callable[..., Any]) -> str:
 
 def registered_ops() -> List[str]:
   """Names of all registered ops, sorted."""
-  _load_builtin_ops()
   return sorted(_REGISTRY)
 
 
@@ -141,7 +164,6 @@ def op_entry(name: str) -> OpEntry:
   Raises:
     ValueError: no op of that name, with the registered names.
   """
-  _load_builtin_ops()
   try:
     return _REGISTRY[name]
   except KeyError:
@@ -154,7 +176,6 @@ def op_entry(name: str) -> OpEntry:
 @contextlib.contextmanager
 def temporary_ops() -> Iterator[None]:
   """Ops registered inside the block are forgotten after it (for tests)."""
-  _load_builtin_ops()
   saved = dict(_REGISTRY)
   try:
     yield
@@ -209,6 +230,34 @@ def parse_chain(chain: str) -> List[OpSpec]:
       raise ValueError(f"op {part!r}: arguments must be literals") from e
     specs.append(OpSpec(node.func.id, args, kwargs))
   return specs
+
+
+def declarations(specs: Sequence[OpSpec]) -> List[Tuple[str, Mapping[str, Feature]]]:
+  """(op name, produces) of each op of a parsed chain, in order."""
+  return [(spec.name, op_entry(spec.name).produces) for spec in specs]
+
+
+def check_chain(specs: Sequence[OpSpec], available: Sequence[str], where: str = "") -> None:
+  """Refuses a chain in which an op reads a key nobody provides before it.
+
+  Args:
+    specs: the parsed chain.
+    available: keys every input example holds (the input layout's).
+    where: what provides `available`, for the message (e.g. "the folders layout").
+
+  Raises:
+    FeatureError: naming the op, the key, and the keys that were available.
+  """
+  have = set(available)
+  for spec in specs:
+    entry = op_entry(spec.name)
+    missing = [k for k in entry.reads or () if k not in have]
+    if missing:
+      raise FeatureError(
+          f"op {spec.name!r} reads {', '.join(repr(k) for k in missing)}, which neither "
+          f"{where or 'the input'} nor an op before it provides (available there: "
+          f"{', '.join(sorted(have))})")
+    have.update(entry.provides)
 
 
 def op_call(name: str, *args, **kwargs) -> str:
@@ -312,9 +361,3 @@ def build_chain(
     return current, failures
 
   return apply
-
-
-def _load_builtin_ops() -> None:
-  # Imported lazily so that registry.py stays importable on its own.
-  # The imports register the built-in ops.
-  from beam_prep.ops import clicks, disks, distance, image  # noqa: F401  pylint: disable=unused-import

@@ -42,6 +42,10 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep import keys
+from beam_prep.dead_letters import READ_STAGE, error_record
+from beam_prep.layouts import common
+from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register_layout
+from beam_prep.ops.registry import ExampleError
 
 ANNOTATION_STAGE = "annotation"
 # Top-level keys of a COCO file; `detect` looks for one of them first.
@@ -172,8 +176,7 @@ def _image_id(entry_id: Any) -> str:
 
 def _error(reason: str, detail: str, source: str, image_id: str = "",
            annotation_id: Any = None) -> Dict[str, Any]:
-  from beam_prep.readers import error_record  # pylint: disable=g-import-not-at-top
-  stage = "read" if annotation_id is None else ANNOTATION_STAGE
+  stage = READ_STAGE if annotation_id is None else ANNOTATION_STAGE
   rec = error_record(stage, reason, detail, {"source": source, "image_id": image_id})
   if annotation_id is not None:
     rec["annotation_id"] = annotation_id
@@ -231,7 +234,6 @@ class _JoinFn(beam.DoFn):
     self._allow = allow_outside_root
 
   def process(self, keyed):
-    from beam_prep.readers import _resolve  # pylint: disable=g-import-not-at-top
     key, grouped = keyed
     images = sorted(grouped["images"], key=lambda e: e["where"])
     anns = sorted(grouped["annotations"], key=_annotation_order)
@@ -250,11 +252,11 @@ class _JoinFn(beam.DoFn):
         errors.append(_error(r, d, a["where"], "" if key == _ORPHAN else key, a.get("id")))
       if errors:  # Failed objects of no image: counted, then dead-lettered.
         yield {"image_id": f"annotations of image id {key}", "source": self._json,
-               "no_image": True, "annotation_errors": errors}
+               "no_image": True, "object_errors": errors}
       return
     image = images[0]
     try:
-      source = _resolve(self._root, image["file_name"], self._root, self._allow)
+      source = common.resolve(self._root, image["file_name"], self._root, self._allow)
     except ValueError as e:
       yield beam.pvalue.TaggedOutput("errors", _error(
           "path_outside_root", str(e), image["where"], key))
@@ -262,19 +264,26 @@ class _JoinFn(beam.DoFn):
     yield {
         "image_id": posixpath.splitext(image["file_name"])[0],
         "source": source,
+        # Known before the image is read: if it cannot be, they failed with it.
+        "objects_listed": sum(1 for a in anns if not a.get("iscrowd")),
         "coco": {"id": key, "height": image["height"], "width": image["width"],
                  "annotations": [{k: a.get(k) for k in ("id", "segmentation", "iscrowd",
                                                         "where", "error")} for a in anns]},
     }
 
 
+def image_root_of(json_path: str, image_root: str = "") -> str:
+  """The folder the images' file_names are relative to: `image_root`, else the JSON's folder."""
+  return (image_root or posixpath.dirname(json_path) or ".").rstrip("/")
+
+
 class ListCoco(beam.PTransform):
-  """A COCO file -> `(pointers, errors)`, as `readers.ListInputs` returns them."""
+  """A COCO file -> `(pointers, errors)`, as every layout's `list_inputs` returns them."""
 
   def __init__(self, json_path: str, image_root: str = "", allow_outside_root: bool = False):
     super().__init__()
     self._json = json_path
-    self._root = (image_root or posixpath.dirname(json_path) or ".").rstrip("/")
+    self._root = image_root_of(json_path, image_root)
     self._allow = allow_outside_root
 
   def expand(self, pbegin):
@@ -420,3 +429,61 @@ def instance_mask(coco: Dict[str, Any], image_id: str) -> Tuple[np.ndarray, List
   return mask, errors
 
 
+def _displayed_size(image_bytes: bytes):
+  """(height, width) of an image as viewers show it (EXIF orientation applied),
+  from its header; None when it cannot be read (decode will say why)."""
+  import io  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  try:
+    im = Image.open(io.BytesIO(image_bytes))
+    width, height = im.size
+    orientation = im.getexif().get(0x0112, 1)
+  except Exception:  # pylint: disable=broad-except
+    return None
+  return (width, height) if orientation in (5, 6, 7, 8) else (height, width)
+
+
+@register_layout
+class Coco(Layout):
+  """COCO instance annotations: one JSON file, images under an image root."""
+  name = "coco"
+  labels = ("instances",)
+  gives = (keys.INSTANCE_MASK,)
+  expects = ("--input instances.json [--image-root DIR]: COCO instance annotations "
+             "(polygons, RLE; iscrowd regions become ignore pixels), as COCO, LVIS, CVAT, "
+             "Label Studio and Roboflow write them")
+  priority = 10
+  takes_image_root = True
+
+  def detect(self, root: str, offline: bool = False) -> bool:
+    if not root.lower().endswith(".json"):
+      return False
+    return offline or looks_like_coco(root)
+
+  def check_input(self, options: ReadOptions) -> None:
+    if common.is_folder(options.root):
+      raise InputError(f"{options.root} is a folder; the coco layout reads one annotation "
+                       "file: --input instances.json [--image-root IMAGES_DIR]")
+    image_root = image_root_of(options.root, options.image_root)
+    if "://" not in image_root and not common.is_folder(image_root):
+      raise InputError(f"image root {image_root} (of the COCO file {options.root}) is not a "
+                       "folder; give --image-root")
+
+  def list_inputs(self, options: ReadOptions):
+    return ListCoco(options.root, options.image_root, options.allow_outside_root)
+
+  def materialize(self, pointer):
+    """The image's bytes and the instance mask drawn from its annotations
+    (`object_errors`: the annotations that failed)."""
+    ex = dict(pointer)
+    ex[keys.IMAGE_BYTES] = common.read_bytes(ex["source"])
+    entry = dict(ex.pop("coco"))
+    if entry.get("height") is None and entry.get("width") is None:
+      size = _displayed_size(ex[keys.IMAGE_BYTES])
+      if size is not None:  # The file gives the size the entry left out.
+        entry["height"], entry["width"] = size
+    try:
+      ex[keys.INSTANCE_MASK], ex["object_errors"] = instance_mask(entry, ex["image_id"])
+    except ImageEntryError as e:
+      raise ExampleError("bad_image_entry", str(e)) from None
+    return ex

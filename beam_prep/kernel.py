@@ -1,0 +1,256 @@
+"""The per-input kernel: one input pointer -> records, dead letters, counts.
+
+One plain function of one input, with no Beam inside: the job's shard writer
+(`beam_prep.shards.write`), `ApplyOps`/`ReadExamples` and the benchmark loop
+all call it. It reads the pointer's files through the run's input layout,
+runs the task's op stages in order, encodes each finished example with the
+run's `FeatureTable`, and counts what happened at the level it happened:
+
+| level   | found                         | failed                          |
+|---------|-------------------------------|---------------------------------|
+| input   | `inputs_read` (pointers)      | `images_failed` (read, decode)  |
+| object  | `objects_found` (fan-out of   | `objects_failed` (click         |
+|         | the input stages, failed      | sampling, failed annotations,   |
+|         | annotations, objects of       | objects of images that failed)  |
+|         | images that failed)           |                                 |
+| example | `examples_made` (fan-out of   | `example_errors` (encodings,    |
+|         | the object stages)            | the user's ops)                 |
+
+so `images_used + images_failed == inputs_read` and `objects_used +
+objects_failed == objects_found` hold by construction, and `examples_written
++ example_errors == examples_made == units used x examples per unit` is what
+`Tally.accounting` checks.
+
+An op that raises the same unexpected exception on each of the first
+`OP_BUG_AFTER` examples it meets, before any record was made, has a bug (a
+key it reads that nothing provides, say): the kernel raises `OpBugError`,
+which stops the job, instead of dead-lettering every example.
+"""
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from beam_prep import keys, layouts
+from beam_prep.dead_letters import READ_STAGE, error_record
+from beam_prep.ops import registry
+from beam_prep.ops.registry import ExampleError, OpBugError
+from beam_prep.tasks.registry import EXAMPLE, INPUT, OBJECT, Stage
+
+OP_BUG_AFTER = 8
+OP_ERROR = "op_error"
+_FOUND = {OBJECT: "objects_found", EXAMPLE: "examples_made"}
+_FAILED = {INPUT: "images_failed", OBJECT: "objects_failed", EXAMPLE: "example_errors"}
+COUNTS = ("inputs_read", "images_failed", "objects_found", "objects_failed",
+          "objects_of_failed_images", "examples_made", "example_errors")
+
+
+def _sample_order(error: Dict[str, Any]) -> Tuple:
+  return (error.get("source", ""), error.get("image_id", ""), error.get("object_id", -1),
+          error.get("variant", -1))
+
+
+class Tally:
+  """Counts of one input, a group or a whole job; sums with `merge`.
+
+  Attributes:
+    counts: the `COUNTS`, plus `examples/SPLIT` records written per split.
+    reasons: dead letters per reason.
+    samples: one dead letter per reason (the first in a stable order), for
+      the job's closing lines.
+  """
+
+  def __init__(self):
+    self.counts: Dict[str, int] = {}
+    self.reasons: Dict[str, int] = {}
+    self.samples: Dict[str, Dict[str, Any]] = {}
+
+  def add(self, key: str, n: int = 1) -> None:
+    if n:
+      self.counts[key] = self.counts.get(key, 0) + n
+
+  def fail(self, error: Dict[str, Any], level: Optional[str]) -> None:
+    """Counts one dead letter, and its unit at `level` as failed (None: no unit)."""
+    if level is not None:
+      self.add(_FAILED[level])
+    reason = error["reason"]
+    self.reasons[reason] = self.reasons.get(reason, 0) + 1
+    kept = self.samples.get(reason)
+    if kept is None or _sample_order(error) < _sample_order(kept):
+      self.samples[reason] = error
+
+  def merge(self, other: "Tally") -> "Tally":
+    for k, v in other.counts.items():
+      self.add(k, v)
+    for reason, n in other.reasons.items():
+      self.reasons[reason] = self.reasons.get(reason, 0) + n
+      kept = self.samples.get(reason)
+      sample = other.samples[reason]
+      if kept is None or _sample_order(sample) < _sample_order(kept):
+        self.samples[reason] = sample
+    return self
+
+  def written(self) -> Dict[str, int]:
+    return {s: self.counts.get(f"examples/{s}", 0) for s in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT)}
+
+  def accounting(self, per_unit: int, splits_objects: bool) -> Dict[str, Any]:
+    """The manifest's counts, and whether they add up (`accounted`)."""
+    c = {k: self.counts.get(k, 0) for k in COUNTS}
+    written = self.written()
+    images_used = c["inputs_read"] - c["images_failed"]
+    objects_used = c["objects_found"] - c["objects_failed"]
+    units = objects_used if splits_objects else images_used
+    total = sum(written.values())
+    return {
+        "inputs_read": c["inputs_read"], "images_used": images_used,
+        "images_failed": c["images_failed"],
+        "objects_found": c["objects_found"], "objects_used": objects_used,
+        "objects_failed": c["objects_failed"],
+        "objects_of_failed_images": c["objects_of_failed_images"],
+        "examples_made": c["examples_made"], "example_errors": c["example_errors"],
+        "examples_written": written,
+        "errors_by_reason": dict(sorted(self.reasons.items())),
+        "errors_total": sum(self.reasons.values()),
+        "accounted": (total + c["example_errors"] == c["examples_made"] == units * per_unit
+                      and min(images_used, objects_used) >= 0),
+    }
+
+
+@dataclasses.dataclass
+class Result:
+  """What one input became."""
+  records: List[bytes]
+  errors: List[Dict[str, Any]]
+  tally: Tally
+  row: Optional[bytes]  # The image's row for tf.Transform's analysis.
+
+
+class Kernel:
+  """Turns one input pointer into its records, dead letters and counts.
+
+  Args:
+    layout: name of the run's input layout (registered).
+    stages: the task's `Stage`s.
+    ops_module: module(s) the workers import first (user ops).
+    table: the run's FeatureTable.
+    summary_rows: the image's analysis row is its summary
+      (`FeatureTable.summary_row`, for the default preprocessing_fn), else
+      its first record.
+  """
+
+  def __init__(self, layout: str, stages: Sequence[Stage], ops_module: str, table,
+               summary_rows: bool = True):
+    self.layout_name = layout
+    self.stages = [s for s in stages if s.chain]
+    self.ops_module = ops_module
+    self.table = table
+    self.summary_rows = summary_rows
+    self._fns = None
+    self._layout = None
+    self._bugs: Dict[Tuple[str, str], int] = {}
+    self._made_records = False
+
+  def setup(self) -> None:
+    if self._fns is None:
+      registry.import_ops_modules(self.ops_module)
+      self._layout = layouts.get_layout(self.layout_name) if self.layout_name else None
+      self._fns = [registry.build_chain(s.chain) for s in self.stages]
+
+  # ---- reading -------------------------------------------------------------
+
+  def read(self, pointer: Dict[str, Any], tally: Tally
+           ) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
+    """The pointer's example as its layout reads it (None when that failed),
+    and the dead letters of reading; everything is counted in `tally`."""
+    self.setup()
+    errors = list(pointer.get("object_errors", ()))  # Objects that failed when listed.
+    if pointer.get("no_image"):
+      self._objects_failed(errors, tally)
+      return None, errors
+    tally.add("inputs_read")
+    error = pointer.get("read_error")
+    if error is None:
+      try:
+        ex = self._layout.materialize(pointer)
+      except ExampleError as e:
+        error = error_record(READ_STAGE, e.reason, e.detail, pointer)
+    if error is not None:
+      self._objects_failed(errors, tally)
+      self._image_failed(pointer, error, tally, len(errors))
+      return None, errors + [error]
+    errors += ex.pop("object_errors", [])
+    self._objects_failed(errors, tally)
+    return ex, errors
+
+  @staticmethod
+  def _objects_failed(errors, tally: Tally) -> None:
+    for error in errors:
+      tally.add("objects_found")
+      tally.fail(error, OBJECT)
+
+  @staticmethod
+  def _image_failed(pointer, error, tally: Tally, counted: int) -> None:
+    """An image failed: it, and the objects listed with it not yet counted."""
+    tally.fail(error, INPUT)
+    lost = max(int(pointer.get("objects_listed", 0)) - counted, 0)
+    for key in ("objects_found", "objects_failed", "objects_of_failed_images"):
+      tally.add(key, lost)
+
+  # ---- the op stages -------------------------------------------------------
+
+  def apply(self, ex: Dict[str, Any], tally: Tally, counted: int = 0
+            ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """Runs the stages on one read example -> (finished examples, dead letters).
+
+    `counted`: objects of this image already counted (failed when listed).
+    """
+    self.setup()
+    current, errors = [ex], []
+    for i, (stage, fn) in enumerate(zip(self.stages, self._fns)):
+      after = []
+      for item in current:
+        outputs, failures = fn(item)
+        for f in failures:
+          error = error_record(f.stage, f.reason, f.detail, f.example)
+          errors.append(error)
+          if stage.level == INPUT:
+            self._image_failed(ex, error, tally, counted)
+          else:
+            tally.fail(error, stage.level)
+          self._watch(f, error)
+        after.extend(outputs)
+      current = after
+      nxt = self.stages[i + 1].level if i + 1 < len(self.stages) else EXAMPLE
+      if nxt != stage.level:
+        tally.add(_FOUND[nxt], len(current))
+    return current, errors
+
+  def _watch(self, failure, error) -> None:
+    """Stops the job when an op fails the same way on the first examples it meets."""
+    if failure.reason != OP_ERROR or self._made_records:
+      return
+    key = (failure.stage, failure.detail)
+    self._bugs[key] = self._bugs.get(key, 0) + 1
+    if self._bugs[key] >= OP_BUG_AFTER:
+      where = error["source"] + "".join(
+          f", {k} {error[k]}" for k in ("object_id", "variant") if k in error)
+      raise OpBugError(
+          f"op {failure.stage!r} raised {failure.detail} on each of the first "
+          f"{self._bugs[key]} examples that reached it (the first: {where}). That is a bug in "
+          "the op or the chain, not bad data, so the job stopped. An op that declares the keys "
+          "it reads (register_op(..., reads=(...))) is checked before the job starts.")
+
+  # ---- the whole input -----------------------------------------------------
+
+  def process(self, pointer: Dict[str, Any]) -> Result:
+    """One input pointer -> its records, dead letters, counts and analysis row."""
+    tally = Tally()
+    ex, read_errors = self.read(pointer, tally)
+    if ex is None:
+      return Result([], read_errors, tally, None)
+    finished, errors = self.apply(ex, tally, counted=len(read_errors))
+    records = [self.table.encode(out) for out in finished]
+    row = None
+    if records:
+      self._made_records = True
+      row = self.table.summary_row(finished[0]) if self.summary_rows else records[0]
+    return Result(records, read_errors + errors, tally, row)

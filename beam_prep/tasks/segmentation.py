@@ -1,0 +1,75 @@
+"""Interactive segmentation: objects of a scene, click variants, click encodings.
+
+An image fans out into its objects (`split_objects`), each object into
+`variants` click samplings (`sample_clicks`), each variant gets its click
+encodings (distance maps, disks) and the user's ops. The label is the
+object's mask (1 object, 0 background, 255 ignore).
+"""
+
+import argparse
+from typing import Dict, List
+
+from beam_prep.ops.registry import op_call
+from beam_prep.tasks.plan import decode_chain, join
+from beam_prep.tasks.registry import EXAMPLE, INPUT, OBJECT, Stage, Task, register_task
+
+CLICK_ENCODINGS = ("distance", "disks", "both")
+
+
+def clicks_chain(variants: int, seed: int, clicks) -> str:
+  """sample_clicks with every click setting of a `ClickConfig`."""
+  return op_call("sample_clicks", variants=variants, seed=seed,
+                 min_positive=clicks.min_positive, max_positive=clicks.max_positive,
+                 negatives=tuple(clicks.negatives), d=clicks.d, d_margin=clicks.d_margin,
+                 d_step=clicks.d_step, strategies=tuple(clicks.strategies), flip=clicks.flip,
+                 protocol_clicks=clicks.protocol_clicks)
+
+
+def encoding_chain(click_encoding: str, disk_radius: float = 5) -> str:
+  """The click encodings named by `--click-encoding`."""
+  if click_encoding not in CLICK_ENCODINGS:
+    raise ValueError(f"--click-encoding must be one of {', '.join(CLICK_ENCODINGS)}, got "
+                     f"{click_encoding!r}")
+  ops = []
+  if click_encoding in ("distance", "both"):
+    ops.append("distance_maps")
+  if click_encoding in ("disks", "both"):
+    ops.append(op_call("click_disks", radius=disk_radius))
+  return "|".join(ops)
+
+
+@register_task
+class Segmentation(Task):
+  name = "segmentation"
+  summary = "click-variant records for interactive segmentation"
+  labels = "instances"
+
+  def stages(self, config) -> List[Stage]:
+    """Decode (per image), sample clicks (per object), encode (per variant)."""
+    return [
+        Stage("DecodeExamples", decode_chain(config.image_size, config.max_pixels), INPUT),
+        Stage("SampleClicks", clicks_chain(config.variants, config.seed, config.clicks), OBJECT),
+        Stage("EncodeClicks", join(encoding_chain(config.click_encoding,
+                                                  config.clicks.disk_radius), config.ops),
+              EXAMPLE),
+    ]
+
+  def examples_per_unit(self, config) -> int:
+    return config.variants
+
+  def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--variants", type=int, help="click samplings per object")
+    parser.add_argument("--flip-variants", dest="flip_variants", action="store_true",
+                        default=None, help="mirror every odd variant left-right")
+    parser.add_argument("--click-encoding", dest="click_encoding", choices=CLICK_ENCODINGS,
+                        help="how clicks reach the model: distance maps (Xu et al. 2016), "
+                        "binary disks (RITM), or both")
+    parser.add_argument("--disk-radius", type=float, dest="disk_radius",
+                        help="radius of the click disks in pixels")
+
+  def config_fields(self, args) -> Dict[str, object]:
+    fields = {k: getattr(args, k, None) for k in ("variants", "click_encoding")}
+    clicks = {"flip": getattr(args, "flip_variants", None),
+              "disk_radius": getattr(args, "disk_radius", None)}
+    fields["clicks"] = {k: v for k, v in clicks.items() if v is not None} or None
+    return fields
