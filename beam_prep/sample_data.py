@@ -87,19 +87,9 @@ def _shape_mask(rng, kind: str, h: int, w: int, centre, radius) -> np.ndarray:
   return np.asarray(im, dtype=bool)
 
 
-def make_scene(seed: int, index: int, size: Tuple[int, int] = (160, 128)
-               ) -> Tuple[np.ndarray, np.ndarray]:
-  """One scene: (uint8 RGB [H, W, 3], uint8 instance mask [H, W]).
-
-  Args:
-    seed: data-set seed.
-    index: scene index; (seed, index) fixes the scene.
-    size: (width, height).
-  """
-  rng = np.random.default_rng([seed, index])
-  w, h = size
+def _background(rng, h: int, w: int) -> np.ndarray:
+  """A gradient, low-frequency blobs and pixel noise (float RGB)."""
   yy, xx = np.mgrid[0:h, 0:w]
-  # Background: a gradient, low-frequency blobs and pixel noise.
   c0, c1 = rng.uniform(40, 200, 3), rng.uniform(40, 200, 3)
   t = (xx / w)[..., None]
   image = c0 * (1 - t) + c1 * t
@@ -107,8 +97,12 @@ def make_scene(seed: int, index: int, size: Tuple[int, int] = (160, 128)
     by, bx, br = rng.uniform(0, h), rng.uniform(0, w), rng.uniform(8, 30)
     blob = np.exp(-((yy - by) ** 2 + (xx - bx) ** 2) / (2 * br * br))
     image += blob[..., None] * rng.uniform(-60, 60, 3)
-  image += rng.normal(0, 8, image.shape)
-  # Clutter: thin lines and small dots that belong to no object.
+  return image + rng.normal(0, 8, image.shape)
+
+
+def _clutter(rng, image: np.ndarray) -> None:
+  """Thin lines that belong to no object, drawn into `image`."""
+  h, w = image.shape[:2]
   clutter = Image.new("RGB", (w, h))
   cdraw = ImageDraw.Draw(clutter)
   cmask = Image.new("L", (w, h), 0)
@@ -122,6 +116,22 @@ def make_scene(seed: int, index: int, size: Tuple[int, int] = (160, 128)
   sel = np.asarray(cmask) > 0
   image[sel] = np.asarray(clutter, dtype=np.float64)[sel]
 
+
+def _centre(rng, centres, r: float, w: int, h: int):
+  """Where the next object goes: touching an earlier one, or anywhere."""
+  if centres and rng.random() < 0.4:
+    px, py, pr = centres[int(rng.integers(len(centres)))]
+    a = rng.uniform(0, 2 * np.pi)
+    dist = (pr + r) * rng.uniform(0.6, 1.0)
+    centre = (px + dist * np.cos(a), py + dist * np.sin(a))
+  else:
+    centre = (rng.uniform(0.2, 0.8) * w, rng.uniform(0.2, 0.8) * h)
+  return float(np.clip(centre[0], r, w - r)), float(np.clip(centre[1], r, h - r))
+
+
+def _objects(rng, image: np.ndarray) -> np.ndarray:
+  """Draws 2-4 textured objects into `image`; returns their instance ids."""
+  h, w = image.shape[:2]
   instance = np.zeros((h, w), np.uint8)
   n_objects = int(rng.integers(2, 5))
   centres = []
@@ -130,19 +140,10 @@ def make_scene(seed: int, index: int, size: Tuple[int, int] = (160, 128)
     texture = TEXTURES[int(rng.integers(len(TEXTURES)))]
     r = rng.uniform(0.12, 0.24) * min(w, h)
     radius = (r * rng.uniform(0.8, 1.25), r * rng.uniform(0.8, 1.25))
-    if centres and rng.random() < 0.4:
-      # Touching or overlapping an earlier object.
-      px, py, pr = centres[int(rng.integers(len(centres)))]
-      a = rng.uniform(0, 2 * np.pi)
-      dist = (pr + r) * rng.uniform(0.6, 1.0)
-      centre = (px + dist * np.cos(a), py + dist * np.sin(a))
-    else:
-      centre = (rng.uniform(0.2, 0.8) * w, rng.uniform(0.2, 0.8) * h)
-    centre = (float(np.clip(centre[0], r, w - r)), float(np.clip(centre[1], r, h - r)))
+    centre = _centre(rng, centres, r, w, h)
     centres.append((centre[0], centre[1], r))
     shape = _shape_mask(rng, kind, h, w, centre, radius)
-    colour = rng.uniform(0, 255, 3)
-    tex = _texture(rng, texture, h, w, colour)
+    tex = _texture(rng, texture, h, w, rng.uniform(0, 255, 3))
     image[shape] = tex[shape]
     instance[shape] = obj_id
   # Objects hidden entirely by later ones leave no id: renumber 1..N.
@@ -150,9 +151,13 @@ def make_scene(seed: int, index: int, size: Tuple[int, int] = (160, 128)
   remap = np.zeros(256, np.uint8)
   for new, old in enumerate(present, start=1):
     remap[old] = new
-  instance = remap[instance]
-  # VOC-style ignore band: background pixels next to an object, and the
-  # seam between two objects.
+  return remap[instance]
+
+
+def _ignore_band(instance: np.ndarray) -> np.ndarray:
+  """VOC-style ignore band: background pixels next to an object, and the
+  seam between two objects, become 255."""
+  h, w = instance.shape
   padded = np.pad(instance, 1, mode="edge")
   neighbours = [padded[1 + dy:1 + dy + h, 1 + dx:1 + dx + w]
                 for dy, dx in ((-1, 0), (1, 0), (0, -1), (0, 1))]
@@ -160,7 +165,25 @@ def make_scene(seed: int, index: int, size: Tuple[int, int] = (160, 128)
   for n in neighbours:
     differs |= n != instance
   band = differs & ((instance == 0) | (np.maximum.reduce(neighbours) > instance))
-  instance[band] = 255
+  out = instance.copy()
+  out[band] = 255
+  return out
+
+
+def make_scene(seed: int, index: int, size: Tuple[int, int] = (160, 128)
+               ) -> Tuple[np.ndarray, np.ndarray]:
+  """One scene: (uint8 RGB [H, W, 3], uint8 instance mask [H, W]).
+
+  Args:
+    seed: data-set seed.
+    index: scene index; (seed, index) fixes the scene.
+    size: (width, height).
+  """
+  rng = np.random.default_rng([seed, index])
+  w, h = size
+  image = _background(rng, h, w)
+  _clutter(rng, image)
+  instance = _ignore_band(_objects(rng, image))
   return np.clip(np.rint(image), 0, 255).astype(np.uint8), instance
 
 

@@ -68,6 +68,9 @@ def _preview(argv: List[str]) -> int:
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from pipelines import preview  # pylint: disable=g-import-not-at-top
   records = args.records
+  if not FileSystems.exists(records):
+    logs.get().error("beam-prep preview: %s does not exist", records)
+    return 2
   nested = FileSystems.join(records, keys.RECORDS_DIR)
   if FileSystems.exists(nested):
     records = nested

@@ -41,6 +41,9 @@ def read_examples(records_dir: str, count: int, table: FeatureTable) -> List[dic
       out.append(table.decode_numpy(raw.numpy()))
     if len(out) >= count:
       break
+  if not out:
+    raise FileNotFoundError(f"the record files under {records_dir} hold no record (did every "
+                            "input fail? see manifest.json and errors/ beside them)")
   return out
 
 

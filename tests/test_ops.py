@@ -179,3 +179,26 @@ def test_click_disks_equal_a_distance_transform_threshold(radius):
   want = (ndimage.distance_transform_edt(grid) <= radius).astype(np.uint8)
   np.testing.assert_array_equal(disk_map(clicks, 30, 50, radius), want)
   assert disk_map(np.zeros((0, 2)), 30, 50, radius).sum() == 0
+
+
+def test_flip_variants_mirrors_odd_variants_with_their_clicks():
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  apply = registry.build_chain("split_objects|sample_clicks(variants=4, seed=2)|flip_variants")
+  inst = np.zeros((40, 50), np.uint8)
+  inst[5:30, 3:25] = 1
+  image = np.random.default_rng(0).integers(0, 255, (40, 50, 3)).astype(np.uint8)
+  outs, failures = apply({"image_id": "a", "image": image, "instance_mask": inst})
+  assert not failures and [o["flipped"] for o in outs] == [0, 1, 0, 1]
+  plain = registry.build_chain("split_objects|sample_clicks(variants=4, seed=2)")(
+      {"image_id": "a", "image": image, "instance_mask": inst})[0]
+  for out, base in zip(outs, plain):
+    if out["flipped"]:
+      np.testing.assert_array_equal(out["image"], base["image"][:, ::-1])
+      np.testing.assert_array_equal(out["mask"], base["mask"][:, ::-1])
+      want = base[keys.POSITIVE_CLICKS].copy()
+      want[:, 0] = 49 - want[:, 0]
+      np.testing.assert_array_equal(out[keys.POSITIVE_CLICKS], want)
+    else:
+      np.testing.assert_array_equal(out["image"], base["image"])
+    x, y = out[keys.POSITIVE_CLICKS][:, 0], out[keys.POSITIVE_CLICKS][:, 1]
+    assert (out["mask"][y, x] == 1).all()  # clicks follow the (flipped) object

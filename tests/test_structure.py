@@ -198,3 +198,35 @@ def test_no_import_circle_among_the_packages():
         seen.add(m)
         stack.extend(edges[m])
   assert not circles, f"modules on an import circle: {sorted(circles)}"
+
+
+def test_preview_of_a_missing_folder_or_an_empty_output_says_so(tmp_path, capsys):
+  missing = str(tmp_path / "nope" / "records")
+  assert run_cli(["preview", "--records", missing, "--output", str(tmp_path / "p.png")]) == 2
+  assert f"{missing} does not exist" in capsys.readouterr().out
+  data = _folders(tmp_path / "d")
+  out = tmp_path / "out"
+  assert _prep(data, out, "--ops-module", "tests.fixtures.bug_ops", "--ops", "reject_all") == 1
+  capsys.readouterr()
+  assert run_cli(["preview", "--records", str(out), "--output", str(tmp_path / "p.png")]) == 2
+  assert "hold no record" in capsys.readouterr().out
+
+
+def test_the_plan_line_counts_images_as_the_summary_does(tmp_path, capsys):
+  """Annotations of an unknown image are failed objects, not an input."""
+  (tmp_path / "images").mkdir()
+  for name in ("a", "b"):
+    img, _ = scene(48, ((4, 4, 30, 30),))
+    Image.fromarray(img).save(tmp_path / "images" / f"{name}.png")
+  poly = [4, 4, 30, 4, 30, 30, 4, 30]
+  coco = {"images": [{"id": i, "file_name": f"images/{n}.png", "height": 48, "width": 48}
+                     for i, n in ((1, "a"), (2, "b"))],
+          "annotations": [{"id": i, "image_id": i, "segmentation": [poly], "iscrowd": 0}
+                          for i in (1, 2, 9)]}
+  (tmp_path / "instances.json").write_text(json.dumps(coco))
+  assert run_cli(["segmentation", "--input", str(tmp_path / "instances.json"), "--output",
+                  str(tmp_path / "out"), "--image-size", "48", "--variants", "1",
+                  "--progress-seconds", "0.001"]) == 0
+  printed = capsys.readouterr().out
+  assert "prep: 2 inputs in" in printed and "2 images (2 used, 0 failed)" in printed
+  assert "3 objects (2 used, 1 failed)" in printed

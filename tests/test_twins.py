@@ -38,9 +38,7 @@ CASES = {
     "decode": (_encoded_example, 0),
     "resize(64)": (lambda: registry.build_op(registry.parse_chain("decode")[0])(
         _encoded_example()), 1),
-    "sample_clicks(seed=3)": (lambda: {k: v for k, v in _object_example().items()
-                                       if k not in (keys.POSITIVE_CLICKS,
-                                                    keys.NEGATIVE_CLICKS)}, 0),
+    "flip_variants": (_object_example, 0),  # variant 0: not flipped, as at serving time
     "distance_maps": (_object_example, 0),
     "click_disks(radius=5)": (_object_example, 0),
     "click_disks(radius=2.5)": (_object_example, 0),
@@ -71,7 +69,7 @@ def test_twin_gives_the_ops_model_inputs(call):
   entry = registry.op_entry(spec.name)
   ex = make()
   out = registry.build_op(spec)(ex)
-  want = out[0] if isinstance(out, list) else out  # sample_clicks: variant 0, not flipped
+  want = out[0] if isinstance(out, list) else out
   got = registry.build_twin(spec)(_tensors(ex))
   checked = 0
   for key, feature in entry.produces.items():

@@ -36,10 +36,9 @@ from scipy import ndimage
 
 from beam_prep import keys
 from beam_prep.features import Feature
-from beam_prep.ops.image import IMAGE, MASK
 from beam_prep.ops.registry import ExampleError, register_op
 
-_CLICKS = Feature("int64", shape=(None, 2), role="metadata")
+CLICKS = Feature("int64", shape=(None, 2), role="metadata")
 PROTOCOL = 4  # The strategy whose clicks follow the evaluation protocol.
 _INT = Feature("int64", shape=(), role="metadata")
 
@@ -293,28 +292,14 @@ def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
   }
 
 
-def sample_clicks_twin(ex, *args, **kwargs):
-  """At serving time the clicks come from the person, not from sampling, and
-  no view is flipped: the example passes unchanged."""
-  del args, kwargs
-  return ex
-
-
-# `image` and `mask` are re-declared because `flip` mirrors them.
 @register_op("sample_clicks", reads=(keys.IMAGE_ID, keys.OBJECT_ID, keys.MASK),
-             produces={keys.POSITIVE_CLICKS: _CLICKS, keys.NEGATIVE_CLICKS: _CLICKS,
-                       keys.NEGATIVE_STRATEGY: _INT, keys.VARIANT: _INT, keys.FLIPPED: _INT,
-                       keys.IMAGE: IMAGE, keys.MASK: MASK},
-             intermediate=(keys.INSTANCE_MASK,), twin=sample_clicks_twin)
+             produces={keys.POSITIVE_CLICKS: CLICKS, keys.NEGATIVE_CLICKS: CLICKS,
+                       keys.NEGATIVE_STRATEGY: _INT, keys.VARIANT: _INT})
 def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
                   max_positive: int = 5, negatives=(10, 5, 10), d: float = 40,
                   d_margin: float = 5, d_step: float = 10, strategies=(1, 2, 3),
-                  flip: bool = False, protocol_clicks: int = 10):
+                  protocol_clicks: int = 10):
   """Fans one object out into `variants` independent click samplings.
-
-  With `flip`, every odd variant is also mirrored left-right (image, masks and
-  the clicks sampled on them), so half of the precomputed variants are flipped
-  views; records carry `flipped`.
 
   Args:
     variants: samplings per object (precomputed augmentation).
@@ -327,7 +312,6 @@ def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
     d_step: least distance between two clicks of one kind.
     strategies: which strategies may be drawn (4: the evaluation protocol's
       clicks, see the module docstring).
-    flip: mirror odd variants left-right.
     protocol_clicks: strategy 4 gives 1 to this many clicks.
   """
   if variants < 1:
@@ -341,29 +325,16 @@ def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
     raise ValueError(f"protocol_clicks must be >= 1, got {protocol_clicks}")
 
   def fn(ex):
-    geometry = ObjectGeometry(ex["mask"], ex.get("instance_mask"), d, d_margin)
-    flipped_ex, flipped_geometry = None, None
+    geometry = ObjectGeometry(ex[keys.MASK], ex.get(keys.INSTANCE_MASK), d, d_margin)
     out = []
     for v in range(variants):
-      rng = example_rng(seed, ex["image_id"], ex["object_id"], v)
-      base, geo = ex, geometry
-      if flip and v % 2 == 1:
-        if flipped_ex is None:
-          flipped_ex = dict(ex)
-          for k in ("image", "mask", "instance_mask"):
-            if ex.get(k) is not None:
-              flipped_ex[k] = np.ascontiguousarray(ex[k][:, ::-1])
-          flipped_geometry = ObjectGeometry(flipped_ex["mask"], flipped_ex.get("instance_mask"),
-                                            d, d_margin)
-        base, geo = flipped_ex, flipped_geometry
-      sample = sample_variant(geo, rng, min_positive=min_positive,
-                              max_positive=max_positive, negatives=negatives,
-                              d_step=d_step, strategies=strategies,
-                              protocol_clicks_max=protocol_clicks)
-      variant = dict(base)
-      variant.update(sample)
-      variant["variant"] = v
-      variant["flipped"] = int(base is not ex)
+      rng = example_rng(seed, ex[keys.IMAGE_ID], ex[keys.OBJECT_ID], v)
+      variant = dict(ex)
+      variant.update(sample_variant(geometry, rng, min_positive=min_positive,
+                                    max_positive=max_positive, negatives=negatives,
+                                    d_step=d_step, strategies=strategies,
+                                    protocol_clicks_max=protocol_clicks))
+      variant[keys.VARIANT] = v
       out.append(variant)
     return out
 

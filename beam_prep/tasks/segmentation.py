@@ -21,7 +21,7 @@ def clicks_chain(variants: int, seed: int, clicks) -> str:
   return op_call("sample_clicks", variants=variants, seed=seed,
                  min_positive=clicks.min_positive, max_positive=clicks.max_positive,
                  negatives=tuple(clicks.negatives), d=clicks.d, d_margin=clicks.d_margin,
-                 d_step=clicks.d_step, strategies=tuple(clicks.strategies), flip=clicks.flip,
+                 d_step=clicks.d_step, strategies=tuple(clicks.strategies),
                  protocol_clicks=clicks.protocol_clicks)
 
 
@@ -45,11 +45,12 @@ class Segmentation(Task):
   labels = "instances"
 
   def stages(self, config) -> List[Stage]:
-    """Decode (per image), sample clicks (per object), encode (per variant)."""
+    """Decode (per image), sample clicks (per object), flip and encode (per variant)."""
     return [
         Stage("DecodeExamples", decode_chain(config.image_size, config.max_pixels), INPUT),
         Stage("SampleClicks", clicks_chain(config.variants, config.seed, config.clicks), OBJECT),
-        Stage("EncodeClicks", join(encoding_chain(config.click_encoding,
+        Stage("EncodeClicks", join("flip_variants" if config.clicks.flip else "",
+                                   encoding_chain(config.click_encoding,
                                                   config.clicks.disk_radius), config.ops),
               EXAMPLE),
     ]
