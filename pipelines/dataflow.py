@@ -18,23 +18,15 @@ class DataflowOptionsError(ValueError):
   """The options cannot make a Dataflow job; the message says what to fix."""
 
 
+def _view(args: List[str], cls):
+  """Beam's own reading of its options (`PipelineOptions.view_as`)."""
+  from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
+  return pipeline_options.PipelineOptions(args).view_as(getattr(pipeline_options, cls))
+
+
 def runner_of(args: List[str]) -> str:
   """The --runner among Beam arguments ("" when absent)."""
-  for i, a in enumerate(args):
-    if a.startswith("--runner="):
-      return a.split("=", 1)[1]
-    if a == "--runner" and i + 1 < len(args):
-      return args[i + 1]
-  return ""
-
-
-def _value(args: List[str], flag: str):
-  for i, a in enumerate(args):
-    if a.startswith(flag + "="):
-      return a.split("=", 1)[1]
-    if a == flag and i + 1 < len(args):
-      return args[i + 1]
-  return None
+  return _view(args, "StandardOptions").runner or ""
 
 
 _BUCKET_CHARS = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
@@ -81,18 +73,18 @@ def check_and_complete(args: List[str], config: PrepConfig) -> List[str]:
     DataflowOptionsError: listing every problem found, not only the first.
   """
   problems = []
-  if not _value(args, "--project"):
+  gcp = _view(args, "GoogleCloudOptions")
+  if not gcp.project:
     problems.append("--project is required (the GCP project that runs the job)")
-  if not _value(args, "--region"):
+  if not gcp.region:
     problems.append("--region is required (e.g. --region=us-central1)")
-  temp = _value(args, "--temp_location")
+  temp, staging = gcp.temp_location, gcp.staging_location
   if not temp:
     problems.append("--temp_location=gs://BUCKET/tmp is required (also holds tf.Transform's "
                     "temporary files)")
   elif not temp.startswith("gs://"):
     problems.append(f"--temp_location must be on GCS (gs://...), got {temp}: workers and "
                     "tf.Transform cannot use a local temp dir")
-  staging = _value(args, "--staging_location")
   if staging and not staging.startswith("gs://"):
     problems.append(f"--staging_location must be on GCS (gs://...), got {staging}")
   for name, path in (("--input", config.input), ("--output", config.output)):
@@ -108,7 +100,8 @@ def check_and_complete(args: List[str], config: PrepConfig) -> List[str]:
     raise DataflowOptionsError("cannot submit to Dataflow:\n  - " + "\n  - ".join(problems))
   out = list(args)
   # A custom worker image (docker/Dockerfile) already holds the package.
-  if _value(args, "--setup_file") is None and _value(args, "--sdk_container_image") is None:
+  if (_view(args, "SetupOptions").setup_file is None
+      and _view(args, "WorkerOptions").sdk_container_image is None):
     setup = package_setup_file()
     if not os.path.exists(setup):
       raise DataflowOptionsError(
