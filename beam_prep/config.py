@@ -2,7 +2,26 @@
 
 import dataclasses
 import json
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Sequence
+
+
+def option(default: Any, help: str, choices: Optional[Sequence[str]] = None,  # pylint: disable=redefined-builtin
+           metavar: str = "", none: Any = None, required: bool = False,
+           show_default: bool = True):
+  """A config field that is also a command-line option (`pipelines.kit` makes the flag).
+
+  Args:
+    default: the field's default.
+    help: the option's help text.
+    choices: the values the flag accepts.
+    metavar: the flag's value name in --help.
+    none: the field's value for a flag value "none" (a choice that means off).
+    required: the command needs it (it has no useful default).
+    show_default: add "(default: X)" to the help.
+  """
+  return dataclasses.field(default=default, metadata={
+      "help": help, "choices": tuple(choices) if choices else None, "metavar": metavar or None,
+      "none": none, "required": required, "show_default": show_default})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,26 +77,38 @@ class PrepConfig:
       never change the output.
     clicks: click simulation settings.
   """
-  input: str
-  output: str
+  input: str = option("", "data root (local or gs://), or the file a file-based layout reads "
+                      "(manifest, COCO JSON)", required=True)
+  output: str = option("", "output directory (local or gs://)", required=True)
   task: str = "segmentation"
-  layout: str = "auto"
-  allow_outside_root: bool = False
-  image_root: str = ""
-  image_size: int = 128
-  variants: int = 2
-  seed: int = 0
-  eval_percent: int = 20
-  target_shard_mb: float = 200.0
-  compression: str = ""
-  click_encoding: str = "distance"
-  max_pixels: int = 64_000_000
-  max_error_fraction: float = 0.5
-  ops: str = ""
-  ops_module: str = ""
-  preprocessing_fn: str = ""
-  overwrite: bool = False
-  progress_seconds: float = 30.0
+  layout: str = option("auto", "input layout (see below)")
+  allow_outside_root: bool = option(False, "let paths listed in a manifest or annotation file "
+                                    "leave its folder (or the image root)")
+  image_root: str = option("", "coco layout: folder the images' file_names are relative to "
+                           "('': the JSON file's folder)", show_default=False)
+  image_size: int = option(128, "records hold images resized to N x N")
+  variants: int = option(2, "click samplings per object")
+  seed: int = option(0, "seed of the click sampling")
+  eval_percent: int = option(20, "share of images in the eval split (by a hash of the image id)")
+  target_shard_mb: float = option(200.0, "size each record file aims at, in MB; the number of "
+                                  "files follows from the data")
+  compression: str = option("", "record compression (README: 'Record layout, measured')",
+                            choices=("none", "gzip"), none="")
+  click_encoding: str = option("distance", "how clicks reach the model: distance maps (Xu et al. "
+                               "2016), binary disks (RITM), or both",
+                               choices=("distance", "disks", "both"))
+  max_pixels: int = option(64_000_000, "reject images declaring more pixels (decompression "
+                           "bombs)")
+  max_error_fraction: float = option(0.5, "the job fails (exit 1, no _SUCCESS) when more than "
+                                     "this fraction of its images, objects or examples failed")
+  ops: str = option("", "extra op chain applied after the built-in ones")
+  ops_module: str = option("", "module (or comma-separated modules) to import first; it "
+                           "registers your own ops (and input layouts)")
+  preprocessing_fn: str = option("", "a tf.Transform preprocessing_fn to use instead of the one "
+                                 "generated from the declared features", metavar="MODULE:FUNCTION")
+  overwrite: bool = option(False, "replace a non-empty output directory")
+  progress_seconds: float = option(30.0, "a progress line every N seconds while the job runs "
+                                   "(0: none)")
   clicks: ClickConfig = ClickConfig()
 
   def __post_init__(self):
@@ -89,6 +120,7 @@ class PrepConfig:
         raise ValueError(f"--image-root is for layouts that list image paths in an "
                          f"annotation file, not {self.layout!r}")
     checks = [
+        (self.input and self.output, "--input and --output are required"),
         (self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}"),
         (self.variants >= 1, f"--variants must be at least 1, got {self.variants}"),
         (0 <= self.eval_percent < 100,

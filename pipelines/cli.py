@@ -15,9 +15,8 @@ examples.
 import argparse
 from typing import List, Optional
 
-from beam_prep.console import (beam_option_flags, check_unknown, dispatch, load_config_file,
-                               option_flags, preset, show_defaults)
-from pipelines import logs
+from beam_prep.console import beam_option_flags, check_unknown, dispatch, option_flags
+from pipelines import kit, logs
 
 # Chosen by measurement (README, "Running mode of the DirectRunner"): below
 # this many inputs one in-memory worker is as fast or faster (there are few
@@ -108,113 +107,34 @@ def _layout_help(task) -> str:
           f"{layouts.describe(task.labels)}\n")
 
 
-def _input_arguments(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--input", help="data root (local or gs://), or the file a file-based "
-                      "layout reads (manifest, COCO JSON)")
-  parser.add_argument("--output", help="output directory (local or gs://)")
-  parser.add_argument("--layout", help="input layout (see below)")
-  parser.add_argument("--allow-outside-root", dest="allow_outside_root", action="store_true",
-                      default=None, help="let paths listed in a manifest or annotation file "
-                      "leave its folder (or the image root)")
-  parser.add_argument("--image-root", dest="image_root",
-                      help="coco layout: folder the images' file_names are relative to "
-                      "('': the JSON file's folder)")
-  parser.add_argument("--max-pixels", type=int, dest="max_pixels",
-                      help="reject images declaring more pixels (decompression bombs)")
-
-
-def _run_arguments(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--config", help="JSON file of PrepConfig fields")
-  parser.add_argument("--preset", help="named defaults: smoke (tiny, for tests), demo (make demo)")
-  parser.add_argument("--image-size", type=int, dest="image_size",
-                      help="records hold images resized to N x N")
-  parser.add_argument("--seed", type=int, help="seed of the click sampling")
-  parser.add_argument("--eval-percent", type=int, dest="eval_percent",
-                      help="share of images in the eval split (by a hash of the image id)")
-  parser.add_argument("--max-error-fraction", type=float, dest="max_error_fraction",
-                      help="the job fails (exit 1, no _SUCCESS) when more than this fraction "
-                      "of its images, objects or examples failed")
-  parser.add_argument("--ops", help="extra op chain applied after the built-in ones")
-  parser.add_argument("--ops-module", dest="ops_module",
-                      help="module (or comma-separated modules) to import first; it registers "
-                      "your own ops (and input layouts)")
-  parser.add_argument("--preprocessing-fn", dest="preprocessing_fn", metavar="MODULE:FUNCTION",
-                      help="a tf.Transform preprocessing_fn to use instead of the one generated "
-                      "from the declared features")
-
-
-def _output_arguments(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--target-shard-mb", type=float, dest="target_shard_mb",
-                      help="size each record file aims at, in MB; the number of files follows "
-                      "from the data")
-  parser.add_argument("--compression", choices=["none", "gzip"],
-                      help="record compression (README: 'Record layout, measured')")
-  parser.add_argument("--overwrite", action="store_true", default=None,
-                      help="replace a non-empty output directory")
-  parser.add_argument("--progress-seconds", type=float, dest="progress_seconds",
-                      help="a progress line every N seconds while the job runs (0: none)")
-  parser.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
-                      help="Dataflow: wait for the job and print its summary, or return once "
-                      "it is submitted (--no-wait)")
-  parser.add_argument("--verbose", action="store_true", help="show library logs")
-
-
 def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
-  """The parser of `beam-prep TASK` for a registered task."""
+  """The parser of `beam-prep TASK` for a registered task: the config's options
+  (`pipelines.kit`), those the task adds, and the command's own."""
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
+  from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
   task = tasks.get_task(task_name)
   parser = argparse.ArgumentParser(
       prog=f"beam-prep {task.name}",
       description=f"Precompute {task.summary}. Unknown arguments are passed to Beam as "
       "pipeline options (--runner, --project, ...).",
       epilog=_layout_help(task), formatter_class=argparse.RawDescriptionHelpFormatter)
-  _input_arguments(parser)
-  _run_arguments(parser)
+  kit.add_options(parser, PrepConfig, skip=tasks.fields_of_other_tasks(task))
   task.add_arguments(parser)
-  _output_arguments(parser)
-  show_defaults(parser, _defaults())
+  parser.add_argument("--config", help="JSON file of PrepConfig fields")
+  parser.add_argument("--preset", help="named defaults: smoke (tiny, for tests), demo (make demo)")
+  parser.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
+                      help="Dataflow: wait for the job and print its summary, or return once "
+                      "it is submitted (--no-wait) (default: wait)")
+  parser.add_argument("--verbose", action="store_true", help="show library logs")
   return parser
 
 
-def _defaults():
-  """The config's defaults, by option dest (what `--help` shows)."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  from beam_prep.config import ClickConfig, PrepConfig  # pylint: disable=g-import-not-at-top
-  out = {f.name: f.default for f in dataclasses.fields(PrepConfig)
-         if f.default is not dataclasses.MISSING
-         and f.name not in ("input", "output", "image_root")}
-  out["compression"] = out["compression"] or "none"
-  clicks = ClickConfig()
-  out.update(flip_variants=clicks.flip, disk_radius=clicks.disk_radius, wait=True, verbose=False)
-  return out
-
-
-_COMMON_FIELDS = ("input", "output", "layout", "allow_outside_root", "image_root", "image_size",
-                  "seed", "eval_percent", "target_shard_mb", "compression", "max_pixels",
-                  "max_error_fraction", "ops", "ops_module", "preprocessing_fn", "overwrite",
-                  "progress_seconds")
-
-
 def build_config(args: argparse.Namespace, task_name: str = "segmentation"):
-  """Defaults, then preset, then config file, then flags; validated."""
+  """Defaults, then preset, then config file, then flags; validated (`pipelines.kit`)."""
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
-  fields = preset(args.preset, "prep")
-  if args.config:
-    fields.update(load_config_file(args.config))
-  fields["task"] = task_name
-  given = {name: getattr(args, name, None) for name in _COMMON_FIELDS}
-  if given["compression"] == "none":
-    given["compression"] = ""
-  for name, value in tasks.get_task(task_name).config_fields(args).items():
-    if name == "clicks" and value:
-      value = dict(fields.get("clicks") or {}, **value)
-    given[name] = value
-  fields.update({k: v for k, v in given.items() if v is not None})
-  missing = [n for n in ("input", "output") if not fields.get(n)]
-  if missing:
-    raise ValueError(f"missing required option(s): {', '.join('--' + m for m in missing)}")
-  return PrepConfig.from_dict(fields)
+  extra = tasks.get_task(task_name).config_fields(args)
+  return kit.resolve(PrepConfig, args, "prep", fixed={"task": task_name}, extra=extra)
 
 
 def pipeline_args(beam_args: List[str], input_root: str = "") -> List[str]:

@@ -17,7 +17,7 @@ themselves when `beam_prep.tasks` is imported.
 """
 
 import dataclasses
-from typing import Dict, List
+from typing import Dict, List, Set, Tuple
 
 # Levels of the job's stages, in order: a stage's level is what its input
 # example is. Failures are counted at the level of the stage they happen in.
@@ -47,10 +47,13 @@ class Task:
     summary: one line for `--help`.
     labels: what an input must give: "instances" (an instance mask) or
       "classes" (a class name); input layouts that give it are offered.
+    own_fields: `PrepConfig` fields only this task uses (its command alone
+      offers their options).
   """
   name = ""
   summary = ""
   labels = ""
+  own_fields: Tuple[str, ...] = ()
 
   def stages(self, config) -> List[Stage]:
     """The job's stages, in level order (an input stage first)."""
@@ -61,10 +64,10 @@ class Task:
     raise NotImplementedError
 
   def add_arguments(self, parser) -> None:
-    """Adds the task's own options to its `beam-prep` command (dest = config field)."""
+    """Adds options of its own that are not plain `PrepConfig` fields."""
 
   def config_fields(self, args) -> Dict[str, object]:
-    """The task's own config settings from its parsed options (None: not given)."""
+    """Config settings from the options `add_arguments` added (None: not given)."""
     del args
     return {}
 
@@ -99,3 +102,9 @@ def get_task(name: str) -> Task:
 
 def task_names() -> List[str]:
   return sorted(_TASKS)
+
+
+def fields_of_other_tasks(task: Task) -> Set[str]:
+  """`PrepConfig` fields that only other tasks use."""
+  return {f for t in _TASKS.values() if t is not task for f in t.own_fields} - set(
+      task.own_fields)

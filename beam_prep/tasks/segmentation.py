@@ -43,6 +43,7 @@ class Segmentation(Task):
   name = "segmentation"
   summary = "click-variant records for interactive segmentation"
   labels = "instances"
+  own_fields = ("variants", "click_encoding")
 
   def stages(self, config) -> List[Stage]:
     """Decode (per image), sample clicks (per object), flip and encode (per variant)."""
@@ -59,18 +60,12 @@ class Segmentation(Task):
     return config.variants
 
   def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--variants", type=int, help="click samplings per object")
     parser.add_argument("--flip-variants", dest="flip_variants", action="store_true",
                         default=None, help="mirror every odd variant left-right")
-    parser.add_argument("--click-encoding", dest="click_encoding", choices=CLICK_ENCODINGS,
-                        help="how clicks reach the model: distance maps (Xu et al. 2016), "
-                        "binary disks (RITM), or both")
     parser.add_argument("--disk-radius", type=float, dest="disk_radius",
-                        help="radius of the click disks in pixels")
+                        help="radius of the click disks in pixels (default: 5.0)")
 
   def config_fields(self, args) -> Dict[str, object]:
-    fields = {k: getattr(args, k, None) for k in ("variants", "click_encoding")}
     clicks = {"flip": getattr(args, "flip_variants", None),
               "disk_radius": getattr(args, "disk_radius", None)}
-    fields["clicks"] = {k: v for k, v in clicks.items() if v is not None} or None
-    return fields
+    return {"clicks": {k: v for k, v in clicks.items() if v is not None} or None}

@@ -1,0 +1,87 @@
+"""The command lines' kit: options generated from a config dataclass, one resolver.
+
+A config field declared with `beam_prep.config.option(default, help, ...)` is
+an option of the command that builds that config: `--field-name`, typed as
+the field, with its help and its default shown. `resolve` is the one way a
+command turns its options into a config: the dataclass defaults, then
+`--preset`, then `--config FILE` (JSON), then the flags given, validated by
+the dataclass. Each run writes the resolved config beside its output.
+"""
+
+import argparse
+import dataclasses
+from typing import Any, Dict, Iterable, List, Optional
+
+from beam_prep.console import load_config_file, preset
+
+
+def _flag(name: str) -> str:
+  return "--" + name.replace("_", "-")
+
+
+def option_fields(cls, skip: Iterable[str] = ()) -> List[dataclasses.Field]:
+  """The fields of `cls` that are options (declared with `option`)."""
+  skip = set(skip)
+  return [f for f in dataclasses.fields(cls) if "help" in f.metadata and f.name not in skip]
+
+
+def _help(f: dataclasses.Field) -> str:
+  text = f.metadata["help"]
+  if not f.metadata["show_default"] or f.metadata["required"]:
+    return text
+  value = f.default
+  if f.metadata["none"] is not None and value == f.metadata["none"]:
+    value = "none"
+  if isinstance(value, bool) or value in ("", None):
+    return text  # Off, or nothing: the help says what giving it does.
+  return f"{text} (default: {value})"
+
+
+def add_options(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) -> None:
+  """Adds one option per option field of `cls` (dest = the field's name; None = not given)."""
+  for f in option_fields(cls, skip):
+    kwargs: Dict[str, Any] = {"dest": f.name, "default": None, "help": _help(f)}
+    if f.type is bool or isinstance(f.default, bool):
+      if f.default:
+        parser.add_argument("--no-" + f.name.replace("_", "-"), action="store_false", **kwargs)
+      else:
+        parser.add_argument(_flag(f.name), action="store_true", **kwargs)
+      continue
+    kind = type(f.default) if f.default is not None else str
+    parser.add_argument(_flag(f.name), type=kind, choices=f.metadata["choices"],
+                        metavar=f.metadata["metavar"], **kwargs)
+
+
+def resolve(cls, args: argparse.Namespace, side: str, fixed: Optional[Dict[str, Any]] = None,
+            extra: Optional[Dict[str, Any]] = None):
+  """Defaults, then preset, then config file, then flags (then `fixed`); validated.
+
+  Args:
+    cls: the config dataclass (with `from_dict`).
+    args: parsed options; `preset` and `config` are read from it.
+    side: which half of a preset applies ("prep" or "train").
+    fixed: fields the command sets itself (e.g. the task).
+    extra: fields from options that are not plain fields (None: not given).
+
+  Raises:
+    ValueError: a missing required option, a bad config file, or what the
+      dataclass refuses.
+  """
+  fields = preset(getattr(args, "preset", None), side)
+  if getattr(args, "config", None):
+    fields.update(load_config_file(args.config))
+  for f in option_fields(cls):
+    value = getattr(args, f.name, None)
+    if value is not None:
+      fields[f.name] = f.metadata["none"] if value == "none" and f.metadata["choices"] else value
+  for k, v in (extra or {}).items():
+    if isinstance(v, dict) and isinstance(fields.get(k), dict):
+      fields[k] = {**fields[k], **v}  # A nested setting given alone keeps its siblings.
+    elif v is not None:
+      fields[k] = v
+  fields.update(fixed or {})
+  missing = [_flag(f.name) for f in option_fields(cls)
+             if f.metadata["required"] and not fields.get(f.name)]
+  if missing:
+    raise ValueError(f"missing required option(s): {', '.join(missing)}")
+  return cls.from_dict(fields)
