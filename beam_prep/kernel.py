@@ -241,14 +241,18 @@ class Kernel:
 
   # ---- the whole input -----------------------------------------------------
 
-  def process(self, pointer: Dict[str, Any]) -> Result:
-    """One input pointer -> its records, dead letters, counts and analysis row."""
+  def process(self, pointer: Dict[str, Any], split: str = keys.TRAIN_SPLIT) -> Result:
+    """One input pointer -> its records, dead letters, counts and analysis row.
+
+    Its records are counted as written to `split`.
+    """
     tally = Tally()
     ex, read_errors = self.read(pointer, tally)
     if ex is None:
       return Result([], read_errors, tally, None)
     finished, errors = self.apply(ex, tally, counted=len(read_errors))
     records = [self.table.encode(out) for out in finished]
+    tally.add(f"examples/{split}", len(records))
     row = None
     if records:
       self._made_records = True

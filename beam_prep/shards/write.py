@@ -150,8 +150,7 @@ class _WriteGroupFn(beam.DoFn):
     files = _GroupFiles(self._temp_root, split, group, plan, self._gzip)
     tally, previews = Tally(), 0
     for pointer in sorted(pointers, key=pointer_order):
-      result = self._kernel.process(pointer)
-      result.tally.add(f"examples/{split}", len(result.records))
+      result = self._kernel.process(pointer, split)
       tally.merge(result.tally)
       if result.records:
         if split == keys.TRAIN_SPLIT:
