@@ -28,11 +28,11 @@ from tests.helpers import assert_serving_parity, run_cli
 RUNS = {
     "disks+edges": (["--click-encoding", "disks", "--ops-module", "tests.fixtures.edge_ops",
                      "--ops", "edges"], 6),
-    "both+cap": (["--click-encoding", "both", "--ops-module", "tests.fixtures.user_ops",
-                  "--ops", "cap_distance(64)"], 7),
+    "both+cap": (["--click-encoding", "both", "--flip-variants", "--ops-module",
+                  "tests.fixtures.user_ops", "--ops", "cap_distance(64)"], 7),
 }
 # Each op with a twin, and a run whose chain holds it.
-OP_RUNS = {"decode": "disks+edges", "resize": "disks+edges", "sample_clicks": "disks+edges",
+OP_RUNS = {"decode": "disks+edges", "resize": "disks+edges", "flip_variants": "both+cap",
            "click_disks": "disks+edges", "edges": "disks+edges", "distance_maps": "both+cap",
            "cap_distance": "both+cap"}
 SIZE = 48

@@ -12,7 +12,7 @@ from PIL import Image
 
 from tests.helpers import dead_letters, manifest, png, run_cli, scene
 
-PACKAGES = ("beam_prep", "pipelines")
+PACKAGES = ("beam_prep", "train", "pipelines")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -230,3 +230,38 @@ def test_the_plan_line_counts_images_as_the_summary_does(tmp_path, capsys):
   printed = capsys.readouterr().out
   assert "prep: 2 inputs in" in printed and "2 images (2 used, 0 failed)" in printed
   assert "3 objects (2 used, 1 failed)" in printed
+
+
+def _fit(*args):
+  from train import cli as train_cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    train_cli.main(["fit", "--steps", "2", "--batch-size", "2", "--width", "4", "--depth", "1",
+                    "--histogram-every", "0", "--no-export", "--noc-clicks", "0"] + list(args))
+  return e.value.code
+
+
+def test_the_trainer_names_what_is_wrong_with_its_data(tmp_path, prep_dir, capsys):
+  data = _folders(tmp_path / "d")
+  only_eval = tmp_path / "only_eval"
+  assert run_cli(["segmentation", "--input", data, "--output", str(only_eval), "--image-size",
+                  "48", "--variants", "1", "--eval-percent", "99"]) == 0
+  assert manifest(only_eval)["counts"]["examples_written"]["train"] == 0
+  capsys.readouterr()
+  assert _fit("--data", str(only_eval), "--model-dir", str(tmp_path / "m1")) != 0
+  assert "holds no train record" in capsys.readouterr().out
+  records = os.path.join(prep_dir, "records")
+  assert _fit("--data", records, "--model-dir", str(tmp_path / "m2")) != 0
+  assert f"give the output itself: --data {prep_dir}" in capsys.readouterr().out
+
+
+def test_an_empty_eval_split_is_said_and_recorded(tmp_path, capsys):
+  data = _folders(tmp_path / "d")
+  prep = tmp_path / "prep"
+  assert _prep(data, prep) == 0  # --eval-percent 0
+  capsys.readouterr()
+  assert _fit("--data", str(prep), "--model-dir", str(tmp_path / "m")) == 0
+  assert "eval: skipped, and NoC with it: the eval split" in capsys.readouterr().out
+  metrics = json.load(open(tmp_path / "m" / "metrics.json"))
+  assert metrics["eval"]["skipped"] == "the eval split holds no record"
+  config = json.load(open(tmp_path / "m" / "config.json"))
+  assert os.path.isabs(config["data"])  # found from any folder by evaluate and export

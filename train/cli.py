@@ -49,7 +49,8 @@ def fit_parser() -> argparse.ArgumentParser:
   p.add_argument("--log-every", type=int, dest="log_every")
   p.add_argument("--histogram-every", type=int, dest="histogram_every",
                  help="weight/gradient histograms and predicted masks every N steps (0: off)")
-  p.add_argument("--eval-batches", type=int, dest="eval_batches")
+  p.add_argument("--eval-batches", type=int, dest="eval_batches",
+                 help="eval batches at the end (0: the whole eval split)")
   p.add_argument("--noc-clicks", type=int, dest="noc_clicks",
                  help="segmentation: NoC evaluation at the end with up to N simulated clicks "
                  "per eval object (0: skip it)")
@@ -128,6 +129,9 @@ def build_config(args: argparse.Namespace):
   if missing:
     raise ValueError("missing required option(s): "
                      + ", ".join("--" + m.replace("_", "-") for m in missing))
+  if "://" not in fields["data"]:
+    # The model dir records it: `evaluate` and `export` find it from any folder.
+    fields["data"] = os.path.abspath(fields["data"])
   return TrainConfig.from_dict(fields)
 
 
@@ -231,7 +235,7 @@ def _evaluate(argv: List[str]) -> int:
   p.add_argument("--batch-size", type=int, default=16, dest="batch_size",
                  help="objects per batch")
   p.add_argument("--output", help="report folder (default: MODEL/eval)")
-  p.add_argument("--verbose", action="store_true")
+  p.add_argument("--verbose", action="store_true", help="show library logs")
   show_defaults(p, {"max_clicks": 20, "iou": "0.85,0.90", "max_objects": 0, "batch_size": 16})
   args, rest = p.parse_known_args(argv)
   log = logs.quiet(args.verbose)
@@ -283,13 +287,14 @@ def _predict(argv: List[str]) -> int:
       description="Predict a mask from an image and clicks (or, with a classification "
       "model, the image's class).")
   p.add_argument("--model", required=True, help="model dir (newest export) or one export dir")
-  p.add_argument("--image", required=True)
+  p.add_argument("--image", required=True,
+                 help="image file (PNG, JPEG, ...; EXIF orientation applied)")
   p.add_argument("--positive", action="append", default=[], metavar="X,Y",
                  help="a click on the object (x = column, y = row); repeat for more")
   p.add_argument("--negative", action="append", default=[], metavar="X,Y",
                  help="a click off the object; repeat for more")
   p.add_argument("--output", help="mask PNG to write (segmentation)")
-  p.add_argument("--verbose", action="store_true")
+  p.add_argument("--verbose", action="store_true", help="show library logs")
   args = p.parse_args(argv)
   log = logs.quiet(args.verbose)
   from train import predict  # pylint: disable=g-import-not-at-top
@@ -338,7 +343,7 @@ def _export(argv: List[str]) -> int:
                  help="module(s) to import first (custom layers, registered models)")
   p.add_argument("--output", help="export base; the SavedModel goes to OUTPUT/<version>/ "
                  "(default: MODEL_DIR/export with --model-dir)")
-  p.add_argument("--verbose", action="store_true")
+  p.add_argument("--verbose", action="store_true", help="show library logs")
   args = p.parse_args(argv)
   log = logs.quiet(args.verbose)
   output = args.output or (os.path.join(args.model_dir, "export") if args.model_dir else "")

@@ -21,6 +21,7 @@ Parser output per batch, `(inputs, labels)`:
           classification: {"label": int64 [B]}
 """
 
+import json
 import os
 from typing import Dict, List, Optional, Sequence
 
@@ -29,6 +30,8 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
+from train.inputs import model_inputs  # noqa: F401  (the reader's and the server's)
+from train.tasks import make_task
 
 
 class Decoder:
@@ -45,12 +48,6 @@ class Decoder:
   def decode(self, serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
     """Parses a batch [B] of serialized tf.Examples."""
     return tf.io.parse_example(serialized, self._spec)
-
-
-def model_inputs(table: FeatureTable, transformed: Dict[str, tf.Tensor]) -> tf.Tensor:
-  """The model's input: the transformed model inputs, concatenated in declared order."""
-  parts = [transformed[e.key] for e in table.model_inputs]
-  return parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
 
 
 class Parser:
@@ -200,7 +197,6 @@ def dataset(data_dir: str, split: str = keys.TRAIN_SPLIT, batch_size: int = 8,
     A `tf.data.Dataset`; inputs are float32 [B, H, W, C], C being
     `features.json`'s input channels.
   """
-  from train.tasks import make_task  # pylint: disable=g-import-not-at-top
   check_complete(data_dir)
   table = FeatureTable.load(data_dir)
   tft_output = tft.TFTransformOutput(os.path.join(data_dir, keys.TRANSFORM_DIR))
@@ -227,11 +223,28 @@ def check_complete(data_dir: str) -> None:
   """
   if not tf.io.gfile.exists(data_dir):
     raise RecordsError(f"{data_dir} does not exist (expected a beam-prep output)")
+  parent = os.path.dirname(data_dir.rstrip("/"))
+  if (os.path.basename(data_dir.rstrip("/")) == keys.RECORDS_DIR
+      and tf.io.gfile.exists(os.path.join(parent, keys.MANIFEST_FILE))):
+    raise RecordsError(f"{data_dir} is the records folder of a beam-prep output; give the "
+                       f"output itself: --data {parent}")
+  manifest = os.path.join(data_dir, keys.MANIFEST_FILE)
   if not tf.io.gfile.exists(os.path.join(data_dir, keys.SUCCESS_FILE)):
+    why = "the job that writes it is still running, failed or was stopped"
+    if tf.io.gfile.exists(manifest):
+      problems = json.loads(tf.io.gfile.GFile(manifest).read()).get("problems") or []
+      why = ("the job failed: " + "; ".join(problems)) if problems else why
     raise RecordsError(
-        f"{data_dir} is not a complete beam-prep output: {keys.SUCCESS_FILE} is missing, so the "
-        "job that writes it is still running, failed or was stopped. Wait for it, or run "
-        "beam-prep again (with --overwrite)")
+        f"{data_dir} is not a complete beam-prep output: {keys.SUCCESS_FILE} is missing, so "
+        f"{why}. See its manifest.json and errors/, fix the input, and run beam-prep again "
+        "(with --overwrite)")
+  if tf.io.gfile.exists(manifest):
+    written = json.loads(tf.io.gfile.GFile(manifest).read())["counts"]["examples_written"]
+    if not written.get(keys.TRAIN_SPLIT):
+      raise RecordsError(
+          f"{data_dir} holds no train record ({written.get(keys.EVAL_SPLIT, 0)} eval records): "
+          "nothing to train on. Give beam-prep a smaller --eval-percent, or a train list; "
+          "manifest.json and errors/ say what happened to the inputs")
 
 
 def _first_record(path: str, compression: str):

@@ -25,7 +25,7 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FEATURES_FILE, FeatureTable
-from train import devices, logs, models
+from train import devices, export, logs, models, noc
 from train.config import TrainConfig
 from train.data import InputReader, RecordsError, check_complete, check_shards, scan_shards
 from train.tasks import make_task
@@ -215,7 +215,6 @@ def _setup(config: TrainConfig) -> _Run:
   check_complete(config.data)
   table = FeatureTable.load(config.data)
   if config.export:
-    from train import export  # pylint: disable=g-import-not-at-top
     export.serving_plan(table)  # An op without a twin fails now, not after training.
   tft_output = tft.TFTransformOutput(os.path.join(config.data, keys.TRANSFORM_DIR))
   task = make_task(table, tft_output)
@@ -437,11 +436,13 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
              100 * wait_fraction)
   if not state.interrupted:
     metrics["eval"] = evaluate(run.model, run.reader, run.task, config.eval_batches)
-    if config.noc_clicks and run.task.name == "segmentation" and run.chief \
-        and metrics["eval"].get("examples"):
+    if not metrics["eval"].get("examples"):
+      metrics["eval"]["skipped"] = "the eval split holds no record"
+      log.info("eval: skipped, and NoC with it: the eval split of %s holds no record (give "
+               "beam-prep a larger --eval-percent, or an eval list)", config.data)
+    elif config.noc_clicks and "noc" in run.task.evaluators and run.chief:
       metrics.update(_noc(run, config, final_step))
     if config.export and run.chief:
-      from train import export  # pylint: disable=g-import-not-at-top
       metrics["export_dir"] = export.export_model(run.model, run.tft_output, run.table,
                                                   os.path.join(config.model_dir, "export"))
   with tf.io.gfile.GFile(os.path.join(run.model_dir, "metrics.json"), "w") as f:
@@ -457,7 +458,6 @@ def _noc(run: _Run, config: TrainConfig, step: int) -> Dict[str, Any]:
   NoC recomputes the click encodings with the ops' twins; without them (a run
   with --no-export may have an op without one) it is skipped, saying why.
   """
-  from train import export, noc  # pylint: disable=g-import-not-at-top
   logs.get().info("eval: NoC with up to %d simulated clicks per eval object", config.noc_clicks)
   try:
     report = noc.evaluate(run.model, run.tft_output, run.table, config.data,

@@ -16,6 +16,7 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
+from train import clicker, servers
 from train.config import TrainConfig
 
 
@@ -24,6 +25,8 @@ class SegmentationTask:
   name = "segmentation"
   default_model = "segmentation_fcn"
   transform_in_step = True  # uint8 bytes to the device, transformed there
+  server = servers.SegmentationServer  # the serving signatures
+  evaluators = ("noc",)  # what `fit` runs at the end besides the eval metrics
 
   def __init__(self, table: FeatureTable, tft_output: tft.TFTransformOutput):
     del tft_output
@@ -92,9 +95,8 @@ class SegmentationTask:
 
 def nearest_click_logits(positive: tf.SparseTensor, negative: tf.SparseTensor,
                          image_size) -> tf.Tensor:
-  """The no-model baseline (`train.noc.nearest_click_logits`) on the records'
+  """The no-model baseline (`train.clicker.nearest_click_logits`) on the records'
   clicks: [B, 2N] sparse (x, y) pairs; returns logits [B, H, W, 1]."""
-  from train import noc  # pylint: disable=g-import-not-at-top
   h, w = image_size
 
   def dense(clicks: tf.SparseTensor, kind: int):
@@ -108,7 +110,7 @@ def nearest_click_logits(positive: tf.SparseTensor, negative: tf.SparseTensor,
   neg, neg_kind = dense(negative, -1)
   clicks = tf.concat([tf.cast(pos, tf.int64), tf.cast(neg, tf.int64)], axis=1)
   kinds = tf.cast(tf.concat([pos_kind, neg_kind], axis=1), tf.int32)
-  return noc.nearest_click_logits(clicks, kinds, h, w)[..., None]
+  return clicker.nearest_click_logits(clicks, kinds, h, w)[..., None]
 
 
 def _mask_counts(labels, logits) -> tf.Tensor:
@@ -126,6 +128,8 @@ class ClassificationTask:
   name = "classification"
   default_model = "cnn_classifier"
   transform_in_step = False  # the vocabulary table runs in tf.data
+  server = servers.ClassificationServer
+  evaluators = ()
 
   def __init__(self, table: FeatureTable, tft_output: tft.TFTransformOutput):
     self.table = table
@@ -198,10 +202,15 @@ def _check_output(model, name: str, channels: int, image_size, want, what: str) 
 TASKS = {t.name: t for t in (SegmentationTask, ClassificationTask)}
 
 
-def make_task(table: FeatureTable, tft_output: tft.TFTransformOutput):
-  """The task named by features.json."""
+def task_class(name: str):
+  """The training side of the task named `name` (features.json's `task`)."""
   try:
-    return TASKS[table.task](table, tft_output)
+    return TASKS[name]
   except KeyError:
-    raise ValueError(f"features.json names task {table.task!r}; this trainer knows "
+    raise ValueError(f"features.json names task {name!r}; this trainer knows "
                      f"{sorted(TASKS)}") from None
+
+
+def make_task(table: FeatureTable, tft_output: tft.TFTransformOutput):
+  """The task named by features.json, for this run."""
+  return task_class(table.task)(table, tft_output)
