@@ -59,6 +59,20 @@ def quiet(verbose: bool, name: str) -> logging.Logger:
   return log
 
 
+class Logs:
+  """One command's logger: `quiet(verbose)` once at start, `get()` anywhere after."""
+
+  def __init__(self, name: str):
+    self.name = name
+
+  def quiet(self, verbose: bool = False) -> logging.Logger:
+    """Silences library noise unless `verbose`; returns this command's logger."""
+    return quiet(verbose, name=self.name)
+
+  def get(self) -> logging.Logger:
+    return logging.getLogger(self.name)
+
+
 def dispatch(doc: str, commands: Dict[str, Callable[[List[str]], int]],
              argv: Optional[List[str]]) -> None:
   """Runs `commands[argv[0]]` and exits with its code; usage on no or bad command."""
