@@ -144,28 +144,20 @@ def bench_kernel_loop(data: str, size: int, variants: int) -> float:
   return objects / (time.perf_counter() - t)
 
 
-def _record_files(prep_dir: str, split: str = "train") -> List[str]:
-  import glob  # pylint: disable=g-import-not-at-top
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  return sorted(glob.glob(keys.record_pattern(prep_dir, split)))
-
-
 def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[str, float]:
   """Images/s of three input pipelines that yield the same model input."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.distance import distance_maps  # pylint: disable=g-import-not-at-top
-  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   from train.data import InputReader  # pylint: disable=g-import-not-at-top
   from train.export import to_raw_bytes  # pylint: disable=g-import-not-at-top
+  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
 
-  tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
-  table = FeatureTable.load(prep_dir)
-  files = _record_files(prep_dir)
-  reader = InputReader(prep_dir, tft_out, table, make_task(table, tft_out), batch,
-                       shuffle_buffer=64)
+  prep = PrepOutput(prep_dir)
+  table = prep.table
+  files = prep.files(keys.TRAIN_SPLIT)
+  reader = InputReader(prep, make_task(table, prep.tft_output), batch, shuffle_buffer=64)
   spec = table.raw_feature_spec()
   size = table.image_size[0]
 
@@ -254,16 +246,16 @@ def bench_storage(data: str, plain_dir: str, workdir: str, s: Dict[str, Any]
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   gzip_dir = os.path.join(workdir, "storage_gzip")
   m = run_pipeline(data, gzip_dir, s["size"], s["variants"], compression="gzip")
-  table = FeatureTable.load(plain_dir)
+  plain = PrepOutput(plain_dir)
+  table = plain.table
   h, w = table.image_size
   inputs = m["counts"]["inputs_read"]
   per_pixel = {e.key: e for e in table if e.feature.per_pixel}
   objects_file = os.path.join(workdir, "storage_per_object.tfrecord")
-  files = {"plain": sorted(glob.glob(keys.record_pattern(plain_dir, "*"))),
-           "gzip": sorted(glob.glob(keys.record_pattern(gzip_dir, "*"))),
+  files = {"plain": plain.files("*"), "gzip": PrepOutput(gzip_dir).files("*"),
            "per_object": [objects_file]}
   with tf.io.TFRecordWriter(objects_file) as writer:
     for r in _per_object_records(files["plain"], table):
@@ -320,17 +312,16 @@ def bench_train(prep_dir: str, batch: int, steps: int, repeats: int, width: int,
   """The training step on in-memory tensors vs fed by the reader."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train import models  # pylint: disable=g-import-not-at-top
-  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   from train.data import InputReader  # pylint: disable=g-import-not-at-top
+  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
 
-  tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
-  table = FeatureTable.load(prep_dir)
-  task = make_task(table, tft_out)
-  reader = InputReader(prep_dir, tft_out, table, task, batch)
+  prep = PrepOutput(prep_dir)
+  table = prep.table
+  task = make_task(table, prep.tft_output)
+  reader = InputReader(prep, task, batch)
   model = models.build_model("segmentation_fcn", table.input_channels,
                              builtin={"width": width, "depth": depth})
   opt = keras.optimizers.Adam(1e-3)

@@ -33,16 +33,15 @@ def _eval_clicks(prep_dir: str):
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   from pipelines import logs  # pylint: disable=g-import-not-at-top
   logs.quiet()
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
-  table = FeatureTable.load(prep_dir)
-  files = sorted(glob.glob(keys.record_pattern(prep_dir, keys.EVAL_SPLIT)))
-  records = [table.decode_numpy(r.numpy()) for r in tf.data.TFRecordDataset(files)]
+  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  prep = PrepOutput(prep_dir)
+  records = list(prep.read_numpy(keys.EVAL_SPLIT, [keys.IMAGE_ID, keys.OBJECT_ID, keys.VARIANT,
+                                                   keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS]))
   # The same record every run, whatever shard Beam put it in.
   ex = min(records, key=lambda r: (r[keys.IMAGE_ID], int(r[keys.OBJECT_ID]),
                                    int(r[keys.VARIANT])))
-  return (ex[keys.IMAGE_ID], int(ex[keys.OBJECT_ID]), table.image_size[0],
+  return (ex[keys.IMAGE_ID], int(ex[keys.OBJECT_ID]), prep.table.image_size[0],
           ex[keys.POSITIVE_CLICKS], ex[keys.NEGATIVE_CLICKS])
 
 

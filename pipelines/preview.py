@@ -11,8 +11,9 @@ nearest neighbour to 192 px on their long side, larger when that is needed
 for the picture to be at least 512 px on its long side, so it is readable even
 from 32 px records or a single example.
 
-Pillow only: the job's last step draws it on a worker, where neither
-matplotlib nor the trainer's packages are installed.
+Pillow only (clicks drawn by `train.drawing`, as `beam-train predict` draws
+them): the job's last step draws it on a worker, where neither matplotlib nor
+the trainer's packages are installed.
 """
 
 import io
@@ -23,24 +24,20 @@ import numpy as np
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
+from train import drawing
 
 
 def read_examples(records_dir: str, count: int, table: FeatureTable) -> List[dict]:
   """The first `count` records of the train (then eval) split, as numpy dicts."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  root = posixpath.dirname(records_dir.rstrip("/"))
-  files = []
-  for split in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT):
-    files += sorted(tf.io.gfile.glob(keys.record_pattern(root, split)))
-  if not files:
+  # TensorFlow only when records are read: workers import this module to draw.
+  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  prep = PrepOutput(posixpath.dirname(records_dir.rstrip("/")), table)
+  if not (prep.files(keys.TRAIN_SPLIT) or prep.files(keys.EVAL_SPLIT)):
     raise FileNotFoundError(f"no records under {records_dir}")
   out = []
-  for path in files:
-    ds = tf.data.TFRecordDataset(path, compression_type=keys.compression_of(path))
-    for raw in ds.take(count - len(out)):
-      out.append(table.decode_numpy(raw.numpy()))
-    if len(out) >= count:
-      break
+  for split in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT):
+    if len(out) < count:
+      out += prep.read_numpy(split, limit=count - len(out))
   if not out:
     raise FileNotFoundError(f"the record files under {records_dir} hold no record (did every "
                             "input fail? see manifest.json and errors/ beside them)")
@@ -71,7 +68,8 @@ _LUT = np.stack([np.interp(np.linspace(0, len(_ANCHORS) - 1, 256), np.arange(len
 PANEL = 192  # Pixels on a panel's long side (at least).
 MIN_SIDE = 512  # Pixels on the picture's long side (at least).
 GAP, TITLE, SIDE = 6, 20, 150  # Between panels; column titles; row labels (segmentation).
-POSITIVE, NEGATIVE, MARK = (0, 224, 0), (255, 32, 32), (0, 255, 255)
+POSITIVE, NEGATIVE = drawing.POSITIVE, drawing.NEGATIVE  # The clicks, as predict draws them.
+MARK = (0, 255, 255)
 
 
 def _font(size: int):
@@ -118,12 +116,6 @@ def _colormap(channel: np.ndarray) -> np.ndarray:
   return _LUT[idx]
 
 
-def _dots(draw, points, scale, colour, r):
-  for x, y in points:
-    cx, cy = (x + 0.5) * scale, (y + 0.5) * scale
-    draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour, outline="white", width=2)
-
-
 def _crosses(draw, points, scale, r=4):
   for x, y in points:
     cx, cy = (x + 0.5) * scale, (y + 0.5) * scale
@@ -163,15 +155,14 @@ def render(examples: List[dict], table: FeatureTable) -> bytes:
       images = [ex[keys.IMAGE], np.repeat(grey[..., None], 3, axis=-1)]
       images += [_colormap(ex[key][..., c]) for _, key, c in panels]
       for c, rgb in enumerate(images):
-        im, scale = _scaled(rgb, side)
-        pd = ImageDraw.Draw(im)
         if c == 0:
-          _dots(pd, pos, scale, POSITIVE, 5)
-          _dots(pd, neg, scale, NEGATIVE, 5)
-        elif c >= 2:
+          im = drawing.overlay(rgb, positive=pos, negative=neg, scale=side / max(h, w))
+        else:
+          im, scale = _scaled(rgb, side)
+        if c >= 2:
           _, key, ch = panels[c - 2]
           if key in (keys.DISTANCE_MAPS, keys.CLICK_DISKS):
-            _crosses(pd, pos if ch == 0 else neg, scale)
+            _crosses(ImageDraw.Draw(im), pos if ch == 0 else neg, scale)
         sheet.paste(im, (side_w + c * (pw + gap), y0))
       meta = [f"{name} {int(np.ravel(ex[k])[0])}" for k, name in
               ((keys.OBJECT_ID, "object"), (keys.VARIANT, "variant"),

@@ -1,6 +1,5 @@
 """The serving export: parity with the training path, signatures, bad inputs."""
 
-import glob
 import io
 import json
 import os
@@ -12,9 +11,11 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from beam_prep import keys
 from tests.helpers import assert_serving_parity, png, run_cli
 from train import models
 from train.export import latest_export
+from train.prep_output import PrepOutput
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +36,7 @@ def _restored_model(model_dir):
 
 
 def _eval_examples(prep_dir, n=4):
-  files = sorted(glob.glob(os.path.join(prep_dir, "records", "eval-*")))
-  return [r.numpy() for r in tf.data.TFRecordDataset(files).take(n)]
+  return [r.numpy() for r in PrepOutput(prep_dir).dataset(keys.EVAL_SPLIT).take(n)]
 
 
 def test_serving_input_and_output_match_the_training_path(prep_dir, trained):

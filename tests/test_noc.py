@@ -1,6 +1,6 @@
-"""NoC evaluation: the in-graph click step against a scipy reference, the loop's
-counting with predictors of known quality, tracing, and `beam-train evaluate`
-on a trained model."""
+"""NoC evaluation: the in-graph click step (`train.clicker`) against a scipy
+reference, the loop's counting with predictors of known quality, tracing, and
+`beam-train evaluate` on a trained model."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from scipy import ndimage
 
 from beam_prep import keys
 from beam_prep.ops.clicks import nearest_click_mask, protocol_click, protocol_clicks
-from train import noc
+from train import clicker, noc
 
 
 def _edt_sq_reference(mask):
@@ -35,13 +35,13 @@ def test_edt_equals_scipy(h, w):
   rng = np.random.default_rng(h * w)
   masks = np.stack([_blobs(rng, h, w, 3) for _ in range(6)] + [np.ones((h, w), bool),
                                                               np.zeros((h, w), bool)])
-  got = noc.edt_squared(tf.constant(masks)).numpy()
+  got = clicker.edt_squared(tf.constant(masks)).numpy()
   for m, g in zip(masks, got):
     np.testing.assert_array_equal(g, _edt_sq_reference(m))
 
 
 def test_next_click_equals_the_scipy_reference():
-  """train.noc's TensorFlow step against beam_prep's numpy/scipy clicker."""
+  """train.clicker's TensorFlow step against beam_prep's numpy/scipy clicker."""
   rng = np.random.default_rng(0)
   h, w, cases = 24, 31, 40
   preds, labels, clicked, want = [], [], [], []
@@ -58,7 +58,7 @@ def test_next_click_equals_the_scipy_reference():
     labels.append(label)
     clicked.append(done)
     want.append(protocol_click(pred, label, done))
-  xy, kind = noc.next_click(tf.constant(np.stack(preds)), tf.constant(np.stack(labels)),
+  xy, kind = clicker.next_click(tf.constant(np.stack(preds)), tf.constant(np.stack(labels)),
                             tf.constant(np.stack(clicked)))
   got = [None if k == 0 else (int(p[0]), int(p[1]), int(k))
          for p, k in zip(xy.numpy(), kind.numpy())]
@@ -110,26 +110,28 @@ def test_a_predictor_that_never_gets_there_counts_max_clicks():
 
 def test_the_loop_is_traced_once_per_input_shape():
   images, labels = _objects(n=5)
-  loop = noc.ClickLoop(noc.baseline_logits, labels.shape[1:], max_clicks=6)
+  loop = noc.ClickLoop(clicker.baseline_logits, labels.shape[1:], max_clicks=6)
   loop.run(images[:3], labels[:3])
   loop.run(images[3:], labels[3:])  # Another batch size, same image shape.
   assert loop.traces == {"first": 1, "step": 1}
 
 
 def test_baseline_is_the_trainers_nearest_click_baseline():
-  from train.tasks import nearest_click_logits  # pylint: disable=g-import-not-at-top
+  """NoC's baseline on its clicks equals the trainer's eval baseline on the
+  records' sparse clicks (`clicker.dense_clicks`), and brute force."""
   rng = np.random.default_rng(3)
   h, w, k = 20, 26, 4
   clicks = rng.integers(0, [w, h], (3, k, 2)).astype(np.int64)
   kinds = np.array([[1, -1, 1, 0], [1, 0, 0, 0], [1, -1, -1, -1]], np.int32)
-  got = noc.baseline_logits(tf.zeros([3, h, w, 3], tf.uint8), tf.constant(clicks),
+  got = clicker.baseline_logits(tf.zeros([3, h, w, 3], tf.uint8), tf.constant(clicks),
                             tf.constant(kinds)).numpy() > 0
 
   def sparse(kind):
     rows = [c[kd == kind].reshape(-1) for c, kd in zip(clicks, kinds)]
     return tf.ragged.constant(rows, dtype=tf.int64).to_sparse()
 
-  trainer = nearest_click_logits(sparse(1), sparse(-1), (h, w)).numpy()[..., 0] > 0
+  records_clicks, records_kinds = clicker.dense_clicks(sparse(1), sparse(-1))
+  trainer = clicker.nearest_click_logits(records_clicks, records_kinds, h, w).numpy() > 0
   np.testing.assert_array_equal(got, trainer)
   yy, xx = np.mgrid[:h, :w]
   for b in range(3):  # Brute force: nearer a positive than every negative click.
@@ -179,7 +181,7 @@ def test_protocol_variants_replay_the_loop_against_the_baseline():
   nearest-click baseline, click for click."""
   images, labels = _objects(n=4, seed=5)
   k = 6
-  loop = noc.ClickLoop(noc.baseline_logits, labels.shape[1:], max_clicks=k)
+  loop = noc.ClickLoop(clicker.baseline_logits, labels.shape[1:], max_clicks=k)
   _, clicks, kinds, _ = loop.run(images, labels)
   for label, c, kd in zip(labels, clicks, kinds):
     pos, neg = protocol_clicks(label, k)
@@ -188,5 +190,5 @@ def test_protocol_variants_replay_the_loop_against_the_baseline():
   h, w = labels.shape[1:]
   np.testing.assert_array_equal(
       nearest_click_mask(pos, neg, h, w),
-      noc.baseline_logits(tf.zeros([1, h, w, 3], tf.uint8), tf.constant(c[None]),
+      clicker.baseline_logits(tf.zeros([1, h, w, 3], tf.uint8), tf.constant(c[None]),
                           tf.constant(kd[None])).numpy()[0] > 0)

@@ -30,7 +30,7 @@ def test_loss_ignores_weighted_out_pixels_and_counts_iou():
   logits_bad = np.where(label > 0, -5.0, 5.0).astype(np.float32)
   assert SegmentationTask.loss(None, labels, tf.constant(logits_bad)).numpy()[0] > 1.0
   c = _mask_counts(labels, tf.constant(logits)).numpy()[0]
-  assert c.tolist() == [8.0, 8.0, 12.0, 12.0]
+  assert c.tolist() == [1.0, 12.0, 12.0]  # IoU 8/8 over the counted pixels; 12 of 12 right
 
 
 def test_sample_data_is_deterministic(tmp_path):

@@ -11,19 +11,17 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-import tensorflow_transform as tft
 
 from beam_prep import keys
-from beam_prep.features import FeatureTable
 from train.data import Decoder, InputReader, Parser
+from train.prep_output import PrepOutput
 from train.tasks import make_task
 
 
 def _loaded(prep_dir):
   """(transform output, feature table, task) of a prep output."""
-  out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
-  table = FeatureTable.load(prep_dir)
-  return out, table, make_task(table, out)
+  prep = PrepOutput(prep_dir)
+  return prep.tft_output, prep.table, make_task(prep.table, prep.tft_output)
 
 
 def _fit(args):
@@ -75,8 +73,8 @@ def test_decoder_and_parser_on_in_memory_examples(prep_dir):
 
 
 def test_reader_sharding_is_disjoint_and_eval_is_deterministic(prep_dir):
-  out, table, task = _loaded(prep_dir)
-  reader = InputReader(prep_dir, out, table, task, batch_size=4)
+  _, _, task = _loaded(prep_dir)
+  reader = InputReader(PrepOutput(prep_dir), task, batch_size=4)
   everything = sorted(r.numpy() for r in reader.records(keys.TRAIN_SPLIT, training=False))
   parts = []
   for i in range(2):

@@ -17,6 +17,7 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from tests.helpers import assert_serving_parity
+from train.prep_output import PrepOutput
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -111,12 +112,11 @@ def test_dataset_gives_the_trainers_tensors_in_keras_form(prep_dir):
   from train import dataset  # pylint: disable=g-import-not-at-top
   from train.data import InputReader  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
-  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
-  table = FeatureTable.load(prep_dir)
+  prep = PrepOutput(prep_dir)
+  table = prep.table
   # Eval: one pass in file order, so it lines up with the trainer's reader.
   inputs, label, weight = next(iter(dataset(prep_dir, "eval", batch_size=4, training=False)))
-  tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
-  reader = InputReader(prep_dir, tft_out, table, make_task(table, tft_out), 4)
+  reader = InputReader(prep, make_task(table, prep.tft_output), 4)
   want_inputs, want_labels = next(iter(reader.model_batches(keys.EVAL_SPLIT, training=False)))
   np.testing.assert_array_equal(inputs.numpy(), want_inputs.numpy())
   np.testing.assert_array_equal(label.numpy(), want_labels[keys.LABEL].numpy())
@@ -137,8 +137,7 @@ def test_dataset_gives_the_trainers_tensors_in_keras_form(prep_dir):
 
 
 def manifest_examples(prep_dir):
-  with open(os.path.join(prep_dir, keys.MANIFEST_FILE)) as f:
-    return json.load(f)["counts"]["examples_written"]["train"]
+  return PrepOutput(prep_dir).manifest["counts"]["examples_written"]["train"]
 
 
 def test_readme_user_script_trains_and_beam_train_export_serves_it(prep_dir, tmp_path):
@@ -183,7 +182,7 @@ def test_tfx_style_run_fn_reads_the_records_and_exports(prep_dir, tmp_path):
     sys.path.remove(FIXTURES)
   fn_args = types.SimpleNamespace(  # The fields of TFX's FnArgs that run_fn reads.
       transform_output=os.path.join(prep_dir, keys.TRANSFORM_DIR),
-      train_files=sorted(tf.io.gfile.glob(keys.record_pattern(prep_dir, keys.TRAIN_SPLIT))),
+      train_files=PrepOutput(prep_dir).files(keys.TRAIN_SPLIT),
       train_steps=3, serving_model_dir=str(tmp_path / "serving"))
   tfx_run_fn.run_fn(fn_args)
   from train.export import latest_export  # pylint: disable=g-import-not-at-top

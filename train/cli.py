@@ -171,7 +171,7 @@ def _fit(argv: List[str]) -> int:
               "pip install 'beam-prep[train]'", ", ".join(missing))
     return 2
   from train import loop  # pylint: disable=g-import-not-at-top
-  from train.data import RecordsError  # pylint: disable=g-import-not-at-top
+  from train.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
   log.info("train: %s, %d steps, batch %d per replica -> %s", config.data, config.steps,
            config.batch_size, config.model_dir)
   try:
@@ -250,25 +250,19 @@ def _evaluate(argv: List[str]) -> int:
     log.error("beam-train evaluate: %s", e)
     return 2
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   from train import models, noc  # pylint: disable=g-import-not-at-top
+  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   try:
-    data = args.data
-    if not data:
-      with tf.io.gfile.GFile(os.path.join(args.model, "config.json")) as f:
-        data = json.load(f)["data"]
-    table = FeatureTable.load(data)
-    tft_output = tft.TFTransformOutput(os.path.join(data, keys.TRANSFORM_DIR))
+    # The data a model dir recorded is found from any folder (PrepOutput.of_model).
+    prep = PrepOutput(args.data) if args.data else PrepOutput.of_model(args.model)
     model = models.rebuild(args.model)
     ckpt = tf.train.latest_checkpoint(os.path.join(args.model, "checkpoints")) or ""
     step = int(ckpt.rsplit("-", 1)[1]) if "-" in os.path.basename(ckpt) else 0
     out = args.output or os.path.join(args.model, "eval")
-    log.info("evaluate: %s on the eval objects of %s, up to %d clicks", args.model, data,
+    log.info("evaluate: %s on the eval objects of %s, up to %d clicks", args.model, prep.path,
              args.max_clicks)
-    report = noc.evaluate(model, tft_output, table, data, out, args.max_clicks, thresholds,
-                          args.batch_size, args.max_objects,
+    report = noc.evaluate(model, prep, out, args.max_clicks, thresholds, args.batch_size,
+                          args.max_objects,
                           summary_dir=os.path.join(args.model, "tensorboard", "eval"), step=step)
   except (ValueError, FileNotFoundError, ImportError, OSError, KeyError) as e:
     log.error("beam-train evaluate: %s", e)

@@ -1,8 +1,30 @@
-"""The simulated user of the NoC protocol, in TensorFlow: where the next click
-goes, the IoU it is judged by, and the nearest-click baseline (no model).
+"""The simulated user and the no-model baseline, in the graph.
 
-See `train.noc` for the protocol. A leaf: the evaluation, the trainer's
-metrics and the tests build on it, and it imports none of them.
+Click protocol (RITM's clicker; `train.noc` runs it in a loop):
+
+1. The first click is positive, at the object's pixel farthest from its
+   boundary (the image border counts as boundary).
+2. After each prediction, the errors are split into false negatives (object
+   pixels predicted background) and false positives; ignore pixels are never
+   errors. Each error mask gets its exact Euclidean distance transform (to
+   the nearest non-error pixel, the image border included) with pixels
+   already clicked set to 0. The next click goes to the pixel farthest from
+   its error boundary: positive when the false negatives hold the largest
+   distance, negative otherwise (row-major first pixel on ties). With no
+   error left, no click is added.
+
+Clicks, batched over objects:
+  clicks  int64 [B, K, 2], (x, y) = (column, row)
+  kinds   int32 [B, K]: POSITIVE (1), NEGATIVE (-1), NONE (0: unused slot)
+Labels: uint8 [B, H, W], 1 object, 0 background, keys.IGNORE ignore.
+
+The nearest-click baseline (`nearest_click_logits`): a pixel is object when
+it is nearer a positive than a negative click; no model. The trainer's eval
+reads it from the records' clicks (`dense_clicks`), the NoC loop from its own.
+
+`iou` is the one IoU of the trainer's eval and the NoC evaluation.
+
+This module imports nothing of `train`.
 """
 
 import numpy as np
@@ -10,7 +32,20 @@ import tensorflow as tf
 
 from beam_prep import keys
 
-NONE, POSITIVE, NEGATIVE = 0, 1, -1  # Kinds of click.
+NONE, POSITIVE, NEGATIVE = 0, 1, -1
+
+
+def iou(pred: tf.Tensor, truth: tf.Tensor, care: tf.Tensor) -> tf.Tensor:
+  """float32 [B]: IoU of bool masks [B, ...] over the pixels `care` marks (1 if both empty)."""
+  axes = tf.range(1, tf.rank(pred))
+  inter = tf.reduce_sum(tf.cast(pred & truth & care, tf.float32), axis=axes)
+  union = tf.reduce_sum(tf.cast((pred | truth) & care, tf.float32), axis=axes)
+  return tf.where(union > 0, inter / tf.maximum(union, 1.0), 1.0)
+
+
+def label_iou(pred: tf.Tensor, label: tf.Tensor) -> tf.Tensor:
+  """float32 [B]: `iou` of bool masks [B, H, W] with a uint8 label (1 object, IGNORE ignored)."""
+  return iou(pred, tf.equal(label, 1), tf.not_equal(label, keys.IGNORE))
 
 
 def edt_squared(mask: tf.Tensor) -> tf.Tensor:
@@ -75,21 +110,6 @@ def next_click(pred: tf.Tensor, label: tf.Tensor, clicked: tf.Tensor):
   return xy, tf.cast(kind, tf.int32)
 
 
-def iou(pred: tf.Tensor, label: tf.Tensor) -> tf.Tensor:
-  """float32 [B]: IoU of bool masks with the label over non-ignored pixels (1 if both empty)."""
-  gt = tf.equal(label, 1)
-  care = tf.not_equal(label, keys.IGNORE)
-  inter = tf.reduce_sum(tf.cast(pred & gt & care, tf.float32), axis=[1, 2])
-  union = tf.reduce_sum(tf.cast((pred | gt) & care, tf.float32), axis=[1, 2])
-  return tf.where(union > 0, inter / tf.maximum(union, 1.0), 1.0)
-
-
-def baseline_logits(images, clicks, kinds):
-  """The nearest-click baseline as a predictor (see `nearest_click_logits`)."""
-  shape = tf.shape(images)
-  return nearest_click_logits(clicks, kinds, shape[1], shape[2])
-
-
 def nearest_click_logits(clicks, kinds, h, w):
   """The no-model baseline: 1.0 where the nearest click (exact Euclidean
   distance) is positive, else -1.0 (ties and no positive click: background).
@@ -97,6 +117,9 @@ def nearest_click_logits(clicks, kinds, h, w):
   Args:
     clicks: int64 [B, K, 2] of (x, y); kinds: int32 [B, K], 1 positive,
       -1 negative, 0 unused.
+
+  Returns:
+    float32 [B, H, W].
   """
   ys = tf.range(h, dtype=tf.int64)[None, None, :, None]
   xs = tf.range(w, dtype=tf.int64)[None, None, None, :]
@@ -106,3 +129,28 @@ def nearest_click_logits(clicks, kinds, h, w):
   pos = tf.reduce_min(tf.where((kinds == POSITIVE)[:, :, None, None], d2, far), axis=1)
   neg = tf.reduce_min(tf.where((kinds == NEGATIVE)[:, :, None, None], d2, far), axis=1)
   return tf.where(pos < neg, 1.0, -1.0)
+
+
+def baseline_logits(images, clicks, kinds):
+  """The nearest-click baseline as a NoC predictor: (images [B, H, W, 3], clicks,
+  kinds) -> logits [B, H, W]."""
+  shape = tf.shape(images)
+  return nearest_click_logits(clicks, kinds, shape[1], shape[2])
+
+
+def dense_clicks(positive: tf.SparseTensor, negative: tf.SparseTensor):
+  """The records' clicks, [B, 2N] sparse (x, y) pairs of each kind, as
+  (clicks int64 [B, K, 2], kinds int32 [B, K]): positives first, then negatives."""
+
+  def dense(clicks: tf.SparseTensor, kind: int):
+    flat = tf.RaggedTensor.from_sparse(clicks)
+    lengths = flat.row_lengths() // 2
+    xy = tf.RaggedTensor.from_row_lengths(tf.reshape(flat.values, [-1, 2]), lengths)
+    xy = xy.to_tensor(shape=[None, None, 2])
+    return xy, tf.where(tf.sequence_mask(lengths, tf.shape(xy, tf.int64)[1]), kind, NONE)
+
+  pos, pos_kind = dense(positive, POSITIVE)
+  neg, neg_kind = dense(negative, NEGATIVE)
+  clicks = tf.concat([tf.cast(pos, tf.int64), tf.cast(neg, tf.int64)], axis=1)
+  kinds = tf.cast(tf.concat([pos_kind, neg_kind], axis=1), tf.int32)
+  return clicks, kinds

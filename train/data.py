@@ -21,8 +21,6 @@ Parser output per batch, `(inputs, labels)`:
           classification: {"label": int64 [B]}
 """
 
-import json
-import os
 from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
@@ -30,7 +28,8 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
-from train.inputs import model_inputs  # noqa: F401  (the reader's and the server's)
+from train.prep_output import PrepOutput
+from train.serving_inputs import model_inputs
 from train.tasks import make_task
 
 
@@ -83,12 +82,10 @@ class Parser:
 
 
 class InputReader:
-  """Owns globbing, sharding by input context, shuffle, batching, prefetch.
+  """Owns the shard list, sharding by input context, shuffle, batching, prefetch.
 
   Args:
-    data_dir: beam_prep output directory.
-    tft_output: its transform output.
-    table: its FeatureTable.
+    prep: the beam-prep output (its records, features.json and transform).
     task: the training task (`train.tasks`).
     batch_size: examples per replica (per input pipeline).
     shuffle_buffer: shuffle buffer in examples.
@@ -97,13 +94,13 @@ class InputReader:
       stopping.
   """
 
-  def __init__(self, data_dir: str, tft_output: tft.TFTransformOutput, table: FeatureTable,
-               task, batch_size: int, shuffle_buffer: int = 256, seed: int = 0,
-               skip_corrupt_records: bool = False):
-    self._data_dir = data_dir
+  def __init__(self, prep: PrepOutput, task, batch_size: int, shuffle_buffer: int = 256,
+               seed: int = 0, skip_corrupt_records: bool = False):
+    self.prep = prep
+    table = prep.table
     self._decoders = {True: Decoder(table, task.transform_keys),
                       False: Decoder(table, task.transform_keys + task.eval_keys)}
-    self.parser = Parser(tft_output, table, task, seed)
+    self.parser = Parser(prep.tft_output, table, task, seed)
     # Segmentation: transform on the device (see the module docstring).
     self.transform_in_step = task.transform_in_step
     self._batch_size = batch_size
@@ -112,10 +109,11 @@ class InputReader:
     self._skip = skip_corrupt_records
 
   def files(self, split: str) -> List[str]:
-    pattern = keys.record_pattern(self._data_dir, split)
-    files = sorted(tf.io.gfile.glob(pattern))
+    """The split's shards; FileNotFoundError when there is none."""
+    files = self.prep.files(split)
     if not files:
-      raise FileNotFoundError(f"no {split} records match {pattern}")
+      raise FileNotFoundError(f"no {split} records match "
+                              f"{keys.record_pattern(self.prep.path, split)}")
     return files
 
   def records(self, split: str, training: bool,
@@ -197,105 +195,11 @@ def dataset(data_dir: str, split: str = keys.TRAIN_SPLIT, batch_size: int = 8,
     A `tf.data.Dataset`; inputs are float32 [B, H, W, C], C being
     `features.json`'s input channels.
   """
-  check_complete(data_dir)
-  table = FeatureTable.load(data_dir)
-  tft_output = tft.TFTransformOutput(os.path.join(data_dir, keys.TRANSFORM_DIR))
-  task = make_task(table, tft_output)
-  reader = InputReader(data_dir, tft_output, table, task, batch_size, shuffle_buffer, seed)
+  prep = PrepOutput(data_dir)
+  prep.check_complete()
+  task = make_task(prep.table, prep.tft_output)
+  reader = InputReader(prep, task, batch_size, shuffle_buffer, seed)
   ds = reader.model_batches(split, training)
   if keras_form:
     ds = ds.map(task.keras_form, num_parallel_calls=tf.data.AUTOTUNE)
   return ds
-
-
-class RecordsError(Exception):
-  """The records cannot be trained on; the message names the shard and why."""
-
-
-def check_complete(data_dir: str) -> None:
-  """Refuses a preprocessing output the job has not finished writing.
-
-  The job writes `_SUCCESS` last, after every shard, the transform and the
-  manifest; without it the records may be a partial set.
-
-  Raises:
-    RecordsError: naming the directory and what to do.
-  """
-  if not tf.io.gfile.exists(data_dir):
-    raise RecordsError(f"{data_dir} does not exist (expected a beam-prep output)")
-  parent = os.path.dirname(data_dir.rstrip("/"))
-  if (os.path.basename(data_dir.rstrip("/")) == keys.RECORDS_DIR
-      and tf.io.gfile.exists(os.path.join(parent, keys.MANIFEST_FILE))):
-    raise RecordsError(f"{data_dir} is the records folder of a beam-prep output; give the "
-                       f"output itself: --data {parent}")
-  manifest = os.path.join(data_dir, keys.MANIFEST_FILE)
-  if not tf.io.gfile.exists(os.path.join(data_dir, keys.SUCCESS_FILE)):
-    why = "the job that writes it is still running, failed or was stopped"
-    if tf.io.gfile.exists(manifest):
-      problems = json.loads(tf.io.gfile.GFile(manifest).read()).get("problems") or []
-      why = ("the job failed: " + "; ".join(problems)) if problems else why
-    raise RecordsError(
-        f"{data_dir} is not a complete beam-prep output: {keys.SUCCESS_FILE} is missing, so "
-        f"{why}. See its manifest.json and errors/, fix the input, and run beam-prep again "
-        "(with --overwrite)")
-  if tf.io.gfile.exists(manifest):
-    written = json.loads(tf.io.gfile.GFile(manifest).read())["counts"]["examples_written"]
-    if not written.get(keys.TRAIN_SPLIT):
-      raise RecordsError(
-          f"{data_dir} holds no train record ({written.get(keys.EVAL_SPLIT, 0)} eval records): "
-          "nothing to train on. Give beam-prep a smaller --eval-percent, or a train list; "
-          "manifest.json and errors/ say what happened to the inputs")
-
-
-def _first_record(path: str, compression: str):
-  return next(iter(tf.data.TFRecordDataset(path, compression_type=compression).take(1)), None)
-
-
-def check_shards(files: List[str], table: FeatureTable) -> None:
-  """Checks each shard's first record against features.json, cheaply.
-
-  Catches a shard from another run (other features or image size) or an
-  unreadable shard before training starts.
-
-  Raises:
-    RecordsError: naming the shard and the reason.
-  """
-  per_pixel = [e for e in table if e.feature.per_pixel]
-  spec = table.raw_feature_spec([e.key for e in per_pixel])
-  for path in files:
-    try:
-      first = _first_record(path, keys.compression_of(path))
-    except tf.errors.OpError as e:
-      raise RecordsError(f"shard {path} cannot be read: {e.message.strip()} (pass "
-                         "--skip-corrupt-records to train without its bad part)") from None
-    if first is None:
-      continue  # An empty shard (a split smaller than the shard count).
-    try:
-      parsed = tf.io.parse_single_example(first, spec)
-    except tf.errors.InvalidArgumentError as e:
-      raise RecordsError(
-          f"shard {path} does not match the features of its features.json "
-          f"(a shard from another run?): {e.message.splitlines()[0]}") from None
-    for e in per_pixel:
-      want = e.stored_bytes(table.image_size)
-      got = len(parsed[e.key].numpy())
-      if got != want:
-        h, w = table.image_size
-        raise RecordsError(
-            f"shard {path}: feature {e.key!r} holds {got} bytes, but features.json declares "
-            f"{e.shape(table.image_size)} {e.feature.dtype} ({want} bytes) at {w}x{h} (a "
-            "shard from another run?)")
-
-
-def scan_shards(files: List[str]) -> Dict[str, Dict[str, object]]:
-  """Reads every shard fully: readable records and the error, if any, per shard."""
-  out = {}
-  for path in files:
-    n, error = 0, None
-    try:
-      for _ in tf.data.TFRecordDataset(path, compression_type=keys.compression_of(path)):
-        n += 1
-    except tf.errors.OpError as e:
-      error = e.message.strip().splitlines()[0]
-    out[path] = {"records": n, "error": error}
-  return out

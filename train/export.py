@@ -44,17 +44,21 @@ Classification, signature `serving_default`:
 
 import os
 import time
-from typing import Callable, Dict, List, Tuple
 
+import keras
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from beam_prep import keys
 from beam_prep.features import FeatureTable
 from train import models
-from train.servers import (ClassificationServer, SegmentationServer,  # noqa: F401
-                           ServingPlanError, run_plan, serving_plan, to_raw_bytes)
+from train.prep_output import PrepOutput
+# ServingPlanError and to_raw_bytes are imported from here too (the twins'
+# tests, the benchmark), though they live in train.serving_inputs.
+from train.serving_inputs import ServingPlanError, to_raw_bytes  # pylint: disable=unused-import
+from train.serving_inputs import serving_plan
+from train.servers import ClassificationServer, SegmentationServer  # noqa: F401  (importers)
 from train.tasks import make_task, task_class
+
 
 def export_model(model, tft_output: tft.TFTransformOutput, table: FeatureTable,
                  export_base: str) -> str:
@@ -86,14 +90,12 @@ def export_trained(data_dir: str, output: str, model_file: str = "", model_dir: 
     ValueError: the model cannot be loaded, or does not take the records'
       inputs or give the task's outputs (the message says which).
   """
-  import keras  # pylint: disable=g-import-not-at-top
   if bool(model_file) == bool(model_dir):
     raise ValueError("give one of --model-file (a .keras file) or --model-dir (a beam-train "
                      "fit model dir)")
-  table = FeatureTable.load(data_dir)
-  tft_output = tft.TFTransformOutput(os.path.join(data_dir, keys.TRANSFORM_DIR))
-  task = make_task(table, tft_output)
-  serving_plan(table)  # An op without a twin fails before the model is loaded.
+  prep = PrepOutput(data_dir)
+  task = make_task(prep.table, prep.tft_output)
+  serving_plan(prep.table)  # An op without a twin fails before the model is loaded.
   models.import_model_modules(model_module)
   if model_dir:
     model, name = models.rebuild(model_dir), model_dir
@@ -107,7 +109,7 @@ def export_trained(data_dir: str, output: str, model_file: str = "", model_dir: 
                        "(a custom layer's module goes in --model-module)") from None
     name = model_file
   task.check_model(model, name)
-  return export_model(model, tft_output, table, output)
+  return export_model(model, prep.tft_output, prep.table, output)
 
 
 def latest_export(model: str) -> str:

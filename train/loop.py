@@ -5,7 +5,11 @@ it writes to `MODEL_DIR/metrics.json`:
 
   final_step, steps_this_run, final_loss, replicas, global_batch_size,
   learning_rate, step_traces, examples_per_second, input_wait_fraction,
-  input_bound, interrupted, eval {...}, export_dir
+  input_bound, interrupted, eval {...}, noc {...}, export_dir
+
+With no eval record, `eval` is `{"examples": 0, "skipped": why}` and, when
+NoC was asked for, `noc_skipped` says why too (as it does when the clicks'
+model inputs cannot be recomputed).
 """
 
 import dataclasses
@@ -21,13 +25,14 @@ from typing import Any, Dict
 import keras
 import numpy as np
 import tensorflow as tf
-import tensorflow_transform as tft
 
 from beam_prep import keys
-from beam_prep.features import FEATURES_FILE, FeatureTable
+from beam_prep.features import FEATURES_FILE
 from train import devices, export, logs, models, noc
 from train.config import TrainConfig
-from train.data import InputReader, RecordsError, check_complete, check_shards, scan_shards
+from train.data import InputReader
+from train.prep_output import PrepOutput, RecordsError
+from train.serving_inputs import ServingPlanError, serving_plan
 from train.tasks import make_task
 
 # Above this share of step time spent waiting for the next batch, training
@@ -160,8 +165,7 @@ def _freeze(model: keras.Model, pattern: str) -> int:
 @dataclasses.dataclass
 class _Run:
   """Everything a training run holds between setup, the loop and the end."""
-  table: FeatureTable
-  tft_output: Any
+  prep: PrepOutput
   task: Any
   strategy: Any
   chief: bool
@@ -175,7 +179,14 @@ class _Run:
   lr: float
   lr_schedule: Any  # The learning rate, or a schedule of the step.
   global_batch: int
-  records_report: Any
+  records: "_Records"
+
+
+@dataclasses.dataclass
+class _Records:
+  """What the shard check found before training."""
+  skipped: Any  # With --skip-corrupt-records: what is skipped (else None).
+  has_eval: bool  # Whether any eval shard holds a record.
 
 
 @dataclasses.dataclass
@@ -194,8 +205,9 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
   """Trains, evaluates, exports; writes config.json, features.json and metrics.json.
 
   Raises:
-    FileNotFoundError: no records or features.json, or no checkpoint for
-      --init-from.
+    FileNotFoundError: no features.json, or no checkpoint for --init-from.
+    RecordsError: not a complete beam-prep output, no train records, or a
+      shard unreadable or from another run.
     ServingPlanError: the model is to be exported and an op of the chain
       changes a model input without a TensorFlow twin (before training).
     RetraceError: the step would be traced twice.
@@ -209,54 +221,79 @@ def fit(config: TrainConfig) -> Dict[str, Any]:
 
 
 def _setup(config: TrainConfig) -> _Run:
-  """Devices, features, task, strategy, input, model, optimizer, checkpoints."""
-  log = logs.get()
+  """Devices, data, task, strategy, input, model, optimizer, checkpoints."""
   devices.configure(config)
-  check_complete(config.data)
-  table = FeatureTable.load(config.data)
-  if config.export:
-    export.serving_plan(table)  # An op without a twin fails now, not after training.
-  tft_output = tft.TFTransformOutput(os.path.join(config.data, keys.TRANSFORM_DIR))
-  task = make_task(table, tft_output)
+  prep = _open_data(config)
+  task = make_task(prep.table, prep.tft_output)
   strategy = devices.choose_strategy(config)
   chief = devices.is_chief(strategy)
   model_dir = config.model_dir if chief else os.path.join(
       config.model_dir, f"workertemp_{strategy.cluster_resolver.task_id}")
-  tf.io.gfile.makedirs(model_dir)
-  with tf.io.gfile.GFile(os.path.join(model_dir, "config.json"), "w") as f:
-    f.write(config.to_json())
-  with tf.io.gfile.GFile(os.path.join(model_dir, FEATURES_FILE), "w") as f:
-    f.write(table.to_json())
+  _write_run_files(config, prep, model_dir)
   keras.utils.set_random_seed(config.seed)
 
   replicas = strategy.num_replicas_in_sync
   global_batch = config.batch_size * replicas
   lr = config.learning_rate * (replicas if config.scale_learning_rate else 1)
-  reader = InputReader(config.data, tft_output, table, task, config.batch_size,
-                       config.shuffle_buffer, config.seed, config.skip_corrupt_records)
-  records_report = _check_records(config, reader, table)
+  reader = InputReader(prep, task, config.batch_size, config.shuffle_buffer, config.seed,
+                       config.skip_corrupt_records)
+  records = _check_records(config, prep)
 
   module_files = models.import_model_modules(config.model_module)
   spec = task.model_spec(config)
   with strategy.scope():
-    model = models.build_model(**spec)
-    task.check_model(model, spec["name"])
-    global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    if config.freeze:
-      log.info("train: froze %d layers matching %r", _freeze(model, config.freeze),
-               config.freeze)
-    schedule = lr
-    if config.lr_schedule == "cosine":
-      schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=config.steps, alpha=0.05)
-    optimizer = keras.optimizers.Adam(schedule)
-    if config.mixed_precision == "mixed_float16":
-      optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    # Created now, not in the first step: variables created while tracing
-    # make tf.function trace twice, which the finalized step forbids.
-    optimizer.build(model.trainable_variables)
+    model, optimizer, global_step, schedule = _build_model(config, task, spec, lr)
   if chief:  # What `models.rebuild` needs to build this model again.
     models.write_model_file(model_dir, dict(spec, task=task.name, model_module=config.model_module,
                                             module_files=module_files))
+  manager = _restore(config, model_dir, model, optimizer, global_step)
+  step = _make_step(config, strategy, reader, task, model, optimizer, global_step, global_batch)
+  return _Run(prep, task, strategy, chief, model_dir, reader, model, optimizer, global_step,
+              manager, step, lr, schedule, global_batch, records)
+
+
+def _open_data(config: TrainConfig) -> PrepOutput:
+  """The prep output, refused at once when it is incomplete or cannot be served."""
+  prep = PrepOutput(config.data)
+  prep.check_complete()
+  if config.export:
+    serving_plan(prep.table)  # An op without a twin fails now, not after training.
+  return prep
+
+
+def _write_run_files(config: TrainConfig, prep: PrepOutput, model_dir: str) -> None:
+  """config.json (the data path absolute: `evaluate` may run from another
+  folder) and the records' features.json."""
+  tf.io.gfile.makedirs(model_dir)
+  with tf.io.gfile.GFile(os.path.join(model_dir, "config.json"), "w") as f:
+    f.write(dataclasses.replace(config, data=prep.path).to_json())
+  with tf.io.gfile.GFile(os.path.join(model_dir, FEATURES_FILE), "w") as f:
+    f.write(prep.table.to_json())
+
+
+def _build_model(config: TrainConfig, task, spec: Dict[str, Any], lr: float):
+  """(model, optimizer, global step, learning-rate schedule), in the strategy's scope."""
+  model = models.build_model(**spec)
+  task.check_model(model, spec["name"])
+  global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+  if config.freeze:
+    logs.get().info("train: froze %d layers matching %r", _freeze(model, config.freeze),
+                    config.freeze)
+  schedule = lr
+  if config.lr_schedule == "cosine":
+    schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=config.steps, alpha=0.05)
+  optimizer = keras.optimizers.Adam(schedule)
+  if config.mixed_precision == "mixed_float16":
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+  # Created now, not in the first step: variables created while tracing
+  # make tf.function trace twice, which the finalized step forbids.
+  optimizer.build(model.trainable_variables)
+  return model, optimizer, global_step, schedule
+
+
+def _restore(config: TrainConfig, model_dir: str, model, optimizer, global_step):
+  """The checkpoint manager; resumes from its latest checkpoint, else --init-from."""
+  log = logs.get()
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=global_step)
   manager = tf.train.CheckpointManager(
       checkpoint, os.path.join(model_dir, "checkpoints"), max_to_keep=3)
@@ -266,9 +303,7 @@ def _setup(config: TrainConfig) -> _Run:
              int(global_step.numpy()))
   elif config.init_from:
     log.info("train: weights from %s", _init_from(model, config.init_from))
-  step = _make_step(config, strategy, reader, task, model, optimizer, global_step, global_batch)
-  return _Run(table, tft_output, task, strategy, chief, model_dir, reader, model, optimizer,
-              global_step, manager, step, lr, schedule, global_batch, records_report)
+  return manager
 
 
 def _make_step(config, strategy, reader, task, model, optimizer, global_step,
@@ -302,25 +337,16 @@ def _make_step(config, strategy, reader, task, model, optimizer, global_step,
 def _loop(run: _Run, config: TrainConfig) -> _LoopState:
   """Trains until --steps (or a stop request); logs, checkpoints, profiles."""
   log = logs.get()
-  dataset = run.strategy.distribute_datasets_from_function(
-      lambda ctx: run.reader.dataset(keys.TRAIN_SPLIT, training=True, input_context=ctx))
-  iterator = iter(dataset)
+  batches = iter(run.strategy.distribute_datasets_from_function(
+      lambda ctx: run.reader.dataset(keys.TRAIN_SPLIT, training=True, input_context=ctx)))
   tb_dir = os.path.join(run.model_dir, "tensorboard")
-  writer = tf.summary.create_file_writer(os.path.join(tb_dir, "train"))
-
-  @tf.function
-  def gradients(inputs, labels):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(run.task.loss(labels, run.model(inputs, training=False)))
-    return tape.gradient(loss, run.model.trainable_variables)
-
   start_step = int(run.global_step.numpy())
   state = _LoopState(start_step, max(config.steps - start_step, 0))
   if not state.remaining:
     log.info("train: model dir already at step %d >= --steps %d; nothing to train",
              start_step, config.steps)
-  window = _Window(run, config, writer)
-  profiling = False
+  periodic = _Periodic(run, config, tf.summary.create_file_writer(os.path.join(tb_dir, "train")))
+  profiler = _Profiler(config.profile_steps if run.chief else (), tb_dir)
   stop = _StopRequest()
   try:
     for i in range(state.remaining):
@@ -330,45 +356,90 @@ def _loop(run: _Run, config: TrainConfig) -> _LoopState:
                  int(run.global_step.numpy()))
         break
       current = start_step + i + 1  # The step this iteration completes.
-      if config.profile_steps and current == config.profile_steps[0] and run.chief:
-        tf.profiler.experimental.start(tb_dir)
-        profiling = True
-      t0 = time.perf_counter()
-      try:
-        batch = next(iterator)
-      except tf.errors.OpError as e:
-        raise _name_corrupt_shards(run.reader, e) from None
-      t1 = time.perf_counter()
-      state.loss = float(run.step(batch))
-      t2 = time.perf_counter()
-      if profiling and current == config.profile_steps[1]:
-        tf.profiler.experimental.stop()
-        profiling = False
-        log.info("train: profiled steps %d-%d -> %s (TensorBoard, Profile tab)",
-                 *config.profile_steps, tb_dir)
-      if i > 0:  # The first step includes tracing; keep it out of throughput.
-        state.wait_s += t1 - t0
-        state.busy_s += t2 - t0
-        state.timed_steps += 1
+      profiler.before(current)
+      # The first step includes tracing; keep it out of throughput.
+      batch = _timed_step(run, batches, state, timed=i > 0)
+      profiler.after(current)
       if not np.isfinite(state.loss):
         raise FloatingPointError(
             f"loss is {state.loss} at step {current}; stopped without saving. The last good "
             f"checkpoint is {run.manager.latest_checkpoint or 'none (no checkpoint yet)'}; "
             "lower --learning-rate or check the records")
-      window.step(current, state)
-      if config.histogram_every and current % config.histogram_every == 0 and run.chief:
-        _histograms(writer, current, run, batch, gradients)
-      if current % config.checkpoint_every == 0:
-        run.manager.save(checkpoint_number=current)
+      periodic.after(current, state, batch)
   except KeyboardInterrupt:  # A second Ctrl-C, or one outside the loop.
     state.interrupted = True
     log.info("\ntrain: interrupted; saving a checkpoint at step %d",
              int(run.global_step.numpy()))
   finally:
     stop.restore()
-    if profiling:
-      tf.profiler.experimental.stop()
+    profiler.close()
   return state
+
+
+def _timed_step(run: _Run, batches, state: _LoopState, timed: bool):
+  """One training step on the next batch; its loss and, when `timed`, its
+  input wait and step time go into `state`. Returns the batch."""
+  t0 = time.perf_counter()
+  try:
+    batch = next(batches)
+  except tf.errors.OpError as e:
+    raise _name_corrupt_shards(run.reader, e) from None
+  t1 = time.perf_counter()
+  state.loss = float(run.step(batch))
+  t2 = time.perf_counter()
+  if timed:
+    state.wait_s += t1 - t0
+    state.busy_s += t2 - t0
+    state.timed_steps += 1
+  return batch
+
+
+class _Profiler:
+  """A profiler trace of global steps A..B (--profile-steps; empty: none)."""
+
+  def __init__(self, steps, log_dir: str):
+    self._steps, self._dir, self._active = tuple(steps), log_dir, False
+
+  def before(self, current: int) -> None:
+    if self._steps and current == self._steps[0]:
+      tf.profiler.experimental.start(self._dir)
+      self._active = True
+
+  def after(self, current: int) -> None:
+    if self._active and current == self._steps[1]:
+      self.close()
+      logs.get().info("train: profiled steps %d-%d -> %s (TensorBoard, Profile tab)",
+                      *self._steps, self._dir)
+
+  def close(self) -> None:
+    if self._active:
+      tf.profiler.experimental.stop()
+      self._active = False
+
+
+class _Periodic:
+  """What runs after a step, every so many steps: the progress window,
+  histograms (on the chief) and checkpoints."""
+
+  def __init__(self, run: _Run, config: TrainConfig, writer):
+    self._run, self._config, self._writer = run, config, writer
+    self._window = _Window(run, config, writer)
+
+    @tf.function
+    def gradients(inputs, labels):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(run.task.loss(labels, run.model(inputs, training=False)))
+      return tape.gradient(loss, run.model.trainable_variables)
+
+    self._gradients = gradients
+
+  def after(self, current: int, state: _LoopState, batch) -> None:
+    run, config = self._run, self._config
+    self._window.step(current, state)
+    if config.histogram_every and current % config.histogram_every == 0 and run.chief:
+      _histograms(self._writer, current, run, batch, self._gradients)
+    if current % config.checkpoint_every == 0:
+      run.manager.save(checkpoint_number=current)
 
 
 class _Window:
@@ -418,7 +489,7 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
       "replicas": run.strategy.num_replicas_in_sync,
       "global_batch_size": run.global_batch,
       "learning_rate": run.lr,
-      "input_channels": run.table.input_channels,
+      "input_channels": run.prep.table.input_channels,
       "step_traces": run.step.traces,
       "examples_per_second": ((state.timed_steps * run.global_batch / state.busy_s)
                               if state.busy_s else None),
@@ -426,8 +497,8 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
       "input_bound": bool(wait_fraction is not None and wait_fraction > INPUT_BOUND_FRACTION),
       "interrupted": state.interrupted,
   }
-  if run.records_report is not None:
-    metrics["skipped_records"] = run.records_report
+  if run.records.skipped is not None:
+    metrics["skipped_records"] = run.records.skipped
   if metrics["input_bound"]:
     log.info("train: input-bound: %.0f%% of step time waits for the next batch. Give the "
              "input more CPU (--intra-op-threads/--inter-op-threads, a machine with more "
@@ -435,15 +506,9 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
              "(a smaller beam-prep --target-shard-mb), or precompute more per-example work in beam-prep.",
              100 * wait_fraction)
   if not state.interrupted:
-    metrics["eval"] = evaluate(run.model, run.reader, run.task, config.eval_batches)
-    if not metrics["eval"].get("examples"):
-      metrics["eval"]["skipped"] = "the eval split holds no record"
-      log.info("eval: skipped, and NoC with it: the eval split of %s holds no record (give "
-               "beam-prep a larger --eval-percent, or an eval list)", config.data)
-    elif config.noc_clicks and "noc" in run.task.evaluators and run.chief:
-      metrics.update(_noc(run, config, final_step))
+    metrics.update(_evaluation(run, config, final_step))
     if config.export and run.chief:
-      metrics["export_dir"] = export.export_model(run.model, run.tft_output, run.table,
+      metrics["export_dir"] = export.export_model(run.model, run.prep.tft_output, run.prep.table,
                                                   os.path.join(config.model_dir, "export"))
   with tf.io.gfile.GFile(os.path.join(run.model_dir, "metrics.json"), "w") as f:
     json.dump(metrics, f, indent=2, sort_keys=True)
@@ -452,69 +517,102 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
   return metrics
 
 
+def _evaluation(run: _Run, config: TrainConfig, step: int) -> Dict[str, Any]:
+  """{"eval": the task's metrics}, with {"noc": ...} for segmentation.
+
+  With no eval record, both are skipped, saying why on the log and in
+  {"eval": {"examples": 0, "skipped": why}, "noc_skipped": why}.
+  """
+  log = logs.get()
+  noc_asked = bool(config.noc_clicks) and "noc" in run.task.evaluators and run.chief
+  if not run.records.has_eval:
+    why = (f"{run.prep.no_records(keys.EVAL_SPLIT)}; evaluation needs images held out of "
+           f"training: run beam-prep with --eval-percent N (N > 0, e.g. 20"
+           f"{_ran_with_eval_percent(run.prep)})")
+    log.info("eval: skipped %s: %s", "evaluation and NoC" if noc_asked else "evaluation", why)
+    return dict({"eval": {"examples": 0, "skipped": why}},
+                **({"noc_skipped": why} if noc_asked else {}))
+  out = {"eval": evaluate(run.model, run.reader, run.task, config.eval_batches)}
+  if noc_asked and out["eval"].get("examples"):
+    out.update(_noc(run, config, step))
+  return out
+
+
+def _ran_with_eval_percent(prep: PrepOutput) -> str:
+  percent = prep.manifest.get("config", {}).get("eval_percent")
+  return "" if percent is None else f"; this output was made with --eval-percent {percent}"
+
+
 def _noc(run: _Run, config: TrainConfig, step: int) -> Dict[str, Any]:
-  """{"noc": headline numbers} of the NoC evaluation, or {} when it cannot run.
+  """{"noc": headline numbers} of the NoC evaluation, or {"noc_skipped": why}.
 
   NoC recomputes the click encodings with the ops' twins; without them (a run
   with --no-export may have an op without one) it is skipped, saying why.
   """
   logs.get().info("eval: NoC with up to %d simulated clicks per eval object", config.noc_clicks)
   try:
-    report = noc.evaluate(run.model, run.tft_output, run.table, config.data,
-                          os.path.join(config.model_dir, "eval"), config.noc_clicks,
-                          max_objects=config.noc_objects,
+    report = noc.evaluate(run.model, run.prep, os.path.join(config.model_dir, "eval"),
+                          config.noc_clicks, max_objects=config.noc_objects,
                           summary_dir=os.path.join(run.model_dir, "tensorboard", "eval"),
                           step=step)
-  except export.ServingPlanError as e:
-    logs.get().info("eval: NoC skipped: the clicks' model inputs cannot be recomputed (%s)", e)
-    return {}
+  except ServingPlanError as e:
+    why = f"the clicks' model inputs cannot be recomputed ({e})"
+    logs.get().info("eval: NoC skipped: %s", why)
+    return {"noc_skipped": why}
   return {"noc": noc.brief(report)}
 
 
-def _check_records(config: TrainConfig, reader: InputReader, table: FeatureTable) -> Any:
+def _check_records(config: TrainConfig, prep: PrepOutput) -> _Records:
   """Checks the shards before training; with --skip-corrupt-records, scans them.
 
-  Returns:
-    None, or (with skipping) what is skipped: corrupt shards, their errors,
-    records readable, and records lost (from the manifest's counts).
-
   Raises:
-    FileNotFoundError: no train records.
-    RecordsError: a shard is unreadable or from another run.
+    RecordsError: no train record, or a shard is unreadable or from another run.
   """
-  log = logs.get()
-  files = reader.files(keys.TRAIN_SPLIT)
-  try:
-    eval_files = reader.files(keys.EVAL_SPLIT)
-  except FileNotFoundError:
-    eval_files = []
-  if not config.skip_corrupt_records:
-    check_shards(files + eval_files, table)
-    return None
-  scan = scan_shards(files + eval_files)
+  files, eval_files = prep.files(keys.TRAIN_SPLIT), prep.files(keys.EVAL_SPLIT)
+  if config.skip_corrupt_records:
+    skipped, readable = _scan_records(prep, files, eval_files)
+    has_train = skipped["train_records_readable"] > 0
+    if not has_train and skipped["corrupt_shards"]:
+      raise RecordsError(f"no train record of {prep.path} is readable; corrupt: "
+                         + ", ".join(skipped["corrupt_shards"]))
+  else:
+    skipped, readable = None, set(prep.check_shards(files + eval_files))
+    has_train = any(p in readable for p in files)
+  if not has_train:
+    raise RecordsError(
+        f"{prep.no_records(keys.TRAIN_SPLIT)}. Nothing to train on: "
+        f"{prep.join(keys.MANIFEST_FILE)} counts what the job read and wrote, and "
+        f"{prep.join(keys.ERRORS_DIR)}/ lists each input that failed and why")
+  return _Records(skipped, any(p in readable for p in eval_files))
+
+
+def _scan_records(prep: PrepOutput, files, eval_files):
+  """With --skip-corrupt-records: (what is skipped, the shards worth reading).
+
+  What is skipped: corrupt shards, their errors, records readable, and
+  records lost (from the manifest's counts). A corrupt shard is worth
+  reading: its readable part is trained on.
+  """
+  scan = prep.scan_shards(files + eval_files)
   corrupt = {p: v["error"] for p, v in scan.items() if v["error"]}
-  check_shards([p for p in files + eval_files if scan[p]["records"] > 0], table)
+  prep.check_shards([p for p in files + eval_files if scan[p]["records"] > 0])
   report: Dict[str, Any] = {"corrupt_shards": sorted(corrupt), "errors": corrupt}
-  manifest_path = os.path.join(config.data, keys.MANIFEST_FILE)
-  expected = None
-  if tf.io.gfile.exists(manifest_path):
-    with tf.io.gfile.GFile(manifest_path) as f:
-      expected = json.load(f)["counts"]["examples_written"]
+  expected = prep.manifest.get("counts", {}).get("examples_written")
   for split, split_files in ((keys.TRAIN_SPLIT, files), (keys.EVAL_SPLIT, eval_files)):
     readable = sum(scan[p]["records"] for p in split_files)
     report[f"{split}_records_readable"] = readable
     if expected is not None:
       report[f"{split}_records_skipped"] = max(expected.get(split, 0) - readable, 0)
   if corrupt:
-    log.info("train: skipping the unreadable part of %d shard(s): %s; %s train records "
-             "lost", len(corrupt), ", ".join(sorted(corrupt)),
-             report.get("train_records_skipped", "an unknown number of"))
-  return report
+    logs.get().info("train: skipping the unreadable part of %d shard(s): %s; %s train records "
+                    "lost", len(corrupt), ", ".join(sorted(corrupt)),
+                    report.get("train_records_skipped", "an unknown number of"))
+  return report, {p for p, v in scan.items() if v["records"] or v["error"]}
 
 
 def _name_corrupt_shards(reader: InputReader, error: Exception) -> Exception:
   """Turns a read error in the middle of training into one naming the shard."""
-  scan = scan_shards(reader.files(keys.TRAIN_SPLIT))
+  scan = reader.prep.scan_shards(reader.files(keys.TRAIN_SPLIT))
   bad = {p: v["error"] for p, v in scan.items() if v["error"]}
   if not bad:
     return error

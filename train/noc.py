@@ -2,21 +2,12 @@
 
 The protocol of the interactive segmentation literature (DIOS, Xu et al.
 2016; RITM, Sofiiuk et al. 2021; SimpleClick, 2023), here as RITM's clicker
-runs it:
-
-1. The first click is positive, at the object's pixel farthest from its
-   boundary (the image border counts as boundary).
-2. After each prediction, the errors are split into false negatives (object
-   pixels predicted background) and false positives; ignore pixels are never
-   errors. Each error mask gets its exact Euclidean distance transform (to
-   the nearest non-error pixel, the image border included) with pixels
-   already clicked set to 0. The next click goes to the pixel farthest from
-   its error boundary: positive when the false negatives hold the largest
-   distance, negative otherwise (row-major first pixel on ties). With no
-   error left, no click is added.
-3. The click encodings are computed again from all clicks so far, by the
-   TensorFlow twins of the ops that wrote the records (whatever
-   features.json names), the model predicts again, up to `max_clicks`.
+runs it (`train.clicker`: the first click at the object's interior point
+farthest from its boundary, then each click at the error pixel farthest from
+its error region's boundary). After each click the click encodings are
+computed again from all clicks so far, by the TensorFlow twins of the ops
+that wrote the records (whatever features.json names), and the model
+predicts again, up to `max_clicks`.
 
 NoC@t is the mean over objects of the first click count whose IoU reaches t
 (`max_clicks` when never). Everything from the click step to the encodings
@@ -35,19 +26,19 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+from PIL import Image, ImageDraw
 
 from beam_prep import keys
+from train import clicker, drawing
 from train import tasks
-from train.clicker import (NEGATIVE, NONE, POSITIVE, baseline_logits, clicked_map,  # noqa: F401
-                           edt_squared, iou, nearest_click_logits, next_click)
 from train.servers import SegmentationServer
+from train.prep_output import PrepOutput
 
 IOU_AT = (1, 2, 3, 5, 10, 20)
 SHEET_CLICKS = (1, 3, 5)
 NOC_FILE = "noc.json"
 PLOT_FILE = "iou_by_clicks.png"
 SHEET_FILE = "contact_sheet.png"
-_NONE, _POSITIVE, _NEGATIVE = NONE, POSITIVE, NEGATIVE
 
 
 class ModelPredictor:
@@ -65,10 +56,10 @@ class ModelPredictor:
       image, xy, kind = args
       return server.raw_model_input({
           keys.IMAGE: image,
-          keys.POSITIVE_CLICKS: tf.boolean_mask(xy, tf.equal(kind, _POSITIVE)),
-          keys.NEGATIVE_CLICKS: tf.boolean_mask(xy, tf.equal(kind, _NEGATIVE))})
+          keys.POSITIVE_CLICKS: tf.boolean_mask(xy, tf.equal(kind, clicker.POSITIVE)),
+          keys.NEGATIVE_CLICKS: tf.boolean_mask(xy, tf.equal(kind, clicker.NEGATIVE))})
 
-    raw = server._batched_raw((images, clicks, kinds), one)  # pylint: disable=protected-access
+    raw = server.batched_raw((images, clicks, kinds), one)
     logits = self._model(server.model_input(raw), training=False)
     return tf.cast(logits, tf.float32)[..., 0]
 
@@ -96,8 +87,10 @@ class ClickLoop:
     def first(labels_):
       self.traces["first"] += 1
       b = tf.shape(labels_)[0]
-      xy, kind = next_click(tf.zeros([b, h, w], tf.bool), labels_, tf.zeros([b, h, w], tf.bool))
-      kind = tf.where(kind == _NONE, _NONE, _POSITIVE)  # The first click is on the object.
+      none = tf.zeros([b, h, w], tf.bool)
+      xy, kind = clicker.next_click(none, labels_, none)
+      # The first click is on the object.
+      kind = tf.where(kind == clicker.NONE, clicker.NONE, clicker.POSITIVE)
       slot = tf.one_hot(0, k, on_value=True, off_value=False, dtype=tf.bool)[None, :]
       return (tf.where(slot[..., None], xy[:, None, :], tf.zeros([b, k, 2], tf.int64)),
               tf.where(slot, kind[:, None], tf.zeros([b, k], tf.int32)))
@@ -106,8 +99,8 @@ class ClickLoop:
       """Predicts with the clicks so far (n of them), then adds click n+1."""
       self.traces["step"] += 1
       pred = predictor(images_, clicks_, kinds_) > 0
-      scores = iou(pred, labels_)
-      xy, kind = next_click(pred, labels_, clicked_map(clicks_, kinds_, h, w))
+      scores = clicker.label_iou(pred, labels_)
+      xy, kind = clicker.next_click(pred, labels_, clicker.clicked_map(clicks_, kinds_, h, w))
       slot = tf.one_hot(tf.minimum(n, k - 1), k, on_value=True, off_value=False,
                         dtype=tf.bool)[None, :] & (n < k)
       return (scores, pred, tf.where(slot[..., None], xy[:, None, :], clicks_),
@@ -149,48 +142,47 @@ def summarize(scores: np.ndarray, thresholds: Sequence[float]) -> Dict[str, Any]
   return out
 
 
-def eval_objects(data_dir: str, table, max_objects: int = 0):
+def eval_objects(prep: PrepOutput, max_objects: int = 0):
   """One record per eval object (its lowest variant), in (image id, object id) order.
 
   Returns:
     (images uint8 [N, H, W, 3], labels uint8 [N, H, W], names ["image_id/object_id"]).
+
+  Raises:
+    FileNotFoundError: the eval split holds no record.
   """
-  files = sorted(tf.io.gfile.glob(keys.record_pattern(data_dir, keys.EVAL_SPLIT)))
-  if not files:
-    raise FileNotFoundError(f"no eval records under {data_dir}: NoC needs an eval split "
-                            "(beam-prep --eval-percent)")
   best = {}
-  for serialized in tf.data.TFRecordDataset(files, compression_type=keys.compression_of(
-      files[0])):
-    rec = table.decode_numpy(serialized.numpy())
+  for rec in prep.read_numpy(keys.EVAL_SPLIT, [keys.IMAGE_ID, keys.OBJECT_ID, keys.VARIANT,
+                                               keys.IMAGE, keys.MASK]):
     key = (str(rec[keys.IMAGE_ID]), int(np.ravel(rec[keys.OBJECT_ID])[0]))
     variant = int(np.ravel(rec.get(keys.VARIANT, 0))[0])
     if key not in best or variant < best[key][0]:
       best[key] = (variant, rec[keys.IMAGE], rec[keys.MASK][..., 0])
+  if not best:
+    raise FileNotFoundError(f"{prep.no_records(keys.EVAL_SPLIT)}; NoC needs an eval split "
+                            "(beam-prep --eval-percent)")
   chosen = sorted(best)
   if max_objects:
     chosen = chosen[:max_objects]
-  images = np.stack([best[k][1] for k in chosen]) if chosen else None
-  labels = np.stack([best[k][2] for k in chosen]) if chosen else None
-  return images, labels, [f"{i}/{o}" for i, o in chosen]
+  return (np.stack([best[k][1] for k in chosen]), np.stack([best[k][2] for k in chosen]),
+          [f"{i}/{o}" for i, o in chosen])
 
 
-def evaluate(model, tft_output, table, data_dir: str, out_dir: str, max_clicks: int = 20,
+def evaluate(model, prep: PrepOutput, out_dir: str, max_clicks: int = 20,
              thresholds: Sequence[float] = (0.85, 0.90), batch_size: int = 16,
              max_objects: int = 0, sheet_objects: int = 4,
              summary_dir: Optional[str] = None, step: int = 0) -> Dict[str, Any]:
-  """NoC of `model` and of the nearest-click baseline on the eval objects.
+  """NoC of `model` and of the nearest-click baseline on the eval objects of `prep`.
 
   Writes OUT_DIR/noc.json, the IoU-by-clicks plot and the contact sheet, and
   NoC scalars to TensorBoard under `summary_dir` (when given).
   """
+  table = prep.table
   if "noc" not in tasks.task_class(table.task).evaluators:
-    raise ValueError(f"NoC evaluation is for interactive segmentation; these records are "
-                     f"{table.task}")
-  images, labels, names = eval_objects(data_dir, table, max_objects)
-  if images is None:
-    raise FileNotFoundError(f"the eval records under {data_dir} hold no object")
-  predictors = {"model": ModelPredictor(model, tft_output, table), "baseline": baseline_logits}
+    raise ValueError(f"NoC evaluation is for segmentation; these records are {table.task}")
+  images, labels, names = eval_objects(prep, max_objects)
+  predictors = {"model": ModelPredictor(model, prep.tft_output, table),
+                "baseline": clicker.baseline_logits}
   report: Dict[str, Any] = {"protocol": "first click at the object's interior point farthest "
                             "from its boundary; then at the error pixel farthest from its "
                             "error region's boundary (RITM); NoC capped at max_clicks",
@@ -198,43 +190,62 @@ def evaluate(model, tft_output, table, data_dir: str, out_dir: str, max_clicks: 
   curves, traces, sheet = {}, {}, None
   for name, predictor in predictors.items():
     loop = ClickLoop(predictor, table.image_size, max_clicks)
-    scores, kept, click_sets = [], {}, []
-    for start in range(0, len(images), batch_size):
-      # The contact sheet shows the model's masks only.
-      keep = max(0, sheet_objects - start) if name == "model" else 0
-      s, clicks, kinds, k = loop.run(images[start:start + batch_size],
-                                     labels[start:start + batch_size], keep=keep)
-      scores.append(s)
-      if keep:
-        click_sets.append((clicks[:keep], kinds[:keep]))
-        for c, masks in k.items():
-          kept.setdefault(c, []).append(masks)
-    scores = np.concatenate(scores)
+    # The contact sheet shows the model's masks only.
+    scores, kept = _run_loop(loop, images, labels, batch_size,
+                             sheet_objects if name == "model" else 0)
+    sheet = kept if kept is not None else sheet
     report[name] = summarize(scores, thresholds)
     curves[name] = scores.mean(axis=0)
-    if click_sets:
-      sheet = ({c: np.concatenate(v) for c, v in kept.items()},
-               np.concatenate([c for c, _ in click_sets]),
-               np.concatenate([k for _, k in click_sets]))
     traces[name] = dict(loop.traces)
   report["step_traces"] = traces
   report["objects"] = names
+  _write_report(report, curves, out_dir, summary_dir, step)
+  if sheet is not None:
+    n = min(sheet_objects, len(images))
+    write_sheet(images[:n], labels[:n], names[:n], sheet, os.path.join(out_dir, SHEET_FILE))
+  return report
+
+
+def _run_loop(loop: ClickLoop, images, labels, batch_size: int, sheet_objects: int):
+  """The click loop over all objects, in batches.
+
+  Returns:
+    (IoU [N, K] after 1..K clicks, and for the first `sheet_objects` objects
+    ({clicks: masks}, clicks, kinds), or None when `sheet_objects` is 0).
+  """
+  scores, kept, click_sets = [], {}, []
+  for start in range(0, len(images), batch_size):
+    keep = max(0, sheet_objects - start)
+    s, clicks, kinds, k = loop.run(images[start:start + batch_size],
+                                   labels[start:start + batch_size], keep=keep)
+    scores.append(s)
+    if keep:
+      click_sets.append((clicks[:keep], kinds[:keep]))
+      for c, masks in k.items():
+        kept.setdefault(c, []).append(masks)
+  sheet = None
+  if click_sets:
+    sheet = ({c: np.concatenate(v) for c, v in kept.items()},
+             np.concatenate([c for c, _ in click_sets]),
+             np.concatenate([k for _, k in click_sets]))
+  return np.concatenate(scores), sheet
+
+
+def _write_report(report: Dict[str, Any], curves: Dict[str, np.ndarray], out_dir: str,
+                  summary_dir: Optional[str], step: int) -> None:
+  """noc.json and the plot in `out_dir`; NoC scalars to TensorBoard under `summary_dir`."""
   tf.io.gfile.makedirs(out_dir)
   with tf.io.gfile.GFile(os.path.join(out_dir, NOC_FILE), "w") as f:
     json.dump(report, f, indent=2)
   write_plot(curves, os.path.join(out_dir, PLOT_FILE))
-  if sheet is not None:
-    n = min(sheet_objects, len(images))
-    write_sheet(images[:n], labels[:n], names[:n], sheet, os.path.join(out_dir, SHEET_FILE))
   if summary_dir:
     writer = tf.summary.create_file_writer(summary_dir)
     with writer.as_default(step=step):
-      for name in predictors:
-        for t in thresholds:
+      for name in curves:
+        for t in report["thresholds"]:
           key = f"noc@{round(t * 100):d}"
           tf.summary.scalar(f"{key}/{name}", report[name][key])
     writer.flush()
-  return report
 
 
 def brief(report: Dict[str, Any]) -> Dict[str, Any]:
@@ -270,32 +281,24 @@ def write_plot(curves: Dict[str, np.ndarray], path: str) -> None:
 
 def write_sheet(images, labels, names: List[str], kept, path: str, panel: int = 192) -> None:
   """A few objects: the truth, then the mask and clicks after 1, 3 and 5 clicks."""
-  from PIL import Image, ImageDraw  # pylint: disable=g-import-not-at-top
   masks, clicks, kinds = kept
   steps = [c for c in SHEET_CLICKS if c in masks]
   h, w = images.shape[1:3]
   scale = max(1, panel // max(h, w))
-  ph, pw, top, left = h * scale, w * scale, 18, 0
-  sheet = Image.new("RGB", (left + pw * (1 + len(steps)), top + ph * len(images)), "white")
+  ph, pw, top = h * scale, w * scale, 18
+  sheet = Image.new("RGB", (pw * (1 + len(steps)), top + ph * len(images)), "white")
   draw = ImageDraw.Draw(sheet)
   for c, title in enumerate(["truth"] + [f"after {s} click{'s' * (s > 1)}" for s in steps]):
-    draw.text((left + c * pw + 4, 3), title, fill="black")
+    draw.text((c * pw + 4, 3), title, fill="black")
   for r in range(len(images)):
-    for c in range(1 + len(steps)):
-      mask = labels[r] == 1 if c == 0 else masks[steps[c - 1]][r]
-      tint = images[r].astype(np.float32)
-      tint[mask] = 0.45 * tint[mask] + 0.55 * np.array([40, 140, 255])
-      tint[labels[r] == keys.IGNORE] *= 0.5
-      im = Image.fromarray(tint.astype(np.uint8)).resize((pw, ph), Image.NEAREST)
-      x0, y0 = left + c * pw, top + r * ph
-      sheet.paste(im, (x0, y0))
-      if c:
-        for (x, y), kind in zip(clicks[r][:steps[c - 1]], kinds[r][:steps[c - 1]]):
-          if kind == _NONE:
-            continue
-          cx, cy = x0 + (x + 0.5) * scale, y0 + (y + 0.5) * scale
-          colour = (0, 220, 0) if kind == _POSITIVE else (255, 40, 40)
-          draw.ellipse([cx - 4, cy - 4, cx + 4, cy + 4], fill=colour, outline="white")
-    draw.text((left + 4, top + r * ph + ph - 14), names[r], fill="white")
+    ignore = labels[r] == keys.IGNORE
+    sheet.paste(drawing.overlay(images[r], labels[r] == 1, scale=scale, ignore=ignore),
+                (0, top + r * ph))
+    for c, n in enumerate(steps, start=1):
+      xy, kind = clicks[r][:n], kinds[r][:n]
+      im = drawing.overlay(images[r], masks[n][r], xy[kind == clicker.POSITIVE],
+                           xy[kind == clicker.NEGATIVE], scale, ignore)
+      sheet.paste(im, (c * pw, top + r * ph))
+    draw.text((4, top + r * ph + ph - 14), names[r], fill="white")
   with tf.io.gfile.GFile(path, "wb") as f:
     sheet.save(f, format="PNG")

@@ -11,9 +11,10 @@ from typing import Dict, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from beam_prep.ops.image import displayed
+from train import drawing
 from train.export import latest_export
 
 
@@ -84,27 +85,6 @@ def predict(fn, image: np.ndarray, positive: Sequence[Tuple[int, int]],
 OVERLAY_MIN_SIDE = 512
 
 
-def overlay(image: np.ndarray, mask: np.ndarray, positive, negative) -> Image.Image:
-  """The image with the mask tinted and the clicks drawn (green positive, red
-  negative), enlarged by a whole factor (nearest neighbour) to at least
-  `OVERLAY_MIN_SIDE` pixels on its long side."""
-  tint = image.astype(np.float32)
-  sel = mask > 0
-  tint[sel] = 0.5 * tint[sel] + 0.5 * np.array([40, 120, 255], np.float32)
-  h, w = image.shape[:2]
-  scale = max(1, -(-OVERLAY_MIN_SIDE // max(h, w)))
-  im = Image.fromarray(np.clip(tint, 0, 255).astype(np.uint8)).resize(
-      (w * scale, h * scale), Image.NEAREST)
-  draw = ImageDraw.Draw(im)
-  r = max(5, max(im.size) // 90)
-  for pts, colour in ((positive, (0, 230, 0)), (negative, (240, 0, 0))):
-    for x, y in pts:
-      cx, cy = (x + 0.5) * scale, (y + 0.5) * scale  # the centre of the clicked pixel
-      draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour, outline=(255, 255, 255),
-                   width=max(1, r // 3))
-  return im
-
-
 def write_outputs(output: str, image: np.ndarray, result: Dict[str, np.ndarray],
                   positive, negative) -> Tuple[str, str]:
   """Writes the mask PNG and the overlay; returns both paths."""
@@ -113,5 +93,7 @@ def write_outputs(output: str, image: np.ndarray, result: Dict[str, np.ndarray],
   Image.fromarray((mask > 0).astype(np.uint8) * 255).save(output)
   stem, _ = os.path.splitext(output)
   overlay_path = stem + "_overlay.png"
-  overlay(image, mask, positive, negative).save(overlay_path)
+  h, w = image.shape[:2]
+  scale = max(1, -(-OVERLAY_MIN_SIDE // max(h, w)))  # a whole factor: sharp pixels
+  drawing.overlay(image, mask, positive, negative, scale).save(overlay_path)
   return output, overlay_path

@@ -1,95 +1,19 @@
-"""The serving graph's servers: twins, tf.Transform and the model in one tf.Module.
+"""The serving graph's servers: the twins, tf.Transform and the model in one
+tf.Module per task, with its signatures (their contract: `train.export`).
 
-`serving_plan` lists the twins the graph runs; a server per task holds the
-Keras model, the tf.Transform layer and the plan, and defines the signatures
-(see `train.export` for their contract).
+A task's training side names its server (`train.tasks`); `train.export`
+writes it as a SavedModel.
 """
 
-from typing import Callable, Dict, List, Tuple
+from typing import Dict
 
 import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
-from beam_prep.ops import registry
 from beam_prep.preprocessing import decode_feature
-from train.inputs import model_inputs
-
-Example = Dict[str, tf.Tensor]
-
-# raw bytes <-> tensors: the records hold `ndarray.tobytes()` (little-endian);
-# in the graph, a tensor becomes those same bytes by joining one-byte strings.
-_BYTE_TABLE = [bytes([i]) for i in range(256)]
-
-
-class ServingPlanError(ValueError):
-  """The chain cannot be served: an op changes a model input without a twin."""
-
-
-def to_raw_bytes(x: tf.Tensor) -> tf.Tensor:
-  """A tensor -> scalar string of its row-major bytes (numpy's tobytes).
-
-  Multi-byte dtypes are bitcast to bytes in the machine's order, which is
-  little-endian on every platform TensorFlow ships for, as the records are.
-  """
-  if x.dtype != tf.uint8:
-    x = tf.bitcast(x, tf.uint8)
-  table = tf.constant(_BYTE_TABLE)
-  return tf.strings.reduce_join(tf.gather(table, tf.reshape(tf.cast(x, tf.int32), [-1])))
-
-
-def serving_plan(table: FeatureTable) -> List[Tuple[str, Callable[[Example], Example]]]:
-  """The twins the serving graph runs, in chain order: `[(op call, twin)]`.
-
-  Imports the ops module that features.json names, so user ops and their
-  twins are registered.
-
-  Raises:
-    ServingPlanError: an op produces or changes a model input and has no
-      twin, or the ops module cannot be imported.
-  """
-  try:
-    registry.import_ops_modules(table.ops_module)
-  except ImportError as e:
-    raise ServingPlanError(
-        f"features.json names the ops module {table.ops_module!r}, which cannot be imported "
-        f"({e}); put it on PYTHONPATH so the serving graph can use its ops' twins") from None
-  model_input_keys = set(table.keys("model_input"))
-  plan = []
-  for spec in registry.parse_chain(table.chain):
-    entry = registry.op_entry(spec.name)
-    touched = sorted(set(entry.produces) & model_input_keys)
-    if not touched:
-      continue
-    twin = registry.build_twin(spec)
-    if twin is None:
-      raise ServingPlanError(
-          f"op {spec.name!r} produces the model input(s) {', '.join(touched)} but has no "
-          f"TensorFlow twin, so the serving graph cannot compute what the records hold. Give "
-          f"it one: register_op({spec.name!r}, produces=..., twin=fn) with fn(example, "
-          f"*args) doing the same on one example's tensors; or declare those features "
-          f"with role='metadata' if the model does not need them at serving time; or train "
-          f"with --no-export, which writes no serving model.")
-    plan.append((str(spec), twin))
-  return plan
-
-
-def run_plan(plan, table: FeatureTable, ex: Example) -> Dict[str, tf.Tensor]:
-  """One request example through the twins -> {model input key: raw bytes (scalar)}."""
-  for op, twin in plan:
-    ex = twin(dict(ex))
-  out = {}
-  for e in table.model_inputs:
-    if e.key not in ex:
-      raise ServingPlanError(f"the serving graph has no {e.key!r} after the chain's twins "
-                             f"(declared by op {e.op!r})")
-    value = ex[e.key]
-    if value.dtype != tf.as_dtype(e.feature.dtype):
-      raise ServingPlanError(f"the twin of op {e.op!r} gives {e.key!r} as {value.dtype.name}; "
-                             f"features.json declares {e.feature.dtype}")
-    out[e.key] = to_raw_bytes(value)
-  return out
+from train.serving_inputs import Example, model_inputs, run_plan, serving_plan
 
 
 class _Server(tf.Module):
@@ -115,7 +39,8 @@ class _Server(tf.Module):
     """[B] raw bytes per model input -> the model's input [B, H, W, C]."""
     return model_inputs(self._table, self.tft_layer(raw))
 
-  def _batched_raw(self, elems, fn):
+  def batched_raw(self, elems, fn):
+    """`fn` (one request example -> raw model inputs) mapped over a batch `elems`."""
     keys_ = self._table.keys("model_input")
     sig = {k: tf.TensorSpec([], tf.string) for k in keys_}
     return tf.map_fn(fn, elems, fn_output_signature=sig)
@@ -161,7 +86,7 @@ class SegmentationServer(_Server):
                                    keys.POSITIVE_CLICKS: tf.reshape(pos, [-1, 2]),
                                    keys.NEGATIVE_CLICKS: tf.reshape(neg, [-1, 2])})
 
-    raw = self._batched_raw((images, tf.RaggedTensor.from_sparse(parsed[keys.POSITIVE_CLICKS]),
+    raw = self.batched_raw((images, tf.RaggedTensor.from_sparse(parsed[keys.POSITIVE_CLICKS]),
                              tf.RaggedTensor.from_sparse(parsed[keys.NEGATIVE_CLICKS])), one)
     prob = self._predict(self.model_input(raw))
     return {"probabilities": prob, "mask": tf.cast(prob > 0.5, tf.uint8)}
@@ -179,7 +104,7 @@ class ClassificationServer(_Server):
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
   def serve(self, image_bytes):
-    raw = self._batched_raw(image_bytes,
+    raw = self.batched_raw(image_bytes,
                             lambda data: self.raw_model_input({keys.IMAGE_BYTES: data}))
     logits = self.model(self.model_input(raw), training=False)
     prob = tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)

@@ -21,7 +21,7 @@ from train.config import TrainConfig
 
 
 class SegmentationTask:
-  """Mask logits [B, H, W, 1]; weighted sigmoid cross-entropy; IoU."""
+  """Mask logits [B, H, W, 1]; weighted sigmoid cross-entropy; IoU (`clicker.iou`)."""
   name = "segmentation"
   default_model = "segmentation_fcn"
   transform_in_step = True  # uint8 bytes to the device, transformed there
@@ -74,53 +74,34 @@ class SegmentationTask:
     return bce + 1.0 - (inter + 1.0) / (union + 1.0)
 
   def counts(self, inputs: tf.Tensor, labels, logits: tf.Tensor) -> tf.Tensor:
-    """Per example: the model's and the click baseline's IoU counts, [B, 6]."""
+    """Per example [B, 4]: the model's IoU, its correct and counted pixels, and
+    the IoU of the nearest-click baseline on the records' clicks (0 without clicks)."""
     del inputs
     model = _mask_counts(labels, logits)
     if not self.eval_keys:
-      return tf.concat([model, tf.zeros_like(model[:, :2])], axis=1)
-    base = _mask_counts(labels, nearest_click_logits(
-        labels[keys.POSITIVE_CLICKS], labels[keys.NEGATIVE_CLICKS], self.image_size))
-    return tf.concat([model, base[:, :2]], axis=1)
+      return tf.concat([model, tf.zeros_like(model[:, :1])], axis=1)
+    clicks, kinds = clicker.dense_clicks(labels[keys.POSITIVE_CLICKS],
+                                         labels[keys.NEGATIVE_CLICKS])
+    h, w = self.image_size
+    base = _mask_counts(labels, clicker.nearest_click_logits(clicks, kinds, h, w)[..., None])
+    return tf.concat([model, base[:, :1]], axis=1)
 
   def summarize(self, c: np.ndarray) -> Dict[str, Any]:
-    iou = np.where(c[:, 1] > 0, c[:, 0] / np.maximum(c[:, 1], 1), 1.0)
-    out = {"examples": int(c.shape[0]), "mean_iou": float(iou.mean()),
-           "pixel_accuracy": float(c[:, 2].sum() / max(c[:, 3].sum(), 1))}
+    out = {"examples": int(c.shape[0]), "mean_iou": float(c[:, 0].mean()),
+           "pixel_accuracy": float(c[:, 1].sum() / max(c[:, 2].sum(), 1))}
     if self.eval_keys:
-      base = np.where(c[:, 5] > 0, c[:, 4] / np.maximum(c[:, 5], 1), 1.0)
-      out["baseline_nearest_click_mean_iou"] = float(base.mean())
+      out["baseline_nearest_click_mean_iou"] = float(c[:, 3].mean())
     return out
 
 
-def nearest_click_logits(positive: tf.SparseTensor, negative: tf.SparseTensor,
-                         image_size) -> tf.Tensor:
-  """The no-model baseline (`train.clicker.nearest_click_logits`) on the records'
-  clicks: [B, 2N] sparse (x, y) pairs; returns logits [B, H, W, 1]."""
-  h, w = image_size
-
-  def dense(clicks: tf.SparseTensor, kind: int):
-    flat = tf.RaggedTensor.from_sparse(clicks)
-    lengths = flat.row_lengths() // 2
-    xy = tf.RaggedTensor.from_row_lengths(tf.reshape(flat.values, [-1, 2]), lengths)
-    xy = xy.to_tensor(shape=[None, None, 2])
-    return xy, tf.where(tf.sequence_mask(lengths, tf.shape(xy, tf.int64)[1]), kind, 0)
-
-  pos, pos_kind = dense(positive, 1)
-  neg, neg_kind = dense(negative, -1)
-  clicks = tf.concat([tf.cast(pos, tf.int64), tf.cast(neg, tf.int64)], axis=1)
-  kinds = tf.cast(tf.concat([pos_kind, neg_kind], axis=1), tf.int32)
-  return clicker.nearest_click_logits(clicks, kinds, h, w)[..., None]
-
-
 def _mask_counts(labels, logits) -> tf.Tensor:
-  """Per example [B, 4]: intersection, union, correct pixels, counted pixels."""
-  pred = tf.cast(logits > 0, tf.float32)
+  """Per example [B, 3]: IoU, correct pixels, counted pixels (label_weight > 0)."""
+  pred = logits > 0
   y, w = labels[keys.LABEL], labels[keys.LABEL_WEIGHT]
-  inter = tf.reduce_sum(pred * y * w, axis=[1, 2, 3])
-  union = tf.reduce_sum(tf.maximum(pred, y) * w, axis=[1, 2, 3])
-  correct = tf.reduce_sum(tf.cast(tf.equal(pred, y), tf.float32) * w, axis=[1, 2, 3])
-  return tf.stack([inter, union, correct, tf.reduce_sum(w, axis=[1, 2, 3])], axis=1)
+  score = clicker.iou(pred, y > 0.5, w > 0)
+  correct = tf.reduce_sum(tf.cast(tf.equal(tf.cast(pred, tf.float32), y), tf.float32) * w,
+                          axis=[1, 2, 3])
+  return tf.stack([score, correct, tf.reduce_sum(w, axis=[1, 2, 3])], axis=1)
 
 
 class ClassificationTask:

@@ -1,0 +1,100 @@
+"""The model's input, from the records or from a request: one definition for
+the trainer, the serving export and the NoC evaluation.
+
+The trainer's input is the exported tf.Transform graph applied to the raw
+bytes the records hold, its model inputs (features.json, role
+`model_input`) concatenated in declared order (`model_inputs`). At serving
+time those raw bytes are computed from the request by the TensorFlow twins
+of the ops of the chain (`serving_plan`, `run_plan`), then go through the
+same transform and concatenation.
+
+This module imports nothing of `train`.
+"""
+
+from typing import Callable, Dict, List, Tuple
+
+import tensorflow as tf
+
+from beam_prep.features import FeatureTable
+from beam_prep.ops import registry
+
+Example = Dict[str, tf.Tensor]
+
+# raw bytes <-> tensors: the records hold `ndarray.tobytes()` (little-endian);
+# in the graph, a tensor becomes those same bytes by joining one-byte strings.
+_BYTE_TABLE = [bytes([i]) for i in range(256)]
+
+
+class ServingPlanError(ValueError):
+  """The chain cannot be served: an op changes a model input without a twin."""
+
+
+def model_inputs(table: FeatureTable, transformed: Dict[str, tf.Tensor]) -> tf.Tensor:
+  """The model's input: the transformed model inputs, concatenated in declared order."""
+  parts = [transformed[e.key] for e in table.model_inputs]
+  return parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
+
+
+def to_raw_bytes(x: tf.Tensor) -> tf.Tensor:
+  """A tensor -> scalar string of its row-major bytes (numpy's tobytes).
+
+  Multi-byte dtypes are bitcast to bytes in the machine's order, which is
+  little-endian on every platform TensorFlow ships for, as the records are.
+  """
+  if x.dtype != tf.uint8:
+    x = tf.bitcast(x, tf.uint8)
+  table = tf.constant(_BYTE_TABLE)
+  return tf.strings.reduce_join(tf.gather(table, tf.reshape(tf.cast(x, tf.int32), [-1])))
+
+
+def serving_plan(table: FeatureTable) -> List[Tuple[str, Callable[[Example], Example]]]:
+  """The twins the serving graph runs, in chain order: `[(op call, twin)]`.
+
+  Imports the ops module that features.json names, so user ops and their
+  twins are registered.
+
+  Raises:
+    ServingPlanError: an op produces or changes a model input and has no
+      twin, or the ops module cannot be imported.
+  """
+  try:
+    registry.import_ops_modules(table.ops_module)
+  except ImportError as e:
+    raise ServingPlanError(
+        f"features.json names the ops module {table.ops_module!r}, which cannot be imported "
+        f"({e}); put it on PYTHONPATH so the serving graph can use its ops' twins") from None
+  model_input_keys = set(table.keys("model_input"))
+  plan = []
+  for spec in registry.parse_chain(table.chain):
+    entry = registry.op_entry(spec.name)
+    touched = sorted(set(entry.produces) & model_input_keys)
+    if not touched:
+      continue
+    twin = registry.build_twin(spec)
+    if twin is None:
+      raise ServingPlanError(
+          f"op {spec.name!r} produces the model input(s) {', '.join(touched)} but has no "
+          f"TensorFlow twin, so the serving graph cannot compute what the records hold. Give "
+          f"it one: register_op({spec.name!r}, produces=..., twin=fn) with fn(example, "
+          f"*args) doing the same on one example's tensors; or declare those features "
+          f"with role='metadata' if the model does not need them at serving time; or train "
+          f"with --no-export, which writes no serving model.")
+    plan.append((str(spec), twin))
+  return plan
+
+
+def run_plan(plan, table: FeatureTable, ex: Example) -> Dict[str, tf.Tensor]:
+  """One request example through the twins -> {model input key: raw bytes (scalar)}."""
+  for _, twin in plan:
+    ex = twin(dict(ex))
+  out = {}
+  for e in table.model_inputs:
+    if e.key not in ex:
+      raise ServingPlanError(f"the serving graph has no {e.key!r} after the chain's twins "
+                             f"(declared by op {e.op!r})")
+    value = ex[e.key]
+    if value.dtype != tf.as_dtype(e.feature.dtype):
+      raise ServingPlanError(f"the twin of op {e.op!r} gives {e.key!r} as {value.dtype.name}; "
+                             f"features.json declares {e.feature.dtype}")
+    out[e.key] = to_raw_bytes(value)
+  return out
