@@ -52,30 +52,9 @@ def _to_source(clicks, size, width, height):
   return np.stack([x, y], axis=1).astype(int)
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m pipelines.demo")
-  parser.add_argument("--workdir", default="out/demo")
-  parser.add_argument("--count", type=int, default=32)
-  args = parser.parse_args(argv)
-  log = lambda s: print(s, flush=True)  # pylint: disable=unnecessary-lambda-assignment
-  wd = args.workdir
-  data, prep, model = (os.path.join(wd, d) for d in ("data", "prep", "model"))
-  pred = os.path.join(wd, "prediction", "mask.png")
-  bin_dir = os.path.dirname(sys.executable)
-  beam_prep, beam_train = os.path.join(bin_dir, "beam-prep"), os.path.join(bin_dir, "beam-train")
-  total = time.time()
-  # A fresh model each run: the records are rebuilt, so resuming an older
-  # model directory would train on different data.
-  for stale in (model, os.path.dirname(pred)):
-    shutil.rmtree(stale, ignore_errors=True)
-  times = {}
-  times["sample data"] = _run([beam_prep, "sample-data", "--output", data,
-                               "--count", str(args.count)], log)
-  times["preprocess"] = _run([beam_prep, "segmentation", "--input", data, "--output", prep,
-                              "--preset", "demo", "--overwrite"], log)
-  times["train+export"] = _run([beam_train, "fit", "--data", prep, "--model-dir", model,
-                                "--preset", "demo"], log)
-
+def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, log):
+  """`beam-train predict` on an eval object with its record's clicks, moved to
+  the source image -> (what was predicted, for the summary, and its seconds)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   image_id, object_id, size, pos, neg = _eval_clicks(prep)
   image_path = sorted(glob.glob(os.path.join(data, "images", image_id + ".*")))[0]
@@ -83,13 +62,17 @@ def main(argv=None):
   pos, neg = _to_source(pos, size, width, height), _to_source(neg, size, width, height)
   cmd = [beam_train, "predict", "--model", model, "--image", image_path, "--output", pred]
   cmd += [f"--positive={x},{y}" for x, y in pos] + [f"--negative={x},{y}" for x, y in neg]
-  times["predict"] = _run(cmd, log)
-
+  seconds = _run(cmd, log)
   truth = np.asarray(Image.open(os.path.join(data, "masks", image_id + ".png")))
   got = np.asarray(Image.open(pred)) > 0
   valid = truth != 255
   obj = truth == object_id
   iou = (got & obj & valid).sum() / max(((got | obj) & valid).sum(), 1)
+  return {"image_id": image_id, "object_id": object_id, "positive": len(pos),
+          "negative": len(neg), "iou": iou}, seconds
+
+
+def _summary(data: str, prep: str, model: str, pred: str, predicted, times, log) -> None:
   manifest = json.load(open(os.path.join(prep, "manifest.json")))
   metrics = json.load(open(os.path.join(model, "metrics.json")))
   c = manifest["counts"]
@@ -116,10 +99,39 @@ def main(argv=None):
         f"{b['noc@90']:.2f}; {metrics['noc']['objects']} eval objects, up to "
         f"{metrics['noc']['max_clicks']} clicks -> {model}/eval/")
   log(f"  export       {metrics['export_dir']}")
-  log(f"  prediction   {pred} (+ _overlay.png): {image_id} object {object_id}, "
-      f"{len(pos)} positive + {len(neg)} negative clicks, IoU with the true mask {iou:.3f}")
-  log("  time         " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items())
-      + f"; total {time.time() - total:.0f} s")
+  p = predicted
+  log(f"  prediction   {pred} (+ _overlay.png): {p['image_id']} object {p['object_id']}, "
+      f"{p['positive']} positive + {p['negative']} negative clicks, IoU with the true mask "
+      f"{p['iou']:.3f}")
+  log("  time         " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()))
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m pipelines.demo")
+  parser.add_argument("--workdir", default="out/demo", help="where everything is written")
+  parser.add_argument("--count", type=int, default=32, help="sample scenes")
+  args = parser.parse_args(argv)
+  log = lambda s: print(s, flush=True)  # pylint: disable=unnecessary-lambda-assignment
+  wd = args.workdir
+  data, prep, model = (os.path.join(wd, d) for d in ("data", "prep", "model"))
+  pred = os.path.join(wd, "prediction", "mask.png")
+  bin_dir = os.path.dirname(sys.executable)
+  beam_prep, beam_train = os.path.join(bin_dir, "beam-prep"), os.path.join(bin_dir, "beam-train")
+  total = time.time()
+  # A fresh model each run: the records are rebuilt, so resuming an older
+  # model directory would train on different data.
+  for stale in (model, os.path.dirname(pred)):
+    shutil.rmtree(stale, ignore_errors=True)
+  times = {}
+  times["sample data"] = _run([beam_prep, "sample-data", "--output", data,
+                               "--count", str(args.count)], log)
+  times["preprocess"] = _run([beam_prep, "segmentation", "--input", data, "--output", prep,
+                              "--preset", "demo", "--overwrite"], log)
+  times["train+export"] = _run([beam_train, "fit", "--data", prep, "--model-dir", model,
+                                "--preset", "demo"], log)
+  predicted, times["predict"] = _predict(beam_train, data, prep, model, pred, log)
+  times["total"] = time.time() - total
+  _summary(data, prep, model, pred, predicted, times, log)
 
 
 if __name__ == "__main__":

@@ -123,68 +123,86 @@ def _crosses(draw, points, scale, r=4):
     draw.line([cx - r, cy + r, cx + r, cy - r], fill=MARK, width=2)
 
 
+def _mask_row(sheet, draw, ex, r, layout, table_label: str, panels, fonts) -> None:
+  """One example of a segmentation preview: its panels and a few lines of text."""
+  from PIL import ImageDraw  # pylint: disable=g-import-not-at-top
+  side, pw, ph, h, w = layout
+  font, small = fonts
+  y0 = TITLE + r * (ph + GAP)
+  pos, neg = _clicks(ex, keys.POSITIVE_CLICKS), _clicks(ex, keys.NEGATIVE_CLICKS)
+  mask = ex[table_label][..., 0]
+  grey = np.where(mask == keys.IGNORE, 128, mask * 255).astype(np.uint8)
+  images = [ex[keys.IMAGE], np.repeat(grey[..., None], 3, axis=-1)]
+  images += [_colormap(ex[key][..., c]) for _, key, c in panels]
+  for c, rgb in enumerate(images):
+    if c == 0:
+      im = drawing.overlay(rgb, positive=pos, negative=neg, scale=side / max(h, w))
+    else:
+      im, scale = _scaled(rgb, side)
+    if c >= 2:
+      _, key, ch = panels[c - 2]
+      if key in (keys.DISTANCE_MAPS, keys.CLICK_DISKS):
+        _crosses(ImageDraw.Draw(im), pos if ch == 0 else neg, scale)
+    sheet.paste(im, (SIDE + c * (pw + GAP), y0))
+  meta = [f"{name} {int(np.ravel(ex[k])[0])}" for k, name in
+          ((keys.OBJECT_ID, "object"), (keys.VARIANT, "variant"),
+           (keys.NEGATIVE_STRATEGY, "strategy")) if k in ex]
+  lines = [str(ex.get(keys.IMAGE_ID, "")), ", ".join(meta[:2]), ", ".join(meta[2:]),
+           f"{len(pos)} positive clicks", f"{len(neg)} negative clicks"]
+  for i, text in enumerate(t for t in lines if t):
+    draw.text((4, y0 + 4 + 17 * i), _fit(draw, text, font if i == 0 else small, SIDE - 8),
+              fill=(30, 30, 30) if i == 0 else (90, 90, 90), font=font if i == 0 else small)
+
+
+def _render_masks(examples: List[dict], table: FeatureTable, label: str, fonts):
+  """A segmentation preview: one row per example (image + clicks, mask, encodings)."""
+  from PIL import Image, ImageDraw  # pylint: disable=g-import-not-at-top
+  panels = _panels(table)
+  titles = ["image + clicks", f"{label} (grey: ignore)"] + [t for t, _, _ in panels]
+  h, w = examples[0][keys.IMAGE].shape[:2]
+
+  def size_of(side):
+    pw, ph = _size(h, w, side)
+    return SIDE + len(titles) * (pw + GAP), TITLE + len(examples) * (ph + GAP)
+
+  side = _panel_side(size_of)
+  pw, ph = _size(h, w, side)
+  sheet = Image.new("RGB", size_of(side), "white")
+  draw = ImageDraw.Draw(sheet)
+  for c, title in enumerate(titles):
+    draw.text((SIDE + c * (pw + GAP) + 2, 3), _fit(draw, title, fonts[0], pw - 2),
+              fill=(30, 30, 30), font=fonts[0])
+  for r, ex in enumerate(examples):
+    _mask_row(sheet, draw, ex, r, (side, pw, ph, h, w), label, panels, fonts)
+  return sheet
+
+
+def _render_classes(examples: List[dict], label: str, font):
+  """A classification preview: a grid of images titled with their class."""
+  from PIL import Image, ImageDraw  # pylint: disable=g-import-not-at-top
+  cols = min(4, len(examples))
+  rows = (len(examples) + cols - 1) // cols
+  pw = ph = _panel_side(lambda side: (cols * (side + GAP), rows * (side + TITLE + GAP)))
+  sheet = Image.new("RGB", (cols * (pw + GAP), rows * (ph + TITLE + GAP)), "white")
+  draw = ImageDraw.Draw(sheet)
+  for i, ex in enumerate(examples):
+    r, c = divmod(i, cols)
+    im, _ = _scaled(ex[keys.IMAGE], pw)
+    x0, y0 = c * (pw + GAP), r * (ph + TITLE + GAP)
+    draw.text((x0 + 2, y0 + 3), _fit(draw, str(ex[label]), font, pw - 2), fill=(30, 30, 30),
+              font=font)
+    sheet.paste(im, (x0, y0 + TITLE))
+  return sheet
+
+
 def render(examples: List[dict], table: FeatureTable) -> bytes:
   """PNG bytes of the preview grid (Pillow only: it is drawn on a worker)."""
-  from PIL import Image, ImageDraw  # pylint: disable=g-import-not-at-top
   label_entry = table.with_role("label")[0]
-  font, small = _font(13), _font(11)
-  gap, title_h = GAP, TITLE
+  fonts = (_font(13), _font(11))
   if label_entry.feature.per_pixel:  # A mask: one row per example with its panels.
-    label = label_entry.key
-    panels = _panels(table)
-    titles = ["image + clicks", f"{label} (grey: ignore)"] + [t for t, _, _ in panels]
-    side_w, cols = SIDE, len(titles)
-    h, w = examples[0][keys.IMAGE].shape[:2]
-
-    def size_of(side):
-      pw, ph = _size(h, w, side)
-      return side_w + cols * (pw + gap), title_h + len(examples) * (ph + gap)
-
-    side = _panel_side(size_of)
-    pw, ph = _size(h, w, side)
-    sheet = Image.new("RGB", size_of(side), "white")
-    draw = ImageDraw.Draw(sheet)
-    for c, title in enumerate(titles):
-      draw.text((side_w + c * (pw + gap) + 2, 3), _fit(draw, title, font, pw - 2),
-                fill=(30, 30, 30), font=font)
-    for r, ex in enumerate(examples):
-      y0 = title_h + r * (ph + gap)
-      pos, neg = _clicks(ex, keys.POSITIVE_CLICKS), _clicks(ex, keys.NEGATIVE_CLICKS)
-      mask = ex[label][..., 0]
-      grey = np.where(mask == keys.IGNORE, 128, mask * 255).astype(np.uint8)
-      images = [ex[keys.IMAGE], np.repeat(grey[..., None], 3, axis=-1)]
-      images += [_colormap(ex[key][..., c]) for _, key, c in panels]
-      for c, rgb in enumerate(images):
-        if c == 0:
-          im = drawing.overlay(rgb, positive=pos, negative=neg, scale=side / max(h, w))
-        else:
-          im, scale = _scaled(rgb, side)
-        if c >= 2:
-          _, key, ch = panels[c - 2]
-          if key in (keys.DISTANCE_MAPS, keys.CLICK_DISKS):
-            _crosses(ImageDraw.Draw(im), pos if ch == 0 else neg, scale)
-        sheet.paste(im, (side_w + c * (pw + gap), y0))
-      meta = [f"{name} {int(np.ravel(ex[k])[0])}" for k, name in
-              ((keys.OBJECT_ID, "object"), (keys.VARIANT, "variant"),
-               (keys.NEGATIVE_STRATEGY, "strategy")) if k in ex]
-      lines = [str(ex.get(keys.IMAGE_ID, "")), ", ".join(meta[:2]), ", ".join(meta[2:]),
-               f"{len(pos)} positive clicks", f"{len(neg)} negative clicks"]
-      for i, text in enumerate(t for t in lines if t):
-        draw.text((4, y0 + 4 + 17 * i), _fit(draw, text, font if i == 0 else small, side_w - 8),
-                  fill=(30, 30, 30) if i == 0 else (90, 90, 90), font=font if i == 0 else small)
+    sheet = _render_masks(examples, table, label_entry.key, fonts)
   else:
-    cols = min(4, len(examples))
-    rows = (len(examples) + cols - 1) // cols
-    pw = ph = _panel_side(lambda side: (cols * (side + gap), rows * (side + title_h + gap)))
-    sheet = Image.new("RGB", (cols * (pw + gap), rows * (ph + title_h + gap)), "white")
-    draw = ImageDraw.Draw(sheet)
-    for i, ex in enumerate(examples):
-      r, c = divmod(i, cols)
-      im, _ = _scaled(ex[keys.IMAGE], pw)
-      x0, y0 = c * (pw + gap), r * (ph + title_h + gap)
-      draw.text((x0 + 2, y0 + 3), _fit(draw, str(ex[label_entry.key]), font, pw - 2),
-                fill=(30, 30, 30), font=font)
-      sheet.paste(im, (x0, y0 + title_h))
+    sheet = _render_classes(examples, label_entry.key, fonts[0])
   buf = io.BytesIO()
   sheet.save(buf, format="PNG")
   return buf.getvalue()
