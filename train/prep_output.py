@@ -26,7 +26,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep import keys
-from beam_prep.features import FEATURES_FILE, FeatureTable
+from beam_prep.features import FeatureTable
 
 # The file of a model dir that records the run's settings, its data among them.
 MODEL_CONFIG_FILE = "config.json"
