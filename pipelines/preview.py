@@ -226,6 +226,6 @@ def write_preview(records_dir: str, output: str, count: int = 6,
 
   `table` defaults to the features.json beside `records_dir`.
   """
-  if table is None:
-    table = FeatureTable.load(posixpath.dirname(records_dir.rstrip("/")))
+  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  table = PrepOutput(posixpath.dirname(records_dir.rstrip("/")), table).table
   return save(read_examples(records_dir, count, table), table, output)

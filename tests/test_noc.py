@@ -176,6 +176,38 @@ def test_evaluate_writes_noc_plot_and_sheet_for_model_and_baseline(prep_dir, tmp
   assert {"noc@50/model", "noc@85/baseline"} <= tags
 
 
+def test_evaluate_from_another_folder_finds_the_data_the_model_was_trained_on(
+    prep_dir, tmp_path, monkeypatch, capsys):
+  from train import cli  # pylint: disable=g-import-not-at-top
+  work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+  work.mkdir()
+  elsewhere.mkdir()
+  os.symlink(prep_dir, work / "prep")
+  monkeypatch.chdir(work)
+  with pytest.raises(SystemExit) as e:
+    cli.main(["fit", "--data", "prep", "--model-dir", "model", "--steps", "2", "--batch-size",
+              "4", "--width", "4", "--depth", "1", "--histogram-every", "0", "--noc-clicks", "0",
+              "--no-export"])
+  assert e.value.code == 0
+  config_file = work / "model" / "config.json"
+  config = json.load(open(config_file))
+  assert config["data"] == str(work / "prep")  # recorded absolute
+  monkeypatch.chdir(elsewhere)
+  capsys.readouterr()
+  evaluate = ["evaluate", "--model", str(work / "model"), "--max-clicks", "2",
+              "--max-objects", "2"]
+  with pytest.raises(SystemExit) as e:
+    cli.main(evaluate)
+  assert e.value.code == 0
+  assert f"on the eval objects of {work / 'prep'}" in capsys.readouterr().out
+  # A model dir from before: the paths as typed in `work`, found from `elsewhere`.
+  json.dump(dict(config, data="prep", model_dir="model"), open(config_file, "w"))
+  with pytest.raises(SystemExit) as e:
+    cli.main(evaluate)
+  assert e.value.code == 0
+  assert f"on the eval objects of {work / 'prep'}" in capsys.readouterr().out
+
+
 def test_protocol_variants_replay_the_loop_against_the_baseline():
   """The records' strategy-4 clicks are what the evaluation loop gives the
   nearest-click baseline, click for click."""

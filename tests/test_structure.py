@@ -248,7 +248,7 @@ def test_the_trainer_names_what_is_wrong_with_its_data(tmp_path, prep_dir, capsy
   assert manifest(only_eval)["counts"]["examples_written"]["train"] == 0
   capsys.readouterr()
   assert _fit("--data", str(only_eval), "--model-dir", str(tmp_path / "m1")) != 0
-  assert "holds no train records" in capsys.readouterr().out
+  assert "has no train records" in capsys.readouterr().out
   records = os.path.join(prep_dir, "records")
   assert _fit("--data", records, "--model-dir", str(tmp_path / "m2")) != 0
   assert f"give its parent, --data {prep_dir}" in capsys.readouterr().out

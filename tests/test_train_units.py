@@ -62,3 +62,28 @@ def test_fit_refuses_an_unknown_option_with_the_closest_known_one(capsys):
   steps = TrainConfig.__dataclass_fields__["steps"].default
   assert f"total steps for the model directory (default: {steps})" in " ".join(
       capsys.readouterr().out.split())
+
+
+def test_one_overlay_for_masks_and_clicks_needs_neither_tensorflow_nor_matplotlib():
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from train import drawing  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  code = ("import sys, train.drawing\n"
+          "bad = [m for m in ('tensorflow', 'keras', 'matplotlib') if m in sys.modules]\n"
+          "assert not bad, bad\n")
+  run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                       timeout=120)
+  assert run.returncode == 0, run.stderr
+  image = np.full((10, 20, 3), 100, np.uint8)
+  mask = np.zeros((10, 20), bool)
+  mask[2:5, 3:8] = True
+  ignore = np.zeros((10, 20), bool)
+  ignore[9] = True
+  im = np.asarray(drawing.overlay(image, mask, [(15, 7)], [(1, 1)], scale=30, ignore=ignore))
+  assert im.shape == (300, 600, 3)  # enlarged by a whole factor, nearest neighbour
+  at = lambda x, y: tuple(im[int((y + 0.5) * 30), int((x + 0.5) * 30)])  # pixel (x, y)'s centre
+  assert at(15, 7) == drawing.POSITIVE and at(1, 1) == drawing.NEGATIVE
+  assert at(5, 3) == tuple(int(0.5 * 100 + 0.5 * c) for c in drawing.MASK_TINT)
+  assert at(10, 8) == (100, 100, 100) and at(10, 9) == (50, 50, 50)

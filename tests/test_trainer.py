@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from beam_prep import keys
+from tests.helpers import run_cli
 from train.data import Decoder, InputReader, Parser
 from train.prep_output import PrepOutput
 from train.tasks import make_task
@@ -244,3 +246,61 @@ def test_multi_worker_with_two_local_processes(prep_dir, tmp_path):
   assert m["replicas"] == 2 and m["global_batch_size"] == 4 and m["final_step"] == 4
   worker = json.load(open(os.path.join(model_dir, "workertemp_1", "metrics.json")))
   assert worker["final_loss"] == pytest.approx(m["final_loss"])  # one all-reduced model
+
+
+def _prep(data, out, *extra):
+  """A real beam-prep run (64 px, one variant) over `data`."""
+  assert run_cli(["segmentation", "--input", data, "--output", out, "--preset", "smoke",
+                  "--image-size", "64", "--variants", "1", "--max-error-fraction", "1"]
+                 + list(extra)) == 0
+  return out
+
+
+def test_fit_refuses_an_output_with_no_train_record(prep_dir, sample_dir, tmp_path, capsys):
+  # The images of the train split all unreadable, those of the eval split fine:
+  # a complete output (with _SUCCESS) holding eval records only.
+  eval_ids = {r[keys.IMAGE_ID] for r in PrepOutput(prep_dir).read_numpy(keys.EVAL_SPLIT,
+                                                                          [keys.IMAGE_ID])}
+  data = tmp_path / "photos"
+  shutil.copytree(sample_dir, data)
+  for image in (data / "images").iterdir():
+    if image.stem not in eval_ids:
+      image.write_bytes(b"not an image")
+  out = _prep(str(data), str(tmp_path / "prep"), "--eval-percent", "30")  # prep_dir's split
+  prep = PrepOutput(out)
+  assert prep.manifest["counts"]["examples_written"][keys.TRAIN_SPLIT] == 0
+  assert prep.has_records(keys.EVAL_SPLIT) and os.path.exists(os.path.join(out, "_SUCCESS"))
+  model_dir = str(tmp_path / "m")
+  for extra in ([], ["--skip-corrupt-records"]):
+    assert _fit(["--data", out, "--model-dir", model_dir, "--steps", "2"] + SMALL + extra) == 1
+    printed = capsys.readouterr().out
+    assert f"{out} has no train records (0 in its " in printed, printed
+    assert "not_an_image" in printed  # the manifest's count of what failed
+    assert f"{out}/manifest.json" in printed and f"{out}/errors/" in printed
+    assert "StopIteration" not in printed and "Traceback" not in printed
+  assert not os.path.exists(os.path.join(model_dir, "checkpoints"))  # refused before training
+
+
+def test_fit_on_the_records_folder_names_the_output_to_give(prep_dir, tmp_path, capsys):
+  records = os.path.join(prep_dir, keys.RECORDS_DIR)
+  assert _fit(["--data", records + "/", "--model-dir", str(tmp_path / "m"), "--steps", "1"]
+              + SMALL) == 1
+  printed = capsys.readouterr().out
+  assert f"{records} is the records/ folder of a beam-prep output" in printed
+  assert f"--data {prep_dir}" in printed
+  assert "still running" not in printed and "_SUCCESS" not in printed
+
+
+def test_an_empty_eval_split_skips_evaluation_and_noc_saying_why(sample_dir, tmp_path, capsys):
+  out = _prep(sample_dir, str(tmp_path / "prep"), "--eval-percent", "0")
+  model_dir = str(tmp_path / "m")
+  assert _fit(["--data", out, "--model-dir", model_dir, "--steps", "2", "--noc-clicks", "2"]
+              + SMALL) == 0
+  printed = capsys.readouterr().out
+  [line] = [l for l in printed.splitlines() if l.startswith("eval: ")]
+  assert line.startswith(f"eval: skipped evaluation and NoC: {out} has no eval records (0 in")
+  assert "--eval-percent N" in line and "made with --eval-percent 0" in line
+  m = json.load(open(os.path.join(model_dir, "metrics.json")))
+  assert m["eval"]["examples"] == 0 and m["eval"]["skipped"] in line
+  assert m["noc_skipped"] == m["eval"]["skipped"] and "noc" not in m
+  assert not os.path.exists(os.path.join(model_dir, "eval"))

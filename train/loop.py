@@ -580,7 +580,7 @@ def _check_records(config: TrainConfig, prep: PrepOutput) -> _Records:
     has_train = any(p in readable for p in files)
   if not has_train:
     raise RecordsError(
-        f"{prep.no_records(keys.TRAIN_SPLIT)}. Nothing to train on: "
+        f"{prep.no_records(keys.TRAIN_SPLIT)}: nothing to train on. "
         f"{prep.join(keys.MANIFEST_FILE)} counts what the job read and wrote, and "
         f"{prep.join(keys.ERRORS_DIR)}/ lists each input that failed and why")
   return _Records(skipped, any(p in readable for p in eval_files))

@@ -26,7 +26,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep import keys
-from beam_prep.features import FEATURES_FILE, FeatureTable
+from beam_prep.features import FeatureTable
 
 # The file of a model dir that records the run's settings, its data among them.
 MODEL_CONFIG_FILE = "config.json"
@@ -201,19 +201,17 @@ class PrepOutput:
   def no_records(self, split: str) -> str:
     """Why a split has no records, for a message: its shards and the manifest's counts."""
     files = self.files(split)
-    where = (f"its {len(files)} {keys.RECORDS_DIR}/{split}-* shard(s) are empty" if files
-             else f"there is no {keys.RECORDS_DIR}/{split}-* shard")
+    where = (f"0 in its {len(files)} {keys.RECORDS_DIR}/{split}-* shard(s)" if files
+             else f"no {keys.RECORDS_DIR}/{split}-* shard")
     counts = self.manifest.get("counts", {})
-    told = []
-    if "inputs_read" in counts:
-      told.append(f"{counts['inputs_read']} inputs read")
-    if "images_failed" in counts:
-      told.append(f"{counts['images_failed']} failed")
+    told = [f"{counts[k]} {what}" for k, what in (("inputs_read", "inputs read"),
+                                                  ("images_failed", "failed"))
+            if k in counts]
     reasons = counts.get("errors_by_reason") or {}
     if reasons:
       told.append("errors " + ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items())))
-    manifest = f" ({keys.MANIFEST_FILE}: {'; '.join(told)})" if told else ""
-    return f"{self.path} holds no {split} records: {where}{manifest}"
+    manifest = f"; {keys.MANIFEST_FILE}: {', '.join(told)}" if told else ""
+    return f"{self.path} has no {split} records ({where}{manifest})"
 
   def check_shards(self, files: Sequence[str]) -> List[str]:
     """Checks each shard's first record against features.json, cheaply.
