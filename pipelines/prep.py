@@ -183,10 +183,10 @@ def job_link(result, options: PipelineOptions) -> Dict[str, Optional[str]]:
   return {"job_id": job_id, "console_url": url, "region": region}
 
 
-def _start(config: PrepConfig, options: PipelineOptions, dry_run: bool) -> str:
+def _start(config: PrepConfig, table: FeatureTable, options: PipelineOptions,
+           dry_run: bool) -> str:
   """Checks the input, prepares the output and writes what the job runs with;
   returns tf.Transform's temp dir."""
-  table = config.features()
   registry.check_chain(registry.parse_chain(config.chain), _given_keys(config),
                        f"the {config.layout} layout")
   if not dry_run:
@@ -259,9 +259,10 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None,
   options = pipeline_options or PipelineOptions()
   dry_run = bool(options.view_as(TestOptions).dry_run)
   config = with_layout(config, dry_run)
-  temp_dir = _start(config, options, dry_run)
+  table = config.features()
+  temp_dir = _start(config, table, options, dry_run)
   p = beam.Pipeline(options=options)
-  build(p, config, config.features(), temp_dir, started)
+  build(p, config, table, temp_dir, started)
   runner = options.get_all_options()["runner"] or "DirectRunner"
   log.info("%s: %s on %s (%s layout: %s -> %s)", config.task,
            "building the job (dry run)" if dry_run else "running", runner, config.layout,

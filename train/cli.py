@@ -129,9 +129,6 @@ def build_config(args: argparse.Namespace):
   if missing:
     raise ValueError("missing required option(s): "
                      + ", ".join("--" + m.replace("_", "-") for m in missing))
-  if "://" not in fields["data"]:
-    # The model dir records it: `evaluate` and `export` find it from any folder.
-    fields["data"] = os.path.abspath(fields["data"])
   return TrainConfig.from_dict(fields)
 
 
