@@ -110,3 +110,25 @@ def test_exif_orientation_is_applied_so_photo_and_mask_align(tmp_path):
   path = tmp_path / "phone.jpg"
   path.write_bytes(jpeg)
   np.testing.assert_array_equal(load_image(str(path)), out[keys.IMAGE])
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_twin_applies_every_exif_orientation_as_the_job_does(fmt):
+  """The serving graph's decoder (classification serves encoded files) and
+  the job's decoder show the same picture for each of the 8 orientations."""
+  import io  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from beam_prep.ops.image import decode_file, decode_twin  # pylint: disable=g-import-not-at-top
+  stored = np.random.default_rng(0).integers(0, 255, (13, 21, 3), dtype=np.uint8)
+  shapes = set()
+  for orientation in [None, *range(1, 9)]:
+    buf, exif = io.BytesIO(), Image.Exif()
+    if orientation:
+      exif[0x010F], exif[0x0112] = "camera", orientation  # orientation not the first tag
+    Image.fromarray(stored).save(buf, format=fmt, exif=exif.tobytes())
+    job = decode_file(buf.getvalue())
+    twin = decode_twin({"image_bytes": tf.constant(buf.getvalue())})["image"].numpy()
+    assert job.shape == twin.shape, orientation
+    assert np.abs(job.astype(int) - twin).max() <= (0 if fmt == "PNG" else 8), orientation
+    shapes.add(job.shape)
+  assert shapes == {(13, 21, 3), (21, 13, 3)}

@@ -131,8 +131,16 @@ def mask_to_ids(im: Image.Image) -> np.ndarray:
       "(palette or grey PNG, as Pascal VOC's SegmentationObject)")
 
 
+def decode_file(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+  """An encoded image file -> uint8 RGB [H, W, 3] as viewers show it (EXIF
+  orientation applied): how the job, `beam-train predict` and the server read
+  an image. Raises ExampleError with the reason."""
+  return image_to_rgb(displayed(_open(data, "image", max_pixels)))
+
+
 def decode_twin(ex, max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
-  """`decode` in TensorFlow: `image_bytes` (an encoded file) -> `image`.
+  """`decode` in TensorFlow: `image_bytes` (an encoded file) -> `image`, with
+  the file's EXIF orientation applied as `decode` applies it.
 
   A request that already holds decoded pixels (`image`) passes unchanged.
   """
@@ -140,12 +148,76 @@ def decode_twin(ex, max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = T
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   out = dict(ex)
   if keys.IMAGE_BYTES in ex:
-    out[keys.IMAGE] = tf.io.decode_image(ex[keys.IMAGE_BYTES], channels=3,
-                                         expand_animations=False)
+    data = ex[keys.IMAGE_BYTES]
+    image = tf.io.decode_image(data, channels=3, expand_animations=False)
+    out[keys.IMAGE] = _orient(image, _exif_orientation(data))
     del out[keys.IMAGE_BYTES]
   shape = tf.shape(out[keys.IMAGE])
   out[keys.HEIGHT], out[keys.WIDTH] = tf.cast(shape[0], tf.int64), tf.cast(shape[1], tf.int64)
   return out
+
+
+# Where an EXIF block (a TIFF header) starts: after JPEG's APP1 "Exif\0\0"
+# or PNG's eXIf chunk type. Both sit before the pixel data, near the start.
+_EXIF_MARKERS = (b"Exif\x00\x00", b"eXIf")
+_EXIF_SEARCH_BYTES = 1 << 17
+_ORIENTATION_TAG = 0x0112
+
+
+def _exif_orientation(data):
+  """The EXIF orientation (1..8) of an encoded image, in TensorFlow; 1 when
+  the file has none. Reads IFD0 of the first EXIF block, as PIL does."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  head = tf.io.decode_raw(tf.strings.substr(data, 0, _EXIF_SEARCH_BYTES), tf.uint8)
+  head = tf.cast(tf.concat([head, tf.zeros([16], tf.uint8)], 0), tf.int32)
+  n = tf.shape(head)[0] - 16
+  starts = [_find(head, n, m) + len(m) for m in _EXIF_MARKERS]
+  tiff = tf.reduce_min(tf.stack(starts))
+  found = tiff < n
+  tiff = tf.minimum(tiff, n)
+  body = tf.concat([head[tiff:], tf.zeros([12 * 64 + 16], tf.int32)], 0)
+  little = tf.equal(body[0], ord("I"))
+  found &= (little | tf.equal(body[0], ord("M"))) & tf.equal(body[0], body[1])
+
+  def uint(at, size):
+    b = body[at:at + size]
+    b = tf.cond(little, lambda: tf.reverse(b, [0]), lambda: b)
+    return tf.reduce_sum(b * tf.bitwise.left_shift(1, 8 * tf.range(size - 1, -1, -1)))
+
+  ifd = tf.minimum(uint(4, 4), tf.shape(body)[0] - 2)
+  entries = tf.range(tf.minimum(uint(ifd, 2), 64))
+  tags = tf.map_fn(lambda i: uint(ifd + 2 + 12 * i, 2), entries)
+  hit = tf.where(tf.equal(tags, _ORIENTATION_TAG))[:, 0]
+  value = tf.cond(tf.size(hit) > 0,
+                  lambda: uint(ifd + 2 + 12 * tf.cast(hit[0], tf.int32) + 8, 2),
+                  lambda: tf.constant(1))
+  ok = found & (value >= 1) & (value <= 8)
+  return tf.where(ok, value, 1)
+
+
+def _find(head, n, marker: bytes):
+  """Index of the first `marker` in `head[:n]`, or n."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  match = tf.ones([n], tf.bool)
+  for i, byte in enumerate(marker):
+    match &= tf.equal(head[i:i + n], byte)
+  hits = tf.where(match)[:, 0]
+  return tf.cond(tf.size(hits) > 0, lambda: tf.cast(hits[0], tf.int32), lambda: n)
+
+
+def _orient(image, orientation):
+  """`image` as viewers show it under EXIF `orientation` (PIL's exif_transpose)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  t = lambda im: tf.transpose(im, [1, 0, 2])
+  ways = [lambda: image,  # 1
+          lambda: tf.reverse(image, [1]),  # 2: mirrored
+          lambda: tf.image.rot90(image, 2),  # 3
+          lambda: tf.reverse(image, [0]),  # 4
+          lambda: t(image),  # 5: transposed
+          lambda: tf.image.rot90(image, 3),  # 6: turned 90 degrees clockwise
+          lambda: tf.image.rot90(t(image), 2),  # 7: transversed
+          lambda: tf.image.rot90(image, 1)]  # 8
+  return tf.switch_case(orientation - 1, ways)
 
 
 @register_op("decode", reads=(keys.IMAGE_BYTES,),
@@ -161,7 +233,7 @@ def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
   """
 
   def fn(ex):
-    image = image_to_rgb(displayed(_open(ex["image_bytes"], "image", max_pixels)))
+    image = decode_file(ex["image_bytes"], max_pixels)
     out = {k: v for k, v in ex.items() if k not in ("image_bytes", "mask_bytes")}
     out[keys.IMAGE] = image
     out[keys.HEIGHT], out[keys.WIDTH] = image.shape[:2]
