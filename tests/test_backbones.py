@@ -71,3 +71,15 @@ def test_backbone_models_train_and_export(prep_dir, tmp_path, name, weights):
   assert json.load(open(os.path.join(model_dir, "model.json")))["builtin"]["backbone_weights"] \
       == weights
   assert_serving_parity(prep_dir, model_dir, n=2)
+
+
+@pytest.mark.parametrize("name", ["segmentation_fcn", "unet_mobilenetv2"])
+def test_built_in_segmentation_models_take_any_image_size(name):
+  """`--image-size 100` (not a multiple of the pooling) trains: the task's
+  check of the model on the records' shape passes and the logits keep H, W."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from train.models import build_model  # pylint: disable=g-import-not-at-top
+  builtin = {"width": 4, "depth": 3, "backbone_weights": "none"}
+  model = build_model(name, input_channels=5, image_size=[100, 70], builtin=builtin)
+  assert tuple(model(tf.zeros([2, 100, 70, 5])).shape) == (2, 100, 70, 1)
+  assert tuple(model(tf.zeros([1, 96, 96, 5])).shape) == (1, 96, 96, 1)

@@ -14,11 +14,14 @@ gets the records' (height, width). The built-in models take `width` and
 `depth` from `--width` and `--depth`; a user's model takes only what
 `--model-args` gives it, so its own defaults hold.
 
-`segmentation_fcn`: a small U-Net-style fully convolutional net. H and W
-must be multiples of 2**depth.
+`segmentation_fcn`: a small U-Net-style fully convolutional net.
 
 `unet_mobilenetv2`, `unet_resnet50`: U-Net decoders (skip connections at
-1/2..1/16) on `keras.applications` encoders; H and W multiples of 32.
+1/2..1/16) on `keras.applications` encoders.
+
+The U-Nets take any H and W: they pad the input at the bottom and right to
+the multiple their pooling needs (2**depth, 32) and crop the logits back,
+so any `--image-size` of the Beam job trains.
 `--backbone-weights imagenet` (the default; downloads them), `none`, or a
 weights file of the 3-channel backbone (`save_weights` of
 `keras.applications.ResNet50(include_top=False)`, say). The first
@@ -165,6 +168,31 @@ def rebuild(model_dir: str) -> keras.Model:
   return model
 
 
+@keras.saving.register_keras_serializable(package="beam_prep")
+class PadToMultiple(keras.layers.Layer):
+  """Pads [B, H, W, C] with zeros at the bottom and right to multiples of `multiple`."""
+
+  def __init__(self, multiple: int, **kwargs):
+    super().__init__(**kwargs)
+    self.multiple = multiple
+
+  def call(self, x):
+    h, w = keras.ops.shape(x)[1], keras.ops.shape(x)[2]
+    return keras.ops.pad(x, [[0, 0], [0, (-h) % self.multiple], [0, (-w) % self.multiple],
+                             [0, 0]])
+
+  def get_config(self):
+    return dict(super().get_config(), multiple=self.multiple)
+
+
+@keras.saving.register_keras_serializable(package="beam_prep")
+class CropLike(keras.layers.Layer):
+  """Crops [B, H', W', C] to the height and width of a reference tensor."""
+
+  def call(self, x, reference):
+    return x[:, :keras.ops.shape(reference)[1], :keras.ops.shape(reference)[2]]
+
+
 def _block(x, filters: int, name: str):
   for i in (1, 2):
     x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"{name}_conv{i}")(x)
@@ -178,7 +206,7 @@ def _block(x, filters: int, name: str):
 def segmentation_fcn(input_channels: int, width: int = 16, depth: int = 3) -> keras.Model:
   """U-Net-style encoder/decoder returning per-pixel mask logits."""
   inputs = keras.Input((None, None, input_channels), name="inputs")
-  x, skips = inputs, []
+  x, skips = PadToMultiple(2**depth, name="pad")(inputs), []
   for i in range(depth):
     x = _block(x, width * 2**i, f"down{i}")
     skips.append(x)
@@ -190,7 +218,7 @@ def segmentation_fcn(input_channels: int, width: int = 16, depth: int = 3) -> ke
     x = _block(x, width * 2**i, f"up{i}")
   # float32 logits even under mixed precision: the loss needs the range.
   logits = keras.layers.Conv2D(1, 1, name="logits", dtype="float32")(x)
-  return keras.Model(inputs, logits, name="segmentation_fcn")
+  return keras.Model(inputs, CropLike(name="crop")(logits, inputs), name="segmentation_fcn")
 
 
 @register_model("cnn_classifier")
@@ -259,7 +287,7 @@ def _backbone_unet(backbone: str, input_channels: int, width: int,
   features = keras.Model(encoder.input, [encoder.get_layer(n).output for n in skip_names]
                          + [encoder.get_layer(bottom_name).output], name=f"{backbone}_encoder")
   inputs = keras.Input((None, None, input_channels), name="inputs")
-  *skips, x = features(inputs)
+  *skips, x = features(PadToMultiple(32, name="pad")(inputs))
   for i in reversed(range(len(skips))):
     x = keras.layers.UpSampling2D(name=f"up{i}_resize")(x)
     x = keras.layers.Concatenate(name=f"up{i}_concat")([x, skips[i]])
@@ -267,18 +295,18 @@ def _backbone_unet(backbone: str, input_channels: int, width: int,
   x = keras.layers.UpSampling2D(name="full_resize")(x)
   x = _block(x, width, "full")
   logits = keras.layers.Conv2D(1, 1, name="logits", dtype="float32")(x)
-  return keras.Model(inputs, logits, name=f"unet_{backbone}")
+  return keras.Model(inputs, CropLike(name="crop")(logits, inputs), name=f"unet_{backbone}")
 
 
 @register_model("unet_mobilenetv2")
 def unet_mobilenetv2(input_channels: int, width: int = 16,
                      backbone_weights: str = "imagenet") -> keras.Model:
-  """U-Net decoder on a MobileNetV2 encoder (keras.applications); H, W multiples of 32."""
+  """U-Net decoder on a MobileNetV2 encoder (keras.applications)."""
   return _backbone_unet("mobilenetv2", input_channels, width, backbone_weights)
 
 
 @register_model("unet_resnet50")
 def unet_resnet50(input_channels: int, width: int = 16,
                   backbone_weights: str = "imagenet") -> keras.Model:
-  """U-Net decoder on a ResNet50 encoder (keras.applications); H, W multiples of 32."""
+  """U-Net decoder on a ResNet50 encoder (keras.applications)."""
   return _backbone_unet("resnet50", input_channels, width, backbone_weights)
