@@ -74,3 +74,21 @@ def test_twins_get_the_ops_chain_arguments_and_bad_signatures_are_named():
       registry.build_twin(registry.parse_chain("scaled(k=1, j=2)")[0])
   with pytest.raises(FeatureError, match="must be a beam_prep.Feature"):
     register_op("bad_decl", produces={"y": "uint8"})
+
+
+def test_ops_and_model_modules_are_found_by_one_rule(tmp_path, monkeypatch):
+  """`--ops-module` and `--model-module` look in the current folder as `python -m`
+  does; a missing module is an ImportError naming the option and the folders."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from train.models import import_model_modules  # pylint: disable=g-import-not-at-top
+  (tmp_path / "my_plugin_ops.py").write_text("LOADED = True\n")
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+  registry.import_ops_modules("my_plugin_ops")
+  assert sys.modules["my_plugin_ops"].LOADED
+  assert import_model_modules("my_plugin_ops") == {"my_plugin_ops": str(tmp_path / "my_plugin_ops.py")}
+  for importer, what in ((registry.import_ops_modules, "ops module"),
+                         (import_model_modules, "model module")):
+    with pytest.raises(ImportError, match=f"{what} 'no_such_plugin' not found .*{tmp_path}"):
+      importer("no_such_plugin")
+  sys.modules.pop("my_plugin_ops")

@@ -37,14 +37,14 @@ What built a run's model is written to MODEL_DIR/model.json, so that
 it was found) and restores its weights.
 """
 
-import importlib
 import inspect
 import json
 import os
-import sys
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import keras
+
+from beam_prep import plugins
 
 _MODELS: Dict[str, Callable[..., keras.Model]] = {}
 MODEL_FILE = "model.json"
@@ -63,34 +63,9 @@ def register_model(name: str):
 
 
 def import_model_modules(spec: str, search: Tuple[str, ...] = ()) -> Dict[str, str]:
-  """Imports a module (or comma-separated modules) that registers models.
-
-  The current directory is searched too, as `python -m` would, then
-  `search` (the folders a model dir recorded).
-
-  Returns:
-    module name -> the file it was imported from.
-
-  Raises:
-    ImportError: naming the module and where it was looked for.
-  """
-  files = {}
-  for name in filter(None, (m.strip() for m in (spec or "").split(","))):
-    try:
-      module = importlib.import_module(name)
-    except ModuleNotFoundError as e:
-      if e.name != name.split(".")[0] and e.name != name:
-        raise  # The module exists; something it imports does not.
-      extra = [d for d in (os.getcwd(), *search) if d and d not in sys.path]
-      sys.path[:0] = extra
-      try:
-        module = importlib.import_module(name)
-      except ModuleNotFoundError:
-        raise ImportError(
-            f"model module {name!r} not found on the Python path, in {os.getcwd()} or in "
-            f"{', '.join(search) or 'no recorded folder'}") from None
-    files[name] = os.path.abspath(getattr(module, "__file__", "") or "")
-  return files
+  """Imports the module(s) that register models (`beam_prep.plugins`'s rule);
+  returns module name -> the file it was imported from."""
+  return plugins.import_modules(spec, "model module", search)
 
 
 def model_factory(name: str) -> Callable[..., keras.Model]:

@@ -54,6 +54,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import numpy as np
 
+from beam_prep import plugins
 from beam_prep.features import Feature, FeatureError
 
 Example = Dict[str, Any]
@@ -185,10 +186,9 @@ def temporary_ops() -> Iterator[None]:
 
 
 def import_ops_modules(ops_module: str) -> None:
-  """Imports a module (or comma-separated modules) that registers user ops."""
-  import importlib  # pylint: disable=g-import-not-at-top
-  for name in filter(None, (m.strip() for m in (ops_module or "").split(","))):
-    importlib.import_module(name)
+  """Imports the module(s) that register user ops or layouts (`--ops-module`;
+  `beam_prep.plugins`'s rule)."""
+  plugins.import_modules(ops_module, "ops module")
 
 
 @dataclasses.dataclass(frozen=True)
