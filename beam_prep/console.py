@@ -136,21 +136,6 @@ class UnknownOptionError(ValueError):
   """An option nobody knows; the message names it and the closest known one."""
 
 
-def show_defaults(parser, defaults: Dict[str, Any]) -> None:
-  """Adds "(default: X)" to the help of every option whose dest has a default."""
-  for action in parser._actions:  # pylint: disable=protected-access
-    if action.dest not in defaults or action.help == "==SUPPRESS==":
-      continue
-    value = defaults[action.dest]
-    shown = "''" if value == "" else value
-    if isinstance(value, bool):
-      shown = "on" if value else "off"
-    note = f"default: {shown}"
-    if action.const is False and action.nargs == 0:  # a --no-X switch
-      note = f"default: {action.dest.replace('_', ' ')} {shown}"
-    action.help = f"{action.help} ({note})" if action.help else note
-
-
 def check_unknown(args: List[str], known_flags, where: str, strict: bool = False) -> None:
   """Refuses `--flags` in `args` that are not in `known_flags`, suggesting the closest.
 

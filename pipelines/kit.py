@@ -25,16 +25,27 @@ def option_fields(cls, skip: Iterable[str] = ()) -> List[dataclasses.Field]:
   return [f for f in dataclasses.fields(cls) if "help" in f.metadata and f.name not in skip]
 
 
+def with_default(text: str, value: Any) -> str:
+  """`text` + " (default: VALUE)", unless the value says nothing (off, empty)
+  or the help explains it already ("(0: all)")."""
+  if isinstance(value, bool) or value in ("", None) or f"({value}:" in (text or ""):
+    return text
+  return f"{text} (default: {value})" if text else f"default: {value}"
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+  """Adds each option's own default to its help (options written by hand)."""
+  for action in parser._actions:  # pylint: disable=protected-access
+    if action.option_strings and action.help != argparse.SUPPRESS and action.nargs != 0:
+      action.help = with_default(action.help, action.default)
+
+
 def _help(f: dataclasses.Field) -> str:
   text = f.metadata["help"]
   if not f.metadata["show_default"] or f.metadata["required"]:
     return text
-  value = f.default
-  if f.metadata["none"] is not None and value == f.metadata["none"]:
-    value = "none"
-  if isinstance(value, bool) or value in ("", None):
-    return text  # Off, or nothing: the help says what giving it does.
-  return f"{text} (default: {value})"
+  none = f.metadata["none"]
+  return with_default(text, "none" if none is not None and f.default == none else f.default)
 
 
 def add_options(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) -> None:

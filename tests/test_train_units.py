@@ -59,9 +59,11 @@ def test_fit_refuses_an_unknown_option_with_the_closest_known_one(capsys):
   with pytest.raises(SystemExit):
     train_cli.main(["fit", "--help"])
   from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
-  steps = TrainConfig.__dataclass_fields__["steps"].default
-  assert f"total steps for the model directory (default: {steps})" in " ".join(
-      capsys.readouterr().out.split())
+  steps = TrainConfig.__dataclass_fields__["steps"]
+  shown = " ".join(capsys.readouterr().out.split())
+  # The flag's help and default are the field's own declaration.
+  assert f"{steps.metadata['help']} (default: {steps.default})" in shown
+  assert "(0: the whole eval split)" in shown and "(0: the whole eval split) (default" not in shown
 
 
 def test_one_overlay_for_masks_and_clicks_needs_neither_tensorflow_nor_matplotlib():

@@ -14,122 +14,42 @@ import json
 import os
 from typing import List, Optional
 
-from beam_prep.console import (check_unknown, dispatch, load_config_file, option_flags, preset,
-                               show_defaults)
+from beam_prep.console import check_unknown, dispatch, option_flags
+from pipelines import kit
 from train import logs
 
 
 def fit_parser() -> argparse.ArgumentParser:
+  """`beam-train fit`'s options: one per `TrainConfig` option field (`pipelines.kit`)."""
+  from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
   p = argparse.ArgumentParser(prog="beam-train fit", description="Train on beam_prep records.")
-  p.add_argument("--data", help="beam_prep output directory")
-  p.add_argument("--model-dir", dest="model_dir", help="checkpoints, logs, metrics, export")
+  kit.add_options(p, TrainConfig)
+  p.add_argument("--model-args", dest="model_args_json", metavar="JSON",
+                 help="keyword arguments of the model factory, a JSON object")
+  p.add_argument("--profile-steps", dest="profile_steps_text", metavar="A,B",
+                 help="record a profiler trace of global steps A..B")
   p.add_argument("--config", help="JSON file of TrainConfig fields")
   p.add_argument("--preset", help="named defaults: smoke (tiny, for demos and tests)")
-  p.add_argument("--model", help="registered model name (default: the task's)")
-  p.add_argument("--model-module", dest="model_module",
-                 help="module (or comma-separated modules) to import first; it registers "
-                 "models with train.register_model (searched on the Python path and in the "
-                 "current directory)")
-  p.add_argument("--model-args", dest="model_args", metavar="JSON",
-                 help="keyword arguments of the model factory, a JSON object")
-  p.add_argument("--steps", type=int, help="total steps for the model directory")
-  p.add_argument("--batch-size", type=int, dest="batch_size", help="examples per replica")
-  p.add_argument("--learning-rate", type=float, dest="learning_rate")
-  p.add_argument("--lr-schedule", dest="lr_schedule", choices=["constant", "cosine"],
-                 help="constant, or cosine decay to 5%% of the learning rate over --steps")
-  p.add_argument("--scale-learning-rate", dest="scale_learning_rate", action="store_true",
-                 default=None, help="multiply the learning rate by the replica count")
-  p.add_argument("--shuffle-buffer", type=int, dest="shuffle_buffer")
-  p.add_argument("--width", type=int, help="built-in models: channels of the first block")
-  p.add_argument("--depth", type=int, help="built-in models: down-sampling blocks")
-  p.add_argument("--backbone-weights", dest="backbone_weights", metavar="imagenet|none|PATH",
-                 help="unet_mobilenetv2 / unet_resnet50: ImageNet weights (downloaded), none, "
-                 "or a weights file of the backbone")
-  p.add_argument("--checkpoint-every", type=int, dest="checkpoint_every")
-  p.add_argument("--log-every", type=int, dest="log_every")
-  p.add_argument("--histogram-every", type=int, dest="histogram_every",
-                 help="weight/gradient histograms and predicted masks every N steps (0: off)")
-  p.add_argument("--eval-batches", type=int, dest="eval_batches",
-                 help="eval batches at the end (0: the whole eval split)")
-  p.add_argument("--noc-clicks", type=int, dest="noc_clicks",
-                 help="segmentation: NoC evaluation at the end with up to N simulated clicks "
-                 "per eval object (0: skip it)")
-  p.add_argument("--noc-objects", type=int, dest="noc_objects",
-                 help="NoC on the first N eval objects only (0: all)")
-  p.add_argument("--seed", type=int)
-  p.add_argument("--init-from", dest="init_from", help="checkpoint or model dir to start from")
-  p.add_argument("--freeze", help="regular expression of layer names not to train")
-  p.add_argument("--mixed-precision", dest="mixed_precision",
-                 choices=["", "mixed_float16", "mixed_bfloat16"])
-  p.add_argument("--xla", action="store_true", default=None, help="compile the step with XLA")
-  p.add_argument("--no-memory-growth", dest="memory_growth", action="store_false", default=None,
-                 help="let TensorFlow take all GPU memory up front")
-  p.add_argument("--gpu-memory-limit-mb", type=int, dest="gpu_memory_limit_mb")
-  p.add_argument("--intra-op-threads", type=int, dest="intra_op_threads")
-  p.add_argument("--inter-op-threads", type=int, dest="inter_op_threads")
-  p.add_argument("--cpu-replicas", type=int, dest="cpu_replicas",
-                 help="mirror over N logical CPU devices (multi-replica without GPUs)")
-  p.add_argument("--profile-steps", dest="profile_steps", metavar="A,B",
-                 help="record a profiler trace of global steps A..B")
-  p.add_argument("--skip-corrupt-records", dest="skip_corrupt_records", action="store_true",
-                 default=None, help="skip unreadable records instead of stopping")
-  p.add_argument("--no-export", dest="export", action="store_false", default=None,
-                 help="train without writing the serving SavedModel")
   p.add_argument("--verbose", action="store_true", help="show library logs")
-  show_defaults(p, _train_defaults())
   return p
-
-
-def _train_defaults():
-  """The TrainConfig's defaults, by option dest (what `--help` shows)."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
-  out = {f.name: f.default for f in dataclasses.fields(TrainConfig)
-         if f.default is not dataclasses.MISSING and f.name not in ("data", "model_dir")}
-  out["verbose"] = False
-  if out.get("model") in ("", None):
-    out.pop("model", None)  # Its help says: the task's.
-  out["model_args"] = "{}"
-  profile = out.pop("profile_steps", None)
-  if profile is not None:
-    out["profile_steps"] = "off" if not profile else ",".join(str(v) for v in profile)
-  return out
-
-
-_FIELDS = ("data", "model_dir", "model", "model_module", "steps", "batch_size", "learning_rate",
-           "lr_schedule", "backbone_weights",
-           "scale_learning_rate", "shuffle_buffer", "width", "depth", "checkpoint_every",
-           "log_every", "histogram_every", "eval_batches", "noc_clicks", "noc_objects", "seed", "init_from", "freeze",
-           "mixed_precision", "xla", "memory_growth", "gpu_memory_limit_mb", "intra_op_threads",
-           "inter_op_threads", "cpu_replicas", "skip_corrupt_records", "export")
 
 
 def build_config(args: argparse.Namespace):
   """Defaults, then preset, then config file, then flags; validated."""
   from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
-  fields = preset(args.preset, "train")
-  if args.config:
-    fields.update(load_config_file(args.config))
-  for name in _FIELDS:
-    value = getattr(args, name)
-    if value is not None:
-      fields[name] = value
-  if args.model_args:
+  extra = {}
+  if args.model_args_json:
     try:
-      fields["model_args"] = json.loads(args.model_args)
+      extra["model_args"] = json.loads(args.model_args_json)
     except json.JSONDecodeError as e:
       raise ValueError(f"--model-args is not JSON: {e}") from None
-  if args.profile_steps:
+  if args.profile_steps_text:
     try:
-      fields["profile_steps"] = tuple(int(v) for v in args.profile_steps.split(","))
+      extra["profile_steps"] = tuple(int(v) for v in args.profile_steps_text.split(","))
     except ValueError:
       raise ValueError(f"--profile-steps takes A,B (two step numbers), got "
-                       f"{args.profile_steps!r}") from None
-  missing = [n for n in ("data", "model_dir") if not fields.get(n)]
-  if missing:
-    raise ValueError("missing required option(s): "
-                     + ", ".join("--" + m.replace("_", "-") for m in missing))
-  return TrainConfig.from_dict(fields)
+                       f"{args.profile_steps_text!r}") from None
+  return kit.resolve(TrainConfig, args, "train", extra=extra)
 
 
 def missing_train_packages() -> List[str]:
@@ -233,7 +153,7 @@ def _evaluate(argv: List[str]) -> int:
                  help="objects per batch")
   p.add_argument("--output", help="report folder (default: MODEL/eval)")
   p.add_argument("--verbose", action="store_true", help="show library logs")
-  show_defaults(p, {"max_clicks": 20, "iou": "0.85,0.90", "max_objects": 0, "batch_size": 16})
+  kit.show_defaults(p)
   args, rest = p.parse_known_args(argv)
   log = logs.quiet(args.verbose)
   try:
