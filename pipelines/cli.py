@@ -107,6 +107,25 @@ def _layout_help(task) -> str:
           f"{layouts.describe(task.labels)}\n")
 
 
+def _fields_not_used(task) -> set:
+  """`PrepConfig` fields `task` has no use for: other tasks' own, and
+  `--image-root` when none of its layouts lists image paths."""
+  from beam_prep import layouts, tasks  # pylint: disable=g-import-not-at-top
+  unused = tasks.fields_of_other_tasks(task)
+  if not any(l.takes_image_root for l in layouts.layouts_for(task.labels)):
+    unused.add("image_root")
+  return unused
+
+
+def _import_user_modules(argv: List[str]) -> None:
+  """Imports `--ops-module` before the parser is built, so that the options and
+  the help see the layouts (and ops) it registers."""
+  from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+  pre = argparse.ArgumentParser(add_help=False)
+  pre.add_argument("--ops-module", default="")
+  registry.import_ops_modules(pre.parse_known_args(argv)[0].ops_module)
+
+
 def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
   """The parser of `beam-prep TASK` for a registered task: the config's options
   (`pipelines.kit`), those the task adds, and the command's own."""
@@ -118,7 +137,7 @@ def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
       description=f"Precompute {task.summary}. Unknown arguments are passed to Beam as "
       "pipeline options (--runner, --project, ...).",
       epilog=_layout_help(task), formatter_class=argparse.RawDescriptionHelpFormatter)
-  kit.add_options(parser, PrepConfig, skip=tasks.fields_of_other_tasks(task))
+  kit.add_options(parser, PrepConfig, skip=_fields_not_used(task))
   task.add_arguments(parser)
   parser.add_argument("--config", help="JSON file of PrepConfig fields")
   parser.add_argument("--preset", help="named defaults: smoke (tiny, for tests), demo (make demo)")
@@ -188,10 +207,15 @@ def _launch(config, beam_args, known, log, task: str):
 
 
 def _prep(task: str, argv: List[str]) -> int:
+  log = logs.get()
+  try:
+    _import_user_modules(argv)
+  except ImportError as e:
+    log.error("beam-prep %s: %s", task, e)
+    return 2
   parser = prep_parser(task)
   known, beam_args = parser.parse_known_args(argv)
   logs.quiet(known.verbose)
-  log = logs.get()
   try:
     # Beam drops options it does not know with a log line: a typo here
     # would run a whole job with a default.

@@ -56,6 +56,8 @@ def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, log):
   """`beam-train predict` on an eval object with its record's clicks, moved to
   the source image -> (what was predicted, for the summary, and its seconds)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from train.clicker import iou as mask_iou  # pylint: disable=g-import-not-at-top
   image_id, object_id, size, pos, neg = _eval_clicks(prep)
   image_path = sorted(glob.glob(os.path.join(data, "images", image_id + ".*")))[0]
   width, height = Image.open(image_path).size
@@ -65,9 +67,7 @@ def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, log):
   seconds = _run(cmd, log)
   truth = np.asarray(Image.open(os.path.join(data, "masks", image_id + ".png")))
   got = np.asarray(Image.open(pred)) > 0
-  valid = truth != 255
-  obj = truth == object_id
-  iou = (got & obj & valid).sum() / max(((got | obj) & valid).sum(), 1)
+  iou = float(mask_iou(got[None], (truth == object_id)[None], (truth != keys.IGNORE)[None])[0])
   return {"image_id": image_id, "object_id": object_id, "positive": len(pos),
           "negative": len(neg), "iou": iou}, seconds
 

@@ -62,6 +62,22 @@ def test_help_shows_every_default(capsys):
     assert f"(default: {default})" in after.split(" --", 1)[0], flag
 
 
+def test_a_task_is_offered_only_the_options_it_uses(capsys):
+  """Classification samples no clicks and none of its layouts lists image
+  paths: no --seed, --variants or --image-root in its help or its flags."""
+  with pytest.raises(SystemExit):
+    cli.main(["classification", "--help"])
+  text = capsys.readouterr().out
+  for flag in ("--seed", "--variants", "--image-root", "--click-encoding"):
+    assert flag not in text, flag
+  with pytest.raises(SystemExit):
+    cli.main(["segmentation", "--help"])
+  assert "--image-root" in capsys.readouterr().out
+  with pytest.raises(SystemExit) as e:
+    cli.main(["classification", "--input", "x", "--output", "y", "--seed", "3"])
+  assert e.value.code == 2 and "unknown option --seed" in capsys.readouterr().out
+
+
 def test_local_mode_follows_input_size_and_cores(tmp_path):
   small, large = tmp_path / "small", tmp_path / "large"
   for root, n in ((small, 10), (large, cli.PARALLEL_MIN_INPUTS)):

@@ -2,5 +2,5 @@
 
 from beam_prep.layouts import classes, coco, folders, manifest, voc  # noqa: F401  pylint: disable=unused-import
 from beam_prep.layouts.registry import (AUTO, BASE_KEYS, InputError, Layout, ReadOptions,  # noqa: F401
-                                        describe, detect, get_layout, layout_names,
+                                        describe, detect, get_layout, layout_names, layouts_for,
                                         register_layout)

@@ -43,7 +43,7 @@ class Segmentation(Task):
   name = "segmentation"
   summary = "click-variant records for interactive segmentation"
   labels = "instances"
-  own_fields = ("variants", "click_encoding")
+  own_fields = ("variants", "click_encoding", "seed")
 
   def stages(self, config) -> List[Stage]:
     """Decode (per image), sample clicks (per object), flip and encode (per variant)."""
