@@ -118,12 +118,15 @@ def _fields_not_used(task) -> set:
 
 
 def _import_user_modules(argv: List[str]) -> None:
-  """Imports `--ops-module` before the parser is built, so that the options and
-  the help see the layouts (and ops) it registers."""
+  """Quiets the logs and imports `--ops-module` before the parser is built, so
+  that the options and the help see the layouts (and ops) it registers."""
   from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
-  pre = argparse.ArgumentParser(add_help=False)
+  pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
   pre.add_argument("--ops-module", default="")
-  registry.import_ops_modules(pre.parse_known_args(argv)[0].ops_module)
+  pre.add_argument("--verbose", action="store_true")
+  early = pre.parse_known_args(argv)[0]
+  logs.quiet(early.verbose)
+  registry.import_ops_modules(early.ops_module)
 
 
 def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
@@ -215,7 +218,6 @@ def _prep(task: str, argv: List[str]) -> int:
     return 2
   parser = prep_parser(task)
   known, beam_args = parser.parse_known_args(argv)
-  logs.quiet(known.verbose)
   try:
     # Beam drops options it does not know with a log line: a typo here
     # would run a whole job with a default.

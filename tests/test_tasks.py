@@ -40,3 +40,25 @@ def test_classification_chain_and_error_levels():
   assert tasks.get_task("segmentation").splits_objects(seg)
   with pytest.raises(ValueError, match="task must be one of"):
     tasks.get_task("detection")
+
+
+def test_the_training_side_is_found_through_the_task_declaration():
+  """beam-train finds a task's training class by the one declaration of the
+  task (its `trainer`); a task without one, or an unknown name, is refused."""
+  from beam_prep.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from train import tasks as train_tasks  # pylint: disable=g-import-not-at-top
+  assert train_tasks.task_class("segmentation") is train_tasks.SegmentationTask
+  assert train_tasks.task_class("classification") is train_tasks.ClassificationTask
+
+  @task_registry.register_task
+  class Untrained(task_registry.Task):  # pylint: disable=unused-variable
+    name = "untrained_test_task"
+    labels = "instances"
+
+  try:
+    with pytest.raises(ValueError, match="'untrained_test_task' declares no training side"):
+      train_tasks.task_class("untrained_test_task")
+  finally:
+    task_registry._TASKS.pop("untrained_test_task")  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="task must be one of"):
+    train_tasks.task_class("depth")

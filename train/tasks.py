@@ -1,13 +1,16 @@
-"""What differs between segmentation and classification training.
+"""The training side of the built-in tasks (segmentation, classification).
 
-A task is one object built from the prep output's `features.json` (its
-`task` field) and the tf.Transform output. It names the raw features the
+A task is declared once, by its module in `beam_prep.tasks`; its `trainer`
+names the class here ("train.tasks:SegmentationTask") that trains it. An
+instance is built from the prep output's `features.json` (its `task` field)
+and the tf.Transform output. It names the raw features the
 transform reads and those evaluation needs, builds the model (input channels
 from the declared model inputs), turns transformed features into labels,
 gives the per-example loss, and turns eval batches into per-example counts
 that `summarize` reduces to metrics.
 """
 
+import importlib
 from typing import Any, Dict, List
 
 import numpy as np
@@ -15,6 +18,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep import keys
+from beam_prep import tasks as prep_tasks
 from beam_prep.features import FeatureTable
 from train import clicker, servers
 from train.config import TrainConfig
@@ -22,7 +26,6 @@ from train.config import TrainConfig
 
 class SegmentationTask:
   """Mask logits [B, H, W, 1]; weighted sigmoid cross-entropy; IoU (`clicker.iou`)."""
-  name = "segmentation"
   default_model = "segmentation_fcn"
   transform_in_step = True  # uint8 bytes to the device, transformed there
   server = servers.SegmentationServer  # the serving signatures
@@ -30,6 +33,7 @@ class SegmentationTask:
 
   def __init__(self, table: FeatureTable, tft_output: tft.TFTransformOutput):
     del tft_output
+    self.name = table.task
     self.table = table
     self.image_size = table.image_size
     self.transform_keys: List[str] = table.keys("model_input") + table.keys("label")
@@ -106,13 +110,13 @@ def _mask_counts(labels, logits) -> tf.Tensor:
 
 class ClassificationTask:
   """Class logits [B, C]; sparse softmax cross-entropy; accuracy."""
-  name = "classification"
   default_model = "cnn_classifier"
   transform_in_step = False  # the vocabulary table runs in tf.data
   server = servers.ClassificationServer
   evaluators = ()
 
   def __init__(self, table: FeatureTable, tft_output: tft.TFTransformOutput):
+    self.name = table.task
     self.table = table
     self.image_size = table.image_size
     self.transform_keys: List[str] = table.keys("model_input") + table.keys("label")
@@ -180,16 +184,15 @@ def _check_output(model, name: str, channels: int, image_size, want, what: str) 
                      f"needs {what}")
 
 
-TASKS = {t.name: t for t in (SegmentationTask, ClassificationTask)}
-
-
 def task_class(name: str):
-  """The training side of the task named `name` (features.json's `task`)."""
-  try:
-    return TASKS[name]
-  except KeyError:
-    raise ValueError(f"features.json names task {name!r}; this trainer knows "
-                     f"{sorted(TASKS)}") from None
+  """The training side of the task named `name` (features.json's `task`): the
+  class its declaration in `beam_prep.tasks` names as `trainer`."""
+  task = prep_tasks.get_task(name)
+  module, _, attr = task.trainer.partition(":")
+  if not (module and attr):
+    raise ValueError(f"task {name!r} declares no training side (its `trainer`, "
+                     "'module:Class', is empty)")
+  return getattr(importlib.import_module(module), attr)
 
 
 def make_task(table: FeatureTable, tft_output: tft.TFTransformOutput):

@@ -49,11 +49,15 @@ class Task:
       "classes" (a class name); input layouts that give it are offered.
     own_fields: `PrepConfig` fields only this task uses (its command alone
       offers their options).
+    trainer: "module:Class", its training side: labels, loss and metrics,
+      serving signatures and evaluators (`beam-train` imports it; the Beam
+      job never does).
   """
   name = ""
   summary = ""
   labels = ""
   own_fields: Tuple[str, ...] = ()
+  trainer = ""
 
   def stages(self, config) -> List[Stage]:
     """The job's stages, in level order (an input stage first)."""

@@ -43,6 +43,7 @@ class Segmentation(Task):
   name = "segmentation"
   summary = "click-variant records for interactive segmentation"
   labels = "instances"
+  trainer = "train.tasks:SegmentationTask"
   own_fields = ("variants", "click_encoding", "seed")
 
   def stages(self, config) -> List[Stage]:
