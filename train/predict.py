@@ -5,7 +5,6 @@ it, `<name>_overlay.png`: the image with the mask tinted and the clicks
 marked (green positive, red negative), at least 512 px on its long side.
 """
 
-import io
 import os
 from typing import Dict, Sequence, Tuple
 
@@ -13,7 +12,8 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
-from beam_prep.ops.image import displayed
+from beam_prep.ops.image import DEFAULT_MAX_PIXELS, decode_rgb
+from beam_prep.ops.registry import ExampleError
 from train import drawing
 from train.export import latest_export
 
@@ -27,19 +27,23 @@ def parse_point(text: str) -> Tuple[int, int]:
   return x, y
 
 
-def load_image(path: str) -> np.ndarray:
-  """Decodes an image file to uint8 RGB as displayed (EXIF orientation
-  applied, as the Beam job does), or raises ValueError naming the file."""
+def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+  """Decodes an encoded image to uint8 RGB as displayed, by the Beam job's
+  decoder (EXIF orientation applied, decompression bombs refused), or raises
+  ValueError naming `name` and the reason."""
+  try:
+    return decode_rgb(data, max_pixels)
+  except ExampleError as e:
+    raise ValueError(f"cannot read image {name}: {e.detail or e.reason}") from None
+
+
+def load_image(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+  """Reads and decodes an image file (`decode_image`), or raises
+  FileNotFoundError / ValueError naming the file."""
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f"no image at {path}")
   with tf.io.gfile.GFile(path, "rb") as f:
-    data = f.read()
-  try:
-    im = Image.open(io.BytesIO(data))
-    im.load()
-    return np.asarray(displayed(im).convert("RGB"), dtype=np.uint8)
-  except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-    raise ValueError(f"cannot read image {path}: {e}") from None
+    return decode_image(f.read(), path, max_pixels)
 
 
 def clamp(points: Sequence[Tuple[int, int]], width: int, height: int):

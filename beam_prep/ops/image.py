@@ -80,6 +80,17 @@ def displayed(im: Image.Image) -> Image.Image:
   return ImageOps.exif_transpose(im)
 
 
+def decode_rgb(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+  """An encoded image file -> uint8 RGB [H, W, 3] as displayed: the one
+  decoder of the Beam job, `beam-train predict` and `beam-train serve`.
+
+  Raises:
+    ExampleError: empty, not an image, truncated, an unsupported mode, or
+      over `max_pixels` (a decompression bomb); the detail says which.
+  """
+  return image_to_rgb(displayed(_open(data, "image", max_pixels)))
+
+
 def image_to_rgb(im: Image.Image) -> np.ndarray:
   """Converts a decoded PIL image to uint8 RGB, or raises with a reason.
 
@@ -161,7 +172,7 @@ def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
   """
 
   def fn(ex):
-    image = image_to_rgb(displayed(_open(ex["image_bytes"], "image", max_pixels)))
+    image = decode_rgb(ex["image_bytes"], max_pixels)
     out = {k: v for k, v in ex.items() if k not in ("image_bytes", "mask_bytes")}
     out[keys.IMAGE] = image
     out[keys.HEIGHT], out[keys.WIDTH] = image.shape[:2]
