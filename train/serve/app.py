@@ -184,6 +184,8 @@ def start(config: ServeConfig, log: Optional[logging.Logger] = None):
   if config.images and not os.path.isdir(config.images):
     raise FileNotFoundError(f"--images {config.images}: no such folder")
   app, model = build(config)
+  # One line per request is Werkzeug's default; TF Serving logs none.
+  logging.getLogger("werkzeug").setLevel(logging.WARNING)
   server = make_server(config.host, config.port, app, threaded=True)
   if log:
     log.info("serve: model %r version %d from %s", model.name, model.version, model.path)
