@@ -37,12 +37,15 @@ REQUIRED = [
 
 EXTRAS = {
     # beam-train: tf.summary needs tensorboard (TensorFlow 2.21 no longer
-    # installs it); plots of the trainer and the benchmarks use matplotlib.
-    "train": ["tensorboard", "matplotlib"],
+    # installs it); plots of the trainer and the benchmarks use matplotlib;
+    # `beam-train serve` runs on Flask (Werkzeug) and writes JSON with orjson.
+    "train": ["tensorboard", "matplotlib", "flask>=3", "orjson"],
     # Launching on Dataflow: Beam builds the package it stages with
     # `python -m build` (without it, with the deprecated `setup.py sdist`).
     "dataflow": ["build"],
-    "test": ["pytest>=7"],
+    # The page's test drives a real browser (Debian's chromium and
+    # chromium-driver, installed by .ci/run) through selenium.
+    "test": ["pytest>=7", "selenium>=4"],
 }
 EXTRAS["all"] = sorted({r for name in ("train", "dataflow") for r in EXTRAS[name]})
 
@@ -55,6 +58,8 @@ setuptools.setup(
     ),
     python_requires=">=3.11,<3.14",
     packages=setuptools.find_packages(include=["beam_prep*", "train*", "pipelines*"]),
+    # The page of `beam-train serve`: plain files, no build step.
+    package_data={"train.serve": ["static/*.html", "static/*.js", "static/*.css"]},
     install_requires=REQUIRED,
     extras_require=EXTRAS,
     entry_points={

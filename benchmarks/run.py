@@ -20,6 +20,10 @@ Figures (each the median of several timed repetitions after a warm-up):
   prep.two_workers_speedup   16N with 2 DirectRunner worker threads vs 1 worker
   storage.*                  bytes per source image and read rate of record layouts
   serve.latency_ms_p50/p95   one 512x512 image, 5+5 clicks, loaded SavedModel
+  serve.rest_latency_ms_p50/p95  the same through `beam-train serve`'s TF Serving
+                             REST endpoint (JSON both ways), and its ratio to the
+                             SavedModel's p50 (serve.rest_vs_saved_model)
+  serve.page_latency_ms_p50/p95  a click through the page's own endpoint
 """
 
 import argparse
@@ -387,6 +391,76 @@ def bench_serving(model_dir: str, repeats: int) -> Dict[str, float]:
           "serve.latency_ms_p95": float(np.percentile(times, 95))}
 
 
+def _timed(fn: Callable[[], Any], repeats: int) -> List[float]:
+  """Milliseconds of each of `repeats` calls after 3 warm-up calls."""
+  for _ in range(3):
+    fn()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn()
+    times.append(1000 * (time.perf_counter() - t))
+  return times
+
+
+def bench_rest(model_dir: str, repeats: int, saved_model_p50: float) -> Dict[str, float]:
+  """Click to mask through `beam-train serve` on a local port, the same
+  512x512 image and 5+5 clicks as `bench_serving`: TF Serving's JSON predict
+  (request text made once; the answer read into numpy arrays, as a client
+  must) and the page's endpoint (image sent once, then clicks; mask as PNG)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  import urllib.request  # pylint: disable=g-import-not-at-top
+  import orjson  # pylint: disable=g-import-not-at-top
+  from train.serve import app  # pylint: disable=g-import-not-at-top
+  server, model = app.start(app.ServeConfig(model=model_dir, model_name="bench", port=0))
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  url = f"http://127.0.0.1:{server.port}"
+  rng = np.random.default_rng(0)
+  image = rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)
+  pos, neg = rng.integers(0, 512, (5, 2)).tolist(), rng.integers(0, 512, (5, 2)).tolist()
+
+  def post(path, body):
+    req = urllib.request.Request(url + path, data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+      return orjson.loads(r.read())
+
+  body = orjson.dumps({"inputs": {"image": image, "positive_clicks": pos, "negative_clicks": neg}},
+                      option=orjson.OPT_SERIALIZE_NUMPY)
+  rest = lambda: {k: np.asarray(v) for k, v in  # pylint: disable=unnecessary-lambda-assignment
+                  post(f"/v1/models/{model.name}:predict", body)["outputs"].items()}
+  try:
+    rest_times = _timed(rest, repeats)
+    form = urllib.request.Request(url + "/page/upload", data=_multipart(image), headers={
+        "Content-Type": "multipart/form-data; boundary=bench"})
+    with urllib.request.urlopen(form) as r:
+      key = orjson.loads(r.read())["id"]
+    # Two click sets in turn: the page keeps the last mask, and a repeated
+    # request would not run the model.
+    clicks = [orjson.dumps({"id": key, "positive": [[x + i, y] for x, y in pos],
+                            "negative": neg}) for i in (0, 1)]
+    turn = iter(range(10**9))
+    page_times = _timed(lambda: post("/page/segment", clicks[next(turn) % 2]), repeats)
+  finally:
+    server.shutdown()
+  p50 = float(np.percentile(rest_times, 50))
+  return {"serve.rest_latency_ms_p50": p50,
+          "serve.rest_latency_ms_p95": float(np.percentile(rest_times, 95)),
+          "serve.rest_vs_saved_model": p50 / saved_model_p50,
+          "serve.rest_request_mb": len(body) / 1e6,
+          "serve.page_latency_ms_p50": float(np.percentile(page_times, 50)),
+          "serve.page_latency_ms_p95": float(np.percentile(page_times, 95))}
+
+
+def _multipart(image: np.ndarray) -> bytes:
+  import io  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  buf = io.BytesIO()
+  Image.fromarray(image).save(buf, format="PNG")
+  return (b"--bench\r\nContent-Disposition: form-data; name=\"file\"; filename=\"b.png\"\r\n"
+          b"Content-Type: image/png\r\n\r\n" + buf.getvalue() + b"\r\n--bench--\r\n")
+
+
 def pipeline_in_fresh_process(data: str, out: str, size: int, variants: int = 1,
                               beam_args: Sequence[str] = ()) -> Dict[str, float]:
   """One pipeline run in a fresh process: peak RSS (MB), wall seconds, objects."""
@@ -510,6 +584,10 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
   figures.update(bench_serving(model_dir, s["serve_repeats"]))
   _log(f"serving: p50 {figures['serve.latency_ms_p50']:.1f} ms, "
        f"p95 {figures['serve.latency_ms_p95']:.1f} ms")
+  figures.update(bench_rest(model_dir, s["serve_repeats"], figures["serve.latency_ms_p50"]))
+  _log(f"serving over REST: p50 {figures['serve.rest_latency_ms_p50']:.1f} ms "
+       f"({figures['serve.rest_vs_saved_model']:.2f}x the SavedModel's); the page's endpoint "
+       f"p50 {figures['serve.page_latency_ms_p50']:.1f} ms")
 
   ratios = {
       "input.precomputed_vs_on_the_fly":
@@ -565,6 +643,15 @@ def table(result: Dict[str, Any]) -> str:
        f"16N = {16 * f['prep.rss_images.N']} images, {f['prep.records_mb.16N']:.0f} MB of records"),
       ("serve.latency_ms_p50", f"{f['serve.latency_ms_p50']:.1f}", "512x512, 5+5 clicks"),
       ("serve.latency_ms_p95", f"{f['serve.latency_ms_p95']:.1f}", ""),
+      ("serve.rest_latency_ms_p50", f"{f['serve.rest_latency_ms_p50']:.1f}",
+       f"the same through beam-train serve, TF Serving JSON "
+       f"({f['serve.rest_request_mb']:.1f} MB request), answer read into numpy"),
+      ("serve.rest_latency_ms_p95", f"{f['serve.rest_latency_ms_p95']:.1f}", ""),
+      ("serve.rest_vs_saved_model", f"{f['serve.rest_vs_saved_model']:.2f}",
+       "REST p50 / SavedModel p50"),
+      ("serve.page_latency_ms_p50", f"{f['serve.page_latency_ms_p50']:.1f}",
+       "the page's endpoint: image sent once, then clicks; mask and overlay as PNG"),
+      ("serve.page_latency_ms_p95", f"{f['serve.page_latency_ms_p95']:.1f}", ""),
   ]
   for layout, what in (("plain", "a record per (object, variant), uncompressed (default)"),
                        ("gzip", "the same, gzip"),

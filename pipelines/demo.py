@@ -5,7 +5,8 @@
 Runs, as a user would type them, `beam-prep sample-data`, `beam-prep
 segmentation` (DirectRunner), `beam-train fit` (which exports the serving
 model) and `beam-train predict` on an eval image with the clicks its record
-was built from, then prints what was written where.
+was built from, then prints what was written where and the `beam-train
+serve` command that opens the demo's model and eval objects in a browser.
 """
 
 import argparse
@@ -104,6 +105,16 @@ def _summary(data: str, prep: str, model: str, pred: str, predicted, times, log)
       f"{p['positive']} positive + {p['negative']} negative clicks, IoU with the true mask "
       f"{p['iou']:.3f}")
   log("  time         " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()))
+  log("")
+  log("click and see (the page at http://127.0.0.1:8501/, TF Serving's REST API beside it):")
+  log(f"  {serve_command(model, prep)}")
+
+
+def serve_command(model: str, prep: str) -> str:
+  """The `beam-train serve` command for the demo's model, its eval objects on the page."""
+  beam_train = os.path.join(os.path.dirname(sys.executable), "beam-train")
+  return " ".join(shlex.quote(c) for c in [beam_train, "serve", "--model", model,
+                                           "--data", prep])
 
 
 def main(argv=None):

@@ -1,4 +1,5 @@
-"""Shared fixtures: a small sample data set and one pipeline run, made once."""
+"""Shared fixtures: a small sample data set, one pipeline run and one model
+trained a few steps on it (with its serving export), each made once."""
 
 import os
 
@@ -28,3 +29,16 @@ def prep_dir(sample_dir, tmp_path_factory):
               "--max-error-fraction", "1"])
   assert e.value.code == 0
   return out
+
+
+@pytest.fixture(scope="session")
+def trained(prep_dir, tmp_path_factory):
+  """A segmentation model trained a few steps on the session's records, exported."""
+  from train import cli  # pylint: disable=g-import-not-at-top
+  model_dir = str(tmp_path_factory.mktemp("model"))
+  with pytest.raises(SystemExit) as e:
+    cli.main(["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "6",
+              "--batch-size", "4", "--width", "4", "--depth", "2", "--histogram-every", "0",
+              "--noc-clicks", "0"])
+  assert e.value.code == 0
+  return model_dir

@@ -18,19 +18,6 @@ from train.export import latest_export
 from train.prep_output import PrepOutput
 
 
-@pytest.fixture(scope="module")
-def trained(prep_dir, tmp_path_factory):
-  """A segmentation model trained a few steps on the session's records."""
-  from train import cli  # pylint: disable=g-import-not-at-top
-  model_dir = str(tmp_path_factory.mktemp("model"))
-  with pytest.raises(SystemExit) as e:
-    cli.main(["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "6",
-              "--batch-size", "4", "--width", "4", "--depth", "2", "--histogram-every", "0",
-              "--noc-clicks", "0"])
-  assert e.value.code == 0
-  return model_dir
-
-
 def _restored_model(model_dir):
   return models.rebuild(model_dir)
 

@@ -9,6 +9,7 @@ imports `train`.
 Modules, each importing only those on the lines below it:
 
   cli             beam-train's commands (imports the rest when a command runs)
+  serve           beam-train serve: TF Serving's REST API and the click-and-see page
   loop            fit: setup, the step loop, evaluation, NoC, export
   noc, predict    NoC evaluation and its report; beam-train predict
   export          the serving SavedModel

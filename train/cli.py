@@ -7,9 +7,12 @@
     beam-train evaluate --model DIR [--data PREP_OUTPUT] [--max-clicks 20] [--iou 0.85,0.90]
     beam-train export --data PREP_OUTPUT (--model-file MODEL.keras | --model-dir DIR)
                       [--output EXPORT_DIR] [--model-module M]
+    beam-train serve --model MODEL_DIR|EXPORT_DIR [--model-name NAME] [--host 127.0.0.1]
+                     [--port 8501] [--images DIR] [--data PREP_OUTPUT]
 """
 
 import argparse
+import importlib.util
 import json
 import os
 from typing import List, Optional
@@ -272,7 +275,48 @@ def _export(argv: List[str]) -> int:
   return 0
 
 
-COMMANDS = {"fit": _fit, "evaluate": _evaluate, "predict": _predict, "export": _export}
+def _serve(argv: List[str]) -> int:
+  p = argparse.ArgumentParser(
+      prog="beam-train serve",
+      description="Serve the exported model with TensorFlow Serving's REST API, and a page "
+      "to segment by clicking (README: 'Click and see').")
+  p.add_argument("--model", required=True, help="model dir (newest export) or one export dir")
+  p.add_argument("--model-name", dest="model_name", default="",
+                 help="the name in /v1/models/NAME (default: the model dir's name)")
+  p.add_argument("--host", default="127.0.0.1",
+                 help="address to listen on; 0.0.0.0 opens it to the network")
+  p.add_argument("--port", type=int, default=8501, help="0: any free port")
+  p.add_argument("--images", default="", help="a folder whose images the page may open")
+  p.add_argument("--data", default="",
+                 help="a beam-prep output: the page opens its eval objects with their true mask")
+  p.add_argument("--max-request-mb", type=float, default=64.0, dest="max_request_mb",
+                 help="larger request bodies are refused (413)")
+  p.add_argument("--max-pixels", type=int, default=16_777_216, dest="max_pixels",
+                 help="images with more pixels are refused")
+  p.add_argument("--verbose", action="store_true", help="show library logs")
+  args = p.parse_args(argv)
+  log = logs.quiet(args.verbose)
+  missing = [m for m in ("flask",) if importlib.util.find_spec(m) is None]
+  if missing:
+    log.error("beam-train serve: %s not installed: pip install 'beam-prep[train]'",
+              ", ".join(missing))
+    return 2
+  from train.serve import app  # pylint: disable=g-import-not-at-top
+  config = app.ServeConfig(**{k: v for k, v in vars(args).items() if k != "verbose"})
+  try:
+    server, _ = app.start(config, log)
+  except (ValueError, FileNotFoundError, OSError) as e:
+    log.error("beam-train serve: %s", e)
+    return 2
+  try:
+    server.serve_forever()
+  except KeyboardInterrupt:
+    log.info("serve: stopped")
+  return 0
+
+
+COMMANDS = {"fit": _fit, "evaluate": _evaluate, "predict": _predict, "export": _export,
+            "serve": _serve}
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -27,17 +27,23 @@ def parse_point(text: str) -> Tuple[int, int]:
   return x, y
 
 
-def load_image(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-  """Decodes an image file to uint8 RGB as displayed (EXIF orientation
-  applied), with the Beam job's decoder, or raises ValueError naming the file."""
-  if not tf.io.gfile.exists(path):
-    raise FileNotFoundError(f"no image at {path}")
-  with tf.io.gfile.GFile(path, "rb") as f:
-    data = f.read()
+def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+  """Decodes an encoded image to uint8 RGB as displayed, by the Beam job's
+  decoder (EXIF orientation applied, decompression bombs refused), or raises
+  ValueError naming `name` and the reason."""
   try:
     return decode_file(data, max_pixels)
   except ExampleError as e:
-    raise ValueError(f"cannot read image {path}: {e.detail} ({e.reason})") from None
+    raise ValueError(f"cannot read image {name}: {e.detail or e.reason}") from None
+
+
+def load_image(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+  """Reads and decodes an image file (`decode_image`), or raises
+  FileNotFoundError / ValueError naming the file."""
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(f"no image at {path}")
+  with tf.io.gfile.GFile(path, "rb") as f:
+    return decode_image(f.read(), path, max_pixels)
 
 
 def clamp(points: Sequence[Tuple[int, int]], width: int, height: int):

@@ -61,9 +61,9 @@ class SegmentationServer(_Server):
   def serve(self, image, positive_clicks, negative_clicks):
     h, w = tf.shape(image)[0], tf.shape(image)[1]
     with tf.control_dependencies([
-        tf.debugging.assert_positive(h * w, message="image is empty"),
+        tf.debugging.assert_positive(h * w, message="image: the image is empty"),
         tf.debugging.assert_positive(tf.shape(positive_clicks)[0],
-                                     message="at least one positive click is required")]):
+                                     message="positive_clicks: at least one positive click is required")]):
       image = tf.identity(image)
     ex = {keys.IMAGE: image,
           keys.POSITIVE_CLICKS: tf.cast(positive_clicks, tf.int64),

@@ -133,8 +133,13 @@ def mask_to_ids(im: Image.Image) -> np.ndarray:
 
 def decode_file(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
   """An encoded image file -> uint8 RGB [H, W, 3] as viewers show it (EXIF
-  orientation applied): how the job, `beam-train predict` and the server read
-  an image. Raises ExampleError with the reason."""
+  orientation applied): the one decoder of the Beam job, `beam-train predict`
+  and `beam-train serve`.
+
+  Raises:
+    ExampleError: empty, not an image, truncated, an unsupported mode, or
+      over `max_pixels` (a decompression bomb); the detail says which.
+  """
   return image_to_rgb(displayed(_open(data, "image", max_pixels)))
 
 

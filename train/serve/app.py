@@ -1,0 +1,201 @@
+"""`beam-train serve`: the exported model behind TF Serving's REST API, and
+the click-and-see page, on Flask (Werkzeug's threaded server).
+
+  GET  /v1/models/NAME[/versions/V]            status (TF Serving's JSON)
+  GET  /v1/models/NAME[/versions/V]/metadata   the signatures (TF Serving's JSON)
+  POST /v1/models/NAME[/versions/V]:predict    `train.serve.rest`
+  GET  /                                       the page (static/)
+  /page/...                                    the page's own endpoints (`train.serve.page`)
+
+Every refused request is answered `{"error": "..."}` with a 4xx status:
+400 for a wrong request (the message names the field), 403 for a path
+outside --images, 404 for an unknown model, version, route or image id,
+413 for a body over --max-request-mb. Requests are served on threads; the
+model's concrete functions are safe to call concurrently.
+"""
+
+import dataclasses
+import logging
+import os
+from typing import Optional
+
+import orjson
+from flask import Flask, Response, request, send_from_directory
+from werkzeug.exceptions import HTTPException
+from werkzeug.serving import make_server
+
+from train.serve import rest
+from train.serve.model import ServedModel, default_name
+from train.serve.page import ImageStore, Page, Sources
+from train.serve.rest import RequestError
+
+STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+  """What `beam-train serve` was asked for (its options, resolved)."""
+  model: str
+  model_name: str = ""
+  host: str = "127.0.0.1"
+  port: int = 8501
+  images: str = ""
+  data: str = ""
+  max_request_mb: float = 64.0
+  # The Beam job's limit is 64M pixels for offline work; a click-to-mask
+  # server keeps interactive sizes (16M = 4096 x 4096).
+  max_pixels: int = 16_777_216
+  cache_mb: float = 512.0
+  max_eval_objects: int = 100
+
+  @property
+  def name(self) -> str:
+    return self.model_name or default_name(self.model)
+
+
+def _json(body, status: int = 200) -> Response:
+  data = body if isinstance(body, bytes) else orjson.dumps(body)
+  return Response(data, status=status, mimetype="application/json")
+
+
+def _page_body() -> dict:
+  body = request.get_json(silent=True)
+  if not isinstance(body, dict):
+    raise RequestError("the request body must be a JSON object")
+  return body
+
+
+def _rest_routes(app: Flask, model: ServedModel) -> None:
+  """TF Serving's URLs."""
+
+  @app.get("/v1/models/<name>")
+  @app.get("/v1/models/<name>/versions/<int:version>")
+  def status(name, version=None):
+    model.check(name, version)
+    return _json(model.status())
+
+  @app.get("/v1/models/<name>/metadata")
+  @app.get("/v1/models/<name>/versions/<int:version>/metadata")
+  def metadata(name, version=None):
+    model.check(name, version)
+    return _json(model.metadata())
+
+  @app.post("/v1/models/<name>:predict")
+  @app.post("/v1/models/<name>/versions/<int:version>:predict")
+  def predict(name, version=None):
+    model.check(name, version)
+    signature, inputs, row = rest.parse_predict(request.get_data(cache=False), model.signatures)
+    return _json(rest.encode_outputs(model.predict(signature, inputs), row))
+
+
+def _page_routes(app: Flask, page: Page) -> None:
+  """The page and its endpoints."""
+
+  @app.get("/")
+  def index():
+    return send_from_directory(STATIC, "index.html")
+
+  @app.get("/page/sources")
+  def sources():
+    return _json({"model": page.model.name, "version": page.model.version,
+                  "segments": page.segments, "files": page.sources.files(),
+                  "eval": page.sources.eval_names})
+
+  @app.post("/page/upload")
+  def upload():
+    f = request.files.get("file")
+    if f is None:
+      raise RequestError("file: a multipart upload with a 'file' part is expected")
+    return _json(page.upload(f.read(), f.filename or ""))
+
+  @app.post("/page/open")
+  def open_():
+    return _json(page.open(_page_body()))
+
+  @app.get("/page/image/<key>.png")
+  def image(key):
+    return Response(page.image_png(key), mimetype="image/png")
+
+  @app.post("/page/segment")
+  def segment():
+    return _json(page.segment(_page_body()))
+
+  @app.post("/page/next_click")
+  def next_click():
+    return _json(page.next_click(_page_body()))
+
+
+def make_app(config: ServeConfig, model: ServedModel, sources: Sources) -> Flask:
+  """The Flask app of one loaded model."""
+  app = Flask(__name__, static_folder=STATIC, static_url_path="/static")
+  app.config["MAX_CONTENT_LENGTH"] = int(config.max_request_mb * 1024 * 1024)
+  page = Page(model, sources, ImageStore(int(config.cache_mb * 1024 * 1024)), config.max_pixels)
+  _rest_routes(app, model)
+  _page_routes(app, page)
+
+  @app.errorhandler(RequestError)
+  def refused(e: RequestError):
+    return _json(rest.error_body(str(e)), e.status)
+
+  @app.errorhandler(HTTPException)
+  def http_error(e: HTTPException):
+    message = e.description
+    if e.code == 413:
+      message = (f"the request is over the server's limit of {config.max_request_mb:g} MB "
+                 "(--max-request-mb)")
+    return _json(rest.error_body(message), e.code or 500)
+
+  @app.errorhandler(Exception)
+  def failed(e: Exception):  # A bug of ours: said as JSON, logged with its traceback.
+    logging.getLogger("beam_train").exception("serve: %s %s failed", request.method, request.path)
+    return _json(rest.error_body(f"internal error: {type(e).__name__}: {e}"), 500)
+
+  return app
+
+
+def describe(model: ServedModel) -> str:
+  """One line per signature: inputs and outputs with dtypes and shapes."""
+  lines = []
+  for sig, specs in sorted(model.signatures.items()):
+    outs = model.metadata()["metadata"]["signature_def"]["signature_def"][sig]["outputs"]
+    ins = ", ".join(f"{k} {s.dtype.name} {_dims(s.shape)}" for k, s in sorted(specs.items()))
+    outs = ", ".join(f"{k} {v['dtype'][3:].lower()} "
+                     f"{[int(d['size']) for d in v['tensor_shape'].get('dim', [])]}"
+                     for k, v in sorted(outs.items()))
+    lines.append(f"{sig}({ins}) -> {outs}")
+  return "\n".join(lines)
+
+
+def _dims(shape) -> list:
+  return [-1 if d is None else d for d in shape.as_list()] if shape.rank is not None else "?"
+
+
+def build(config: ServeConfig):
+  """(app, model): the model loaded once, the sources opened."""
+  model = ServedModel(config.model, config.name)
+  sources = Sources(config.images, config.data, config.max_eval_objects)
+  return make_app(config, model, sources), model
+
+
+def start(config: ServeConfig, log: Optional[logging.Logger] = None):
+  """Builds the app and binds its threaded server; returns (server, model).
+  `server.serve_forever()` serves; `server.port` is the bound port (0 asks
+  the system for a free one)."""
+  if config.images and not os.path.isdir(config.images):
+    raise FileNotFoundError(f"--images {config.images}: no such folder")
+  app, model = build(config)
+  # One line per request is Werkzeug's default; TF Serving logs none.
+  logging.getLogger("werkzeug").setLevel(logging.WARNING)
+  server = make_server(config.host, config.port, app, threaded=True)
+  if log:
+    log.info("serve: model %r version %d from %s", model.name, model.version, model.path)
+    for line in describe(model).splitlines():
+      log.info("serve:   %s", line)
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    url = f"http://{host}:{server.port}"
+    log.info("serve: the page at %s/ ; REST at %s/v1/models/%s (TF Serving's API)", url, url,
+             model.name)
+    if config.host not in ("127.0.0.1", "localhost", "::1"):
+      log.info("serve: listening on %s: anyone who can reach this machine can use it",
+               config.host)
+  return server, model

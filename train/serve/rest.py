@@ -1,0 +1,251 @@
+"""TensorFlow Serving's REST predict format: JSON in, tensors, JSON out.
+
+Request (`POST /v1/models/NAME[/versions/V]:predict`), as TF Serving reads it
+(`tensorflow_serving/util/json_tensor.cc`):
+
+  {"signature_name": "serving_default",        optional
+   "inputs": {"image": [[[r, g, b], ...], ...], "positive_clicks": [[x, y]],
+              "negative_clicks": []}}         columnar: one tensor per input
+  {"instances": [{"examples": {"b64": "..."}}, ...]}
+                                               row: instance i is row i of
+                                               every input (a batch dimension
+                                               is added in front)
+
+Columnar answers `{"outputs": {name: tensor}}`, row `{"predictions": [{name:
+row i}, ...]}` (a bare value instead of the object when the signature has one
+input or one output, as TF Serving does). Integers are JSON numbers, float32
+values the shortest text that reads back to the same float32, strings text,
+or `{"b64": ...}` for inputs of a string tensor and outputs named `*_bytes`.
+
+The row format and an unbatched signature: TF Serving stacks the instances
+into a new first dimension, so one instance of `serving_default` becomes an
+image [1, H, W, 3] that the graph refuses ("input must be 4-dimensional"):
+that signature takes the columnar form only, on TF Serving and here. This
+server refuses such a request before running the model, with a 400 that
+names the input and says to send "inputs". The row format is for the batched
+signature, `serve_examples`.
+
+Checked before the model runs, each a 400 `{"error": ...}` naming the field:
+not JSON, not an object, both or neither of "inputs"/"instances", an unknown
+signature, a missing or unknown input, a value of the wrong type (a float or
+a bool for an integer tensor), ragged lists, a rank or fixed dimension the
+signature does not take, and integers outside the dtype's range (TF Serving
+wraps those silently). One leniency copied from TF Serving: `[]` for an input
+of rank 2 or more is an empty tensor of the signature's inner dimensions
+(`"negative_clicks": []`, zero rows), which TF Serving's graph accepts too.
+"""
+
+import base64
+import binascii
+import json
+from typing import Any, Dict, Mapping, Tuple
+
+import numpy as np
+import orjson
+import tensorflow as tf
+
+from train.serve.json_arrays import loads
+
+
+class RequestError(Exception):
+  """A request the server refuses; `status` is the HTTP status (400: the
+  request is wrong, 404: no such model or version)."""
+
+  def __init__(self, message: str, status: int = 400):
+    super().__init__(message)
+    self.status = status
+
+
+def _as_string_tensor(name: str, value) -> np.ndarray:
+  """Nested lists of str or {"b64": ...} -> an object array of bytes."""
+
+  def one(v):
+    if isinstance(v, str):
+      return v.encode("utf-8")
+    if isinstance(v, dict) and set(v) == {"b64"} and isinstance(v["b64"], str):
+      try:
+        return base64.b64decode(v["b64"], validate=True)
+      except (binascii.Error, ValueError):
+        raise RequestError(f"{name}: the b64 value is not base64") from None
+    raise RequestError(f"{name}: expected strings or {{\"b64\": ...}} objects, got "
+                       f"{type(v).__name__}")
+
+  def walk(v):
+    return [walk(x) for x in v] if isinstance(v, list) else one(v)
+
+  try:
+    arr = np.array(walk(value), dtype=object)
+  except ValueError:
+    raise RequestError(f"{name}: the lists are ragged (a tensor needs equal lengths)") from None
+  return arr
+
+
+def _as_numeric_tensor(name: str, value, dtype: tf.DType) -> np.ndarray:
+  """Nested lists (or an int64 ndarray from the fast parser) -> numpy of `dtype`."""
+  try:
+    arr = value if isinstance(value, np.ndarray) else np.array(value)
+  except ValueError:
+    raise RequestError(f"{name}: the lists are ragged (a tensor needs equal lengths)") from None
+  want = dtype.as_numpy_dtype
+  if arr.size == 0:
+    return arr.astype(want)
+  kind = arr.dtype.kind
+  if dtype.is_bool:
+    ok = kind == "b"
+  elif dtype.is_integer:
+    ok = kind in "iu"
+  else:
+    ok = kind in "iuf"
+  if not ok:
+    what = {"b": "booleans", "f": "numbers with a fraction", "U": "strings",
+            "O": "mixed values or objects"}.get(kind, arr.dtype.name)
+    raise RequestError(f"{name}: expected {dtype.name} values, got {what}")
+  if dtype.is_integer:
+    info = np.iinfo(want)
+    if arr.min() < info.min or arr.max() > info.max:
+      raise RequestError(f"{name}: values must be within {info.min}..{info.max} for "
+                         f"{dtype.name}, got {arr.min()}..{arr.max()}")
+  return arr.astype(want, copy=False)
+
+
+def to_tensor(name: str, value: Any, spec: tf.TensorSpec) -> np.ndarray:
+  """One input's JSON value -> numpy array of the spec's dtype and a shape the
+  spec takes, or RequestError naming the input."""
+  if spec.dtype == tf.string:
+    arr = _as_string_tensor(name, value)
+  else:
+    arr = _as_numeric_tensor(name, value, spec.dtype)
+  dims = spec.shape.as_list() if spec.shape.rank is not None else None
+  if dims is not None and arr.shape == (0,) and len(dims) >= 2:
+    arr = arr.reshape([0] + [d or 0 for d in dims[1:]])  # "[]": zero rows
+  if dims is not None and not spec.shape.is_compatible_with(arr.shape):
+    raise RequestError(f"{name}: shape {list(arr.shape)} does not fit the signature's "
+                       f"{[-1 if d is None else d for d in dims]} ({spec.dtype.name})")
+  return arr
+
+
+def _columnar(inputs: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, Any]:
+  """The "inputs" value -> {input name: JSON value}."""
+  is_b64 = isinstance(inputs, dict) and set(inputs) == {"b64"}
+  if not isinstance(inputs, dict) or is_b64:
+    if len(specs) > 1:
+      raise RequestError(f"inputs: a plain value, but the signature takes {len(specs)} named "
+                         f"inputs ({', '.join(sorted(specs))}): send an object")
+    return {next(iter(specs)): inputs}
+  missing = sorted(set(specs) - set(inputs))
+  unknown = sorted(set(inputs) - set(specs))
+  if missing:
+    raise RequestError(f"{missing[0]}: missing named input in 'inputs' (the signature takes "
+                       f"{', '.join(sorted(specs))})")
+  if unknown:
+    raise RequestError(f"{unknown[0]}: not an input of the signature (it takes "
+                       f"{', '.join(sorted(specs))})")
+  return dict(inputs)
+
+
+def _rows(instances: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, np.ndarray]:
+  """The "instances" value -> {input name: tensor with instances stacked in front}."""
+  if isinstance(instances, np.ndarray):
+    instances = list(instances)
+  if not isinstance(instances, list) or not instances:
+    raise RequestError("instances: expected a non-empty list")
+  named = isinstance(instances[0], dict) and set(instances[0]) != {"b64"}
+  if not named and len(specs) > 1:
+    raise RequestError(f"instances: plain values, but the signature takes {len(specs)} named "
+                       f"inputs ({', '.join(sorted(specs))}): send a list of objects")
+  columns: Dict[str, list] = {k: [] for k in specs}
+  for i, inst in enumerate(instances):
+    if named != (isinstance(inst, dict) and set(inst) != {"b64"}):
+      raise RequestError(f"instances[{i}]: every instance must be an object, or none")
+    if named and set(inst) != set(specs):
+      raise RequestError(f"instances[{i}]: keys {sorted(inst)} must be the signature's inputs "
+                         f"{sorted(specs)}")
+    for k in specs:
+      columns[k].append(inst[k] if named else inst)
+  out = {}
+  for k, spec in specs.items():
+    any_shape = tf.TensorSpec(None, spec.dtype)
+    rows = [to_tensor(f"instances[{i}].{k}", v, any_shape) for i, v in enumerate(columns[k])]
+    if len({r.shape for r in rows}) > 1:
+      raise RequestError(f"{k}: instances hold different shapes "
+                         f"({', '.join(str(list(r.shape)) for r in rows[:3])}...)")
+    out[k] = np.stack(rows)
+    if spec.shape.rank is not None and out[k].ndim != spec.shape.rank:
+      raise RequestError(_unbatched(k, out[k].shape, spec))
+    if not spec.shape.is_compatible_with(out[k].shape):
+      raise RequestError(f"{k}: {len(rows)} instances make {list(out[k].shape)}, which does "
+                         f"not fit the signature's {spec.shape.as_list()}")
+  return out
+
+
+def _unbatched(name: str, shape, spec: tf.TensorSpec) -> str:
+  dims = [-1 if d is None else d for d in spec.shape.as_list()]
+  return (f"{name}: the row format ('instances') adds a batch dimension, making it "
+          f"{list(shape)}, but the signature takes {dims} (one example per request): send "
+          "it in the columnar form, {\"inputs\": {...}}")
+
+
+def parse_predict(body: bytes, signatures: Mapping[str, Mapping[str, tf.TensorSpec]]
+                  ) -> Tuple[str, Dict[str, np.ndarray], bool]:
+  """A predict request body -> (signature name, inputs, whether it was row format).
+
+  Args:
+    signatures: {signature name: {input name: TensorSpec}}.
+  """
+  try:
+    doc = loads(body)
+  except (ValueError, RecursionError) as e:
+    raise RequestError(f"the request body is not JSON: {e}") from None
+  if not isinstance(doc, dict):
+    raise RequestError("the request body must be a JSON object")
+  name = doc.get("signature_name", "serving_default") or "serving_default"
+  if not isinstance(name, str):
+    raise RequestError("signature_name: must be a string")
+  if name not in signatures:
+    raise RequestError(f"signature_name: no signature {name!r} (the model has "
+                       f"{', '.join(sorted(signatures))})")
+  specs = signatures[name]
+  if ("inputs" in doc) == ("instances" in doc):
+    raise RequestError("the request must hold one of 'inputs' (columnar) or 'instances' (row)")
+  if "instances" in doc:
+    return name, _rows(doc["instances"], specs), True
+  values = _columnar(doc["inputs"], specs)
+  return name, {k: to_tensor(k, v, specs[k]) for k, v in values.items()}, False
+
+
+def _jsonable(name: str, arr: np.ndarray):
+  """A string tensor as text (or {"b64"} for names ending in _bytes); others as is."""
+  if arr.dtype != object and arr.dtype.kind != "S":
+    return np.ascontiguousarray(arr)
+  if name.endswith("_bytes"):
+    one = lambda b: {"b64": base64.b64encode(b).decode("ascii")}  # pylint: disable=unnecessary-lambda-assignment
+  else:
+    one = lambda b: b.decode("utf-8", "replace")  # pylint: disable=unnecessary-lambda-assignment
+  return np.vectorize(one, otypes=[object])(arr).tolist() if arr.ndim else one(arr.item())
+
+
+def encode_outputs(outputs: Mapping[str, np.ndarray], row: bool) -> bytes:
+  """Outputs -> the response body, {"outputs": ...} or {"predictions": [...]}."""
+  names = sorted(outputs)
+  if not row:
+    value = {k: _jsonable(k, outputs[k]) for k in names}
+    return _dumps({"outputs": value if len(names) > 1 else value[names[0]]})
+  sizes = {k: (outputs[k].shape[0] if outputs[k].ndim else None) for k in names}
+  if None in sizes.values() or len(set(sizes.values())) > 1:
+    raise RequestError("the outputs have no common batch dimension "
+                       f"({', '.join(f'{k} {list(outputs[k].shape)}' for k in names)}), which "
+                       "the row format needs: send 'inputs' (columnar) instead")
+  n = sizes[names[0]]
+  rows = [{k: _jsonable(k, outputs[k][i]) for k in names} for i in range(n)]
+  if len(names) == 1:
+    rows = [r[names[0]] for r in rows]
+  return _dumps({"predictions": rows})
+
+
+def _dumps(value) -> bytes:
+  return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def error_body(message: str) -> bytes:
+  """TF Serving's error answer."""
+  return json.dumps({"error": message}).encode()
