@@ -412,7 +412,8 @@ def bench_rest(model_dir: str, repeats: int, saved_model_p50: float) -> Dict[str
   import urllib.request  # pylint: disable=g-import-not-at-top
   import orjson  # pylint: disable=g-import-not-at-top
   from train.serve import app  # pylint: disable=g-import-not-at-top
-  server, model = app.start(app.ServeConfig(model=model_dir, model_name="bench", port=0))
+  from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
+  server, model = app.start(ServeConfig(model=model_dir, model_name="bench", port=0))
   threading.Thread(target=server.serve_forever, daemon=True).start()
   url = f"http://127.0.0.1:{server.port}"
   rng = np.random.default_rng(0)

@@ -27,6 +27,7 @@ from train.noc import eval_objects
 from train.prep_output import PrepOutput
 from train.serve import app as serve_app
 from train.serve import json_arrays
+from train.serve.config import ServeConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "cat"
@@ -56,7 +57,7 @@ def images_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(trained, prep_dir, images_dir):
   """The server on a free port of 127.0.0.1, in a thread: (base URL, server)."""
-  config = serve_app.ServeConfig(model=trained, model_name=NAME, port=0, images=images_dir,
+  config = ServeConfig(model=trained, model_name=NAME, port=0, images=images_dir,
                                  data=prep_dir)
   server, _ = serve_app.start(config)
   thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -251,7 +252,7 @@ def test_the_page_opens_uploads_with_exif_applied_and_the_limits_hold(client, tr
                   content_type="multipart/form-data")
   assert r.status_code == 400 and "file" in r.get_json()["error"]
   # A server with small limits: pixels (the Beam job's guard) and bytes.
-  config = serve_app.ServeConfig(model=trained, max_pixels=1000, max_request_mb=0.05)
+  config = ServeConfig(model=trained, max_pixels=1000, max_request_mb=0.05)
   small = serve_app.make_app(config, *_model_and_sources(trained)).test_client()
   r = small.post("/page/upload", data={"file": (io.BytesIO(png(_image(40, 40))), "big.png")},
                  content_type="multipart/form-data")

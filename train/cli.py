@@ -280,19 +280,8 @@ def _serve(argv: List[str]) -> int:
       prog="beam-train serve",
       description="Serve the exported model with TensorFlow Serving's REST API, and a page "
       "to segment by clicking (README: 'Click and see').")
-  p.add_argument("--model", required=True, help="model dir (newest export) or one export dir")
-  p.add_argument("--model-name", dest="model_name", default="",
-                 help="the name in /v1/models/NAME (default: the model dir's name)")
-  p.add_argument("--host", default="127.0.0.1",
-                 help="address to listen on; 0.0.0.0 opens it to the network")
-  p.add_argument("--port", type=int, default=8501, help="0: any free port")
-  p.add_argument("--images", default="", help="a folder whose images the page may open")
-  p.add_argument("--data", default="",
-                 help="a beam-prep output: the page opens its eval objects with their true mask")
-  p.add_argument("--max-request-mb", type=float, default=64.0, dest="max_request_mb",
-                 help="larger request bodies are refused (413)")
-  p.add_argument("--max-pixels", type=int, default=16_777_216, dest="max_pixels",
-                 help="images with more pixels are refused")
+  from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
+  kit.add_options(p, ServeConfig)
   p.add_argument("--verbose", action="store_true", help="show library logs")
   args = p.parse_args(argv)
   log = logs.quiet(args.verbose)
@@ -302,9 +291,8 @@ def _serve(argv: List[str]) -> int:
               ", ".join(missing))
     return 2
   from train.serve import app  # pylint: disable=g-import-not-at-top
-  config = app.ServeConfig(**{k: v for k, v in vars(args).items() if k != "verbose"})
   try:
-    server, _ = app.start(config, log)
+    server, _ = app.start(kit.resolve(ServeConfig, args, "train"), log)
   except (ValueError, FileNotFoundError, OSError) as e:
     log.error("beam-train serve: %s", e)
     return 2

@@ -3,7 +3,8 @@ and a page where a person segments by clicking.
 
 Modules, each importing only those on the lines below it:
 
-  app          the Flask app, its routes and errors; ServeConfig; start
+  app          the Flask app, its routes and errors; start
+  config       ServeConfig: the command's options (no web framework imported)
   page         the page's endpoints: images by id, masks as PNG, IoU, next click
   model        ServedModel: one loaded export, its status, metadata, predict
   rest         TF Serving's JSON predict format <-> tensors

@@ -14,7 +14,6 @@ outside --images, 404 for an unknown model, version, route or image id,
 model's concrete functions are safe to call concurrently.
 """
 
-import dataclasses
 import logging
 import os
 from typing import Optional
@@ -25,32 +24,12 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.serving import make_server
 
 from train.serve import rest
-from train.serve.model import ServedModel, default_name
+from train.serve.config import ServeConfig
+from train.serve.model import ServedModel
 from train.serve.page import ImageStore, Page, Sources
 from train.serve.rest import RequestError
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-
-
-@dataclasses.dataclass(frozen=True)
-class ServeConfig:
-  """What `beam-train serve` was asked for (its options, resolved)."""
-  model: str
-  model_name: str = ""
-  host: str = "127.0.0.1"
-  port: int = 8501
-  images: str = ""
-  data: str = ""
-  max_request_mb: float = 64.0
-  # The Beam job's limit is 64M pixels for offline work; a click-to-mask
-  # server keeps interactive sizes (16M = 4096 x 4096).
-  max_pixels: int = 16_777_216
-  cache_mb: float = 512.0
-  max_eval_objects: int = 100
-
-  @property
-  def name(self) -> str:
-    return self.model_name or default_name(self.model)
 
 
 def _json(body, status: int = 200) -> Response:

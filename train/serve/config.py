@@ -1,0 +1,40 @@
+"""`ServeConfig`: what `beam-train serve` was asked for. Each field is also
+a flag of the command (`pipelines.kit`); this module imports no web framework,
+so the command can say what is missing before importing one."""
+
+import dataclasses
+from typing import Any, Dict
+
+from beam_prep.config import option
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+  """A server of one exported model."""
+  model: str = option("", "model dir (newest export) or one export dir", required=True)
+  model_name: str = option("", "the name in /v1/models/NAME ('': the model dir's name)",
+                           show_default=False)
+  host: str = option("127.0.0.1", "address to listen on; 0.0.0.0 opens it to the network")
+  port: int = option(8501, "port to listen on (0: any free port)")
+  images: str = option("", "a folder whose images the page may open")
+  data: str = option("", "a beam-prep output: the page opens its eval objects with their "
+                     "true mask")
+  max_request_mb: float = option(64.0, "larger request bodies are refused (413)")
+  # The Beam job's limit is 64M pixels for offline work; a click-to-mask
+  # server keeps interactive sizes (16M = 4096 x 4096).
+  max_pixels: int = option(16_777_216, "images with more pixels are refused")
+  cache_mb: float = option(512.0, "memory for the page's open images, in MB")
+  max_eval_objects: int = option(100, "eval objects of --data the page lists")
+
+  @property
+  def name(self) -> str:
+    from train.serve.model import default_name  # pylint: disable=g-import-not-at-top
+    return self.model_name or default_name(self.model)
+
+  @classmethod
+  def from_dict(cls, d: Dict[str, Any]) -> "ServeConfig":
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - names
+    if unknown:
+      raise ValueError(f"unknown serve settings: {sorted(unknown)}; known: {sorted(names)}")
+    return cls(**d)
