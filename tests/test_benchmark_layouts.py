@@ -12,6 +12,7 @@ from scipy import io as sio
 
 from beam_prep import keys
 from beam_prep.layouts import paired, sbd
+from beam_prep.ops.registry import ExampleError
 from beam_prep.readers import resolve_layout
 from tests.helpers import dead_letters, manifest, records, run_cli
 
@@ -275,6 +276,8 @@ def test_sbd_lists_fix_the_split_and_bad_files_are_dead_letters(tmp_path):
   assert "2008_000005.mat: no GTinst struct (variables: GTcls)" in (
       by_reason["missing_gtinst"][0]["detail"])
   assert {d["object_id"] for d in by_reason["sparse_object"]} == {3}
+  # The folder holding img/ and inst/ is the layout too.
+  assert resolve_layout(str(root / "dataset"), "auto", "instances").name == "sbd"
 
 
 # ---- codings against RITM on random masks --------------------------------------
@@ -329,7 +332,7 @@ def test_sparse_objects_are_the_ones_ritms_training_loader_drops():
 def test_sbd_instance_ids_outside_0_254_are_refused(tmp_path, seg, detail):
   path = tmp_path / "bad.mat"
   _write_mat(path, seg)
-  with pytest.raises(Exception, match=detail) as e:
+  with pytest.raises(ExampleError, match=detail) as e:
     sbd.segmentation(path.read_bytes(), str(path))
   assert e.value.reason == "unexpected_mask_value" and str(path) in e.value.detail
 
