@@ -79,7 +79,7 @@ def read_mask_pixels(path: str) -> np.ndarray:
 
 
 def folder_word(root: str) -> str:
-  """The root folder's name, lower case, letters and digits only ("COCO_MVal" -> "cocomval")."""
+  """The root folder's name, lower case, letters and digits only ("My_Set-2" -> "myset2")."""
   return re.sub(r"[^a-z0-9]", "", posixpath.basename(root.rstrip("/")).lower())
 
 
