@@ -35,9 +35,10 @@ def test_edt_equals_scipy(h, w):
   rng = np.random.default_rng(h * w)
   masks = np.stack([_blobs(rng, h, w, 3) for _ in range(6)] + [np.ones((h, w), bool),
                                                               np.zeros((h, w), bool)])
-  got = clicker.edt_squared(tf.constant(masks)).numpy()
-  for m, g in zip(masks, got):
-    np.testing.assert_array_equal(g, _edt_sq_reference(m))
+  for edt in (clicker.edt_squared, clicker.edt_squared_graph):  # host (CPU) and graph (GPU)
+    got = edt(tf.constant(masks)).numpy()
+    for m, g in zip(masks, got):
+      np.testing.assert_array_equal(g, _edt_sq_reference(m))
 
 
 def test_next_click_equals_the_scipy_reference():
@@ -60,10 +61,12 @@ def test_next_click_equals_the_scipy_reference():
     want.append(protocol_click(pred, label, done))
   xy, kind = clicker.next_click(tf.constant(np.stack(preds)), tf.constant(np.stack(labels)),
                             tf.constant(np.stack(clicked)))
-  got = [None if k == 0 else (int(p[0]), int(p[1]), int(k))
-         for p, k in zip(xy.numpy(), kind.numpy())]
+  got = [(int(p[0]), int(p[1]), int(k)) for p, k in zip(xy.numpy(), kind.numpy())]
   assert got == want
-  assert sum(g is None for g in got) >= 1 and {g[2] for g in got if g} == {1, -1}
+  assert {g[2] for g in got} == {1, -1}
+  # No error left: a negative click at (0, 0), as RITM's clicker gives it.
+  no_error = [i for i in range(cases) if i % 7 == 0]
+  assert no_error and all(got[i] == (0, 0, -1) for i in no_error)
 
 
 def _objects(n=5, h=32, w=32, seed=1):
@@ -88,11 +91,13 @@ def _never(images, clicks, kinds):
 def test_a_perfect_predictor_needs_one_click():
   images, labels = _objects()
   loop = noc.ClickLoop(_perfect, labels.shape[1:], max_clicks=5)
-  scores, _, kinds, _ = loop.run(images, labels)
+  scores, clicks, kinds, _ = loop.run(images, labels)
   report = noc.summarize(scores, (0.85, 0.9))
   assert report["noc@85"] == report["noc@90"] == 1.0
   assert report["never_reached@90"] == 0.0
-  assert (kinds[:, 0] == 1).all() and (kinds[:, 1:] == 0).all()  # No error, no more clicks.
+  assert (kinds[:, 0] == 1).all()
+  # No error left: RITM's clicker goes on with negative clicks at (0, 0).
+  assert (kinds[:, 1:] == -1).all() and (clicks[:, 1:] == 0).all()
 
 
 def test_a_predictor_that_never_gets_there_counts_max_clicks():
@@ -106,6 +111,24 @@ def test_a_predictor_that_never_gets_there_counts_max_clicks():
   assert (kinds == 1).all()
   for c, label in zip(clicks, labels):
     assert len({tuple(p) for p in c}) == 7 and all(label[y, x] == 1 for x, y in c)
+
+
+def test_ritms_threshold_empty_union_and_over_max_count():
+  """A probability of 0.495 is object at RITM's 0.49, not at 0.5; an object
+  with nothing to find never reaches a threshold; >=K@t counts NoC == K,
+  reached at the last click included."""
+  images, labels = _objects(n=2)
+  just_above = lambda im, c, k: tf.where(im[..., 0] > 127, float(np.log(0.495 / 0.505)), -9.0)
+  for thr, want in ((0.49, 1.0), (0.5, 4.0)):
+    scores, *_ = noc.ClickLoop(just_above, labels.shape[1:], 4, pred_thr=thr).run(images, labels)
+    assert noc.summarize(scores, (0.85,))["noc@85"] == want
+  empty = np.zeros_like(labels[:1])
+  empty[0, :4] = keys.IGNORE
+  scores, *_ = noc.ClickLoop(_never, labels.shape[1:], 3).run(images[:1], empty)
+  assert (scores == 0).all() and noc.summarize(scores, (0.85,))["never_reached@85"] == 1.0
+  report = noc.summarize(np.array([[0.1, 0.9, 0.9], [0.1, 0.1, 0.9], [0.1, 0.1, 0.1]]), (0.85,))
+  assert report["noc@85"] == (2 + 3 + 3) / 3
+  assert report[">=3@85"] == 2 and report["never_reached@85"] == pytest.approx(1 / 3)
 
 
 def test_the_loop_is_traced_once_per_input_shape():
@@ -216,7 +239,10 @@ def test_protocol_variants_replay_the_loop_against_the_baseline():
   loop = noc.ClickLoop(clicker.baseline_logits, labels.shape[1:], max_clicks=k)
   _, clicks, kinds, _ = loop.run(images, labels)
   for label, c, kd in zip(labels, clicks, kinds):
-    pos, neg = protocol_clicks(label, k)
+    pos, neg = protocol_clicks(label, k)  # Stops when no error is left ...
+    n = len(pos) + len(neg)
+    assert (c[n:] == 0).all() and (kd[n:] == -1).all()  # ... where the loop clicks (0, 0).
+    c, kd = c[:n], kd[:n]
     assert [tuple(p) for p, t in zip(c, kd) if t == 1] == [tuple(p) for p in pos]
     assert [tuple(p) for p, t in zip(c, kd) if t == -1] == [tuple(p) for p in neg]
   h, w = labels.shape[1:]

@@ -132,10 +132,11 @@ def _noc_lines(brief) -> List[str]:
   for key in sorted(k for k in brief["model"] if k.startswith("noc@")):
     t = key.split("@")[1]
     m, b = brief["model"], brief["baseline"]
-    out.append(f"NoC@{t} {m[key]:.2f} (never reached {100 * m['never_reached@' + t]:.0f}%) vs "
-               f"nearest-click baseline {b[key]:.2f} "
-               f"(never reached {100 * b['never_reached@' + t]:.0f}%), {brief['objects']} "
-               f"objects, up to {brief['max_clicks']} clicks")
+    over = f">={brief['max_clicks']}@{t}"
+    out.append(f"NoC@{t} {m[key]:.2f} ({over} {m[over]}, never reached "
+               f"{100 * m['never_reached@' + t]:.0f}%) vs nearest-click baseline {b[key]:.2f} "
+               f"({over} {b[over]}, never reached {100 * b['never_reached@' + t]:.0f}%), "
+               f"{brief['objects']} objects, up to {brief['max_clicks']} clicks")
   return out
 
 
@@ -154,6 +155,8 @@ def _evaluate(argv: List[str]) -> int:
                  help="evaluate the first N eval objects only (0: all)")
   p.add_argument("--batch-size", type=int, default=16, dest="batch_size",
                  help="objects per batch")
+  p.add_argument("--pred-thr", type=float, default=0.49, dest="pred_thr",
+                 help="a pixel is object where the model's probability exceeds this (RITM's)")
   p.add_argument("--output", help="report folder (default: MODEL/eval)")
   p.add_argument("--verbose", action="store_true", help="show library logs")
   kit.show_defaults(p)
@@ -166,6 +169,8 @@ def _evaluate(argv: List[str]) -> int:
       raise ValueError(f"--iou takes thresholds in (0, 1], got {args.iou!r}")
     if args.max_clicks < 1:
       raise ValueError(f"--max-clicks must be at least 1, got {args.max_clicks}")
+    if not 0 < args.pred_thr < 1:
+      raise ValueError(f"--pred-thr must be in (0, 1), got {args.pred_thr}")
   except ValueError as e:
     log.error("beam-train evaluate: %s", e)
     return 2
@@ -183,7 +188,8 @@ def _evaluate(argv: List[str]) -> int:
              args.max_clicks)
     report = noc.evaluate(model, prep, out, args.max_clicks, thresholds, args.batch_size,
                           args.max_objects,
-                          summary_dir=os.path.join(args.model, "tensorboard", "eval"), step=step)
+                          summary_dir=os.path.join(args.model, "tensorboard", "eval"), step=step,
+                          pred_thr=args.pred_thr)
   except (ValueError, FileNotFoundError, ImportError, OSError, KeyError) as e:
     log.error("beam-train evaluate: %s", e)
     return 1

@@ -11,7 +11,11 @@ Click protocol (RITM's clicker; `train.noc` runs it in a loop):
    already clicked set to 0. The next click goes to the pixel farthest from
    its error boundary: positive when the false negatives hold the largest
    distance, negative otherwise (row-major first pixel on ties). With no
-   error left, no click is added.
+   error left, the click is negative at (0, 0), as RITM's clicker gives it.
+3. The mask is the model's probability above `PRED_THR` (0.49, RITM's
+   evaluation threshold); IoU is over non-ignore pixels, and an empty union
+   (nothing to find, nothing predicted) never reaches a threshold (RITM's
+   0/0 is NaN).
 
 Clicks, batched over objects:
   clicks  int64 [B, K, 2], (x, y) = (column, row)
@@ -22,7 +26,7 @@ The nearest-click baseline (`nearest_click_logits`): a pixel is object when
 it is nearer a positive than a negative click; no model. The trainer's eval
 reads it from the records' clicks (`dense_clicks`), the NoC loop from its own.
 
-`iou` is the one IoU of the trainer's eval and the NoC evaluation.
+`iou` is the one IoU of the trainer's eval, the NoC evaluation and the page.
 
 This module imports nothing of `train`.
 """
@@ -33,14 +37,24 @@ import tensorflow as tf
 from beam_prep import keys
 
 NONE, POSITIVE, NEGATIVE = 0, 1, -1
+# RITM's evaluation: a pixel is object where the probability exceeds this.
+PRED_THR = 0.49
+
+
+def logit_threshold(pred_thr: float = PRED_THR) -> float:
+  """The logit above which the probability exceeds `pred_thr`."""
+  if not 0.0 < pred_thr < 1.0:
+    raise ValueError(f"--pred-thr must be in (0, 1), got {pred_thr}")
+  return float(np.log(pred_thr / (1.0 - pred_thr)))
 
 
 def iou(pred: tf.Tensor, truth: tf.Tensor, care: tf.Tensor) -> tf.Tensor:
-  """float32 [B]: IoU of bool masks [B, ...] over the pixels `care` marks (1 if both empty)."""
+  """float32 [B]: IoU of bool masks [B, ...] over the pixels `care` marks; 0
+  when both are empty there (RITM's NaN: it never reaches a threshold)."""
   axes = tf.range(1, tf.rank(pred))
   inter = tf.reduce_sum(tf.cast(pred & truth & care, tf.float32), axis=axes)
   union = tf.reduce_sum(tf.cast((pred | truth) & care, tf.float32), axis=axes)
-  return tf.where(union > 0, inter / tf.maximum(union, 1.0), 1.0)
+  return inter / tf.maximum(union, 1.0)
 
 
 def label_iou(pred: tf.Tensor, label: tf.Tensor) -> tf.Tensor:
@@ -54,21 +68,53 @@ def edt_squared(mask: tf.Tensor) -> tf.Tensor:
   For each True pixel of bool `mask` [B, H, W], the squared distance to the
   nearest False pixel, the outside of the image counting as False (scipy's
   `distance_transform_edt` of the mask padded by one False pixel); 0 on False
-  pixels. Two exact passes: per row, the distance to the nearest False pixel
-  of the row; then per column, the minimum of dy^2 + that^2 over rows.
+  pixels. Memory is linear in the pixels either way: on a GPU it runs in the
+  graph (`edt_squared_graph`), on the CPU scipy's (faster there) runs on the
+  host. Chosen when traced.
   """
-  shape = tf.shape(mask)
-  h, w = shape[1], shape[2]
-  big = tf.constant(1 << 20, tf.int32)
-  cols = tf.range(w, dtype=tf.int32)
-  rows = tf.range(h, dtype=tf.int32)
-  dx = tf.abs(cols[:, None] - cols[None, :])  # [W (x), W (x')]
-  g = tf.reduce_min(tf.where(tf.logical_not(mask)[:, :, None, :], dx[None, None], big), axis=-1)
-  g = tf.minimum(g, tf.minimum(cols + 1, w - cols)[None, None, :])  # the border columns
-  dy2 = tf.square(rows[:, None] - rows[None, :])  # [H (y), H (y')]
-  e = tf.reduce_min(dy2[None, :, :, None] + tf.square(g)[:, None, :, :], axis=2)
-  e = tf.minimum(e, tf.square(tf.minimum(rows + 1, h - rows))[None, :, None])  # border rows
-  return tf.where(mask, e, 0)
+  if tf.config.list_logical_devices("GPU"):
+    return edt_squared_graph(mask)
+  out = tf.numpy_function(_edt_squared_scipy, [mask], tf.int32, stateful=False)
+  return tf.ensure_shape(out, mask.shape)
+
+
+def _edt_squared_scipy(mask: np.ndarray) -> np.ndarray:
+  from scipy import ndimage  # pylint: disable=g-import-not-at-top
+  out = np.zeros(mask.shape, np.int32)
+  for i, m in enumerate(mask):
+    if m.any():
+      d = ndimage.distance_transform_edt(np.pad(m, 1))[1:-1, 1:-1]
+      out[i] = np.rint(d * d)
+  return out
+
+
+def edt_squared_graph(mask: tf.Tensor) -> tf.Tensor:
+  """`edt_squared` in TensorFlow ops, memory linear in the pixels.
+
+  Two exact passes over the mask padded by False: per row, the distance g to
+  the nearest False pixel of the row (offsets dx = 1, 2, ... until every
+  pixel has one); then per column, the minimum of dy^2 + g^2 over rows at
+  offset dy, until dy^2 exceeds every pixel's best. Rolling wraps around,
+  but a wrapped candidate is never nearer than the padded border. Time grows
+  with the largest distance, not with H x W per pixel.
+  """
+  m = tf.pad(mask, [[0, 0], [1, 1], [1, 1]])
+  big = tf.constant(1 << 30, tf.int32)
+  g = tf.where(m, big, 0)
+
+  def rows(dx, g):
+    near = tf.logical_not(tf.roll(m, dx, axis=2)) | tf.logical_not(tf.roll(m, -dx, axis=2))
+    return dx + 1, tf.minimum(g, tf.where(near, dx, big))
+
+  _, g = tf.while_loop(lambda dx, g: dx <= tf.reduce_max(g), rows, [tf.constant(1), g])
+  g2 = tf.square(g)
+
+  def cols(dy, e):
+    other = tf.minimum(tf.roll(g2, dy, axis=1), tf.roll(g2, -dy, axis=1))
+    return dy + 1, tf.minimum(e, other + dy * dy)
+
+  _, e = tf.while_loop(lambda dy, e: dy * dy <= tf.reduce_max(e), cols, [tf.constant(1), g2])
+  return tf.where(mask, e[:, 1:-1, 1:-1], 0)
 
 
 def clicked_map(clicks: tf.Tensor, kinds: tf.Tensor, h: int, w: int) -> tf.Tensor:
@@ -89,8 +135,8 @@ def next_click(pred: tf.Tensor, label: tf.Tensor, clicked: tf.Tensor):
     clicked: bool [B, H, W], pixels already clicked.
 
   Returns:
-    (xy int64 [B, 2] as (x, y), kind int32 [B]: 1 positive, -1 negative,
-    0 when there is no error left).
+    (xy int64 [B, 2] as (x, y), kind int32 [B]: 1 positive, -1 negative;
+    negative at (0, 0) when no error is left).
   """
   gt = tf.equal(label, 1)
   care = tf.not_equal(label, keys.IGNORE)
@@ -105,9 +151,13 @@ def next_click(pred: tf.Tensor, label: tf.Tensor, clicked: tf.Tensor):
   w = tf.shape(d)[2]
   flat = tf.argmax(tf.reshape(d, [tf.shape(d)[0], -1]), axis=1, output_type=tf.int32)
   xy = tf.cast(tf.stack([flat % w, flat // w], axis=1), tf.int64)
-  kind = tf.where(tf.maximum(fn_max, fp_max) > 0,
-                  tf.where(positive, POSITIVE, NEGATIVE), NONE)
-  return xy, tf.cast(kind, tf.int32)
+  return xy, tf.where(positive, POSITIVE, NEGATIVE)
+
+
+def has_error(pred: tf.Tensor, label: tf.Tensor) -> tf.Tensor:
+  """bool [B]: whether the mask `pred` [B, H, W] differs from `label` outside ignore."""
+  care = tf.not_equal(label, keys.IGNORE)
+  return tf.reduce_any(tf.not_equal(pred, tf.equal(label, 1)) & care, axis=[1, 2])
 
 
 def nearest_click_logits(clicks, kinds, h, w):

@@ -10,7 +10,10 @@ that wrote the records (whatever features.json names), and the model
 predicts again, up to `max_clicks`.
 
 NoC@t is the mean over objects of the first click count whose IoU reaches t
-(`max_clicks` when never). Everything from the click step to the encodings
+(`max_clicks` when never); `>=K@t` counts the objects whose NoC is K =
+`max_clicks` (reached at the last click, or never), as RITM's tables do, beside
+`never_reached@t`, the share never reaching t. The mask is the model's
+probability above `--pred-thr` (RITM's 0.49). Everything from the click step to the encodings
 and the model runs in one `tf.function` per click, batched over objects and
 traced once per input shape, so it runs at inference speed and on the GPU
 when there is one. The nearest-click baseline (a pixel is object when it is
@@ -35,6 +38,11 @@ from train.servers import SegmentationServer
 from train.prep_output import PrepOutput
 
 IOU_AT = (1, 2, 3, 5, 10, 20)
+PROTOCOL = ("RITM's clicker: the first click at the object's interior point farthest from its "
+            "boundary, then at the error pixel farthest from its error region's boundary "
+            "(negative at (0, 0) when no error is left); the mask is probability > pred_thr; "
+            "IoU over non-ignore pixels, an empty union never reaching a threshold; NoC is "
+            "max_clicks when never reached")
 SHEET_CLICKS = (1, 3, 5)
 NOC_FILE = "noc.json"
 PLOT_FILE = "iou_by_clicks.png"
@@ -72,10 +80,13 @@ class ClickLoop:
       int32 [B, K]) -> logits [B, H, W].
     image_size: (H, W) of the records.
     max_clicks: K.
+    pred_thr: a pixel is object where the probability exceeds it.
   """
 
-  def __init__(self, predictor: Callable, image_size, max_clicks: int):
+  def __init__(self, predictor: Callable, image_size, max_clicks: int,
+               pred_thr: float = clicker.PRED_THR):
     h, w = image_size
+    above = clicker.logit_threshold(pred_thr)
     self.max_clicks = max_clicks
     self.traces = {"first": 0, "step": 0}
     k = max_clicks
@@ -89,8 +100,6 @@ class ClickLoop:
       b = tf.shape(labels_)[0]
       none = tf.zeros([b, h, w], tf.bool)
       xy, kind = clicker.next_click(none, labels_, none)
-      # The first click is on the object.
-      kind = tf.where(kind == clicker.NONE, clicker.NONE, clicker.POSITIVE)
       slot = tf.one_hot(0, k, on_value=True, off_value=False, dtype=tf.bool)[None, :]
       return (tf.where(slot[..., None], xy[:, None, :], tf.zeros([b, k, 2], tf.int64)),
               tf.where(slot, kind[:, None], tf.zeros([b, k], tf.int32)))
@@ -98,7 +107,7 @@ class ClickLoop:
     def step(images_, labels_, clicks_, kinds_, n):
       """Predicts with the clicks so far (n of them), then adds click n+1."""
       self.traces["step"] += 1
-      pred = predictor(images_, clicks_, kinds_) > 0
+      pred = predictor(images_, clicks_, kinds_) > above
       scores = clicker.label_iou(pred, labels_)
       xy, kind = clicker.next_click(pred, labels_, clicker.clicked_map(clicks_, kinds_, h, w))
       slot = tf.one_hot(tf.minimum(n, k - 1), k, on_value=True, off_value=False,
@@ -135,6 +144,7 @@ def summarize(scores: np.ndarray, thresholds: Sequence[float]) -> Dict[str, Any]
     first = np.where(reached.any(axis=1), reached.argmax(axis=1) + 1, k)
     name = f"{round(t * 100):d}"
     out[f"noc@{name}"] = float(first.mean()) if n else None
+    out[f">={k}@{name}"] = int((first >= k).sum())
     out[f"never_reached@{name}"] = float(1 - reached.any(axis=1).mean()) if n else None
   out["mean_iou_by_clicks"] = {str(c): float(scores[:, c - 1].mean())
                                for c in IOU_AT if c <= k} if n else {}
@@ -171,7 +181,8 @@ def eval_objects(prep: PrepOutput, max_objects: int = 0):
 def evaluate(model, prep: PrepOutput, out_dir: str, max_clicks: int = 20,
              thresholds: Sequence[float] = (0.85, 0.90), batch_size: int = 16,
              max_objects: int = 0, sheet_objects: int = 4,
-             summary_dir: Optional[str] = None, step: int = 0) -> Dict[str, Any]:
+             summary_dir: Optional[str] = None, step: int = 0,
+             pred_thr: float = clicker.PRED_THR) -> Dict[str, Any]:
   """NoC of `model` and of the nearest-click baseline on the eval objects of `prep`.
 
   Writes OUT_DIR/noc.json, the IoU-by-clicks plot and the contact sheet, and
@@ -183,13 +194,11 @@ def evaluate(model, prep: PrepOutput, out_dir: str, max_clicks: int = 20,
   images, labels, names = eval_objects(prep, max_objects)
   predictors = {"model": ModelPredictor(model, prep.tft_output, table),
                 "baseline": clicker.baseline_logits}
-  report: Dict[str, Any] = {"protocol": "first click at the object's interior point farthest "
-                            "from its boundary; then at the error pixel farthest from its "
-                            "error region's boundary (RITM); NoC capped at max_clicks",
+  report: Dict[str, Any] = {"protocol": PROTOCOL, "pred_thr": pred_thr,
                             "thresholds": list(thresholds), "image_size": list(table.image_size)}
   curves, traces, sheet = {}, {}, None
   for name, predictor in predictors.items():
-    loop = ClickLoop(predictor, table.image_size, max_clicks)
+    loop = ClickLoop(predictor, table.image_size, max_clicks, pred_thr)
     # The contact sheet shows the model's masks only.
     scores, kept = _run_loop(loop, images, labels, batch_size,
                              sheet_objects if name == "model" else 0)
@@ -253,7 +262,7 @@ def brief(report: Dict[str, Any]) -> Dict[str, Any]:
   out = {"objects": report["model"]["objects"], "max_clicks": report["model"]["max_clicks"]}
   for name in ("model", "baseline"):
     out[name] = {k: v for k, v in report[name].items()
-                 if k.startswith(("noc@", "never_reached@"))}
+                 if k.startswith(("noc@", "never_reached@", ">="))}
   return out
 
 

@@ -117,8 +117,8 @@ def protocol_click(pred: np.ndarray, label: np.ndarray, clicked: np.ndarray):
 
   Returns:
     (x, y, kind), kind 1 for a positive click (the false negatives hold the
-    pixel farthest from their region's boundary) or -1; None without errors.
-    Ties go to the row-major first pixel.
+    pixel farthest from their region's boundary) or -1; with no error left,
+    (0, 0, -1) as RITM's clicker. Ties go to the row-major first pixel.
   """
   gt, care = label == 1, label != keys.IGNORE
   fn_d = _edt_outside_padded(gt & ~pred & care)
@@ -127,8 +127,6 @@ def protocol_click(pred: np.ndarray, label: np.ndarray, clicked: np.ndarray):
   fn_d, fp_d = np.rint(fn_d ** 2).astype(np.int64), np.rint(fp_d ** 2).astype(np.int64)
   fn_d[clicked] = 0
   fp_d[clicked] = 0
-  if max(fn_d.max(), fp_d.max()) == 0:
-    return None
   positive = fn_d.max() > fp_d.max()
   d = fn_d if positive else fp_d
   y, x = np.unravel_index(np.argmax(d), d.shape)
@@ -154,11 +152,11 @@ def protocol_clicks(label: np.ndarray, n: int):
   pos, neg = [], []
   clicked = np.zeros((h, w), bool)
   pred = np.zeros((h, w), bool)
+  care = label != keys.IGNORE
   for _ in range(n):
-    click = protocol_click(pred, label, clicked)
-    if click is None:
-      break
-    x, y, kind = click
+    if not (pred != (label == 1))[care].any():
+      break  # No error left: a sampled click would say nothing.
+    x, y, kind = protocol_click(pred, label, clicked)
     (pos if kind == 1 else neg).append((x, y))
     clicked[y, x] = True
     pred = nearest_click_mask(pos, neg, h, w)

@@ -203,8 +203,10 @@ class Page:
       return last[1]
     out = self.model.predict("serving_default", {"image": item["image"], "positive_clicks": pos,
                                                  "negative_clicks": neg})
-    item["last"] = (key, out["mask"])
-    return out["mask"]
+    # The protocol's mask (`beam-train evaluate`): probability above RITM's 0.49.
+    mask = out["probabilities"] > clicker.PRED_THR
+    item["last"] = (key, mask)
+    return mask
 
   def segment(self, body: Dict[str, Any]) -> Dict[str, Any]:
     item = self.store.get(str(body.get("id")))
@@ -224,14 +226,14 @@ class Page:
     pos, neg = _clamped_clicks(item, body)
     h, w = item["truth"].shape
     pred = self._mask(item, pos, neg) > 0 if len(pos) else np.zeros((h, w), bool)
+    truth = tf.constant(item["truth"][None])
+    if not bool(clicker.has_error(tf.constant(pred[None]), truth)[0]):
+      return {"click": None, "kind": None}  # The protocol would click (0, 0): the page stops.
     clicks = np.concatenate([pos, neg]).astype(np.int64)[None]
     kinds = np.array([[clicker.POSITIVE] * len(pos) + [clicker.NEGATIVE] * len(neg)],
                      np.int32).reshape(1, -1)
     clicked = clicker.clicked_map(tf.constant(clicks.reshape(1, -1, 2)), tf.constant(kinds), h, w)
-    xy, kind = clicker.next_click(tf.constant(pred[None]), tf.constant(item["truth"][None]),
-                                  clicked)
+    xy, kind = clicker.next_click(tf.constant(pred[None]), truth, clicked)
     kind = int(kind[0])
-    if kind == clicker.NONE:
-      return {"click": None, "kind": None}
     return {"click": [int(v) for v in xy[0].numpy()],
             "kind": "positive" if kind == clicker.POSITIVE else "negative"}
