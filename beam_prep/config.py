@@ -55,7 +55,9 @@ class PrepConfig:
     image_size: records hold images resized to image_size x image_size.
     variants: independent click samplings per object.
     seed: seed of the click sampling.
-    eval_percent: share of images (by hash of the image id) in the eval split.
+    eval_percent: share of images (by hash of the image id) in the eval split;
+      100 makes an evaluation-only output (every input eval, whatever a
+      layout's lists say; no tf.Transform analysis).
     target_shard_mb: size each record file aims at, in MB; the file count
       follows from the data (measured in the job), and no file exceeds twice
       this plus one record.
@@ -89,7 +91,9 @@ class PrepConfig:
   image_size: int = option(128, "records hold images resized to N x N")
   variants: int = option(2, "click samplings per object")
   seed: int = option(0, "seed of the click sampling")
-  eval_percent: int = option(20, "share of images in the eval split (by a hash of the image id)")
+  eval_percent: int = option(20, "share of images in the eval split (by a hash of the image "
+                             "id); 100: an evaluation-only output (a benchmark set: every "
+                             "image evaluated, no transform analysed)")
   target_shard_mb: float = option(200.0, "size each record file aims at, in MB; the number of "
                                   "files follows from the data")
   compression: str = option("", "record compression (README: 'Record layout, measured')",
@@ -123,8 +127,8 @@ class PrepConfig:
         (self.input and self.output, "--input and --output are required"),
         (self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}"),
         (self.variants >= 1, f"--variants must be at least 1, got {self.variants}"),
-        (0 <= self.eval_percent < 100,
-         f"--eval-percent must be in [0, 100), got {self.eval_percent}"),
+        (0 <= self.eval_percent <= 100,
+         f"--eval-percent must be in [0, 100], got {self.eval_percent}"),
         (self.progress_seconds >= 0,
          f"--progress-seconds must be >= 0, got {self.progress_seconds}"),
         (self.target_shard_mb > 0,
@@ -139,6 +143,11 @@ class PrepConfig:
     for ok, message in checks:
       if not ok:
         raise ValueError(message)
+
+  @property
+  def eval_only(self) -> bool:
+    """Every input is evaluated; nothing is trained on, so nothing is analysed."""
+    return self.eval_percent >= 100
 
   @property
   def task_object(self):

@@ -30,7 +30,7 @@ which stops the job, instead of dead-lettering every example.
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from beam_prep import keys, layouts
+from beam_prep import keys, layouts, source_records
 from beam_prep.dead_letters import READ_STAGE, error_record
 from beam_prep.ops import registry
 from beam_prep.ops.registry import ExampleError, OpBugError
@@ -108,6 +108,7 @@ class Tally:
         "objects_of_failed_images": c["objects_of_failed_images"],
         "examples_made": c["examples_made"], "example_errors": c["example_errors"],
         "examples_written": written,
+        "source_records": self.counts.get(f"examples/{source_records.SPLIT}", 0),
         "errors_by_reason": dict(sorted(self.reasons.items())),
         "errors_total": sum(self.reasons.values()),
         "accounted": (total + c["example_errors"] == c["examples_made"] == units * per_unit
@@ -122,6 +123,7 @@ class Result:
   errors: List[Dict[str, Any]]
   tally: Tally
   row: Optional[bytes]  # The image's row for tf.Transform's analysis.
+  source: Optional[bytes] = None  # An eval image at its own size (`source_records`).
 
 
 class Kernel:
@@ -198,13 +200,14 @@ class Kernel:
   # ---- the op stages -------------------------------------------------------
 
   def apply(self, ex: Dict[str, Any], tally: Tally, counted: int = 0
-            ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
-    """Runs the stages on one read example -> (finished examples, dead letters).
+            ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], Optional[Dict[str, Any]]]:
+    """Runs the stages on one read example -> (finished examples, dead letters,
+    the example after the `source` stage, or None).
 
     `counted`: objects of this image already counted (failed when listed).
     """
     self.setup()
-    current, errors = [ex], []
+    current, errors, source = [ex], [], None
     for i, (stage, fn) in enumerate(zip(self.stages, self._fns)):
       after = []
       for item in current:
@@ -219,10 +222,12 @@ class Kernel:
           self._watch(f, error)
         after.extend(outputs)
       current = after
+      if stage.source and current:
+        source = current[0]
       nxt = self.stages[i + 1].level if i + 1 < len(self.stages) else EXAMPLE
       if nxt != stage.level:
         tally.add(_FOUND[nxt], len(current))
-    return current, errors
+    return current, errors, source
 
   def _watch(self, failure, error) -> None:
     """Stops the job when an op fails the same way on the first examples it meets."""
@@ -242,7 +247,8 @@ class Kernel:
   # ---- the whole input -----------------------------------------------------
 
   def process(self, pointer: Dict[str, Any], split: str = keys.TRAIN_SPLIT) -> Result:
-    """One input pointer -> its records, dead letters, counts and analysis row.
+    """One input pointer -> its records, dead letters, counts and analysis row,
+    and for an eval input, its source record (when a stage keeps one).
 
     Its records are counted as written to `split`.
     """
@@ -250,11 +256,14 @@ class Kernel:
     ex, read_errors = self.read(pointer, tally)
     if ex is None:
       return Result([], read_errors, tally, None)
-    finished, errors = self.apply(ex, tally, counted=len(read_errors))
+    finished, errors, source = self.apply(ex, tally, counted=len(read_errors))
     records = [self.table.encode(out) for out in finished]
     tally.add(f"examples/{split}", len(records))
     row = None
     if records:
       self._made_records = True
       row = self.table.summary_row(finished[0]) if self.summary_rows else records[0]
-    return Result(records, read_errors + errors, tally, row)
+    if source is None or split != keys.EVAL_SPLIT:
+      return Result(records, read_errors + errors, tally, row)
+    tally.add(f"examples/{source_records.SPLIT}")
+    return Result(records, read_errors + errors, tally, row, source_records.encode(source))

@@ -46,7 +46,7 @@ class _ApplyOpsFn(beam.DoFn):
     self._failed = Metrics.counter("beam_prep", "op_failures")
 
   def process(self, ex):
-    outputs, errors = self._kernel.apply(dict(ex), Tally())
+    outputs, errors, _ = self._kernel.apply(dict(ex), Tally())
     for error in errors:
       self._failed.inc()
       Metrics.counter("beam_prep", f"error_{error['reason']}").inc()

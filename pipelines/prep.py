@@ -15,7 +15,10 @@ Output directory:
 
     records/train-SSSSS-of-NNNNN.tfrecord   serialized tf.Examples (raw schema)
     records/eval-SSSSS-of-NNNNN.tfrecord
-    transform/transform_fn/, transformed_metadata/, metadata/ (raw schema)
+    records/source-SSSSS-of-NNNNN.tfrecord  eval images at their own size (segmentation;
+                                           beam_prep.source_records)
+    transform/transform_fn/, transformed_metadata/, metadata/ (raw schema; not in an
+                                           evaluation-only output, --eval-percent 100)
     errors/errors-SSSSS-of-NNNNN.jsonl     dead letters
     features.json                          the declared features, chain, ops module
     config.json                            the resolved PrepConfig
@@ -121,7 +124,10 @@ def build(p: beam.Pipeline, config: PrepConfig, table: FeatureTable, temp_dir: s
       kernel, config.target_shard_mb * 1e6, gzip)
   written = (inputs, shard_plan) | "WriteShards" >> write.WriteShards(
       kernel, temp_root, gzip, config.progress_seconds)
-  transform_fn = _analyze(written, config, table, kernel, temp_dir)
+  if config.eval_only:  # Nothing to train on: nothing to analyse.
+    transform_fn = p | "NoAnalysis" >> beam.Create([])
+  else:
+    transform_fn = _analyze(written, config, table, kernel, temp_dir)
   tally = written[write.TALLY_TAG] | "SumCounts" >> beam.CombineGlobally(write.MergeTallies())
   preview = (written[write.PREVIEW_TAG]
              | "PreviewRecords" >> beam.combiners.Top.Smallest(PREVIEW_COUNT, key=lambda kv: kv[0]))

@@ -52,12 +52,14 @@ def manifest(config: PrepConfig, table: FeatureTable, tally: Tally, seconds: flo
   return {
       "pipeline": config.task,
       "splits_objects": task.splits_objects(config),
+      "eval_only": config.eval_only,
       "config": config.to_dict(),
       "versions": outputs.library_versions(),
       "features": table.to_dict()["features"],
       "paths": {
           "records": FileSystems.join(config.output, keys.RECORDS_DIR),
-          "transform": FileSystems.join(config.output, keys.TRANSFORM_DIR),
+          "transform": (None if config.eval_only
+                        else FileSystems.join(config.output, keys.TRANSFORM_DIR)),
           "errors": FileSystems.join(config.output, keys.ERRORS_DIR),
           "preview": None,
       },
@@ -83,11 +85,13 @@ def summary_lines(m: Dict[str, Any]) -> List[str]:
   if m.get("splits_objects"):
     inputs += (f"; {c['objects_found']} objects ({c['objects_used']} used, "
                f"{c['objects_failed']} failed)")
+  source = (f"; eval images at their own size {c['source_records']}"
+            if c.get("source_records") else "")
   lines = [
       inputs,
-      f"  examples written train {ex.get('train', 0)}, eval {ex.get('eval', 0)} "
+      f"  examples written train {ex.get('train', 0)}, eval {ex.get('eval', 0)}{source} "
       f"-> {m['paths']['records']}",
-      f"  transform        {m['paths']['transform']}",
+      f"  transform        {m['paths']['transform'] or 'none (an evaluation-only output)'}",
   ]
   if c["errors_total"]:
     reasons = ", ".join(f"{k} {v}" for k, v in c["errors_by_reason"].items())

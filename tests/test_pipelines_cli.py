@@ -103,7 +103,7 @@ def test_local_mode_follows_input_size_and_cores(tmp_path):
     (["--input", "x"], "--output"),
     (["--input", "x", "--output", "y", "--image-size", "4"], "--image-size must be"),
     (["--input", "x", "--output", "y", "--layout", "zip"], "layout"),
-    (["--input", "x", "--output", "y", "--eval-percent", "100"], "--eval-percent must be"),
+    (["--input", "x", "--output", "y", "--eval-percent", "101"], "--eval-percent must be"),
 ])
 def test_bad_options_are_refused_with_a_reason(argv, message, capsys):
   assert run_cli(["segmentation"] + argv) == 2

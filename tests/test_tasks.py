@@ -14,8 +14,9 @@ def test_click_encoding_chooses_the_encoding_ops(encoding, ops):
   registry.import_ops_modules("tests.fixtures.edge_ops")
   config = PrepConfig(input="x", output="y", click_encoding=encoding, ops="edges",
                       ops_module="tests.fixtures.edge_ops")
-  assert [s.label for s in config.stages] == ["DecodeExamples", "SampleClicks", "EncodeClicks"]
-  assert [s.level for s in config.stages] == ["input", "object", "example"]
+  assert [s.label for s in config.stages] == [
+      "DecodeExamples", "SplitObjects", "SampleClicks", "EncodeClicks"]
+  assert [s.level for s in config.stages] == ["input", "input", "object", "example"]
   last = [s.name for s in registry.parse_chain(config.stages[-1].chain)]
   assert last == ops + ["edges"]
   registry.build_chain(config.chain)  # every op exists, every argument is a literal
@@ -23,7 +24,8 @@ def test_click_encoding_chooses_the_encoding_ops(encoding, ops):
 
 def test_click_settings_reach_the_chain_text():
   config = PrepConfig(input="x", output="y", variants=3, seed=7)
-  spec = registry.parse_chain(config.stages[1].chain)[0]
+  stage = next(s for s in config.stages if s.label == "SampleClicks")
+  spec = registry.parse_chain(stage.chain)[0]
   assert spec.name == "sample_clicks" and dict(spec.kwargs)["variants"] == 3
   assert dict(spec.kwargs)["seed"] == 7
 

@@ -129,76 +129,132 @@ def _fit(argv: List[str]) -> int:
 def _noc_lines(brief) -> List[str]:
   """NoC of the model beside the baseline's, from `noc.brief` (no TensorFlow import)."""
   out = []
-  for key in sorted(k for k in brief["model"] if k.startswith("noc@")):
+  b = brief["baseline"]
+  for key in sorted(k for k in b if k.startswith("noc@")):
     t = key.split("@")[1]
-    m, b = brief["model"], brief["baseline"]
     over = f">={brief['max_clicks']}@{t}"
-    out.append(f"NoC@{t} {m[key]:.2f} ({over} {m[over]}, never reached "
-               f"{100 * m['never_reached@' + t]:.0f}%) vs nearest-click baseline {b[key]:.2f} "
-               f"({over} {b[over]}, never reached {100 * b['never_reached@' + t]:.0f}%), "
-               f"{brief['objects']} objects, up to {brief['max_clicks']} clicks")
+    said = {name: f"{r[key]:.2f} ({over} {r[over]}, never reached "
+                  f"{100 * r['never_reached@' + t]:.0f}%)"
+            for name, r in brief.items() if name in ("model", "baseline")}
+    text = (f"NoC@{t} {said['model']} vs nearest-click baseline {said['baseline']}"
+            if "model" in said else f"NoC@{t} of the nearest-click baseline {said['baseline']}")
+    out.append(f"{text}, {brief['objects']} objects, up to {brief['max_clicks']} clicks")
   return out
 
 
-def _evaluate(argv: List[str]) -> int:
+def _evaluate_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
       prog="beam-train evaluate",
-      description="NoC evaluation of a trained segmentation model and of the nearest-click "
-      "baseline: simulated clicks until the mask reaches each IoU threshold (README: "
-      "'Evaluation: clicks to a good mask').")
-  p.add_argument("--model", required=True, help="a beam-train fit model dir")
-  p.add_argument("--data", help="beam_prep output (default: the one the model was trained on)")
+      description="NoC evaluation: simulated clicks until the mask reaches each IoU threshold, "
+      "for a trained segmentation model (through its serving graph) and the nearest-click "
+      "baseline, on the eval images at their own size (README: 'Evaluation: clicks to a "
+      "good mask').")
+  p.add_argument("--model", help="a beam-train fit model dir or an export (none: the "
+                 "nearest-click baseline alone)")
+  p.add_argument("--data", help="beam_prep output, e.g. a benchmark set (default: the one "
+                 "the model was trained on)")
+  p.add_argument("--resolution", choices=("auto", "source", "records"), default="auto",
+                 help="source: the eval images at their own size (the field's protocol); "
+                 "records: the records' size, with the model dir's Keras model; auto: source "
+                 "when the data holds source records")
   p.add_argument("--max-clicks", type=int, default=20, dest="max_clicks",
                  help="clicks per object at most; NoC counts this when never reached")
   p.add_argument("--iou", default="0.85,0.90", help="IoU thresholds, comma-separated")
   p.add_argument("--max-objects", type=int, default=0, dest="max_objects",
                  help="evaluate the first N eval objects only (0: all)")
   p.add_argument("--batch-size", type=int, default=16, dest="batch_size",
-                 help="objects per batch")
+                 help="objects per batch (records resolution)")
   p.add_argument("--pred-thr", type=float, default=0.49, dest="pred_thr",
                  help="a pixel is object where the model's probability exceeds this (RITM's)")
-  p.add_argument("--output", help="report folder (default: MODEL/eval)")
+  p.add_argument("--output", help="report folder (default: MODEL/eval; required without "
+                 "--model)")
   p.add_argument("--verbose", action="store_true", help="show library logs")
   kit.show_defaults(p)
+  return p
+
+
+def _evaluate_args(p: argparse.ArgumentParser, argv: List[str]):
+  """Parsed and checked options, and the thresholds (raises ValueError)."""
   args, rest = p.parse_known_args(argv)
-  log = logs.quiet(args.verbose)
+  check_unknown(rest, option_flags(p), "beam-train evaluate", strict=True)
+  thresholds = [float(v) for v in args.iou.split(",") if v.strip()]
+  checks = [(thresholds and all(0 < t <= 1 for t in thresholds),
+             f"--iou takes thresholds in (0, 1], got {args.iou!r}"),
+            (args.max_clicks >= 1, f"--max-clicks must be at least 1, got {args.max_clicks}"),
+            (0 < args.pred_thr < 1, f"--pred-thr must be in (0, 1), got {args.pred_thr}"),
+            (args.model or args.data, "--data is required without --model"),
+            (args.model or args.output, "--output is required without --model"),
+            (args.model or args.resolution != "records",
+             "--resolution records needs --model (a model dir)")]
+  for ok, message in checks:
+    if not ok:
+      raise ValueError(message)
+  return args, thresholds
+
+
+def _evaluate(argv: List[str]) -> int:
+  p = _evaluate_parser()
+  log = logs.quiet("--verbose" in argv)
   try:
-    check_unknown(rest, option_flags(p), "beam-train evaluate", strict=True)
-    thresholds = [float(v) for v in args.iou.split(",") if v.strip()]
-    if not thresholds or not all(0 < t <= 1 for t in thresholds):
-      raise ValueError(f"--iou takes thresholds in (0, 1], got {args.iou!r}")
-    if args.max_clicks < 1:
-      raise ValueError(f"--max-clicks must be at least 1, got {args.max_clicks}")
-    if not 0 < args.pred_thr < 1:
-      raise ValueError(f"--pred-thr must be in (0, 1), got {args.pred_thr}")
+    args, thresholds = _evaluate_args(p, argv)
   except ValueError as e:
     log.error("beam-train evaluate: %s", e)
     return 2
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from train import models, noc  # pylint: disable=g-import-not-at-top
+  from train import noc  # pylint: disable=g-import-not-at-top
   from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  from beam_prep import source_records  # pylint: disable=g-import-not-at-top
   try:
     # The data a model dir recorded is found from any folder (PrepOutput.of_model).
     prep = PrepOutput(args.data) if args.data else PrepOutput.of_model(args.model)
-    model = models.rebuild(args.model)
-    ckpt = tf.train.latest_checkpoint(os.path.join(args.model, "checkpoints")) or ""
-    step = int(ckpt.rsplit("-", 1)[1]) if "-" in os.path.basename(ckpt) else 0
-    out = args.output or os.path.join(args.model, "eval")
-    log.info("evaluate: %s on the eval objects of %s, up to %d clicks", args.model, prep.path,
-             args.max_clicks)
-    report = noc.evaluate(model, prep, out, args.max_clicks, thresholds, args.batch_size,
-                          args.max_objects,
-                          summary_dir=os.path.join(args.model, "tensorboard", "eval"), step=step,
-                          pred_thr=args.pred_thr)
+    source = args.resolution == "source" or (
+        args.resolution == "auto" and prep.has_records(source_records.SPLIT)
+        and (not args.model or _has_export(args.model)))
+    run = _evaluate_source if source else _evaluate_records
+    report, out = run(args, prep, thresholds, log)
   except (ValueError, FileNotFoundError, ImportError, OSError, KeyError) as e:
     log.error("beam-train evaluate: %s", e)
     return 1
   for line in _noc_lines(noc.brief(report)):
     log.info("evaluate: %s", line)
-  curve = report["model"]["mean_iou_by_clicks"]
+  curve = report.get("model", report["baseline"])["mean_iou_by_clicks"]
   log.info("evaluate: mean IoU by clicks %s", ", ".join(f"{k}: {v:.3f}" for k, v in curve.items()))
-  log.info("evaluate: %s, %s, %s -> %s", noc.NOC_FILE, noc.PLOT_FILE, noc.SHEET_FILE, out)
+  log.info("evaluate: report -> %s", out)
   return 0
+
+
+def _has_export(model: str) -> bool:
+  from train.export import latest_export  # pylint: disable=g-import-not-at-top
+  try:
+    latest_export(model)
+  except FileNotFoundError:
+    return False
+  return True
+
+
+def _evaluate_source(args, prep, thresholds, log):
+  """NoC on the eval images at their own size (`train.source_eval`)."""
+  from train import source_eval  # pylint: disable=g-import-not-at-top
+  out = args.output or os.path.join(args.model, "eval")
+  log.info("evaluate: %s on every object of the eval images of %s at their own size, up to "
+           "%d clicks", args.model or "the nearest-click baseline", prep.path, args.max_clicks)
+  return source_eval.evaluate(prep, out, args.model, args.max_clicks, thresholds,
+                              args.pred_thr, args.max_objects), out
+
+
+def _evaluate_records(args, prep, thresholds, log):
+  """NoC on the eval records (`train.noc`), with the model dir's Keras model."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from train import models, noc  # pylint: disable=g-import-not-at-top
+  model = models.rebuild(args.model)
+  ckpt = tf.train.latest_checkpoint(os.path.join(args.model, "checkpoints")) or ""
+  step = int(ckpt.rsplit("-", 1)[1]) if "-" in os.path.basename(ckpt) else 0
+  out = args.output or os.path.join(args.model, "eval")
+  log.info("evaluate: %s on the eval objects of %s at the records' size, up to %d clicks",
+           args.model, prep.path, args.max_clicks)
+  return noc.evaluate(model, prep, out, args.max_clicks, thresholds, args.batch_size,
+                      args.max_objects, summary_dir=os.path.join(args.model, "tensorboard",
+                                                                 "eval"),
+                      step=step, pred_thr=args.pred_thr), out
 
 
 def _predict(argv: List[str]) -> int:

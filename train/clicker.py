@@ -117,13 +117,13 @@ def edt_squared_graph(mask: tf.Tensor) -> tf.Tensor:
   return tf.where(mask, e[:, 1:-1, 1:-1], 0)
 
 
-def clicked_map(clicks: tf.Tensor, kinds: tf.Tensor, h: int, w: int) -> tf.Tensor:
+def clicked_map(clicks: tf.Tensor, kinds: tf.Tensor, h, w) -> tf.Tensor:
   """bool [B, H, W]: the pixels clicked so far. clicks int [B, K, 2] (x, y)."""
-  ys = tf.range(h, dtype=clicks.dtype)[None, None, :, None]
-  xs = tf.range(w, dtype=clicks.dtype)[None, None, None, :]
-  hit = ((ys == clicks[:, :, 1, None, None]) & (xs == clicks[:, :, 0, None, None])
-         & (kinds != NONE)[:, :, None, None])
-  return tf.reduce_any(hit, axis=1)
+  used = tf.where(tf.not_equal(kinds, NONE))  # [n, 2]: (b, k)
+  xy = tf.cast(tf.gather_nd(clicks, used), tf.int64)
+  at = tf.stack([used[:, 0], xy[:, 1], xy[:, 0]], axis=1)
+  shape = tf.cast(tf.stack([tf.shape(kinds)[0], h, w]), tf.int64)
+  return tf.scatter_nd(at, tf.ones([tf.shape(at)[0]], tf.int32), shape) > 0
 
 
 def next_click(pred: tf.Tensor, label: tf.Tensor, clicked: tf.Tensor):
@@ -163,6 +163,7 @@ def has_error(pred: tf.Tensor, label: tf.Tensor) -> tf.Tensor:
 def nearest_click_logits(clicks, kinds, h, w):
   """The no-model baseline: 1.0 where the nearest click (exact Euclidean
   distance) is positive, else -1.0 (ties and no positive click: background).
+  Memory is [B, H, W] whatever the number of clicks.
 
   Args:
     clicks: int64 [B, K, 2] of (x, y); kinds: int32 [B, K], 1 positive,
@@ -171,13 +172,19 @@ def nearest_click_logits(clicks, kinds, h, w):
   Returns:
     float32 [B, H, W].
   """
-  ys = tf.range(h, dtype=tf.int64)[None, None, :, None]
-  xs = tf.range(w, dtype=tf.int64)[None, None, None, :]
-  d2 = (tf.square(ys - clicks[:, :, 1, None, None])
-        + tf.square(xs - clicks[:, :, 0, None, None]))  # [B, K, H, W]
+  ys = tf.range(h, dtype=tf.int64)[None, :, None]
+  xs = tf.range(w, dtype=tf.int64)[None, None, :]
   far = tf.constant(np.iinfo(np.int64).max, tf.int64)
-  pos = tf.reduce_min(tf.where((kinds == POSITIVE)[:, :, None, None], d2, far), axis=1)
-  neg = tf.reduce_min(tf.where((kinds == NEGATIVE)[:, :, None, None], d2, far), axis=1)
+  start = tf.fill(tf.stack([tf.shape(kinds)[0], h, w]), far)
+
+  def one_click(k, pos, neg):  # One [B, H, W] at a time.
+    d2 = (tf.square(ys - clicks[:, k, 1, None, None]) + tf.square(xs - clicks[:, k, 0, None, None]))
+    kind = kinds[:, k, None, None]
+    return (k + 1, tf.where(kind == POSITIVE, tf.minimum(pos, d2), pos),
+            tf.where(kind == NEGATIVE, tf.minimum(neg, d2), neg))
+
+  _, pos, neg = tf.while_loop(lambda k, *_: k < tf.shape(kinds)[1], one_click,
+                              [tf.constant(0), start, start])
   return tf.where(pos < neg, 1.0, -1.0)
 
 

@@ -78,18 +78,18 @@ class ClickLoop:
   Args:
     predictor: (images uint8 [B, H, W, 3], clicks int64 [B, K, 2], kinds
       int32 [B, K]) -> logits [B, H, W].
-    image_size: (H, W) of the records.
+    image_size: (H, W) of every batch (the records'), or None: any size (the
+      source images; traced once for all sizes).
     max_clicks: K.
     pred_thr: a pixel is object where the probability exceeds it.
   """
 
   def __init__(self, predictor: Callable, image_size, max_clicks: int,
                pred_thr: float = clicker.PRED_THR):
-    h, w = image_size
+    h, w = image_size or (None, None)
     above = clicker.logit_threshold(pred_thr)
-    self.max_clicks = max_clicks
+    self.max_clicks = k = max_clicks
     self.traces = {"first": 0, "step": 0}
-    k = max_clicks
     images = tf.TensorSpec([None, h, w, 3], tf.uint8)
     labels = tf.TensorSpec([None, h, w], tf.uint8)
     clicks = tf.TensorSpec([None, k, 2], tf.int64)
@@ -97,23 +97,20 @@ class ClickLoop:
 
     def first(labels_):
       self.traces["first"] += 1
-      b = tf.shape(labels_)[0]
-      none = tf.zeros([b, h, w], tf.bool)
+      none = tf.zeros(tf.shape(labels_), tf.bool)
       xy, kind = clicker.next_click(none, labels_, none)
-      slot = tf.one_hot(0, k, on_value=True, off_value=False, dtype=tf.bool)[None, :]
-      return (tf.where(slot[..., None], xy[:, None, :], tf.zeros([b, k, 2], tf.int64)),
-              tf.where(slot, kind[:, None], tf.zeros([b, k], tf.int32)))
+      return _put(xy, kind, tf.zeros([tf.shape(labels_)[0], k, 2], tf.int64),
+                  tf.zeros([tf.shape(labels_)[0], k], tf.int32), 0)
 
     def step(images_, labels_, clicks_, kinds_, n):
       """Predicts with the clicks so far (n of them), then adds click n+1."""
       self.traces["step"] += 1
       pred = predictor(images_, clicks_, kinds_) > above
       scores = clicker.label_iou(pred, labels_)
-      xy, kind = clicker.next_click(pred, labels_, clicker.clicked_map(clicks_, kinds_, h, w))
-      slot = tf.one_hot(tf.minimum(n, k - 1), k, on_value=True, off_value=False,
-                        dtype=tf.bool)[None, :] & (n < k)
-      return (scores, pred, tf.where(slot[..., None], xy[:, None, :], clicks_),
-              tf.where(slot, kind[:, None], kinds_))
+      shape = tf.shape(labels_)
+      clicked = clicker.clicked_map(clicks_, kinds_, shape[1], shape[2])
+      xy, kind = clicker.next_click(pred, labels_, clicked)
+      return (scores, pred) + _put(xy, kind, clicks_, kinds_, n)
 
     self._first = tf.function(first, input_signature=[labels])
     self._step = tf.function(step, input_signature=[images, labels, clicks, kinds,
@@ -133,6 +130,15 @@ class ClickLoop:
       if keep and n in SHEET_CLICKS:
         kept[n] = pred.numpy()[:keep]
     return np.stack(scores, axis=1), clicks.numpy(), kinds.numpy(), kept
+
+
+def _put(xy, kind, clicks, kinds, n):
+  """Clicks and kinds with click `n` (0-based; none past the last slot) set."""
+  k = tf.shape(kinds)[1]
+  slot = tf.one_hot(tf.minimum(n, k - 1), k, on_value=True, off_value=False,
+                    dtype=tf.bool)[None, :] & (n < k)
+  return (tf.where(slot[..., None], xy[:, None, :], clicks),
+          tf.where(slot, kind[:, None], kinds))
 
 
 def summarize(scores: np.ndarray, thresholds: Sequence[float]) -> Dict[str, Any]:
@@ -259,10 +265,12 @@ def _write_report(report: Dict[str, Any], curves: Dict[str, np.ndarray], out_dir
 
 def brief(report: Dict[str, Any]) -> Dict[str, Any]:
   """The headline numbers of a report, model and baseline (for metrics.json and logs)."""
-  out = {"objects": report["model"]["objects"], "max_clicks": report["model"]["max_clicks"]}
+  out = {"objects": report["baseline"]["objects"],
+         "max_clicks": report["baseline"]["max_clicks"]}
   for name in ("model", "baseline"):
-    out[name] = {k: v for k, v in report[name].items()
-                 if k.startswith(("noc@", "never_reached@", ">="))}
+    if name in report:
+      out[name] = {k: v for k, v in report[name].items()
+                   if k.startswith(("noc@", "never_reached@", ">="))}
   return out
 
 

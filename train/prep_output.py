@@ -153,7 +153,10 @@ class PrepOutput:
   # ---- records ------------------------------------------------------------
 
   def files(self, split: str) -> List[str]:
-    """The record shards of a split ("train", "eval"; "*" for all), sorted; [] when none."""
+    """The record shards of a split ("train", "eval", "source"; "*" for the
+    train and eval records), sorted; [] when none."""
+    if split == "*":
+      return sorted(self.files(keys.TRAIN_SPLIT) + self.files(keys.EVAL_SPLIT))
     return sorted(tf.io.gfile.glob(keys.record_pattern(self.path, split)))
 
   def dataset(self, split: str) -> tf.data.Dataset:

@@ -27,7 +27,10 @@ def split_of(image_id: str, eval_percent: int) -> str:
 
 
 def pointer_split(pointer: Dict[str, Any], eval_percent: int) -> str:
-  """The layout's split when it fixes one (VOC lists, a manifest column), else by hash."""
+  """The layout's split when it fixes one (VOC lists, a manifest column), else by
+  hash; every input is eval in an evaluation-only run (`eval_percent` 100)."""
+  if eval_percent >= 100:
+    return keys.EVAL_SPLIT
   return pointer.get("split") or split_of(pointer["image_id"], eval_percent)
 
 

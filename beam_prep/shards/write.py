@@ -17,7 +17,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_prep import keys
+from beam_prep import keys, source_records
 from beam_prep.kernel import Kernel, Tally
 from beam_prep.shards.files import (ERRORS_KIND, ERRORS_PREFIX, ERRORS_SUFFIX, RECORDS_KIND,
                                     RollingFile, record_suffix, tfrecord_frame)
@@ -114,20 +114,26 @@ class _GroupFiles:
                                plan["roll_bytes"], gzip)
     self.errors = RollingFile(FileSystems.join(attempt, f"{ERRORS_PREFIX}-{name}"),
                               ERRORS_SUFFIX, plan["roll_bytes"], False)
+    # Eval images at their own size, beside the eval records of the group.
+    self.sources = RollingFile(FileSystems.join(attempt, f"{source_records.SPLIT}-{name}"),
+                               record_suffix(gzip), plan["roll_bytes"], gzip)
 
   def write(self, result) -> None:
     for s in result.records:
       self.records.write(tfrecord_frame(s))
+    if result.source is not None:
+      self.sources.write(tfrecord_frame(result.source))
     for e in result.errors:
       self.errors.write(json.dumps(e, sort_keys=True).encode("utf-8") + b"\n")
 
   def close(self):
-    """Closes both; yields one info dict per file written."""
-    self.records.close()
-    self.errors.close()
-    for kind, f in ((RECORDS_KIND, self.records), (ERRORS_KIND, self.errors)):
+    """Closes the files; yields one info dict per file written."""
+    files = ((RECORDS_KIND, self.split, self.records), (ERRORS_KIND, self.split, self.errors),
+             (RECORDS_KIND, source_records.SPLIT, self.sources))
+    for kind, split, f in files:
+      f.close()
       for info in f.done:
-        yield dict(info, kind=kind, split=self.split, group=self.group)
+        yield dict(info, kind=kind, split=split, group=self.group)
 
 
 class _WriteGroupFn(beam.DoFn):

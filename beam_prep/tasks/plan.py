@@ -3,14 +3,20 @@
 from beam_prep.ops.registry import op_call
 
 
+def decode_op(max_pixels: int, require_mask: bool = True) -> str:
+  """decode, with the mask when there is one."""
+  return (op_call("decode", max_pixels=max_pixels) if require_mask
+          else op_call("decode", max_pixels=max_pixels, require_mask=False))
+
+
+def resize_chain(image_size: int, require_mask: bool = True) -> str:
+  """resize (+ split into objects when there are masks)."""
+  return join(op_call("resize", image_size), "split_objects" if require_mask else "")
+
+
 def decode_chain(image_size: int, max_pixels: int, require_mask: bool = True) -> str:
   """decode + resize (+ split into objects when there are masks)."""
-  decode = (op_call("decode", max_pixels=max_pixels) if require_mask
-            else op_call("decode", max_pixels=max_pixels, require_mask=False))
-  ops = [decode, op_call("resize", image_size)]
-  if require_mask:
-    ops.append("split_objects")
-  return "|".join(ops)
+  return join(decode_op(max_pixels, require_mask), resize_chain(image_size, require_mask))
 
 
 def join(*chains: str) -> str:

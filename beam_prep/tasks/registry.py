@@ -29,10 +29,16 @@ _TASKS: Dict[str, "Task"] = {}
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-  """One stage of the job: a Beam label, an op chain, the level of its input."""
+  """One stage of the job: a Beam label, an op chain, the level of its input.
+
+  `source`: the example after this stage is the input decoded at its own
+  size (`image`, `instance_mask`); for eval inputs the kernel also writes it
+  as a source record (`beam_prep.source_records`).
+  """
   label: str
   chain: str
   level: str
+  source: bool = False
 
   def __post_init__(self):
     if self.level not in LEVELS:

@@ -10,7 +10,7 @@ import argparse
 from typing import Dict, List
 
 from beam_prep.ops.registry import op_call
-from beam_prep.tasks.plan import decode_chain, join
+from beam_prep.tasks.plan import decode_op, join, resize_chain
 from beam_prep.tasks.registry import EXAMPLE, INPUT, OBJECT, Stage, Task, register_task
 
 CLICK_ENCODINGS = ("distance", "disks", "both")
@@ -47,9 +47,11 @@ class Segmentation(Task):
   own_fields = ("variants", "click_encoding", "seed")
 
   def stages(self, config) -> List[Stage]:
-    """Decode (per image), sample clicks (per object), flip and encode (per variant)."""
+    """Decode (per image; kept at its own size for eval images), resize and split
+    into objects, sample clicks (per object), flip and encode (per variant)."""
     return [
-        Stage("DecodeExamples", decode_chain(config.image_size, config.max_pixels), INPUT),
+        Stage("DecodeExamples", decode_op(config.max_pixels), INPUT, source=True),
+        Stage("SplitObjects", resize_chain(config.image_size), INPUT),
         Stage("SampleClicks", clicks_chain(config.variants, config.seed, config.clicks), OBJECT),
         Stage("EncodeClicks", join("flip_variants" if config.clicks.flip else "",
                                    encoding_chain(config.click_encoding,

@@ -1,0 +1,162 @@
+"""NoC at source resolution: `beam-train evaluate --data PREP [--model MODEL]`.
+
+The field's numbers (RITM, SimpleClick, ...) place clicks and compute IoU on
+the original image. This evaluation reads a prep output's source records
+(`beam_prep.source_records`: each eval image at its own size with its
+instance mask) and runs the click protocol (`train.clicker`, `train.noc`'s
+loop) on every annotated object of every image, whatever its size:
+
+- the model is asked through its exported serving graph (image and clicks
+  in, probabilities at the image's size out), which carries the
+  preprocessing of the data it was trained on, so a model trained on one
+  prep output is evaluated on another (a benchmark set);
+- the nearest-click baseline (no model) runs the same loop; without a
+  model it runs alone, a check of a data set and of the protocol.
+
+Objects of one image are batched while the batch stays under
+`PIXELS_PER_BATCH` pixels; every tensor of the loop is [B, H, W] (the
+distance transform too), so memory follows the image's pixels.
+
+`noc.json` holds, per object, the image id, object id, source height and
+width and its NoC at each threshold, for each predictor; the aggregates
+(`train.noc.summarize`), the protocol, the threshold and the versions used.
+"""
+
+import json
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from beam_prep import keys, source_records
+from train import clicker, noc
+from train.export import latest_export
+from train.prep_output import PrepOutput
+
+PIXELS_PER_BATCH = 8_000_000
+
+
+class ServedPredictor:
+  """An exported segmentation model's `serving_default`, as a loop predictor."""
+
+  def __init__(self, model: str):
+    self.path = latest_export(model)
+    self._loaded = tf.saved_model.load(self.path)  # Holds the variables the signature uses.
+    self._fn = self._loaded.signatures["serving_default"]
+    if "positive_clicks" not in self._fn.structured_input_signature[1]:
+      raise ValueError(f"{self.path}: serving_default does not take an image and clicks "
+                       "(not a segmentation model)")
+
+  def __call__(self, images, clicks, kinds):
+    def one(args):
+      image, xy, kind = args
+      prob = self._fn(image=image,
+                      positive_clicks=tf.cast(tf.boolean_mask(xy, kind == clicker.POSITIVE),
+                                              tf.int32),
+                      negative_clicks=tf.cast(tf.boolean_mask(xy, kind == clicker.NEGATIVE),
+                                              tf.int32))["probabilities"]
+      prob = tf.clip_by_value(prob, 1e-7, 1 - 1e-7)
+      return tf.math.log(prob) - tf.math.log1p(-prob)
+
+    return tf.map_fn(one, (images, clicks, kinds),
+                     fn_output_signature=tf.TensorSpec([None, None], tf.float32))
+
+
+def source_images(prep: PrepOutput) -> Iterator[Dict[str, Any]]:
+  """The source records of `prep`, decoded, in file order.
+
+  Raises:
+    FileNotFoundError: the output has none (written by an older job, or no
+      eval split), saying how to make them.
+  """
+  files = prep.files(source_records.SPLIT)
+  if not files or not prep.has_records(source_records.SPLIT):
+    raise FileNotFoundError(
+        f"{prep.path} has no source records ({keys.RECORDS_DIR}/{source_records.SPLIT}-*): "
+        "they are written for the eval split by beam-prep segmentation (--eval-percent N; "
+        "100 for a whole benchmark set)")
+  for serialized in prep.dataset(source_records.SPLIT):
+    yield source_records.decode(serialized.numpy())
+
+
+def object_labels(instance_mask: np.ndarray) -> Tuple[List[int], np.ndarray]:
+  """(object ids, labels uint8 [N, H, W]: 1 the object, 0 background, IGNORE kept)."""
+  ids = [int(i) for i in np.unique(instance_mask) if 0 < i < keys.IGNORE]
+  ignore = instance_mask == keys.IGNORE
+  labels = np.stack([np.where(ignore, keys.IGNORE, instance_mask == i).astype(np.uint8)
+                     for i in ids]) if ids else np.zeros((0,) + instance_mask.shape, np.uint8)
+  return ids, labels
+
+
+def _batches(n: int, pixels: int) -> Iterator[slice]:
+  size = max(1, PIXELS_PER_BATCH // max(pixels, 1))
+  for start in range(0, n, size):
+    yield slice(start, min(start + size, n))
+
+
+def _object_noc(scores: np.ndarray, thresholds: Sequence[float]) -> Dict[str, int]:
+  k = scores.shape[0]
+  out = {}
+  for t in thresholds:
+    reached = np.nonzero(scores >= t)[0]
+    out[f"noc@{round(t * 100):d}"] = int(reached[0] + 1) if reached.size else k
+  return out
+
+
+def run(prep: PrepOutput, predictors: Dict[str, Any], max_clicks: int,
+        thresholds: Sequence[float], pred_thr: float, max_objects: int = 0):
+  """The loop of each predictor over every object -> (per-object rows, scores by predictor)."""
+  loops = {name: noc.ClickLoop(p, None, max_clicks, pred_thr) for name, p in predictors.items()}
+  rows, scores = [], {name: [] for name in predictors}
+  for image in source_images(prep):
+    ids, labels = object_labels(image[keys.INSTANCE_MASK])
+    if max_objects:
+      ids, labels = ids[:max(max_objects - len(rows), 0)], labels[:max(max_objects - len(rows), 0)]
+    h, w = labels.shape[1:]
+    images = np.broadcast_to(image[keys.IMAGE], (len(ids), h, w, 3))
+    got = {name: [] for name in predictors}
+    for part in _batches(len(ids), h * w):
+      for name, loop in loops.items():
+        got[name].append(loop.run(np.ascontiguousarray(images[part]), labels[part])[0])
+    for name in predictors:
+      s = np.concatenate(got[name]) if got[name] else np.zeros((0, max_clicks), np.float32)
+      scores[name].append(s)
+    for i, object_id in enumerate(ids):
+      rows.append({"image_id": image[keys.IMAGE_ID], "object_id": object_id, "height": h,
+                   "width": w, **{name: _object_noc(scores[name][-1][i], thresholds)
+                                  for name in predictors}})
+    if max_objects and len(rows) >= max_objects:
+      break
+  return rows, {name: np.concatenate(v) if v else np.zeros((0, max_clicks)) for name, v in
+                scores.items()}
+
+
+def evaluate(prep: PrepOutput, out_dir: str, model: Optional[str] = None,
+             max_clicks: int = 20, thresholds: Sequence[float] = (0.85, 0.90),
+             pred_thr: float = clicker.PRED_THR, max_objects: int = 0) -> Dict[str, Any]:
+  """NoC at source resolution of `model` (an export or a model dir; None: the
+  baseline alone) and of the nearest-click baseline; writes OUT_DIR/noc.json
+  and the IoU-by-clicks plot. Returns the report."""
+  from pipelines.outputs import library_versions  # pylint: disable=g-import-not-at-top
+  predictors = {}
+  if model:
+    served = ServedPredictor(model)
+    predictors["model"] = served
+  predictors["baseline"] = clicker.baseline_logits
+  rows, scores = run(prep, predictors, max_clicks, thresholds, pred_thr, max_objects)
+  if not rows:
+    raise FileNotFoundError(f"{prep.path}: its source records hold no object")
+  report: Dict[str, Any] = {
+      "protocol": noc.PROTOCOL, "pred_thr": pred_thr, "thresholds": list(thresholds),
+      "resolution": "source", "data": prep.path,
+      "model_path": served.path if model else None, "versions": library_versions()}
+  for name, s in scores.items():
+    report[name] = noc.summarize(s, thresholds)
+  report["objects"] = rows
+  tf.io.gfile.makedirs(out_dir)
+  with tf.io.gfile.GFile(os.path.join(out_dir, noc.NOC_FILE), "w") as f:
+    json.dump(report, f, indent=2)
+  noc.write_plot({name: s.mean(axis=0) for name, s in scores.items()},
+                 os.path.join(out_dir, noc.PLOT_FILE))
+  return report
