@@ -24,6 +24,9 @@ Figures (each the median of several timed repetitions after a warm-up):
                              REST endpoint (JSON both ways), and its ratio to the
                              SavedModel's p50 (serve.rest_vs_saved_model)
   serve.page_latency_ms_p50/p95  a click through the page's own endpoint
+  noc.*_object_clicks_s      NoC at source resolution (512x512 images): objects x
+                             clicks per second, nearest-click baseline and model;
+                             noc.edt_share_of_baseline: the distance transforms' share
 """
 
 import argparse
@@ -391,6 +394,40 @@ def bench_serving(model_dir: str, repeats: int) -> Dict[str, float]:
           "serve.latency_ms_p95": float(np.percentile(times, 95))}
 
 
+def bench_noc_source(workdir: str, model_dir: str, s: Dict[str, Any]) -> Dict[str, float]:
+  """NoC at source resolution (`beam-train evaluate --data`): objects x clicks
+  per second for the nearest-click baseline and the model, and the share of
+  the baseline's time its distance transforms take (2 per click per object,
+  timed alone on masks of the same size)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from train import clicker, source_eval  # pylint: disable=g-import-not-at-top
+  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  data = make_data(workdir, s["noc_images"], s["noc_size"], seed=2)
+  prep = os.path.join(workdir, "noc_prep")
+  run_pipeline(data, prep, s["size"], 1, eval_percent=100, max_error_fraction=1.0)
+  out, k = {}, s["noc_clicks"]
+  for name, predictor in (("baseline", clicker.baseline_logits),
+                          ("model", source_eval.ServedPredictor(model_dir))):
+    source_eval.run(PrepOutput(prep), {name: predictor}, k, (0.85, 0.9), clicker.PRED_THR,
+                    max_objects=1)  # Warm-up: traces the loop.
+    t = time.perf_counter()
+    rows, _ = source_eval.run(PrepOutput(prep), {name: predictor}, k, (0.85, 0.9),
+                              clicker.PRED_THR)
+    seconds = time.perf_counter() - t
+    out[f"noc.{name}_object_clicks_s"] = len(rows) * k / seconds
+    out[f"noc.{name}_seconds"] = seconds
+  side = s["noc_size"]
+  mask = tf.constant(np.random.default_rng(0).random((1, side, side)) < 0.9)
+  clicker.edt_squared(mask)
+  t = time.perf_counter()
+  for _ in range(4):
+    clicker.edt_squared(mask).numpy()
+  edt = (time.perf_counter() - t) / 4
+  out["noc.objects"] = len(rows)
+  out["noc.edt_share_of_baseline"] = 2 * len(rows) * k * edt / out["noc.baseline_seconds"]
+  return out
+
+
 def _timed(fn: Callable[[], Any], repeats: int) -> List[float]:
   """Milliseconds of each of `repeats` calls after 3 warm-up calls."""
   for _ in range(3):
@@ -492,14 +529,17 @@ def pipeline_in_fresh_process(data: str, out: str, size: int, variants: int = 1,
 SETTINGS = {
     "quick": {"count": 24, "size": 256, "variants": 2, "batch": 8, "batches": 12, "repeats": 3,
               "train_steps": 5, "width": 8, "depth": 3, "rss_n": 12, "fit_steps": 20,
-              "serve_repeats": 20, "click_repeats": 3},
+              "serve_repeats": 20, "click_repeats": 3, "noc_images": 4, "noc_size": 512,
+              "noc_clicks": 20},
     "full": {"count": 64, "size": 256, "variants": 4, "batch": 16, "batches": 25, "repeats": 5,
              "train_steps": 10, "width": 16, "depth": 3, "rss_n": 16, "fit_steps": 100,
-             "serve_repeats": 50, "click_repeats": 5},
+             "serve_repeats": 50, "click_repeats": 5, "noc_images": 8, "noc_size": 512,
+             "noc_clicks": 20},
     # Tiny: what the smoke test runs to keep this code working.
     "tiny": {"count": 4, "size": 64, "variants": 2, "batch": 2, "batches": 2, "repeats": 1,
              "train_steps": 2, "width": 4, "depth": 2, "rss_n": 2, "fit_steps": 4,
-             "serve_repeats": 2, "click_repeats": 1},
+             "serve_repeats": 2, "click_repeats": 1, "noc_images": 1, "noc_size": 96,
+             "noc_clicks": 3},
 }
 
 TARGETS = {
@@ -589,6 +629,11 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
   _log(f"serving over REST: p50 {figures['serve.rest_latency_ms_p50']:.1f} ms "
        f"({figures['serve.rest_vs_saved_model']:.2f}x the SavedModel's); the page's endpoint "
        f"p50 {figures['serve.page_latency_ms_p50']:.1f} ms")
+  figures.update(bench_noc_source(workdir, model_dir, s))
+  _log(f"NoC at source resolution ({s['noc_size']} px): baseline "
+       f"{figures['noc.baseline_object_clicks_s']:.1f} object-clicks/s (distance transforms "
+       f"{100 * figures['noc.edt_share_of_baseline']:.0f}% of it), model "
+       f"{figures['noc.model_object_clicks_s']:.1f} object-clicks/s")
 
   ratios = {
       "input.precomputed_vs_on_the_fly":
@@ -653,6 +698,12 @@ def table(result: Dict[str, Any]) -> str:
       ("serve.page_latency_ms_p50", f"{f['serve.page_latency_ms_p50']:.1f}",
        "the page's endpoint: image sent once, then clicks; mask and overlay as PNG"),
       ("serve.page_latency_ms_p95", f"{f['serve.page_latency_ms_p95']:.1f}", ""),
+      ("noc.baseline_object_clicks_s", f"{f['noc.baseline_object_clicks_s']:.1f}",
+       f"NoC at source resolution, {f['noc.objects']} objects of {s['noc_size']}x"
+       f"{s['noc_size']} images, {s['noc_clicks']} clicks; distance transforms "
+       f"{100 * f['noc.edt_share_of_baseline']:.0f}% of the time"),
+      ("noc.model_object_clicks_s", f"{f['noc.model_object_clicks_s']:.1f}",
+       "the same through the model's serving graph"),
   ]
   for layout, what in (("plain", "a record per (object, variant), uncompressed (default)"),
                        ("gzip", "the same, gzip"),

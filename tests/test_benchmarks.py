@@ -14,7 +14,8 @@ FIGURES = ("input.on_the_fly_img_s", "input.precomputed_img_s", "input.read_ceil
            "clicks.reference_ms_per_sample", "prep.peak_rss_mb.N", "prep.peak_rss_mb.16N",
            "prep.kernel_objects_s.16N", "prep.two_workers_speedup", "serve.latency_ms_p50",
            "serve.latency_ms_p95", "serve.rest_latency_ms_p50", "serve.rest_latency_ms_p95",
-           "serve.rest_vs_saved_model", "serve.page_latency_ms_p50", "serve.page_latency_ms_p95")
+           "serve.rest_vs_saved_model", "serve.page_latency_ms_p50", "serve.page_latency_ms_p95",
+           "noc.baseline_object_clicks_s", "noc.model_object_clicks_s")
 
 
 def test_benchmark_reports_every_figure(tmp_path):
