@@ -126,6 +126,7 @@ def test_baseline_noc_at_source_resolution_equals_ritms(tmp_path, capsys):
     assert (row["height"], row["width"]) == trimap.shape
     want = ritm_baseline_noc(trimap, (0.85, 0.90), MAX_CLICKS)
     assert [row["baseline"]["noc@85"], row["baseline"]["noc@90"]] == want, image_id
+  assert report["skipped_objects"] == [] and report["min_area"] == 0
   nocs = [r["baseline"]["noc@85"] for r in report["objects"]]
   assert report["baseline"]["noc@85"] == pytest.approx(np.mean(nocs))
   assert report["baseline"][f">={MAX_CLICKS}@85"] == sum(n >= MAX_CLICKS for n in nocs)
@@ -140,9 +141,10 @@ def test_source_records_hold_the_image_and_mask_at_their_own_size(tmp_path):
   (image,) = list(source_images(PrepOutput(str(prep))))
   shown = np.asarray(Image.open(tmp_path / "GrabCut" / "data_GT" / "im0.jpg").convert("RGB"))
   np.testing.assert_array_equal(image["image"], shown)
-  ids, labels = object_labels(image["instance_mask"])
+  ids, labels, small = object_labels(image["instance_mask"])
   trimap = masks["im0"]
-  assert ids == [1]
+  assert ids == [1] and small == []
+  assert object_labels(image["instance_mask"], min_area=int((trimap == 255).sum()) + 1)[2] == [1]
   np.testing.assert_array_equal(labels[0] == 1, trimap == 255)
   np.testing.assert_array_equal(labels[0] == 255, trimap == 128)
   # A job with an eval split writes them beside the records; an older output without them

@@ -164,6 +164,9 @@ def _evaluate_parser() -> argparse.ArgumentParser:
                  help="evaluate the first N eval objects only (0: all)")
   p.add_argument("--batch-size", type=int, default=16, dest="batch_size",
                  help="objects per batch (records resolution)")
+  p.add_argument("--min-area", type=int, default=0, dest="min_area",
+                 help="source resolution: leave out objects under N pixels, listed in "
+                 "noc.json's skipped_objects (0: every object, the field's protocol)")
   p.add_argument("--pred-thr", type=float, default=0.49, dest="pred_thr",
                  help="a pixel is object where the model's probability exceeds this (RITM's)")
   p.add_argument("--output", help="report folder (default: MODEL/eval; required without "
@@ -237,8 +240,12 @@ def _evaluate_source(args, prep, thresholds, log):
   out = args.output or os.path.join(args.model, "eval")
   log.info("evaluate: %s on every object of the eval images of %s at their own size, up to "
            "%d clicks", args.model or "the nearest-click baseline", prep.path, args.max_clicks)
-  return source_eval.evaluate(prep, out, args.model, args.max_clicks, thresholds,
-                              args.pred_thr, args.max_objects), out
+  report = source_eval.evaluate(prep, out, args.model, args.max_clicks, thresholds,
+                                args.pred_thr, args.max_objects, args.min_area)
+  if report["skipped_objects"]:
+    log.info("evaluate: %d object(s) under --min-area %d pixels left out (noc.json's "
+             "skipped_objects)", len(report["skipped_objects"]), args.min_area)
+  return report, out
 
 
 def _evaluate_records(args, prep, thresholds, log):

@@ -80,13 +80,18 @@ def source_images(prep: PrepOutput) -> Iterator[Dict[str, Any]]:
     yield source_records.decode(serialized.numpy())
 
 
-def object_labels(instance_mask: np.ndarray) -> Tuple[List[int], np.ndarray]:
-  """(object ids, labels uint8 [N, H, W]: 1 the object, 0 background, IGNORE kept)."""
-  ids = [int(i) for i in np.unique(instance_mask) if 0 < i < keys.IGNORE]
+def object_labels(instance_mask: np.ndarray, min_area: int = 0
+                  ) -> Tuple[List[int], np.ndarray, List[int]]:
+  """(object ids, labels uint8 [N, H, W]: 1 the object, 0 background, IGNORE
+  kept, and the ids of objects under `min_area` pixels, left out)."""
+  areas = np.bincount(instance_mask.ravel(), minlength=256)
+  present = [i for i in range(1, keys.IGNORE) if areas[i]]
+  small = [i for i in present if areas[i] < min_area]
+  ids = [i for i in present if areas[i] >= min_area]
   ignore = instance_mask == keys.IGNORE
   labels = np.stack([np.where(ignore, keys.IGNORE, instance_mask == i).astype(np.uint8)
                      for i in ids]) if ids else np.zeros((0,) + instance_mask.shape, np.uint8)
-  return ids, labels
+  return ids, labels, small
 
 
 def _batches(n: int, pixels: int) -> Iterator[slice]:
@@ -105,12 +110,16 @@ def _object_noc(scores: np.ndarray, thresholds: Sequence[float]) -> Dict[str, in
 
 
 def run(prep: PrepOutput, predictors: Dict[str, Any], max_clicks: int,
-        thresholds: Sequence[float], pred_thr: float, max_objects: int = 0):
-  """The loop of each predictor over every object -> (per-object rows, scores by predictor)."""
+        thresholds: Sequence[float], pred_thr: float, max_objects: int = 0,
+        min_area: int = 0, skipped: Optional[List[Dict[str, Any]]] = None):
+  """The loop of each predictor over every object -> (per-object rows, scores
+  by predictor); objects under `min_area` pixels are appended to `skipped`."""
   loops = {name: noc.ClickLoop(p, None, max_clicks, pred_thr) for name, p in predictors.items()}
   rows, scores = [], {name: [] for name in predictors}
   for image in source_images(prep):
-    ids, labels = object_labels(image[keys.INSTANCE_MASK])
+    ids, labels, small = object_labels(image[keys.INSTANCE_MASK], min_area)
+    if skipped is not None:
+      skipped += [{"image_id": image[keys.IMAGE_ID], "object_id": i} for i in small]
     if max_objects:
       ids, labels = ids[:max(max_objects - len(rows), 0)], labels[:max(max_objects - len(rows), 0)]
     h, w = labels.shape[1:]
@@ -134,23 +143,31 @@ def run(prep: PrepOutput, predictors: Dict[str, Any], max_clicks: int,
 
 def evaluate(prep: PrepOutput, out_dir: str, model: Optional[str] = None,
              max_clicks: int = 20, thresholds: Sequence[float] = (0.85, 0.90),
-             pred_thr: float = clicker.PRED_THR, max_objects: int = 0) -> Dict[str, Any]:
+             pred_thr: float = clicker.PRED_THR, max_objects: int = 0,
+             min_area: int = 0) -> Dict[str, Any]:
   """NoC at source resolution of `model` (an export or a model dir; None: the
   baseline alone) and of the nearest-click baseline; writes OUT_DIR/noc.json
-  and the IoU-by-clicks plot. Returns the report."""
+  and the IoU-by-clicks plot. Returns the report.
+
+  Every object is evaluated unless `min_area` (pixels) is given: smaller
+  objects are then left out and listed in the report's `skipped_objects`.
+  """
   from pipelines.outputs import library_versions  # pylint: disable=g-import-not-at-top
   predictors = {}
   if model:
     served = ServedPredictor(model)
     predictors["model"] = served
   predictors["baseline"] = clicker.baseline_logits
-  rows, scores = run(prep, predictors, max_clicks, thresholds, pred_thr, max_objects)
+  skipped: List[Dict[str, Any]] = []
+  rows, scores = run(prep, predictors, max_clicks, thresholds, pred_thr, max_objects, min_area,
+                     skipped)
   if not rows:
     raise FileNotFoundError(f"{prep.path}: its source records hold no object")
   report: Dict[str, Any] = {
       "protocol": noc.PROTOCOL, "pred_thr": pred_thr, "thresholds": list(thresholds),
       "resolution": "source", "data": prep.path,
-      "model_path": served.path if model else None, "versions": library_versions()}
+      "model_path": served.path if model else None, "versions": library_versions(),
+      "min_area": min_area, "skipped_objects": skipped}
   for name, s in scores.items():
     report[name] = noc.summarize(s, thresholds)
   report["objects"] = rows
