@@ -52,9 +52,11 @@ def dead_letters(out):
 
 
 def records(out, split="*"):
+  """The records of a split ("*": train and eval, not the source records)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  files = sorted(glob.glob(keys.record_pattern(out, split)))
+  splits = (keys.TRAIN_SPLIT, keys.EVAL_SPLIT) if split == "*" else (split,)
+  files = sorted(f for s in splits for f in glob.glob(keys.record_pattern(out, s)))
   comp = keys.compression_of(files[0]) if files else ""
   return [tf.train.Example.FromString(r.numpy())
           for r in tf.data.TFRecordDataset(files, compression_type=comp)]
