@@ -229,7 +229,9 @@ def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
   assert by_reason["unknown_image_id"]["source"].endswith("instances.json:annotations[7]")
   assert by_reason["bad_image_entry"]["source"].endswith("instances.json:images[3]")
   assert by_reason["missing_image"]["source"].endswith(os.path.join("images", "missing.png"))
-  # Every record's mask is its object in the drawn instance mask, resized.
+  # Every record's mask is its object in the drawn instance mask, resized
+  # with its aspect ratio kept: 128 x 96 fills 64 x 48, the rows below are
+  # padding, ignored.
   recs = records(out, "train")
   got = set()
   for r in recs:
@@ -239,7 +241,8 @@ def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
     got.add((image_id, object_id))
     numeric = {"a": 1, "sub/b": 2}[image_id]
     inst, _ = coco.instance_mask(_image(path, annotations, numeric), image_id)
-    small = resize_nearest(inst, 64, 64)
+    small = np.full((64, 64), keys.IGNORE, np.uint8)
+    small[:48] = resize_nearest(inst, 48, 64)
     want = np.where(small == keys.IGNORE, keys.IGNORE, small == object_id).astype(np.uint8)
     stored = np.frombuffer(f[keys.MASK].bytes_list.value[0], np.uint8).reshape(64, 64)
     np.testing.assert_array_equal(stored, want)
