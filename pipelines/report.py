@@ -83,6 +83,8 @@ def summary_lines(m: Dict[str, Any]) -> List[str]:
   if m.get("splits_objects"):
     inputs += (f"; {c['objects_found']} objects ({c['objects_used']} used, "
                f"{c['objects_failed']} failed)")
+    if c.get("objects_box_only"):
+      inputs += f"; {c['objects_box_only']} box-only annotations (ignore regions)"
   lines = [
       inputs,
       f"  examples written train {ex.get('train', 0)}, eval {ex.get('eval', 0)} "
