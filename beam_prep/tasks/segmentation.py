@@ -44,13 +44,21 @@ class Segmentation(Task):
   summary = "click-variant records for interactive segmentation"
   labels = "instances"
   trainer = "train.tasks:SegmentationTask"
-  own_fields = ("variants", "click_encoding", "seed")
+  own_fields = ("variants", "click_encoding", "seed", "min_object_area")
 
   def stages(self, config) -> List[Stage]:
-    """Decode (per image), sample clicks (per object), flip and encode (per variant)."""
+    """Decode (per image), sample clicks (per object), flip and encode (per variant).
+
+    With `--min-object-area`, objects are measured before the resize and
+    those under it fail first thing at the object level.
+    """
+    min_area = config.min_object_area
     return [
-        Stage("DecodeExamples", decode_chain(config.image_size, config.max_pixels), INPUT),
-        Stage("SampleClicks", clicks_chain(config.variants, config.seed, config.clicks), OBJECT),
+        Stage("DecodeExamples", decode_chain(config.image_size, config.max_pixels,
+                                             object_areas=min_area > 0), INPUT),
+        Stage("SampleClicks", join(op_call("require_min_area", min_area) if min_area else "",
+                                   clicks_chain(config.variants, config.seed, config.clicks)),
+              OBJECT),
         Stage("EncodeClicks", join("flip_variants" if config.clicks.flip else "",
                                    encoding_chain(config.click_encoding,
                                                   config.clicks.disk_radius), config.ops),
