@@ -20,7 +20,8 @@ a record is one (object, click variant):
 | `height`, `width`    | decode, resize | the source image's size (before resize); |
 |                      |                | the region it fills in the S x S arrays  |
 |                      |                | is `ops.image.fitted_size(height, width, |
-|                      |                | S, S)`, at the top left                  |
+|                      |                | S, S)`, at the top left (top right in a  |
+|                      |                | `flipped` record)                        |
 | `object_id`          | split_objects  | instance id in the source mask (1..254)  |
 | `mask`               | split_objects  | uint8 [S, S, 1]: 1 object, 0 background, |
 |                      |                | 255 ignore (the padding too); the label  |
