@@ -52,7 +52,13 @@ class PrepConfig:
     image_root: coco: the folder the images' file_names are relative to
       (default: the JSON file's folder).
     output: output directory (local path or gs://).
-    image_size: records hold images resized to image_size x image_size.
+    image_size: records hold images fitted into image_size x image_size with
+      their aspect ratio kept (the long side fills it; the rest is padding:
+      black pixels, ignore in the label).
+    min_object_area: segmentation: objects covering fewer pixels at the
+      source resolution (before any resize) fail with reason
+      `object_below_min_area`; 0 keeps every object a click can be placed
+      on at the records' size.
     variants: independent click samplings per object.
     seed: seed of the click sampling.
     eval_percent: share of images (by hash of the image id) in the eval split;
@@ -88,7 +94,11 @@ class PrepConfig:
                                     "leave its folder (or the image root)")
   image_root: str = option("", "coco layout: folder the images' file_names are relative to "
                            "('': the JSON file's folder)", show_default=False)
-  image_size: int = option(128, "records hold images resized to N x N")
+  image_size: int = option(128, "records hold images fitted into N x N, aspect ratio kept (the "
+                           "long side is N, the rest padded)")
+  min_object_area: int = option(0, "objects covering fewer pixels than this at the source "
+                                "resolution are dead letters (object_below_min_area); 0 keeps "
+                                "every object a click can be placed on")
   variants: int = option(2, "click samplings per object")
   seed: int = option(0, "seed of the click sampling")
   eval_percent: int = option(20, "share of images in the eval split (by a hash of the image "
@@ -127,6 +137,8 @@ class PrepConfig:
         (self.input and self.output, "--input and --output are required"),
         (self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}"),
         (self.variants >= 1, f"--variants must be at least 1, got {self.variants}"),
+        (self.min_object_area >= 0,
+         f"--min-object-area must be >= 0, got {self.min_object_area}"),
         (0 <= self.eval_percent <= 100,
          f"--eval-percent must be in [0, 100], got {self.eval_percent}"),
         (self.progress_seconds >= 0,

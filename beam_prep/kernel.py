@@ -21,6 +21,11 @@ objects_failed == objects_found` hold by construction, and `examples_written
 + example_errors == examples_made == units used x examples per unit` is what
 `Tally.accounting` checks.
 
+`objects_box_only` counts annotations that mark an object by its box alone
+(a layout's pointer says how many, `objects_box_only`): the layout makes
+their boxes ignore pixels. They are not objects to train on and did not
+fail, so they are outside `objects_found`.
+
 An op that raises the same unexpected exception on each of the first
 `OP_BUG_AFTER` examples it meets, before any record was made, has a bug (a
 key it reads that nothing provides, say): the kernel raises `OpBugError`,
@@ -41,7 +46,7 @@ OP_ERROR = "op_error"
 _FOUND = {OBJECT: "objects_found", EXAMPLE: "examples_made"}
 _FAILED = {INPUT: "images_failed", OBJECT: "objects_failed", EXAMPLE: "example_errors"}
 COUNTS = ("inputs_read", "images_failed", "objects_found", "objects_failed",
-          "objects_of_failed_images", "examples_made", "example_errors")
+          "objects_of_failed_images", "objects_box_only", "examples_made", "example_errors")
 
 
 def _sample_order(error: Dict[str, Any]) -> Tuple:
@@ -106,6 +111,7 @@ class Tally:
         "objects_found": c["objects_found"], "objects_used": objects_used,
         "objects_failed": c["objects_failed"],
         "objects_of_failed_images": c["objects_of_failed_images"],
+        "objects_box_only": c["objects_box_only"],
         "examples_made": c["examples_made"], "example_errors": c["example_errors"],
         "examples_written": written,
         "source_records": self.counts.get(f"examples/{source_records.SPLIT}", 0),
@@ -169,6 +175,7 @@ class Kernel:
       self._objects_failed(errors, tally)
       return None, errors
     tally.add("inputs_read")
+    tally.add("objects_box_only", int(pointer.get("objects_box_only", 0)))
     error = pointer.get("read_error")
     if error is None:
       try:

@@ -13,11 +13,18 @@ a record is one (object, click variant):
 | key                  | declared by    | content                                  |
 |----------------------|----------------|------------------------------------------|
 | `image_id`           | read           | stem of the source image                 |
-| `image`              | decode, resize | uint8 [S, S, 3] RGB; model input         |
-| `height`, `width`    | decode, resize | the stored size S                        |
+| `image`              | decode, resize | uint8 [S, S, 3] RGB; model input: the    |
+|                      |                | source fitted with its aspect ratio kept |
+|                      |                | (long side S), padded black at the       |
+|                      |                | bottom or right                          |
+| `height`, `width`    | decode, resize | the source image's size (before resize); |
+|                      |                | the region it fills in the S x S arrays  |
+|                      |                | is `ops.image.fitted_size(height, width, |
+|                      |                | S, S)`, at the top left (top right in a  |
+|                      |                | `flipped` record)                        |
 | `object_id`          | split_objects  | instance id in the source mask (1..254)  |
 | `mask`               | split_objects  | uint8 [S, S, 1]: 1 object, 0 background, |
-|                      |                | 255 ignore; the label                    |
+|                      |                | 255 ignore (the padding too); the label  |
 | `positive_clicks`    | sample_clicks  | int64 list of (x, y) pairs, x = column   |
 | `negative_clicks`    | sample_clicks  | same                                     |
 | `negative_strategy`, `variant`, `flipped` | sample_clicks | int64          |
@@ -51,6 +58,7 @@ LABEL = "label"
 # Keys of examples inside the job that records do not keep.
 IMAGE_BYTES = "image_bytes"
 INSTANCE_MASK = "instance_mask"
+SOURCE_AREAS = "source_areas"  # int64 [256]: pixels of each instance id at the source
 
 # Transformed feature keys (outputs of the tf.Transform graph).
 LABEL_WEIGHT = "label_weight"

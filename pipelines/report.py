@@ -32,7 +32,7 @@ def problems(counts: Dict[str, Any], max_error_fraction: float) -> List[str]:
         "examples made {m}, one per used unit and variant): an op dropped or added examples"
         .format(w=sum(counts["examples_written"].values()), e=counts["example_errors"],
                 m=counts["examples_made"]))
-  if not sum(counts["examples_written"].values()):
+  if not sum(counts["examples_written"].values()) and not counts.get("source_records"):
     out.append("no record was written")
   for level, failed, found in LEVELS:
     if counts[found] and counts[failed] / counts[found] > max_error_fraction:
@@ -85,6 +85,8 @@ def summary_lines(m: Dict[str, Any]) -> List[str]:
   if m.get("splits_objects"):
     inputs += (f"; {c['objects_found']} objects ({c['objects_used']} used, "
                f"{c['objects_failed']} failed)")
+    if c.get("objects_box_only"):
+      inputs += f"; {c['objects_box_only']} box-only annotations (ignore regions)"
   source = (f"; eval images at their own size {c['source_records']}"
             if c.get("source_records") else "")
   lines = [

@@ -229,7 +229,9 @@ def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
   assert by_reason["unknown_image_id"]["source"].endswith("instances.json:annotations[7]")
   assert by_reason["bad_image_entry"]["source"].endswith("instances.json:images[3]")
   assert by_reason["missing_image"]["source"].endswith(os.path.join("images", "missing.png"))
-  # Every record's mask is its object in the drawn instance mask, resized.
+  # Every record's mask is its object in the drawn instance mask, resized
+  # with its aspect ratio kept: 128 x 96 fills 64 x 48, the rows below are
+  # padding, ignored.
   recs = records(out, "train")
   got = set()
   for r in recs:
@@ -239,7 +241,8 @@ def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
     got.add((image_id, object_id))
     numeric = {"a": 1, "sub/b": 2}[image_id]
     inst, _ = coco.instance_mask(_image(path, annotations, numeric), image_id)
-    small = resize_nearest(inst, 64, 64)
+    small = np.full((64, 64), keys.IGNORE, np.uint8)
+    small[:48] = resize_nearest(inst, 48, 64)
     want = np.where(small == keys.IGNORE, keys.IGNORE, small == object_id).astype(np.uint8)
     stored = np.frombuffer(f[keys.MASK].bytes_list.value[0], np.uint8).reshape(64, 64)
     np.testing.assert_array_equal(stored, want)
@@ -251,3 +254,68 @@ def test_image_root_is_refused_for_other_layouts(tmp_path):
   with pytest.raises(ValueError, match="--image-root is for layouts"):
     PrepConfig(input=str(tmp_path), output=str(tmp_path / "o"), layout="folders",
                image_root=str(tmp_path))
+
+
+def test_a_box_only_row_is_ignore_in_the_mask_and_no_failure():
+  anns = [{"id": 1, "segmentation": [_box(60, 10, 100, 50)], "where": "f:1"},
+          {"id": 2, "segmentation": [], "bbox": [10.5, 20, 30, 40.2], "where": "f:2"},
+          {"id": 3, "bbox": [70, 30, 50, 60], "where": "f:3"},  # Over object 1, and no key.
+          {"id": 4, "segmentation": [], "bbox": [0, 0, 0, 5], "where": "f:4"}]  # No area.
+  mask, errors = coco.instance_mask({"id": "1", "height": H, "width": W, "annotations": anns},
+                                    "x")
+  assert [(e["annotation_id"], e["reason"]) for e in errors] == [(4, "empty_segmentation")]
+  assert [coco.box_only(a) for a in anns] == [False, True, True, False]
+  # Every pixel a box touches is ignore, unless an object with a mask is there.
+  assert (mask[20:61, 10:41] == keys.IGNORE).all()
+  assert mask[19, 10:41].max() == 0 and mask[20:61, 41].max() == 0 and mask[61, 10:41].max() == 0
+  polygon = mask_utils.decode(mask_utils.frPyObjects([_box(60, 10, 100, 50)], H, W))[..., 0] > 0
+  np.testing.assert_array_equal(mask == 1, polygon)
+  box3 = _region(70, 30, 120, 90)
+  assert (mask[box3 & ~polygon] == keys.IGNORE).all()
+
+
+def test_coco_job_counts_box_only_rows_apart(tmp_path):
+  (tmp_path / "images").mkdir()
+  Image.fromarray(np.full((H, W, 3), 90, np.uint8)).save(tmp_path / "images" / "a.png")
+  images = [{"id": 1, "file_name": "a.png", "height": H, "width": W},
+            {"id": 2, "file_name": "gone.png", "height": H, "width": W}]
+  annotations = [
+      {"id": 1, "image_id": 1, "iscrowd": 0, "segmentation": [_box(8, 8, 60, 60)],
+       "bbox": [8, 8, 52, 52]},
+      {"id": 2, "image_id": 1, "iscrowd": 0, "segmentation": [], "bbox": [70, 10, 40, 30]},
+      {"id": 3, "image_id": 1, "iscrowd": 0, "bbox": [70, 50, 40, 30]},
+      {"id": 4, "image_id": 1, "iscrowd": 0, "segmentation": []},  # Nothing: a failure.
+      {"id": 5, "image_id": 2, "iscrowd": 0, "segmentation": [_box(8, 8, 60, 60)]},
+      {"id": 6, "image_id": 2, "iscrowd": 0, "segmentation": [], "bbox": [1, 1, 5, 5]},
+  ]
+  path = tmp_path / "instances.json"
+  path.write_text(json.dumps({"images": images, "annotations": annotations}))
+  out = str(tmp_path / "out")
+  assert run_cli(["segmentation", "--input", str(path), "--image-root", str(tmp_path / "images"),
+                  "--output", out, "--image-size", "64", "--variants", "1",
+                  "--eval-percent", "0", "--max-error-fraction", "1"]) == 0
+  c = manifest(out)["counts"]
+  assert c["objects_box_only"] == 3
+  assert (c["objects_found"], c["objects_used"], c["objects_failed"]) == (3, 1, 2)
+  assert c["objects_of_failed_images"] == 1 and c["accounted"]
+  assert c["errors_by_reason"] == {"empty_segmentation": 1, "missing_image": 1}
+  [rec] = records(out)
+  stored = np.frombuffer(rec.features.feature[keys.MASK].bytes_list.value[0],
+                         np.uint8).reshape(64, 64)
+  # 128 x 96 fills 64 x 48: the boxes at half size are ignore, not background.
+  for rows in (slice(5, 20), slice(25, 40)):
+    assert (stored[rows, 35:55] == keys.IGNORE).all()
+  assert (stored[48:] == keys.IGNORE).all()
+  assert (stored[21:24, 35:55] == 0).all() and (stored[:48, 55:] == 0).all()
+  assert (stored[:48, :35] != keys.IGNORE).all() and stored[4:30, 4:30].all()
+
+
+def test_summary_line_names_box_only_rows():
+  from pipelines import report  # pylint: disable=g-import-not-at-top
+  counts = {"inputs_read": 2, "images_used": 1, "images_failed": 1, "objects_found": 3,
+            "objects_used": 1, "objects_failed": 2, "objects_box_only": 3,
+            "examples_written": {"train": 1}, "errors_total": 0, "errors_by_reason": {}}
+  m = {"counts": counts, "splits_objects": True, "paths": {"records": "r", "transform": "t"},
+       "timing": {"wall_seconds": 1.0, "examples_per_second": 1.0, "images_per_second": 2.0}}
+  assert "3 box-only annotations" in report.summary_lines(m)[0]
+  assert "box-only" not in report.summary_lines(dict(m, counts=dict(counts, objects_box_only=0)))[0]

@@ -67,6 +67,60 @@ def test_serving_any_image_size_and_bad_inputs(trained):
             negative_clicks=tf.zeros([0, 2], tf.int32))
 
 
+def _disk(h, w, cx, cy, r):
+  yy, xx = np.mgrid[:h, :w]
+  return (xx - cx) ** 2 + (yy - cy) ** 2 <= r * r
+
+
+def test_a_wide_image_is_padded_in_its_records_and_served_back_in_place(tmp_path):
+  """A 3:1 image: its record holds it fitted at the top, the padding ignore;
+  the served mask of a model that marks a disk around the positive click
+  (the object's size at the records' scale) lands on the object at the
+  source's size."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+  from beam_prep.ops.image import resize_nearest  # pylint: disable=g-import-not-at-top
+  from tests.helpers import records  # pylint: disable=g-import-not-at-top
+  from train.servers import SegmentationServer  # pylint: disable=g-import-not-at-top
+  h, w, size, (cx, cy, r) = 60, 180, 96, (120, 30, 20)
+  obj = _disk(h, w, cx, cy, r)
+  img = np.full((h, w, 3), 80, np.uint8)
+  img[obj] = (200, 40, 30)
+  for sub, arr, mode in (("images", img, None), ("masks", obj.astype(np.uint8), "L")):
+    (tmp_path / "data" / sub).mkdir(parents=True)
+    (tmp_path / "data" / sub / "a.png").write_bytes(png(arr, mode))
+  out = str(tmp_path / "prep")
+  assert run_cli(["segmentation", "--input", str(tmp_path / "data"), "--output", out,
+                  "--layout", "folders", "--image-size", str(size), "--variants", "1",
+                  "--eval-percent", "0"]) == 0
+  table = FeatureTable.load(out)
+  [rec] = [table.decode_numpy(r.SerializeToString()) for r in records(out)]
+  fit_h = h * size // w  # 32 rows of 96 hold the image; 64 rows are padding.
+  mask = rec[keys.MASK].reshape(size, size)
+  assert (mask[fit_h:] == keys.IGNORE).all() and (rec[keys.IMAGE][fit_h:] == 0).all()
+  np.testing.assert_array_equal(mask[:fit_h], resize_nearest(obj.astype(np.uint8), fit_h, size))
+  assert (int(rec[keys.HEIGHT]), int(rec[keys.WIDTH])) == (h, w)
+
+  channel = 0  # The positive click's distance map among the model's inputs.
+  for e in table.model_inputs:
+    if e.key == keys.DISTANCE_MAPS:
+      break
+    channel += e.feature.channels
+  radius = r * size / w / 255  # The object's radius at the records' scale, normalized.
+  model = keras.Sequential([keras.Input((size, size, table.input_channels)), keras.layers.Lambda(
+      lambda x: 100.0 * (radius - x[..., channel:channel + 1]))])
+  server = SegmentationServer(model, tft.TFTransformOutput(os.path.join(out, keys.TRANSFORM_DIR)),
+                              table)
+  served = server.serve(tf.constant(img), tf.constant([[cx, cy]], tf.int32),
+                        tf.zeros([0, 2], tf.int32))["mask"].numpy().astype(bool)
+  assert served.shape == (h, w)
+  iou = (served & obj).sum() / (served | obj).sum()
+  assert iou > 0.9, iou
+  ys, xs = np.nonzero(served)
+  assert abs(xs.mean() - cx) < 1.5 and abs(ys.mean() - cy) < 1.5
+
+
 def test_predict_cli_errors_are_clear(trained, tmp_path, capsys):
   from train import cli  # pylint: disable=g-import-not-at-top
   (tmp_path / "junk.png").write_bytes(b"not an image")

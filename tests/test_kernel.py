@@ -74,3 +74,17 @@ def test_classification_counts_images_and_examples(tmp_path):
   acc = result.tally.accounting(per_unit=1, splits_objects=False)
   assert acc["accounted"] and acc["examples_made"] == 1 and len(result.records) == 1
   assert acc["objects_found"] == 0
+
+
+def test_min_object_area_dead_letters_small_objects_with_their_source_area(tmp_path):
+  boxes = ((2, 2, 42, 42), (44, 44, 47, 47), (2, 44, 4, 46))  # 1600, 9 and 4 pixels.
+  kernel = _kernel(tmp_path, min_object_area=10)
+  assert any("object_areas|resize(48)" in s.chain for s in kernel.stages)
+  result = kernel.process(_pointer(tmp_path, boxes=boxes))
+  c = result.tally.counts
+  assert (c["objects_found"], c["objects_failed"]) == (3, 2)
+  details = sorted((e["object_id"], e["reason"], e["detail"]) for e in result.errors)
+  assert [(i, r) for i, r, _ in details] == [(2, "object_below_min_area"),
+                                            (3, "object_below_min_area")]
+  assert "covers 9 pixels" in details[0][2] and "covers 4 pixels" in details[1][2]
+  assert result.tally.accounting(per_unit=2, splits_objects=True)["accounted"]

@@ -202,3 +202,45 @@ def test_flip_variants_mirrors_odd_variants_with_their_clicks():
       np.testing.assert_array_equal(out["image"], base["image"])
     x, y = out[keys.POSITIVE_CLICKS][:, 0], out[keys.POSITIVE_CLICKS][:, 1]
     assert (out["mask"][y, x] == 1).all()  # clicks follow the (flipped) object
+
+
+def _sized_scene():
+  """Objects of 1600, 900, 144, 16 and 2 pixels in a 120 x 240 scene."""
+  inst = np.zeros((120, 240), np.uint8)
+  inst[10:50, 10:50] = 1
+  inst[60:90, 100:130] = 2
+  inst[20:32, 150:162] = 3
+  inst[100:104, 200:204] = 4
+  inst[70, 20:22] = 5
+  return inst
+
+
+def test_min_area_is_measured_before_the_resize():
+  inst = _sized_scene()
+  image = np.zeros(inst.shape + (3,), np.uint8)
+  apply = registry.build_chain("object_areas|resize(60)|split_objects|require_min_area(500)")
+  outputs, failures = apply({"image_id": "a", "image": image, "instance_mask": inst})
+  assert sorted(o["object_id"] for o in outputs) == [1, 2]
+  # At a quarter of the size the 2-pixel object is gone from the mask, yet
+  # it is listed (measured at the source) and fails with its source area.
+  assert 5 not in np.unique(outputs[0][keys.INSTANCE_MASK])
+  got = {f.example["object_id"]: (f.reason, f.detail) for f in failures}
+  assert set(got) == {3, 4, 5}
+  for object_id, area in ((3, 144), (4, 16), (5, 2)):
+    reason, detail = got[object_id]
+    assert reason == "object_below_min_area"
+    assert f"covers {area} pixels at the source resolution" in detail and "500" in detail
+  # Without the measurement, split_objects lists what the resized mask holds.
+  plain, _ = registry.build_chain("resize(60)|split_objects")(
+      {"image_id": "a", "image": image, "instance_mask": inst})
+  assert 5 not in [o["object_id"] for o in plain]
+
+
+def test_min_area_without_the_measurement_is_refused_before_the_job():
+  from beam_prep.features import FeatureError  # pylint: disable=g-import-not-at-top
+  specs = registry.parse_chain("decode|resize(64)|split_objects|require_min_area(10)")
+  with pytest.raises(FeatureError, match="op 'require_min_area' reads 'source_areas'"):
+    registry.check_chain(specs, ["image_id", "image_bytes", "instance_mask"], "the test layout")
+  registry.check_chain(registry.parse_chain(
+      "decode|object_areas|resize(64)|split_objects|require_min_area(10)"),
+      ["image_id", "image_bytes", "instance_mask"], "the test layout")

@@ -144,3 +144,35 @@ def test_max_error_fraction_fails_after_writing(tmp_path):
   m = manifest(out)
   assert m["counts"]["errors_by_reason"] == {"not_an_image": 1}
   assert sum(m["counts"]["examples_written"].values()) == 4
+
+
+def test_min_object_area_is_measured_at_the_source(tmp_path):
+  """A 2:1 image with objects of 1600, 900, 144, 16 and 2 pixels, records at a
+  half its size: the three under 500 source pixels are dead letters
+  with their areas, the 2-pixel one too although the resize erased it."""
+  data = tmp_path / "d"
+  (data / "images").mkdir(parents=True)
+  (data / "masks").mkdir()
+  inst = np.zeros((120, 240), np.uint8)
+  for i, (y0, x0, y1, x1) in enumerate(((10, 10, 50, 50), (60, 100, 90, 130),
+                                        (20, 150, 32, 162), (100, 200, 104, 204),
+                                        (70, 20, 71, 22)), start=1):
+    inst[y0:y1, x0:x1] = i
+  img = np.where(inst[..., None] > 0, 220, 60).astype(np.uint8).repeat(3, -1)
+  (data / "images" / "a.png").write_bytes(png(img))
+  (data / "masks" / "a.png").write_bytes(png(inst, "L"))
+  out = str(tmp_path / "out")
+  assert run_cli(["segmentation", "--input", str(data), "--output", out, "--image-size", "120",
+                  "--variants", "1", "--min-object-area", "500", "--eval-percent", "0",
+                  "--max-error-fraction", "1"]) == 0
+  m = manifest(out)
+  c = m["counts"]
+  assert m["config"]["min_object_area"] == 500
+  assert (c["objects_found"], c["objects_failed"]) == (5, 3) and c["accounted"]
+  assert c["errors_by_reason"] == {"object_below_min_area": 3}
+  letters = {d["object_id"]: d for d in dead_letters(out)}
+  assert sorted(letters) == [3, 4, 5]
+  for object_id, area in ((3, 144), (4, 16), (5, 2)):
+    assert f"covers {area} pixels at the source resolution" in letters[object_id]["detail"]
+  assert sorted(r.features.feature[keys.OBJECT_ID].int64_list.value[0]
+                for r in records(out)) == [1, 2]

@@ -12,7 +12,7 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.ops import registry
 from beam_prep.ops.distance import distance_maps as np_distance_maps, tf_distance_map
-from beam_prep.ops.image import resize_image
+from beam_prep.ops.image import IMAGE_PAD, fitted_size, resize_image, resize_nearest
 from tests.helpers import png, scene
 
 USER_MODULES = "tests.fixtures.user_ops,tests.fixtures.edge_ops"
@@ -28,16 +28,21 @@ def _object_example(size=64):
   return outs[0]
 
 
-def _encoded_example():
-  img, inst = scene(40, ((4, 4, 30, 30),))
+def _encoded_example(height=40, width=40):
+  img, inst = scene(max(height, width), ((4, 4, 30, 30),))
+  img, inst = img[:height, :width], inst[:height, :width]
   return {"image_id": "x", "image_bytes": png(img), "mask_bytes": png(inst, "L")}
+
+
+def _decoded_example(height=40, width=40):
+  return registry.build_op(registry.parse_chain("decode")[0])(_encoded_example(height, width))
 
 
 # op call -> (example builder, tolerance on uint8 levels)
 CASES = {
     "decode": (_encoded_example, 0),
-    "resize(64)": (lambda: registry.build_op(registry.parse_chain("decode")[0])(
-        _encoded_example()), 1),
+    "resize(64)": (_decoded_example, 1),
+    "resize(48)": (lambda: _decoded_example(33, 91), 1),  # Wide, odd sizes: padded below.
     "flip_variants": (_object_example, 0),  # variant 0: not flipped, as at serving time
     "distance_maps": (_object_example, 0),
     "click_disks(radius=5)": (_object_example, 0),
@@ -107,15 +112,54 @@ def test_raw_bytes_equal_numpy_tobytes():
   assert to_raw_bytes(tf.constant(f)).numpy() == f.tobytes()
 
 
-@pytest.mark.parametrize("shape", [(64, 64), (120, 160), (37, 200), (300, 90)])
-def test_tf_resize_matches_the_beam_resize(shape):
-  img = np.random.default_rng(1).integers(0, 256, shape + (3,), dtype=np.uint8)
-  want = resize_image(img, 64, 64)
-  twin = registry.build_twin(registry.parse_chain("resize(64)")[0])
-  got = twin({keys.IMAGE: tf.constant(img)})[keys.IMAGE].numpy()
+# Square, both orientations of several aspect ratios, odd sizes, a one-pixel
+# row, and a frame that is not square.
+RESIZE_CASES = [((64, 64), "resize(64)"), ((120, 160), "resize(64)"), ((160, 120), "resize(64)"),
+                ((37, 200), "resize(64)"), ((200, 37), "resize(64)"),
+                ((300, 90), "resize(64)"), ((90, 300), "resize(64)"),
+                ((91, 33), "resize(63)"), ((33, 91), "resize(63)"), ((65, 63), "resize(64)"),
+                ((1, 97), "resize(64)"), ((120, 160), "resize(48, 80)"),
+                ((160, 120), "resize(48, 80)")]
+
+
+@pytest.mark.parametrize("shape,call", RESIZE_CASES)
+def test_tf_resize_matches_the_beam_resize(shape, call):
+  img = np.random.default_rng(shape[0] * shape[1]).integers(0, 256, shape + (3,), dtype=np.uint8)
+  inst = np.random.default_rng(2).integers(0, 4, shape, dtype=np.uint8)
+  spec = registry.parse_chain(call)[0]
+  frame = (spec.args[0], spec.args[-1])
+  want = registry.build_op(spec)({keys.IMAGE: img, keys.INSTANCE_MASK: inst})
+  got = registry.build_twin(spec)({keys.IMAGE: tf.constant(img)})
+  g = got[keys.IMAGE].numpy()
+  assert g.shape == want[keys.IMAGE].shape == frame + (3,)
   # Same arithmetic; float rounding may differ by one level on a rare pixel.
-  assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
-  assert (got != want).mean() < 0.001
+  assert np.abs(g.astype(int) - want[keys.IMAGE].astype(int)).max() <= 1
+  assert (g != want[keys.IMAGE]).mean() < 0.001
+  assert (got[keys.HEIGHT].numpy(), got[keys.WIDTH].numpy()) == shape
+  assert (want[keys.HEIGHT], want[keys.WIDTH]) == shape
+  # The aspect ratio is kept: the limiting side fills the frame, the other
+  # is within half a pixel of the source's proportion.
+  fit_h, fit_w = (int(v) for v in fitted_size(*shape, *frame))
+  scale = min(frame[0] / shape[0], frame[1] / shape[1])
+  assert fit_h == frame[0] or fit_w == frame[1]
+  assert abs(fit_h - shape[0] * scale) <= 0.5 and abs(fit_w - shape[1] * scale) <= 0.5
+  # The image at the top left, resized as a whole; padding around it.
+  np.testing.assert_array_equal(want[keys.IMAGE][:fit_h, :fit_w], resize_image(img, fit_h, fit_w))
+  np.testing.assert_array_equal(want[keys.INSTANCE_MASK][:fit_h, :fit_w],
+                                resize_nearest(inst, fit_h, fit_w))
+  pad = np.ones(frame, bool)
+  pad[:fit_h, :fit_w] = False
+  assert (want[keys.IMAGE][pad] == IMAGE_PAD).all() and (g[pad] == IMAGE_PAD).all()
+  assert (want[keys.INSTANCE_MASK][pad] == keys.IGNORE).all()
+
+
+def test_fitted_size_is_the_same_in_tensorflow():
+  for shape in [(h, w) for h in (1, 2, 3, 17, 64, 99, 1000, 4321) for w in (1, 5, 64, 333, 7000)]:
+    for frame in ((64, 64), (63, 63), (48, 80)):
+      want = tuple(int(v) for v in fitted_size(*shape, *frame))
+      got = fitted_size(tf.constant(shape[0], tf.int64), tf.constant(shape[1], tf.int64), *frame,
+                        xp=tf)
+      assert tuple(int(v) for v in got) == want, (shape, frame)
 
 
 def test_resize_twin_moves_clicks_to_the_nearest_centre_and_clamps():
@@ -123,6 +167,8 @@ def test_resize_twin_moves_clicks_to_the_nearest_centre_and_clamps():
   ex = {keys.IMAGE: tf.zeros([64, 64, 3], tf.uint8),
         keys.POSITIVE_CLICKS: tf.constant([[0, 0], [63, 10], [70, -5]], tf.int64)}
   assert twin(ex)[keys.POSITIVE_CLICKS].numpy().tolist() == [[0, 0], [63, 10], [63, 0]]
+  # 128 x 32 fits as 64 x 16: both axes scale by one half, and clicks stay
+  # in the valid region (x < 16), never in the padding.
   ex = {keys.IMAGE: tf.zeros([128, 32, 3], tf.uint8),
-        keys.POSITIVE_CLICKS: tf.constant([[31, 127], [0, 1]], tf.int64)}
-  assert twin(ex)[keys.POSITIVE_CLICKS].numpy().tolist() == [[63, 63], [1, 0]]
+        keys.POSITIVE_CLICKS: tf.constant([[31, 127], [0, 1], [40, 3], [10, 64]], tf.int64)}
+  assert twin(ex)[keys.POSITIVE_CLICKS].numpy().tolist() == [[15, 63], [0, 0], [15, 1], [5, 32]]

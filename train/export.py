@@ -12,8 +12,9 @@ TensorFlow twin (`register_op(..., twin=...)`), in chain order, on the
 request; then each model input becomes the raw bytes the records hold, the
 exported tf.Transform layer normalizes them, and the model predicts. With the
 default chain: `decode` (decoded pixels pass), `resize` to the records' size
-(bilinear, half-pixel centres, rounded to uint8; clicks moved to the pixel of
-nearest centre), `sample_clicks` (the request's clicks stand in for sampled
+with the aspect ratio kept (the long side fills it, bilinear, half-pixel
+centres, rounded to uint8, padded black at the bottom or right; clicks moved
+to the pixel of nearest centre), `sample_clicks` (the request's clicks stand in for sampled
 ones), `distance_maps` (and/or `click_disks`), then any user op. An op that
 changes a model input without a twin stops the export (and `fit`, before
 training) with an error naming it (`ServingPlanError`).
@@ -24,6 +25,9 @@ Segmentation, signature `serving_default` (one image per request):
            negative_clicks  int32 [N, 2], same; N may be 0
   outputs  probabilities    float32 [H, W], object probability
            mask             uint8 [H, W], 1 object, 0 background
+The model's output at the records' size is cropped to the region the image
+fills there (`beam_prep.ops.image.fitted_size`; the padding is dropped), then
+resized to H x W.
 The image is a decoded uint8 array rather than PNG/JPEG bytes so that the
 graph sees exactly the pixels the Beam job saw (no second JPEG decoder that
 may round differently); `beam-train predict` decodes files for you. Clicks
@@ -35,7 +39,8 @@ Segmentation, signature `serve_examples` (batch scoring, TFX convention):
                             schema; `image` (raw uint8 bytes at the records'
                             size), `positive_clicks`, `negative_clicks` are
                             read, anything else is ignored
-  outputs  probabilities    float32 [B, S, S]; mask uint8 [B, S, S]
+  outputs  probabilities    float32 [B, S, S]; mask uint8 [B, S, S], at the
+                            records' size, padding included
 
 Classification, signature `serving_default`:
   inputs   image_bytes      string [B]: encoded PNG/JPEG/BMP/GIF files

@@ -12,6 +12,7 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
+from beam_prep.ops.image import fitted_size
 from beam_prep.preprocessing import decode_feature
 from train.serving_inputs import Example, model_inputs, run_plan, serving_plan
 
@@ -70,8 +71,16 @@ class SegmentationServer(_Server):
           keys.NEGATIVE_CLICKS: tf.cast(negative_clicks, tf.int64)}
     raw = {k: v[None] for k, v in self.raw_model_input(ex).items()}
     prob = self._predict(self.model_input(raw))
-    prob = tf.image.resize(prob[..., None], tf.stack([h, w]), method="bilinear")[0, :, :, 0]
+    prob = self._to_source(prob[0], h, w)
     return {"probabilities": prob, "mask": tf.cast(prob > 0.5, tf.uint8)}
+
+  def _to_source(self, prob, h, w):
+    """[S, S] probabilities of a fitted and padded image -> [h, w] of the source:
+    the valid region (`fitted_size`, as `resize` placed the image) resized back."""
+    fit_h, fit_w = fitted_size(tf.cast(h, tf.int64), tf.cast(w, tf.int64),
+                               *self._table.image_size, xp=tf)
+    valid = prob[:tf.cast(fit_h, tf.int32), :tf.cast(fit_w, tf.int32)]
+    return tf.image.resize(valid[..., None], tf.stack([h, w]), method="bilinear")[..., 0]
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
   def serve_examples(self, examples):

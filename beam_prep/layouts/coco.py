@@ -5,8 +5,8 @@
 This is the format of COCO and LVIS, and the export format of CVAT, Label
 Studio and Roboflow. Each `images` entry (`id`, `file_name`, `height`,
 `width`) is one input. Its `annotations` (`image_id`, `segmentation`,
-`iscrowd`) become one instance mask: objects 1..N in the order of their
-annotation ids, crowd regions 255 (ignore). Overlapping objects are painted
+`iscrowd`, `bbox`) become one instance mask: objects 1..N in the order of
+their annotation ids, crowd regions 255 (ignore). Overlapping objects are painted
 largest first, so a small object on a large one stays visible. Polygons and
 RLE (compressed and uncompressed) are decoded by `pycocotools`.
 
@@ -27,7 +27,13 @@ Rows that cannot be used go to the dead letters with a reason:
                     empty_segmentation, polygon_outside_image, bad_rle,
                     rle_size_mismatch, too_many_objects, hidden_object
 An annotation that fails counts as a found object that failed, so the
-manifest's accounting still adds up. Where a failed annotation still covers
+manifest's accounting still adds up.
+
+A detection-only row (`segmentation` missing or `[]`, with a `bbox` [x, y,
+w, h] of positive size) has no mask to teach: its box (every pixel it
+touches) becomes ignore, so the object in it is never taught as background,
+and the row is counted as `objects_box_only`, apart from the found objects
+(it is neither used nor failed; `objects_found` does not include it). Where a failed annotation still covers
 pixels of the image (a polygon that leaves the image, an object past the
 254th), those pixels become ignore pixels, not background.
 """
@@ -209,7 +215,7 @@ class _EntriesFn(beam.DoFn):
             ok = isinstance(value, dict) and "image_id" in value
             ann = {"where": where}
             if ok:
-              ann.update({k: value.get(k) for k in ("id", "segmentation", "iscrowd")})
+              ann.update({k: value.get(k) for k in ("id", "segmentation", "iscrowd", "bbox")})
             else:
               ann["error"] = ("bad_annotation", "an annotations entry needs 'image_id'")
             yield (_image_id(value["image_id"]) if ok else _ORPHAN, ann)
@@ -265,9 +271,10 @@ class _JoinFn(beam.DoFn):
         "image_id": posixpath.splitext(image["file_name"])[0],
         "source": source,
         # Known before the image is read: if it cannot be, they failed with it.
-        "objects_listed": sum(1 for a in anns if not a.get("iscrowd")),
+        "objects_listed": sum(1 for a in anns if not a.get("iscrowd") and not box_only(a)),
+        "objects_box_only": sum(1 for a in anns if box_only(a)),
         "coco": {"id": key, "height": image["height"], "width": image["width"],
-                 "annotations": [{k: a.get(k) for k in ("id", "segmentation", "iscrowd",
+                 "annotations": [{k: a.get(k) for k in ("id", "segmentation", "iscrowd", "bbox",
                                                         "where", "error")} for a in anns]},
     }
 
@@ -297,6 +304,27 @@ class ListCoco(beam.PTransform):
               .with_outputs("errors", main="pointers"))
     errors = ((entries.errors, joined.errors) | "CocoErrors" >> beam.Flatten())
     return joined.pointers, errors
+
+
+def box_only(ann: Dict[str, Any]) -> bool:
+  """Whether an annotation is a detection-only row: no segmentation (missing
+  or []) and a `bbox` [x, y, w, h] of positive width and height."""
+  if ann.get("error") or ann.get("segmentation") not in (None, []):
+    return False
+  box = ann.get("bbox")
+  return (isinstance(box, (list, tuple)) and len(box) == 4
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)
+          and box[2] > 0 and box[3] > 0)
+
+
+def _box_region(box, height: int, width: int) -> np.ndarray:
+  """The pixels a bbox [x, y, w, h] touches (clipped to the image)."""
+  x, y, w, h = (float(v) for v in box)
+  region = np.zeros((height, width), bool)
+  x0, y0 = max(int(np.floor(x)), 0), max(int(np.floor(y)), 0)
+  x1, y1 = min(int(np.ceil(x + w)), width), min(int(np.ceil(y + h)), height)
+  region[y0:max(y1, y0), x0:max(x1, x0)] = True
+  return region
 
 
 class _AnnotationError(Exception):
@@ -385,7 +413,8 @@ def instance_mask(coco: Dict[str, Any], image_id: str) -> Tuple[np.ndarray, List
   """Renders one image's annotations -> (uint8 instance mask, annotation errors).
 
   Objects get ids 1..N in annotation-id order and are painted largest first;
-  crowd regions, and what failed annotations still cover, are ignore (255).
+  crowd regions, the boxes of detection-only rows (`box_only`), and what
+  failed annotations still cover, are ignore (255).
   """
   try:
     height, width = int(coco["height"]), int(coco["width"])
@@ -403,6 +432,9 @@ def instance_mask(coco: Dict[str, Any], image_id: str) -> Tuple[np.ndarray, List
   for ann in coco["annotations"]:
     if ann.get("error"):
       fail(ann, *ann["error"])
+      continue
+    if box_only(ann):
+      ignore |= _box_region(ann["bbox"], height, width)
       continue
     try:
       region = _region(ann.get("segmentation"), height, width)

@@ -1,4 +1,5 @@
-"""Image ops: decode files into arrays, resize, split a scene into objects.
+"""Image ops: decode files into arrays, resize, measure and split a scene into
+objects.
 
 Data contract of the examples these ops read and write (declared features in
 bold are kept by the records; see `produces` of each op):
@@ -10,16 +11,25 @@ bold are kept by the records; see `produces` of each op):
 | `image_bytes`    | bytes                | encoded image file (input of `decode`)    |
 | `mask_bytes`     | bytes                | encoded mask file (input of `decode`)     |
 | **`image`**      | uint8 [H, W, 3]      | RGB; model input, standardized            |
-| **`height`**, **`width`** | int         | the image's size                          |
+| **`height`**, **`width`** | int         | the image's size before `resize`          |
 | `instance_mask`  | uint8 [H, W]         | 0 background, 1..254 instance, 255 ignore |
 |                  |                      | (decoded, or drawn by the coco reader)    |
+| `source_areas`   | int64 [256]          | pixels of each instance id before resize  |
+|                  |                      | (`object_areas`)                          |
 | **`object_id`**  | int                  | instance id of this example's object      |
 | **`mask`**       | uint8 [H, W]         | 1 object, 0 background, 255 ignore; label |
 | **`label`**      | str                  | class name (classification); label        |
 
+`resize` keeps the aspect ratio: the image is fitted into the S x S frame
+(`fitted_size`: the long side becomes S) at its top-left corner, and the rest
+is padding: black pixels (`IMAGE_PAD`) and ignore (255) in the instance mask,
+so that the label never calls padding background and evaluation never counts
+it. `height` and `width` keep the size before the resize, from which the
+valid region and the scale follow.
+
 `decode` and `resize` have TensorFlow twins for the serving graph: the serving
 model receives decoded pixels (or, for classification, encoded files) and
-resizes them exactly as the Beam job did.
+resizes and pads them exactly as the Beam job did.
 """
 
 import io
@@ -308,51 +318,121 @@ def resize_nearest(mask: np.ndarray, height: int, width: int) -> np.ndarray:
   return mask[nearest_indices(mask.shape[0], height)][:, nearest_indices(mask.shape[1], width)]
 
 
+# The pad value of image pixels outside a fitted image: black. A fixed value,
+# known before tf.Transform's analysis (the data set's mean is known only
+# after it), and the same in numpy and TensorFlow. The label marks the same
+# pixels ignore (255), so padding is never taught as background and never
+# counted as an error.
+IMAGE_PAD = 0
+
+
+def fitted_size(in_height, in_width, height, width, xp=np):
+  """The (h, w) an in_height x in_width image takes in a height x width frame
+  when resized with its aspect ratio kept: the limiting side fills the
+  frame, the other is rounded to the nearest pixel (halves up), at least 1.
+
+  Integer arithmetic only, so that the Beam job (`xp=np`, Python or numpy
+  integers) and the serving graph (`xp=tf`, int64 tensors) agree exactly.
+  The image sits at the frame's top-left corner: a pixel (x, y) of the frame
+  is valid when x < w and y < h.
+  """
+  # The computed term first: TensorFlow takes the dtype from the first argument.
+  h = xp.maximum(xp.minimum((2 * in_height * width + in_width) // (2 * in_width), height), 1)
+  w = xp.maximum(xp.minimum((2 * in_width * height + in_height) // (2 * in_height), width), 1)
+  return h, w
+
+
+def pad_to(array: np.ndarray, height: int, width: int, value: int) -> np.ndarray:
+  """`array` [h, w, ...] at the top-left of a height x width frame filled with `value`."""
+  out = np.full((height, width) + array.shape[2:], value, array.dtype)
+  out[:array.shape[0], :array.shape[1]] = array
+  return out
+
+
 def resize_twin(ex, size: int, width: int = None):
-  """`resize` in TensorFlow: bilinear, half-pixel centres, round half to even.
+  """`resize` in TensorFlow: the same fitted size, bilinear with half-pixel
+  centres and rounding half to even, the same padding.
 
   Clicks in the example (given in the input image's pixels at serving time)
-  move to the pixel of nearest centre in the resized image, clamped to it.
+  move to the pixel of nearest centre in the fitted image, clamped into it.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   height, width = int(size), int(width or size)
   image = ex[keys.IMAGE]
-  in_h, in_w = tf.shape(image)[0], tf.shape(image)[1]
-  resized = tf.image.resize(tf.cast(image, tf.float32)[None], [height, width],
+  in_shape = tf.shape(image, out_type=tf.int64)
+  in_h, in_w = in_shape[0], in_shape[1]
+  fit_h, fit_w = fitted_size(in_h, in_w, height, width, xp=tf)
+  resized = tf.image.resize(tf.cast(image, tf.float32)[None],
+                            tf.cast(tf.stack([fit_h, fit_w]), tf.int32),
                             method="bilinear", antialias=False)[0]
+  resized = tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
   out = dict(ex)
-  out[keys.IMAGE] = tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
-  out[keys.HEIGHT], out[keys.WIDTH] = tf.constant(height, tf.int64), tf.constant(width, tf.int64)
+  zero = tf.constant(0, tf.int64)
+  padding = tf.stack([tf.stack([zero, height - fit_h]), tf.stack([zero, width - fit_w]),
+                      tf.zeros([2], tf.int64)])
+  out[keys.IMAGE] = tf.pad(resized, padding, constant_values=IMAGE_PAD)
+  out[keys.IMAGE].set_shape([height, width, 3])
+  out[keys.HEIGHT], out[keys.WIDTH] = in_h, in_w
   for key in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS):
     if key in ex:
-      out[key] = scale_clicks(ex[key], in_h, in_w, height, width)
+      out[key] = scale_clicks(ex[key], in_h, in_w, fit_h, fit_w)
   return out
 
 
-def scale_clicks(clicks_xy, in_height, in_width, height: int, width: int):
+def scale_clicks(clicks_xy, in_height, in_width, height, width):
   """Clicks (x, y) in an in_height x in_width image -> the pixel of nearest
-  centre in the height x width image, clamped into it (TensorFlow)."""
+  centre in the height x width image, clamped into it (TensorFlow; the sizes
+  may be tensors)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   c = tf.cast(tf.reshape(clicks_xy, [-1, 2]), tf.float32)
-  sx = tf.cast(width, tf.float32) / tf.cast(in_width, tf.float32)
-  sy = tf.cast(height, tf.float32) / tf.cast(in_height, tf.float32)
-  x = tf.clip_by_value(tf.floor((c[:, 0] + 0.5) * sx), 0, width - 1)
-  y = tf.clip_by_value(tf.floor((c[:, 1] + 0.5) * sy), 0, height - 1)
+  f = lambda v: tf.cast(v, tf.float32)  # pylint: disable=unnecessary-lambda-assignment
+  x = tf.clip_by_value(tf.floor((c[:, 0] + 0.5) * f(width) / f(in_width)), 0., f(width) - 1)
+  y = tf.clip_by_value(tf.floor((c[:, 1] + 0.5) * f(height) / f(in_height)), 0., f(height) - 1)
   return tf.cast(tf.stack([x, y], axis=1), tf.int64)
 
 
 @register_op("resize", reads=(keys.IMAGE,), produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
              intermediate=(keys.INSTANCE_MASK,), twin=resize_twin)
 def resize(size: int, width: int = None):
-  """Resizes `image` (bilinear) and `instance_mask` (nearest) to size x width."""
+  """Fits `image` into a size x width frame with its aspect ratio kept.
+
+  The image is resized (bilinear) to `fitted_size` and padded at the bottom
+  and right with `IMAGE_PAD`; `instance_mask` is resized (nearest) the same
+  way and padded with ignore (255). `height` and `width` keep the size of
+  the image before the resize (the source's, after `decode`), from which
+  `fitted_size` gives the valid region and the scale.
+  """
   height, width = int(size), int(width or size)
 
   def fn(ex):
+    in_h, in_w = ex[keys.IMAGE].shape[:2]
+    fit_h, fit_w = (int(v) for v in fitted_size(in_h, in_w, height, width))
     out = dict(ex)
-    out[keys.IMAGE] = resize_image(ex[keys.IMAGE], height, width)
-    out[keys.HEIGHT], out[keys.WIDTH] = height, width
+    out[keys.IMAGE] = pad_to(resize_image(ex[keys.IMAGE], fit_h, fit_w), height, width,
+                             IMAGE_PAD)
+    out[keys.HEIGHT], out[keys.WIDTH] = in_h, in_w
     if keys.INSTANCE_MASK in ex:
-      out[keys.INSTANCE_MASK] = resize_nearest(ex[keys.INSTANCE_MASK], height, width)
+      out[keys.INSTANCE_MASK] = pad_to(resize_nearest(ex[keys.INSTANCE_MASK], fit_h, fit_w),
+                                       height, width, keys.IGNORE)
+    return out
+
+  return fn
+
+
+@register_op("object_areas", reads=(keys.INSTANCE_MASK,), intermediate=(keys.SOURCE_AREAS,))
+def object_areas():
+  """Measures every instance before `resize` changes its size.
+
+  Writes `source_areas`: int64 [256], the pixels of each id of
+  `instance_mask` as the op finds it (placed after `decode`: at the source
+  resolution). `split_objects` lists objects by it and `require_min_area`
+  reads it.
+  """
+
+  def fn(ex):
+    out = dict(ex)
+    out[keys.SOURCE_AREAS] = np.bincount(ex[keys.INSTANCE_MASK].ravel(),
+                                         minlength=256).astype(np.int64)
     return out
 
   return fn
@@ -364,6 +444,12 @@ def resize(size: int, width: int = None):
 def split_objects(max_objects: int = 0):
   """Fans a scene out into one example per object instance.
 
+  Objects are the ids of `instance_mask`; when the example holds
+  `source_areas` (`object_areas` ran before `resize`), they are the ids
+  measured there, so an object the resize erased is still listed (its mask
+  holds no object pixel, and an op after says why it cannot be used), and
+  "largest" means largest at the source.
+
   Args:
     max_objects: keep at most this many objects per image (largest first);
       0 keeps all.
@@ -371,7 +457,12 @@ def split_objects(max_objects: int = 0):
 
   def fn(ex):
     inst = ex[keys.INSTANCE_MASK]
-    ids, counts = np.unique(inst, return_counts=True)
+    if keys.SOURCE_AREAS in ex:
+      counts = np.asarray(ex[keys.SOURCE_AREAS])
+      ids = np.flatnonzero(counts)
+      counts = counts[ids]
+    else:
+      ids, counts = np.unique(inst, return_counts=True)
     keep = (ids != keys.BACKGROUND) & (ids != keys.IGNORE)
     ids, counts = ids[keep], counts[keep]
     if ids.size == 0:
@@ -390,6 +481,24 @@ def split_objects(max_objects: int = 0):
       obj[keys.MASK] = mask
       out.append(obj)
     return out
+
+  return fn
+
+
+@register_op("require_min_area", reads=(keys.OBJECT_ID, keys.SOURCE_AREAS))
+def require_min_area(min_area: int):
+  """An object covering fewer than `min_area` pixels at the source resolution
+  (`source_areas`, measured by `object_areas` before `resize`) is an error
+  with reason `object_below_min_area`, its area in the detail."""
+  min_area = int(min_area)
+
+  def fn(ex):
+    area = int(ex[keys.SOURCE_AREAS][int(ex[keys.OBJECT_ID])])
+    if area < min_area:
+      raise ExampleError("object_below_min_area",
+                         f"object {int(ex[keys.OBJECT_ID])} covers {area} pixels at the source "
+                         f"resolution, under --min-object-area {min_area}")
+    return ex
 
   return fn
 

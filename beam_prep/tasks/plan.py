@@ -9,14 +9,21 @@ def decode_op(max_pixels: int, require_mask: bool = True) -> str:
           else op_call("decode", max_pixels=max_pixels, require_mask=False))
 
 
-def resize_chain(image_size: int, require_mask: bool = True) -> str:
-  """resize (+ split into objects when there are masks)."""
-  return join(op_call("resize", image_size), "split_objects" if require_mask else "")
+def resize_chain(image_size: int, require_mask: bool = True, object_areas: bool = False) -> str:
+  """resize (+ split into objects when there are masks).
+
+  `object_areas`: measure each object at the source resolution first, before
+  the resize (for `require_min_area`).
+  """
+  return join("object_areas" if object_areas else "", op_call("resize", image_size),
+              "split_objects" if require_mask else "")
 
 
-def decode_chain(image_size: int, max_pixels: int, require_mask: bool = True) -> str:
+def decode_chain(image_size: int, max_pixels: int, require_mask: bool = True,
+                 object_areas: bool = False) -> str:
   """decode + resize (+ split into objects when there are masks)."""
-  return join(decode_op(max_pixels, require_mask), resize_chain(image_size, require_mask))
+  return join(decode_op(max_pixels, require_mask),
+              resize_chain(image_size, require_mask, object_areas))
 
 
 def join(*chains: str) -> str:

@@ -44,15 +44,23 @@ class Segmentation(Task):
   summary = "click-variant records for interactive segmentation"
   labels = "instances"
   trainer = "train.tasks:SegmentationTask"
-  own_fields = ("variants", "click_encoding", "seed")
+  own_fields = ("variants", "click_encoding", "seed", "min_object_area")
 
   def stages(self, config) -> List[Stage]:
     """Decode (per image; kept at its own size for eval images), resize and split
-    into objects, sample clicks (per object), flip and encode (per variant)."""
+    into objects, sample clicks (per object), flip and encode (per variant).
+
+    With `--min-object-area`, objects are measured before the resize and
+    those under it fail first thing at the object level.
+    """
+    min_area = config.min_object_area
     return [
         Stage("DecodeExamples", decode_op(config.max_pixels), INPUT, source=True),
-        Stage("SplitObjects", resize_chain(config.image_size), INPUT),
-        Stage("SampleClicks", clicks_chain(config.variants, config.seed, config.clicks), OBJECT),
+        Stage("SplitObjects", resize_chain(config.image_size, object_areas=min_area > 0),
+              INPUT),
+        Stage("SampleClicks", join(op_call("require_min_area", min_area) if min_area else "",
+                                   clicks_chain(config.variants, config.seed, config.clicks)),
+              OBJECT),
         Stage("EncodeClicks", join("flip_variants" if config.clicks.flip else "",
                                    encoding_chain(config.click_encoding,
                                                   config.clicks.disk_radius), config.ops),
