@@ -149,12 +149,18 @@ def _analysis_batch(summary_rows: bool, table: FeatureTable) -> int:
 
 def with_layout(config: PrepConfig, dry_run: bool) -> PrepConfig:
   """The config with `layout="auto"` replaced by the layout that recognises the input
-  (a dry run reads nothing from gs://: it judges by the name)."""
+  (a dry run reads nothing from gs://: it judges by the name), and made
+  evaluation-only when the input's layout fixes every input as eval."""
   if "://" not in config.input and not FileSystems.exists(config.input):
     raise InputError(f"input {config.input} does not exist")
   layout = resolve_layout(config.input, config.layout, config.task_object.labels,
                           offline=dry_run and "://" in config.input)
-  return dataclasses.replace(config, layout=layout.name)
+  config = dataclasses.replace(config, layout=layout.name)
+  if not config.eval_only and layout.only_split(config.read_options) == keys.EVAL_SPLIT:
+    logs.get().info("%s: every input of %s is in the eval split (%s layout): an evaluation-only "
+                    "output, as with --eval-percent 100", config.task, config.input, layout.name)
+    config = dataclasses.replace(config, eval_percent=100)
+  return config
 
 
 def check_input(config: PrepConfig) -> None:

@@ -346,3 +346,29 @@ def test_an_unrecognised_input_lists_what_each_layout_expects(tmp_path):
     resolve_layout(str(tmp_path / "empty"), "auto", "instances")
   for name in ("grabcut", "berkeley", "davis", "coco_mval", "sbd", "folders", "voc"):
     assert f"  {name}" in str(e.value) and layouts.get_layout(name).expects in str(e.value)
+
+
+def test_sbd_val_list_alone_is_an_evaluation_only_output(tmp_path):
+  """val.txt alone is the data set (RITM's evaluation reads its names only):
+  the other images are not inputs, every input is eval, nothing is analysed,
+  the output is complete and beam-train evaluate reads it at source size."""
+  data = tmp_path / "SBD"
+  _sbd(data)
+  (data / "train.txt").unlink()
+  out = tmp_path / "out"
+  assert run_cli(["segmentation", "--input", str(data), "--output", str(out), "--image-size",
+                  str(SBD_SIZE), "--variants", "1", "--progress-seconds", "0"]) == 0
+  m = manifest(str(out))
+  assert m["complete"] and m["eval_only"] and m["config"]["eval_percent"] == 100
+  c = m["counts"]
+  assert (c["inputs_read"], c["source_records"], c["errors_total"]) == (1, 1, 0)
+  assert c["examples_written"] == {"train": 0, "eval": 3}
+  assert not (out / "transform").exists()
+  from train import cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    cli.main(["evaluate", "--data", str(out), "--output", str(tmp_path / "noc"),
+              "--max-clicks", "3"])
+  assert e.value.code == 0
+  import json  # pylint: disable=g-import-not-at-top
+  report = json.load(open(tmp_path / "noc" / "noc.json"))
+  assert sorted(r["object_id"] for r in report["objects"]) == [1, 2, 3]

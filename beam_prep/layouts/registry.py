@@ -86,6 +86,12 @@ class Layout:
     """Reads one pointer's files into an example (raises ExampleError)."""
     raise NotImplementedError
 
+  def only_split(self, options: ReadOptions) -> Optional[str]:
+    """The split of every input, when this input fixes one for all (a
+    benchmark's evaluation list alone: "eval"); None otherwise."""
+    del options
+    return None
+
 
 def register_layout(cls):
   """Registers a `Layout` subclass (decorator); returns the class."""

@@ -11,10 +11,13 @@ download unpacks to benchmark_RELEASE/dataset).
   object is an instance of the example's `instance_mask`; the pipeline makes
   one example per object, as RITM's evaluation set lists each (image,
   instance) pair on its own.
-- The lists fix the split: train.txt -> train, val.txt -> eval. An image in
-  img/ that neither list names is a dead letter (`not_in_split_list`): RITM
-  never reads it, and a benchmark's split must be the one its lists give
-  (never a guess by hash). A name in both lists is `in_both_split_lists`.
+- The lists fix the split: train.txt -> train, val.txt -> eval. With both
+  lists, an image in img/ that neither names is a dead letter
+  (`not_in_split_list`): RITM never reads it, and a benchmark's split must
+  be the one its lists give (never a guess by hash). With one list alone,
+  the list is the data set (RITM's evaluation reads val.txt's names only):
+  the other images are not inputs. val.txt alone makes an evaluation-only
+  output (`only_split`). A name in both lists is `in_both_split_lists`.
 - In the train split, an object covering less than 8% of its bounding box
   is an annotation error: RITM's training loader removes such masks
   (`buggy_mask_thresh=0.08`). Here it is a dead letter (`sparse_object`)
@@ -70,8 +73,13 @@ def _read_lists(root: str) -> Dict[str, set]:
   return splits
 
 
+def _present_lists(root: str) -> List[str]:
+  return [name for name in _SPLITS if FileSystems.exists(FileSystems.join(root, f"{name}.txt"))]
+
+
 def _list_inputs(root: str):
-  """Pointers of the listed names; errors for names in both lists and unlisted images."""
+  """Pointers of the listed names; errors for names in both lists and (with
+  both lists) for unlisted images."""
   splits = _read_lists(root)
   for name, found in sorted(splits.items()):
     image = FileSystems.join(root, "img", name + ".jpg")
@@ -82,6 +90,8 @@ def _list_inputs(root: str):
       continue
     yield {keys.IMAGE_ID: name, "source": image,
            "mask_source": FileSystems.join(root, "inst", name + ".mat"), "split": found.pop()}
+  if len(_present_lists(root)) < len(_SPLITS):
+    return  # One list alone is the data set.
   for m in FileSystems.match([FileSystems.join(root, "img", "*.jpg")])[0].metadata_list:
     name = common.stem(m.path)
     if name not in splits and not common.hidden(m.path):
@@ -170,6 +180,10 @@ class Sbd(Layout):
 
   def list_inputs(self, options: ReadOptions):
     return _ListSbd(data_root(options.root))
+
+  def only_split(self, options: ReadOptions):
+    lists = _present_lists(data_root(options.root))
+    return _SPLITS[lists[0]] if len(lists) == 1 else None
 
   def materialize(self, pointer: Dict[str, Any]) -> Dict[str, Any]:
     ex = dict(pointer)
