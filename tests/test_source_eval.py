@@ -112,6 +112,10 @@ def test_baseline_noc_at_source_resolution_equals_ritms(tmp_path, capsys):
   assert m["complete"] and m["eval_only"] and m["counts"]["source_records"] == len(SIZES)
   assert m["counts"]["examples_written"]["train"] == 0
   assert not os.path.exists(prep / "transform")  # Nothing to train on: no analysis.
+  from train import cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    cli.main(["fit", "--data", str(prep), "--model-dir", str(tmp_path / "m"), "--steps", "1"])
+  assert e.value.code == 1 and "is an evaluation-only output" in capsys.readouterr().out
   out = tmp_path / "noc"
   assert _evaluate(["--data", str(prep), "--output", str(out),
                     "--max-clicks", str(MAX_CLICKS)]) == 0

@@ -196,7 +196,7 @@ def dataset(data_dir: str, split: str = keys.TRAIN_SPLIT, batch_size: int = 8,
     `features.json`'s input channels.
   """
   prep = PrepOutput(data_dir)
-  prep.check_complete()
+  prep.check_trainable()
   task = make_task(prep.table, prep.tft_output)
   reader = InputReader(prep, task, batch_size, shuffle_buffer, seed)
   ds = reader.model_batches(split, training)

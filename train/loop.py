@@ -255,7 +255,7 @@ def _setup(config: TrainConfig) -> _Run:
 def _open_data(config: TrainConfig) -> PrepOutput:
   """The prep output, refused at once when it is incomplete or cannot be served."""
   prep = PrepOutput(config.data)
-  prep.check_complete()
+  prep.check_trainable()
   if config.export:
     serving_plan(prep.table)  # An op without a twin fails now, not after training.
   return prep

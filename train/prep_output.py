@@ -145,6 +145,21 @@ class PrepOutput:
         f"{self.path} is not a complete beam-prep output: {keys.SUCCESS_FILE} is missing, so "
         f"{why}. See its manifest.json and errors/; run beam-prep again (with --overwrite)")
 
+  def check_trainable(self) -> None:
+    """`check_complete`, and refuses an evaluation-only output (no train
+    records, no transform): it can be evaluated on, not trained on.
+
+    Raises:
+      RecordsError: naming the folder and what to do.
+    """
+    self.check_complete()
+    if self.manifest.get("eval_only"):
+      raise RecordsError(
+          f"{self.path} is an evaluation-only output (--eval-percent 100, or a layout whose "
+          "every input is eval): it has no train records and no transform. Train on another "
+          "prep output, and evaluate on this one: beam-train evaluate --data "
+          f"{self.path} --model MODEL_DIR")
+
   def _is_records_folder(self) -> bool:
     """Whether this folder holds shards itself (the records/ subfolder was given)."""
     return (os.path.basename(self.path) == keys.RECORDS_DIR
