@@ -43,6 +43,8 @@ PIXEL_DTYPES = ("uint8", "uint16", "int32", "float32")
 # Fixed-shape features are stored as tf.train.Example lists.
 VALUE_DTYPES = ("int64", "float32", "string")
 FEATURES_FILE = "features.json"
+# What records and serving agree on; 2: the whole-image resize keeps the aspect ratio.
+FORMAT = 2
 # The reader's output that every record keeps: the stage that declares it.
 READ_STAGE = "read"
 # Suffixes of the per-image summaries tf.Transform's default analysis reads.
@@ -239,6 +241,7 @@ class FeatureTable:
 
   def to_dict(self) -> Dict[str, Any]:
     return {
+        "format": FORMAT,
         "features": [{"key": e.key, "dtype": e.feature.dtype,
                       "shape": e.shape(self.image_size), "role": e.feature.role,
                       "normalize": e.feature.normalize,
@@ -254,6 +257,12 @@ class FeatureTable:
 
   @classmethod
   def from_dict(cls, d: Dict[str, Any]) -> "FeatureTable":
+    if d.get("format", 1) != FORMAT:
+      raise ValueError(
+          f"features.json of format {d.get('format', 1)}, this beam-prep reads format {FORMAT} "
+          "(since format 2 the resize keeps the aspect ratio and pads; the records of an older "
+          "output, and a model trained on them, do not match today's serving graph): run "
+          "beam-prep again")
     entries = []
     for f in d["features"]:
       if f.get("channels") is not None:

@@ -270,7 +270,7 @@ class Kernel:
     if records:
       self._made_records = True
       row = self.table.summary_row(finished[0]) if self.summary_rows else records[0]
-    if source is None or split != keys.EVAL_SPLIT:
+    if source is None or split != keys.EVAL_SPLIT or tally.counts.get("images_failed"):
       return Result(records, read_errors + errors, tally, row)
     tally.add(f"examples/{source_records.SPLIT}")
     return Result(records, read_errors + errors, tally, row, source_records.encode(source))

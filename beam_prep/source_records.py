@@ -14,8 +14,8 @@ lossless PNG:
 | `height`, `width` | int64 | H, W                                                |
 
 They live beside the records as `records/source-SSSSS-of-NNNNN.tfrecord`
-(`SPLIT`). Every object of the mask is evaluated: none is dropped for being
-small (`train.source_eval`).
+(`SPLIT`). Every object of the mask is evaluated, none dropped for being
+small, unless the evaluation is asked to (`train.source_eval`'s `--min-area`).
 """
 
 import io

@@ -514,7 +514,7 @@ def pipeline_in_fresh_process(data: str, out: str, size: int, variants: int = 1,
           "print('RESULT', json.dumps({'rss_mb': rss / 1024.0,\n"
           "      'seconds': m['timing']['wall_seconds'],\n"
           "      'records_mb': sum(v['bytes'] for k, v in m['shards'].items()\n"
-          "                        if k != 'errors') / 1e6,\n"
+          "                        if k in ('train', 'eval')) / 1e6,\n"
           "      'objects': m['counts']['objects_found']}))\n")
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
                      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

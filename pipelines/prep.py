@@ -97,7 +97,13 @@ def _list_and_split(p: beam.Pipeline, config: PrepConfig) -> beam.PCollection:
   eval_percent = config.eval_percent
   return ((pointers, list_errors | "AsPointers" >> beam.Map(plan.error_pointer))
           | "AllInputs" >> beam.Flatten()
-          | "Split" >> beam.Map(lambda ptr: (plan.pointer_split(ptr, eval_percent), ptr)))
+          | "Split" >> beam.Map(_with_split, eval_percent))
+
+
+def _with_split(pointer, eval_percent: int):
+  """(split, pointer); the pointer says its split too (what a layout reads by it)."""
+  split = plan.pointer_split(pointer, eval_percent)
+  return split, dict(pointer, split=split) if "split" in pointer else pointer
 
 
 def _analyze(written, config: PrepConfig, table: FeatureTable, kernel: Kernel, temp_dir: str):
@@ -156,7 +162,9 @@ def with_layout(config: PrepConfig, dry_run: bool) -> PrepConfig:
   layout = resolve_layout(config.input, config.layout, config.task_object.labels,
                           offline=dry_run and "://" in config.input)
   config = dataclasses.replace(config, layout=layout.name)
-  if not config.eval_only and layout.only_split(config.read_options) == keys.EVAL_SPLIT:
+  offline = dry_run and "://" in config.input
+  if (not config.eval_only and not offline
+      and layout.only_split(config.read_options) == keys.EVAL_SPLIT):
     logs.get().info("%s: every input of %s is in the eval split (%s layout): an evaluation-only "
                     "output, as with --eval-percent 100", config.task, config.input, layout.name)
     config = dataclasses.replace(config, eval_percent=100)

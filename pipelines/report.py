@@ -23,8 +23,14 @@ LEVELS = (("images", "images_failed", "inputs_read"),
 REASONS_SHOWN = 3
 
 
-def problems(counts: Dict[str, Any], max_error_fraction: float) -> List[str]:
-  """Why an output is not complete ([]: it is)."""
+def problems(counts: Dict[str, Any], max_error_fraction: float,
+             eval_only: bool = False) -> List[str]:
+  """Why an output is not complete ([]: it is).
+
+  An evaluation-only output is judged by its images: its source records are
+  what it is for, and objects too small for the records' size are still
+  evaluated there.
+  """
   out = []
   if not counts["accounted"]:
     out.append(
@@ -32,9 +38,10 @@ def problems(counts: Dict[str, Any], max_error_fraction: float) -> List[str]:
         "examples made {m}, one per used unit and variant): an op dropped or added examples"
         .format(w=sum(counts["examples_written"].values()), e=counts["example_errors"],
                 m=counts["examples_made"]))
-  if not sum(counts["examples_written"].values()) and not counts.get("source_records"):
+  if not sum(counts["examples_written"].values()) and not (
+      eval_only and counts.get("source_records")):
     out.append("no record was written")
-  for level, failed, found in LEVELS:
+  for level, failed, found in LEVELS[:1] if eval_only else LEVELS:
     if counts[found] and counts[failed] / counts[found] > max_error_fraction:
       out.append(f"{counts[failed]} of {counts[found]} {level} failed "
                  f"({counts[failed] / counts[found]:.0%}), over --max-error-fraction "
@@ -48,7 +55,7 @@ def manifest(config: PrepConfig, table: FeatureTable, tally: Tally, seconds: flo
   task = config.task_object
   counts = tally.accounting(task.examples_per_unit(config), task.splits_objects(config))
   n_examples = sum(counts["examples_written"].values())
-  found = problems(counts, config.max_error_fraction)
+  found = problems(counts, config.max_error_fraction, config.eval_only)
   return {
       "pipeline": config.task,
       "splits_objects": task.splits_objects(config),

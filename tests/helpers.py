@@ -79,7 +79,7 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
   import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
-  from train import models  # pylint: disable=g-import-not-at-top
+  from train import clicker, models  # pylint: disable=g-import-not-at-top
   from train.data import Decoder, Parser  # pylint: disable=g-import-not-at-top
   from train.export import SegmentationServer, latest_export  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
@@ -109,6 +109,6 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
                   **{k: tf.constant(v, tf.int32) for k, v in clicks.items()})
     want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
     np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
-    np.testing.assert_array_equal(out["mask"].numpy(), (want > 0.5).astype(np.uint8))
+    np.testing.assert_array_equal(out["mask"].numpy(), (want > clicker.PRED_THR).astype(np.uint8))
     checked += 1
   assert checked, f"no eval records in {prep_dir}"

@@ -43,6 +43,9 @@ def test_default_chain_table_in_declared_order():
   for f in d["features"]:
     assert {"key", "dtype", "shape", "role", "normalize"} <= set(f)
   assert FeatureTable.from_dict(d).to_dict() == d
+  # An output of an older format (its resize stretched images) is refused, saying why.
+  with pytest.raises(ValueError, match="aspect ratio.*run beam-prep again"):
+    FeatureTable.from_dict({k: v for k, v in d.items() if k != "format"})
   classification = PrepConfig(input="x", output="y", task="classification").features()
   assert classification.keys("model_input") == [keys.IMAGE]
   assert classification.keys("label") == [keys.LABEL]

@@ -88,3 +88,16 @@ def test_min_object_area_dead_letters_small_objects_with_their_source_area(tmp_p
                                             (3, "object_below_min_area")]
   assert "covers 9 pixels" in details[0][2] and "covers 4 pixels" in details[1][2]
   assert result.tally.accounting(per_unit=2, splits_objects=True)["accounted"]
+
+
+def test_an_eval_image_keeps_its_source_record_only_when_it_was_used(tmp_path):
+  """An eval input that decodes writes its image at its own size once; one
+  that fails after decoding (a mask with no object) writes none."""
+  from beam_prep import keys, source_records  # pylint: disable=g-import-not-at-top
+  kernel = _kernel(tmp_path)
+  used = kernel.process(_pointer(tmp_path), keys.EVAL_SPLIT)
+  assert used.source is not None and used.tally.counts["examples/source"] == 1
+  assert source_records.decode(used.source)["instance_mask"].shape == (48, 48)
+  assert kernel.process(_pointer(tmp_path), keys.TRAIN_SPLIT).source is None
+  empty = kernel.process(_pointer(tmp_path, "e", boxes=()), keys.EVAL_SPLIT)
+  assert empty.tally.counts.get("images_failed") == 1 and empty.source is None

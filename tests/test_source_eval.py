@@ -132,6 +132,10 @@ def test_baseline_noc_at_source_resolution_equals_ritms(tmp_path, capsys):
     assert [row["baseline"]["noc@85"], row["baseline"]["noc@90"]] == want, image_id
   assert report["skipped_objects"] == [] and report["min_area"] == 0
   nocs = [r["baseline"]["noc@85"] for r in report["objects"]]
+  # An output whose job did not finish is refused, as for training.
+  os.remove(prep / "_SUCCESS")
+  assert _evaluate(["--data", str(prep), "--output", str(out)]) == 1
+  assert "_SUCCESS is missing" in capsys.readouterr().out
   assert report["baseline"]["noc@85"] == pytest.approx(np.mean(nocs))
   assert report["baseline"][f">={MAX_CLICKS}@85"] == sum(n >= MAX_CLICKS for n in nocs)
 

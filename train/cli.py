@@ -188,7 +188,9 @@ def _evaluate_args(p: argparse.ArgumentParser, argv: List[str]):
             (args.model or args.data, "--data is required without --model"),
             (args.model or args.output, "--output is required without --model"),
             (args.model or args.resolution != "records",
-             "--resolution records needs --model (a model dir)")]
+             "--resolution records needs --model (a model dir)"),
+            (not args.min_area or args.resolution != "records",
+             "--min-area is for the images' own size, not --resolution records")]
   for ok, message in checks:
     if not ok:
       raise ValueError(message)
@@ -204,7 +206,7 @@ def _evaluate(argv: List[str]) -> int:
     log.error("beam-train evaluate: %s", e)
     return 2
   from train import noc  # pylint: disable=g-import-not-at-top
-  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  from train.prep_output import PrepOutput, RecordsError  # pylint: disable=g-import-not-at-top
   from beam_prep import source_records  # pylint: disable=g-import-not-at-top
   try:
     # The data a model dir recorded is found from any folder (PrepOutput.of_model).
@@ -214,7 +216,7 @@ def _evaluate(argv: List[str]) -> int:
         and (not args.model or _has_export(args.model)))
     run = _evaluate_source if source else _evaluate_records
     report, out = run(args, prep, thresholds, log)
-  except (ValueError, FileNotFoundError, ImportError, OSError, KeyError) as e:
+  except (ValueError, FileNotFoundError, ImportError, OSError, KeyError, RecordsError) as e:
     log.error("beam-train evaluate: %s", e)
     return 1
   for line in _noc_lines(noc.brief(report)):
@@ -226,10 +228,11 @@ def _evaluate(argv: List[str]) -> int:
 
 
 def _has_export(model: str) -> bool:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from train.export import latest_export  # pylint: disable=g-import-not-at-top
   try:
     latest_export(model)
-  except FileNotFoundError:
+  except (FileNotFoundError, tf.errors.OpError):
     return False
   return True
 
@@ -252,6 +255,11 @@ def _evaluate_records(args, prep, thresholds, log):
   """NoC on the eval records (`train.noc`), with the model dir's Keras model."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from train import models, noc  # pylint: disable=g-import-not-at-top
+  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  if prep.manifest.get("eval_only"):
+    raise ValueError(f"{prep.path} is an evaluation-only output: it is evaluated at the images' "
+                     f"own size through the model's export, and {args.model} has none "
+                     "(beam-train export --model-dir MODEL_DIR writes one)")
   model = models.rebuild(args.model)
   ckpt = tf.train.latest_checkpoint(os.path.join(args.model, "checkpoints")) or ""
   step = int(ckpt.rsplit("-", 1)[1]) if "-" in os.path.basename(ckpt) else 0
@@ -261,7 +269,8 @@ def _evaluate_records(args, prep, thresholds, log):
   return noc.evaluate(model, prep, out, args.max_clicks, thresholds, args.batch_size,
                       args.max_objects, summary_dir=os.path.join(args.model, "tensorboard",
                                                                  "eval"),
-                      step=step, pred_thr=args.pred_thr), out
+                      step=step, pred_thr=args.pred_thr,
+                      trained_on=PrepOutput.of_model(args.model)), out
 
 
 def _predict(argv: List[str]) -> int:

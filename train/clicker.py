@@ -149,7 +149,11 @@ def next_click(pred: tf.Tensor, label: tf.Tensor, clicked: tf.Tensor):
   positive = fn_max > fp_max
   d = tf.where(positive[:, None, None], fn_d, fp_d)
   w = tf.shape(d)[2]
-  flat = tf.argmax(tf.reshape(d, [tf.shape(d)[0], -1]), axis=1, output_type=tf.int32)
+  flat_d = tf.reshape(d, [tf.shape(d)[0], -1])
+  at = tf.range(tf.shape(flat_d)[1])[None, :]
+  # The row-major first pixel of the largest distance (tf.argmax leaves ties open).
+  best = tf.reduce_max(flat_d, axis=1, keepdims=True)
+  flat = tf.reduce_min(tf.where(flat_d == best, at, tf.shape(flat_d)[1]), axis=1)
   xy = tf.cast(tf.stack([flat % w, flat // w], axis=1), tf.int64)
   return xy, tf.where(positive, POSITIVE, NEGATIVE)
 

@@ -24,7 +24,8 @@ Segmentation, signature `serving_default` (one image per request):
            positive_clicks  int32 [P, 2], (x, y) = (column, row); P >= 1
            negative_clicks  int32 [N, 2], same; N may be 0
   outputs  probabilities    float32 [H, W], object probability
-           mask             uint8 [H, W], 1 object, 0 background
+           mask             uint8 [H, W], 1 object (probability > 0.49, the NoC
+                            protocol's threshold: train.clicker.PRED_THR), 0 background
 The model's output at the records' size is cropped to the region the image
 fills there (`beam_prep.ops.image.fitted_size`; the padding is dropped), then
 resized to H x W.

@@ -188,23 +188,28 @@ def evaluate(model, prep: PrepOutput, out_dir: str, max_clicks: int = 20,
              thresholds: Sequence[float] = (0.85, 0.90), batch_size: int = 16,
              max_objects: int = 0, sheet_objects: int = 4,
              summary_dir: Optional[str] = None, step: int = 0,
-             pred_thr: float = clicker.PRED_THR) -> Dict[str, Any]:
+             pred_thr: float = clicker.PRED_THR,
+             trained_on: Optional[PrepOutput] = None) -> Dict[str, Any]:
   """NoC of `model` and of the nearest-click baseline on the eval objects of `prep`.
 
-  Writes OUT_DIR/noc.json, the IoU-by-clicks plot and the contact sheet, and
-  NoC scalars to TensorBoard under `summary_dir` (when given).
+  The model's inputs are made as for the data it was trained on, `trained_on`
+  (default: `prep`): its twins and its tf.Transform. Writes OUT_DIR/noc.json,
+  the IoU-by-clicks plot and the contact sheet, and NoC scalars to
+  TensorBoard under `summary_dir` (when given).
   """
-  table = prep.table
+  trained_on = trained_on or prep
+  table = trained_on.table
   if "noc" not in tasks.task_class(table.task).evaluators:
     raise ValueError(f"NoC evaluation is for segmentation; these records are {table.task}")
   images, labels, names = eval_objects(prep, max_objects)
-  predictors = {"model": ModelPredictor(model, prep.tft_output, table),
+  predictors = {"model": ModelPredictor(model, trained_on.tft_output, table),
                 "baseline": clicker.baseline_logits}
   report: Dict[str, Any] = {"protocol": PROTOCOL, "pred_thr": pred_thr,
-                            "thresholds": list(thresholds), "image_size": list(table.image_size)}
+                            "thresholds": list(thresholds),
+                            "image_size": list(prep.table.image_size)}
   curves, traces, sheet = {}, {}, None
   for name, predictor in predictors.items():
-    loop = ClickLoop(predictor, table.image_size, max_clicks, pred_thr)
+    loop = ClickLoop(predictor, prep.table.image_size, max_clicks, pred_thr)
     # The contact sheet shows the model's masks only.
     scores, kept = _run_loop(loop, images, labels, batch_size,
                              sheet_objects if name == "model" else 0)

@@ -14,6 +14,7 @@ from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.ops.image import fitted_size
 from beam_prep.preprocessing import decode_feature
+from train import clicker
 from train.serving_inputs import Example, model_inputs, run_plan, serving_plan
 
 
@@ -72,7 +73,7 @@ class SegmentationServer(_Server):
     raw = {k: v[None] for k, v in self.raw_model_input(ex).items()}
     prob = self._predict(self.model_input(raw))
     prob = self._to_source(prob[0], h, w)
-    return {"probabilities": prob, "mask": tf.cast(prob > 0.5, tf.uint8)}
+    return {"probabilities": prob, "mask": tf.cast(prob > clicker.PRED_THR, tf.uint8)}
 
   def _to_source(self, prob, h, w):
     """[S, S] probabilities of a fitted and padded image -> [h, w] of the source:
@@ -98,7 +99,7 @@ class SegmentationServer(_Server):
     raw = self.batched_raw((images, tf.RaggedTensor.from_sparse(parsed[keys.POSITIVE_CLICKS]),
                              tf.RaggedTensor.from_sparse(parsed[keys.NEGATIVE_CLICKS])), one)
     prob = self._predict(self.model_input(raw))
-    return {"probabilities": prob, "mask": tf.cast(prob > 0.5, tf.uint8)}
+    return {"probabilities": prob, "mask": tf.cast(prob > clicker.PRED_THR, tf.uint8)}
 
   def signatures(self):
     return {"serving_default": self.serve, "serve_examples": self.serve_examples}

@@ -153,6 +153,7 @@ def evaluate(prep: PrepOutput, out_dir: str, model: Optional[str] = None,
   objects are then left out and listed in the report's `skipped_objects`.
   """
   from pipelines.outputs import library_versions  # pylint: disable=g-import-not-at-top
+  prep.check_complete()
   predictors = {}
   if model:
     served = ServedPredictor(model)
@@ -162,7 +163,8 @@ def evaluate(prep: PrepOutput, out_dir: str, model: Optional[str] = None,
   rows, scores = run(prep, predictors, max_clicks, thresholds, pred_thr, max_objects, min_area,
                      skipped)
   if not rows:
-    raise FileNotFoundError(f"{prep.path}: its source records hold no object")
+    raise FileNotFoundError(f"{prep.path}: its source records hold no object" + (
+        f" of --min-area {min_area} pixels or more ({len(skipped)} smaller)" if skipped else ""))
   report: Dict[str, Any] = {
       "protocol": noc.PROTOCOL, "pred_thr": pred_thr, "thresholds": list(thresholds),
       "resolution": "source", "data": prep.path,

@@ -199,7 +199,8 @@ def _exif_orientation(data):
     b = tf.cond(little, lambda: tf.reverse(b, [0]), lambda: b)
     return tf.reduce_sum(b * tf.bitwise.left_shift(1, 8 * tf.range(size - 1, -1, -1)))
 
-  ifd = tf.minimum(uint(4, 4), tf.shape(body)[0] - 2)
+  # An offset past the block (or over 2**31, read negative) reads nothing.
+  ifd = tf.clip_by_value(uint(4, 4), 0, tf.shape(body)[0] - 2)
   entries = tf.range(tf.minimum(uint(ifd, 2), 64))
   tags = tf.map_fn(lambda i: uint(ifd + 2 + 12 * i, 2), entries)
   hit = tf.where(tf.equal(tags, _ORIENTATION_TAG))[:, 0]

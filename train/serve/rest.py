@@ -163,17 +163,21 @@ def _rows(instances: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, np.nd
     for k in specs:
       columns[k].append(inst[k] if named else inst)
   out = {}
-  for k, spec in specs.items():
-    any_shape = tf.TensorSpec(None, spec.dtype)
+  for k in sorted(specs):
+    any_shape = tf.TensorSpec(None, specs[k].dtype)
     rows = [to_tensor(f"instances[{i}].{k}", v, any_shape) for i, v in enumerate(columns[k])]
     if len({r.shape for r in rows}) > 1:
       raise RequestError(f"{k}: instances hold different shapes "
                          f"({', '.join(str(list(r.shape)) for r in rows[:3])}...)")
     out[k] = np.stack(rows)
-    if spec.shape.rank is not None and out[k].ndim != spec.shape.rank:
-      raise RequestError(_unbatched(k, out[k].shape, spec))
+  # An unbatched signature first (what the whole request did wrong), then each input.
+  for k in sorted(specs):
+    if specs[k].shape.rank is not None and out[k].ndim != specs[k].shape.rank:
+      raise RequestError(_unbatched(k, out[k].shape, specs[k]))
+  for k in sorted(specs):
+    spec = specs[k]
     if not spec.shape.is_compatible_with(out[k].shape):
-      raise RequestError(f"{k}: {len(rows)} instances make {list(out[k].shape)}, which does "
+      raise RequestError(f"{k}: {len(instances)} instances make {list(out[k].shape)}, which does "
                          f"not fit the signature's {spec.shape.as_list()}")
   return out
 
