@@ -143,11 +143,13 @@ def bench_kernel_loop(data: str, size: int, variants: int) -> float:
                       layout=layout.name)
   kernel = Kernel(config.layout, config.stages, config.ops_module, config.features())
   kernel.setup()
+  from beam_prep.shards.plan import pointer_split  # pylint: disable=g-import-not-at-top
   pointers = [layout.pointer(data, p) for p in sorted(glob.glob(layout.pattern(data)))]
   t = time.perf_counter()
   objects = 0
-  for pointer in pointers:
-    objects += kernel.process(pointer).tally.counts.get("objects_found", 0)
+  for pointer in pointers:  # Each in its split, as the job: eval images also keep a source record.
+    result = kernel.process(pointer, pointer_split(pointer, config.eval_percent))
+    objects += result.tally.counts.get("objects_found", 0)
   return objects / (time.perf_counter() - t)
 
 
