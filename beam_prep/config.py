@@ -24,6 +24,14 @@ def option(default: Any, help: str, choices: Optional[Sequence[str]] = None,  # 
       "none": none, "required": required, "show_default": show_default})
 
 
+def check_known(cls, d: Dict[str, Any], what: str = "config keys") -> None:
+  """Raises ValueError naming the keys of `d` that are not fields of dataclass `cls`."""
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = set(d) - names
+  if unknown:
+    raise ValueError(f"unknown {what}: {sorted(unknown)}; known: {sorted(names)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ClickConfig:
   """Click simulation (Xu et al. 2016); defaults as public reimplementations."""
@@ -209,14 +217,9 @@ class PrepConfig:
     d = dict(d)
     d.pop("chain", None)
     clicks = d.pop("clicks", None)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - names
-    if unknown:
-      raise ValueError(f"unknown config keys: {sorted(unknown)}; known: {sorted(names)}")
+    check_known(cls, d)
     if clicks is not None:
-      cnames = {f.name for f in dataclasses.fields(ClickConfig)}
-      if set(clicks) - cnames:
-        raise ValueError(f"unknown click config keys: {sorted(set(clicks) - cnames)}")
+      check_known(ClickConfig, clicks, "click config keys")
       clicks = ClickConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in clicks.items()})
       d["clicks"] = clicks
     return cls(**d)

@@ -8,7 +8,7 @@ import dataclasses
 import json
 from typing import Any, Dict, Tuple
 
-from beam_prep.config import option
+from beam_prep.config import check_known, option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,10 +99,7 @@ class TrainConfig:
 
   @classmethod
   def from_dict(cls, d: Dict[str, Any]) -> "TrainConfig":
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - names
-    if unknown:
-      raise ValueError(f"unknown config keys: {sorted(unknown)}; known: {sorted(names)}")
+    check_known(cls, d)
     d = dict(d)
     if "profile_steps" in d and d["profile_steps"] is not None:
       d["profile_steps"] = tuple(int(v) for v in d["profile_steps"])

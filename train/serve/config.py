@@ -5,7 +5,7 @@ so the command can say what is missing before importing one."""
 import dataclasses
 from typing import Any, Dict
 
-from beam_prep.config import option
+from beam_prep.config import check_known, option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +33,5 @@ class ServeConfig:
 
   @classmethod
   def from_dict(cls, d: Dict[str, Any]) -> "ServeConfig":
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - names
-    if unknown:
-      raise ValueError(f"unknown serve settings: {sorted(unknown)}; known: {sorted(names)}")
+    check_known(cls, d, "serve settings")
     return cls(**d)
