@@ -141,13 +141,19 @@ def _put(xy, kind, clicks, kinds, n):
           tf.where(slot, kind[:, None], kinds))
 
 
+def object_noc(scores: np.ndarray, t: float) -> np.ndarray:
+  """int [N]: each object's NoC@t from its IoUs [N, K] after 1..K clicks (K when never)."""
+  reached = scores >= t
+  return np.where(reached.any(axis=1), reached.argmax(axis=1) + 1, scores.shape[1])
+
+
 def summarize(scores: np.ndarray, thresholds: Sequence[float]) -> Dict[str, Any]:
   """NoC@t, the share never reaching t, and mean IoU by clicks, from [N, K] IoUs."""
   n, k = scores.shape
   out: Dict[str, Any] = {"objects": int(n), "max_clicks": int(k)}
   for t in thresholds:
     reached = scores >= t
-    first = np.where(reached.any(axis=1), reached.argmax(axis=1) + 1, k)
+    first = object_noc(scores, t)
     name = f"{round(t * 100):d}"
     out[f"noc@{name}"] = float(first.mean()) if n else None
     out[f">={k}@{name}"] = int((first >= k).sum())
@@ -219,7 +225,7 @@ def evaluate(model, prep: PrepOutput, out_dir: str, max_clicks: int = 20,
     traces[name] = dict(loop.traces)
   report["step_traces"] = traces
   report["objects"] = names
-  _write_report(report, curves, out_dir, summary_dir, step)
+  write_report(report, curves, out_dir, summary_dir, step)
   if sheet is not None:
     n = min(sheet_objects, len(images))
     write_sheet(images[:n], labels[:n], names[:n], sheet, os.path.join(out_dir, SHEET_FILE))
@@ -251,7 +257,7 @@ def _run_loop(loop: ClickLoop, images, labels, batch_size: int, sheet_objects: i
   return np.concatenate(scores), sheet
 
 
-def _write_report(report: Dict[str, Any], curves: Dict[str, np.ndarray], out_dir: str,
+def write_report(report: Dict[str, Any], curves: Dict[str, np.ndarray], out_dir: str,
                   summary_dir: Optional[str], step: int) -> None:
   """noc.json and the plot in `out_dir`; NoC scalars to TensorBoard under `summary_dir`."""
   tf.io.gfile.makedirs(out_dir)

@@ -22,8 +22,6 @@ width and its NoC at each threshold, for each predictor; the aggregates
 (`train.noc.summarize`), the protocol, the threshold and the versions used.
 """
 
-import json
-import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -100,15 +98,6 @@ def _batches(n: int, pixels: int) -> Iterator[slice]:
     yield slice(start, min(start + size, n))
 
 
-def _object_noc(scores: np.ndarray, thresholds: Sequence[float]) -> Dict[str, int]:
-  k = scores.shape[0]
-  out = {}
-  for t in thresholds:
-    reached = np.nonzero(scores >= t)[0]
-    out[f"noc@{round(t * 100):d}"] = int(reached[0] + 1) if reached.size else k
-  return out
-
-
 def run(prep: PrepOutput, predictors: Dict[str, Any], max_clicks: int,
         thresholds: Sequence[float], pred_thr: float, max_objects: int = 0,
         min_area: int = 0, skipped: Optional[List[Dict[str, Any]]] = None):
@@ -131,10 +120,12 @@ def run(prep: PrepOutput, predictors: Dict[str, Any], max_clicks: int,
     for name in predictors:
       s = np.concatenate(got[name]) if got[name] else np.zeros((0, max_clicks), np.float32)
       scores[name].append(s)
+    nocs = {name: {f"noc@{round(t * 100):d}": noc.object_noc(scores[name][-1], t)
+                   for t in thresholds} for name in predictors}
     for i, object_id in enumerate(ids):
       rows.append({"image_id": image[keys.IMAGE_ID], "object_id": object_id, "height": h,
-                   "width": w, **{name: _object_noc(scores[name][-1][i], thresholds)
-                                  for name in predictors}})
+                   "width": w, **{name: {k: int(v[i]) for k, v in by_t.items()}
+                                  for name, by_t in nocs.items()}})
     if max_objects and len(rows) >= max_objects:
       break
   return rows, {name: np.concatenate(v) if v else np.zeros((0, max_clicks)) for name, v in
@@ -173,9 +164,6 @@ def evaluate(prep: PrepOutput, out_dir: str, model: Optional[str] = None,
   for name, s in scores.items():
     report[name] = noc.summarize(s, thresholds)
   report["objects"] = rows
-  tf.io.gfile.makedirs(out_dir)
-  with tf.io.gfile.GFile(os.path.join(out_dir, noc.NOC_FILE), "w") as f:
-    json.dump(report, f, indent=2)
-  noc.write_plot({name: s.mean(axis=0) for name, s in scores.items()},
-                 os.path.join(out_dir, noc.PLOT_FILE))
+  noc.write_report(report, {name: s.mean(axis=0) for name, s in scores.items()}, out_dir,
+                   summary_dir=None, step=0)
   return report

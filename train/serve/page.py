@@ -203,8 +203,8 @@ class Page:
       return last[1]
     out = self.model.predict("serving_default", {"image": item["image"], "positive_clicks": pos,
                                                  "negative_clicks": neg})
-    # The protocol's mask (`beam-train evaluate`): probability above RITM's 0.49.
-    mask = out["probabilities"] > clicker.PRED_THR
+    # The served mask is the protocol's (`beam-train evaluate`): probability above 0.49.
+    mask = out["mask"] > 0
     item["last"] = (key, mask)
     return mask
 
