@@ -68,6 +68,10 @@ LABEL_VOCABULARY = "label"
 BACKGROUND = 0
 IGNORE = 255
 
+# RITM's evaluation: a pixel is object where the model's probability exceeds
+# this (the NoC protocol, the served mask and `beam-train evaluate --pred-thr`).
+PRED_THR = 0.49
+
 # Distance maps are stored as uint8 and capped here.
 MAX_DISTANCE = 255
 

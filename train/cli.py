@@ -17,6 +17,7 @@ import json
 import os
 from typing import List, Optional
 
+from beam_prep import keys
 from beam_prep.console import check_unknown, dispatch, option_flags
 from pipelines import kit
 from train import logs
@@ -167,7 +168,7 @@ def _evaluate_parser() -> argparse.ArgumentParser:
   p.add_argument("--min-area", type=int, default=0, dest="min_area",
                  help="source resolution: leave out objects under N pixels, listed in "
                  "noc.json's skipped_objects (0: every object, the field's protocol)")
-  p.add_argument("--pred-thr", type=float, default=0.49, dest="pred_thr",
+  p.add_argument("--pred-thr", type=float, default=keys.PRED_THR, dest="pred_thr",
                  help="a pixel is object where the model's probability exceeds this (RITM's)")
   p.add_argument("--output", help="report folder (default: MODEL/eval; required without "
                  "--model)")

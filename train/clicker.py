@@ -37,8 +37,7 @@ import tensorflow as tf
 from beam_prep import keys
 
 NONE, POSITIVE, NEGATIVE = 0, 1, -1
-# RITM's evaluation: a pixel is object where the probability exceeds this.
-PRED_THR = 0.49
+PRED_THR = keys.PRED_THR
 
 
 def logit_threshold(pred_thr: float = PRED_THR) -> float:
