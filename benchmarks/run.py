@@ -398,7 +398,8 @@ def bench_serving(model_dir: str, repeats: int) -> Dict[str, float]:
 
 def bench_noc_source(workdir: str, model_dir: str, s: Dict[str, Any]) -> Dict[str, float]:
   """NoC at source resolution (`beam-train evaluate --data`): objects x clicks
-  per second for the nearest-click baseline and the model, and the share of
+  per second for the nearest-click baseline and the model, as a command runs
+  it (the loop's one trace included), and the share of
   the baseline's time its distance transforms take (2 per click per object,
   timed alone on masks of the same size)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -411,7 +412,7 @@ def bench_noc_source(workdir: str, model_dir: str, s: Dict[str, Any]) -> Dict[st
   for name, predictor in (("baseline", clicker.baseline_logits),
                           ("model", source_eval.ServedPredictor(model_dir))):
     source_eval.run(PrepOutput(prep), {name: predictor}, k, (0.85, 0.9), clicker.PRED_THR,
-                    max_objects=1)  # Warm-up: traces the loop.
+                    max_objects=1)  # Warm-up: first calls; the timed run traces its loop once.
     t = time.perf_counter()
     rows, _ = source_eval.run(PrepOutput(prep), {name: predictor}, k, (0.85, 0.9),
                               clicker.PRED_THR)
