@@ -60,9 +60,17 @@ class PrepConfig:
     image_root: coco: the folder the images' file_names are relative to
       (default: the JSON file's folder).
     output: output directory (local path or gs://).
-    image_size: records hold images fitted into image_size x image_size with
-      their aspect ratio kept (the long side fills it; the rest is padding:
-      black pixels, ignore in the label).
+    image_size: records hold image_size x image_size images: with `crop`
+      "object", one object's crop (`beam_prep.ops.crop`); with "none", the
+      whole image with its aspect ratio kept (the long side fills it; the
+      rest is padding: black pixels, ignore in the label).
+    crop: segmentation: "object" (object-centred crops) or "none".
+    crop_context: segmentation, crop "object": the box is (1 + this) times
+      the object's long side.
+    crop_jitter: segmentation, crop "object": each box grows by a random
+      factor in [1, 1 + this] and moves at random, the object inside.
+    crop_min_size: segmentation, crop "object": the least side of a crop box,
+      in source pixels.
     min_object_area: segmentation: objects covering fewer pixels at the
       source resolution (before any resize) fail with reason
       `object_below_min_area`; 0 keeps every object a click can be placed
@@ -102,8 +110,19 @@ class PrepConfig:
                                     "leave its folder (or the image root)")
   image_root: str = option("", "coco layout: folder the images' file_names are relative to "
                            "('': the JSON file's folder)", show_default=False)
-  image_size: int = option(128, "records hold images fitted into N x N, aspect ratio kept (the "
-                           "long side is N, the rest padded)")
+  image_size: int = option(128, "records hold N x N images: object-centred crops (--crop "
+                           "object), or the whole image with its aspect ratio kept (--crop none)")
+  crop: str = option("object", "segmentation: 'object': a record shows its object cut from the "
+                     "image at its own resolution with context around it, resized to N x N; "
+                     "'none': the whole image fitted into N x N (long side N, the rest padded)",
+                     choices=("object", "none"), none="none")
+  crop_context: float = option(0.4, "segmentation, --crop object: context around the object, "
+                               "as a share of its long side (0.4: the box is 1.4x the object's)")
+  crop_jitter: float = option(1.0, "segmentation, --crop object: each object's box grows by a "
+                              "random factor up to 1 + this and moves at random (seeded), so "
+                              "the model learns objects at several scales and places")
+  crop_min_size: int = option(32, "segmentation, --crop object: a crop box is at least N source "
+                              "pixels wide")
   min_object_area: int = option(0, "objects covering fewer pixels than this at the source "
                                 "resolution are dead letters (object_below_min_area); 0 keeps "
                                 "every object a click can be placed on")
@@ -145,6 +164,11 @@ class PrepConfig:
         (self.input and self.output, "--input and --output are required"),
         (self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}"),
         (self.variants >= 1, f"--variants must be at least 1, got {self.variants}"),
+        (self.crop in ("object", "none"), f"--crop must be object or none, got {self.crop!r}"),
+        (self.crop_context >= 0, f"--crop-context must be >= 0, got {self.crop_context}"),
+        (self.crop_jitter >= 0, f"--crop-jitter must be >= 0, got {self.crop_jitter}"),
+        (self.crop_min_size >= 1, f"--crop-min-size must be at least 1, got "
+         f"{self.crop_min_size}"),
         (self.min_object_area >= 0,
          f"--min-object-area must be >= 0, got {self.min_object_area}"),
         (0 <= self.eval_percent <= 100,

@@ -53,12 +53,15 @@ NEGATIVE_CLICKS = "negative_clicks"
 NEGATIVE_STRATEGY = "negative_strategy"
 FLIPPED = "flipped"
 CLICK_DISKS = "click_disks"
+CROP_BOX = "crop_box"
 LABEL = "label"
 
 # Keys of examples inside the job that records do not keep.
 IMAGE_BYTES = "image_bytes"
 INSTANCE_MASK = "instance_mask"
 SOURCE_AREAS = "source_areas"  # int64 [256]: pixels of each instance id at the source
+# Serving: the mask of the previous prediction, from which the crop is derived.
+PREVIOUS_MASK = "previous_mask"
 
 # Transformed feature keys (outputs of the tf.Transform graph).
 LABEL_WEIGHT = "label_weight"

@@ -22,6 +22,9 @@ import time
 import numpy as np
 
 
+SOURCE_EVAL = "eval_source"
+
+
 def _run(cmd, log):
   log(f"$ {' '.join(shlex.quote(c) for c in cmd)}")
   t = time.time()
@@ -37,20 +40,24 @@ def _eval_clicks(prep_dir: str):
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   prep = PrepOutput(prep_dir)
-  records = list(prep.read_numpy(keys.EVAL_SPLIT, [keys.IMAGE_ID, keys.OBJECT_ID, keys.VARIANT,
-                                                   keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS]))
+  wanted = [keys.IMAGE_ID, keys.OBJECT_ID, keys.VARIANT, keys.POSITIVE_CLICKS,
+            keys.NEGATIVE_CLICKS] + [k for k in (keys.CROP_BOX,) if k in prep.table]
+  records = list(prep.read_numpy(keys.EVAL_SPLIT, wanted))
   # The same record every run, whatever shard Beam put it in.
   ex = min(records, key=lambda r: (r[keys.IMAGE_ID], int(r[keys.OBJECT_ID]),
                                    int(r[keys.VARIANT])))
-  return (ex[keys.IMAGE_ID], int(ex[keys.OBJECT_ID]), prep.table.image_size[0],
-          ex[keys.POSITIVE_CLICKS], ex[keys.NEGATIVE_CLICKS])
+  return ex, prep.table.image_size[0]
 
 
-def _to_source(clicks, size, width, height):
-  # Centre of the resized pixel, mapped back to the source image.
-  x = np.floor((clicks[:, 0] + 0.5) * width / size)
-  y = np.floor((clicks[:, 1] + 0.5) * height / size)
-  return np.stack([x, y], axis=1).astype(int)
+def _to_source(ex, clicks, size, width, height):
+  """A record's clicks -> the source image's pixels, through its crop box, or
+  (whole-image records) the resize."""
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from beam_prep.ops import crop  # pylint: disable=g-import-not-at-top
+  if keys.CROP_BOX in ex:
+    return crop.clicks_to_source(clicks, ex[keys.CROP_BOX], size)
+  scale = max(width, height) / size  # The long side filled the frame.
+  return np.floor((clicks + 0.5) * scale).astype(int)
 
 
 def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, log):
@@ -59,10 +66,12 @@ def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, log):
   from PIL import Image  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train.clicker import iou as mask_iou  # pylint: disable=g-import-not-at-top
-  image_id, object_id, size, pos, neg = _eval_clicks(prep)
+  ex, size = _eval_clicks(prep)
+  image_id, object_id = ex[keys.IMAGE_ID], int(ex[keys.OBJECT_ID])
   image_path = sorted(glob.glob(os.path.join(data, "images", image_id + ".*")))[0]
   width, height = Image.open(image_path).size
-  pos, neg = _to_source(pos, size, width, height), _to_source(neg, size, width, height)
+  pos, neg = (_to_source(ex, ex[k], size, width, height)
+              for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS))
   cmd = [beam_train, "predict", "--model", model, "--image", image_path, "--output", pred]
   cmd += [f"--positive={x},{y}" for x, y in pos] + [f"--negative={x},{y}" for x, y in neg]
   seconds = _run(cmd, log)
@@ -92,13 +101,14 @@ def _summary(data: str, prep: str, model: str, pred: str, predicted, times, log)
       f"input wait {100 * (metrics['input_wait_fraction'] or 0):.0f}%, eval mean IoU "
       f"{ev.get('mean_iou', float('nan')):.3f} (nearest-click baseline "
       f"{ev.get('baseline_nearest_click_mean_iou', float('nan')):.3f})")
+  source = json.load(open(os.path.join(model, SOURCE_EVAL, "noc.json")))
+  log(_clicks_line("clicks", source["model"], source["baseline"], len(source["objects"]),
+                   source["model"]["max_clicks"], f"{model}/{SOURCE_EVAL}/ (each eval image at "
+                   "its own size, through the serving graph: the field's protocol)"))
   if "noc" in metrics:
-    m, b = metrics["noc"]["model"], metrics["noc"]["baseline"]
-    fewer = 100 * (1 - m["noc@85"] / b["noc@85"]) if b["noc@85"] else float("nan")
-    log(f"  clicks       NoC@85 {m['noc@85']:.2f} for the model vs {b['noc@85']:.2f} for the "
-        f"nearest-click baseline ({fewer:.0f}% fewer clicks); NoC@90 {m['noc@90']:.2f} vs "
-        f"{b['noc@90']:.2f}; {metrics['noc']['objects']} eval objects, up to "
-        f"{metrics['noc']['max_clicks']} clicks -> {model}/eval/")
+    n = metrics["noc"]
+    log(_clicks_line("  on records", n["model"], n["baseline"], n["objects"], n["max_clicks"],
+                     f"{model}/eval/ (the eval records, at the records' size)"))
   log(f"  export       {metrics['export_dir']}")
   p = predicted
   log(f"  prediction   {pred} (+ _overlay.png): {p['image_id']} object {p['object_id']}, "
@@ -108,6 +118,13 @@ def _summary(data: str, prep: str, model: str, pred: str, predicted, times, log)
   log("")
   log("click and see (the page at http://127.0.0.1:8501/, TF Serving's REST API beside it):")
   log(f"  {serve_command(model, prep)}")
+
+
+def _clicks_line(what: str, m, b, objects: int, max_clicks: int, where: str) -> str:
+  fewer = 100 * (1 - m["noc@85"] / b["noc@85"]) if b["noc@85"] else float("nan")
+  return (f"  {what:<12} NoC@85 {m['noc@85']:.2f} for the model vs {b['noc@85']:.2f} for the "
+          f"nearest-click baseline ({fewer:.0f}% fewer clicks); NoC@90 {m['noc@90']:.2f} vs "
+          f"{b['noc@90']:.2f}; {objects} objects, up to {max_clicks} clicks -> {where}")
 
 
 def serve_command(model: str, prep: str) -> str:
@@ -140,6 +157,8 @@ def main(argv=None):
                               "--preset", "demo", "--overwrite"], log)
   times["train+export"] = _run([beam_train, "fit", "--data", prep, "--model-dir", model,
                                 "--preset", "demo"], log)
+  times["evaluate"] = _run([beam_train, "evaluate", "--data", prep, "--model", model,
+                            "--output", os.path.join(model, SOURCE_EVAL)], log)
   predicted, times["predict"] = _predict(beam_train, data, prep, model, pred, log)
   times["total"] = time.time() - total
   _summary(data, prep, model, pred, predicted, times, log)

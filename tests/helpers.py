@@ -67,7 +67,9 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
 
   Every model input the twins compute equals the records' bytes, the model
   input equals the trainer's, and the exported SavedModel's probabilities
-  equal the trained model's on the trainer's input.
+  equal the trained model's on the trainer's input (`serving_default` on the
+  record's image; for crop records, whose image is the crop already,
+  `serve_examples` on the record).
 
   Args:
     export: a SavedModel, or a dir with versions (a fit model dir).
@@ -89,14 +91,17 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
   if model is None:
     model = models.rebuild(export)
   server = SegmentationServer(model, tft_out, table)
-  serving = tf.saved_model.load(latest_export(export)).signatures["serving_default"]
+  signatures = tf.saved_model.load(latest_export(export)).signatures
+  crops = keys.CROP_BOX in table
+  frame = {keys.CROP_BOX: tf.constant([0, 0, *table.image_size], tf.int64)} if crops else {}
   files = sorted(glob.glob(keys.record_pattern(prep_dir, keys.EVAL_SPLIT)))
   checked = 0
   for serialized in [r.numpy() for r in tf.data.TFRecordDataset(files).take(n)]:
     rec = table.decode_numpy(serialized)
     clicks = {k: rec[k] for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
     served = server.raw_model_input(
-        {keys.IMAGE: tf.constant(rec[keys.IMAGE]), **{k: tf.constant(v) for k, v in clicks.items()}})
+        {keys.IMAGE: tf.constant(rec[keys.IMAGE]), **frame,
+         **{k: tf.constant(v) for k, v in clicks.items()}})
     stored = tf.train.Example.FromString(serialized).features.feature
     assert set(served) == set(table.keys("model_input"))
     for key, value in served.items():  # uint8 exact: the very bytes of the records
@@ -105,8 +110,12 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
     train_inputs, _ = Parser(tft_out, table, task)(raw, training=False)
     np.testing.assert_array_equal(
         server.model_input({k: v[None] for k, v in served.items()}).numpy(), train_inputs.numpy())
-    out = serving(image=tf.constant(rec[keys.IMAGE]),
-                  **{k: tf.constant(v, tf.int32) for k, v in clicks.items()})
+    if crops:
+      out = {k: v[0] for k, v in signatures["serve_examples"](
+          examples=tf.constant([serialized])).items()}
+    else:
+      out = signatures["serving_default"](image=tf.constant(rec[keys.IMAGE]),
+                                          **{k: tf.constant(v, tf.int32) for k, v in clicks.items()})
     want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
     np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
     np.testing.assert_array_equal(out["mask"].numpy(), (want > clicker.PRED_THR).astype(np.uint8))

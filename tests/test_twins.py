@@ -38,11 +38,22 @@ def _decoded_example(height=40, width=40):
   return registry.build_op(registry.parse_chain("decode")[0])(_encoded_example(height, width))
 
 
+def _crop_request(call, height=40, width=40):
+  """A decoded scene with the box the op gives its first object and a click:
+  what the serving graph receives."""
+  ex = _decoded_example(height, width)
+  first = registry.build_op(registry.parse_chain(call)[0])(ex)[0]
+  return dict(ex, crop_box=first[keys.CROP_BOX], positive_clicks=np.array([[10, 10]]))
+
+
 # op call -> (example builder, tolerance on uint8 levels)
 CASES = {
     "decode": (_encoded_example, 0),
     "resize(64)": (_decoded_example, 1),
     "resize(48)": (lambda: _decoded_example(33, 91), 1),  # Wide, odd sizes: padded below.
+    "crop_objects(64)": (lambda: _crop_request("crop_objects(64)"), 0),  # magnified, padded
+    "crop_objects(16, jitter=1.0, seed=4)": (
+        lambda: _crop_request("crop_objects(16, jitter=1.0, seed=4)", 33, 91), 0),  # shrunk
     "flip_variants": (_object_example, 0),  # variant 0: not flipped, as at serving time
     "distance_maps": (_object_example, 0),
     "click_disks(radius=5)": (_object_example, 0),

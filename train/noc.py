@@ -50,26 +50,33 @@ SHEET_FILE = "contact_sheet.png"
 
 
 class ModelPredictor:
-  """The model on images and clicks, the click encodings made by the twins
-  of the records' ops (the serving graph's own path), then tf.Transform."""
+  """The model on images and clicks through the serving graph's own path
+  (`SegmentationServer.probabilities`: the twins of the records' ops,
+  tf.Transform, the model, and for crop records the crop of the previous
+  mask), as logits."""
+  uses_previous_mask = True
 
   def __init__(self, model, tft_output, table):
     self._server = SegmentationServer(model, tft_output, table)
-    self._model = model
 
-  def __call__(self, images, clicks, kinds):
+  def __call__(self, images, clicks, kinds, previous):
     server = self._server
 
     def one(args):
-      image, xy, kind = args
-      return server.raw_model_input({
-          keys.IMAGE: image,
-          keys.POSITIVE_CLICKS: tf.boolean_mask(xy, tf.equal(kind, clicker.POSITIVE)),
-          keys.NEGATIVE_CLICKS: tf.boolean_mask(xy, tf.equal(kind, clicker.NEGATIVE))})
+      image, xy, kind, prev = args
+      prob = server.probabilities(
+          image, tf.boolean_mask(xy, tf.equal(kind, clicker.POSITIVE)),
+          tf.boolean_mask(xy, tf.equal(kind, clicker.NEGATIVE)), prev)
+      return probability_logits(prob)
 
-    raw = server.batched_raw((images, clicks, kinds), one)
-    logits = self._model(server.model_input(raw), training=False)
-    return tf.cast(logits, tf.float32)[..., 0]
+    return tf.map_fn(one, (images, clicks, kinds, previous),
+                     fn_output_signature=tf.TensorSpec([None, None], tf.float32))
+
+
+def probability_logits(prob):
+  """Probabilities -> logits (clipped to 1e-7 from 0 and 1: finite)."""
+  prob = tf.clip_by_value(prob, 1e-7, 1 - 1e-7)
+  return tf.math.log(prob) - tf.math.log1p(-prob)
 
 
 class ClickLoop:
@@ -77,7 +84,9 @@ class ClickLoop:
 
   Args:
     predictor: (images uint8 [B, H, W, 3], clicks int64 [B, K, 2], kinds
-      int32 [B, K]) -> logits [B, H, W].
+      int32 [B, K]) -> logits [B, H, W]; one whose `uses_previous_mask` is
+      True also gets the previous click's mask, bool [B, H, W] (all False
+      at the first click).
     image_size: (H, W) of every batch (the records'), or None: any size (the
       source images; traced once for all sizes).
     max_clicks: K.
@@ -102,10 +111,13 @@ class ClickLoop:
       return _put(xy, kind, tf.zeros([tf.shape(labels_)[0], k, 2], tf.int64),
                   tf.zeros([tf.shape(labels_)[0], k], tf.int32), 0)
 
-    def step(images_, labels_, clicks_, kinds_, n):
+    with_previous = getattr(predictor, "uses_previous_mask", False)
+
+    def step(images_, labels_, clicks_, kinds_, previous_, n):
       """Predicts with the clicks so far (n of them), then adds click n+1."""
       self.traces["step"] += 1
-      pred = predictor(images_, clicks_, kinds_) > above
+      args = (images_, clicks_, kinds_) + ((previous_,) if with_previous else ())
+      pred = predictor(*args) > above
       scores = clicker.label_iou(pred, labels_)
       shape = tf.shape(labels_)
       clicked = clicker.clicked_map(clicks_, kinds_, shape[1], shape[2])
@@ -113,8 +125,9 @@ class ClickLoop:
       return (scores, pred) + _put(xy, kind, clicks_, kinds_, n)
 
     self._first = tf.function(first, input_signature=[labels])
-    self._step = tf.function(step, input_signature=[images, labels, clicks, kinds,
-                                                    tf.TensorSpec([], tf.int32)])
+    self._step = tf.function(step, input_signature=[
+        images, labels, clicks, kinds, tf.TensorSpec([None, h, w], tf.bool),
+        tf.TensorSpec([], tf.int32)])
 
   def run(self, images: np.ndarray, labels: np.ndarray, keep: int = 0):
     """-> (IoU float32 [B, K] after 1..K clicks, clicks, kinds, kept masks).
@@ -124,8 +137,9 @@ class ClickLoop:
     """
     clicks, kinds = self._first(labels)
     scores, kept = [], {}
+    pred = tf.zeros(labels.shape, tf.bool)
     for n in range(1, self.max_clicks + 1):
-      s, pred, clicks, kinds = self._step(images, labels, clicks, kinds, tf.constant(n))
+      s, pred, clicks, kinds = self._step(images, labels, clicks, kinds, pred, tf.constant(n))
       scores.append(s.numpy())
       if keep and n in SHEET_CLICKS:
         kept[n] = pred.numpy()[:keep]

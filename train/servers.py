@@ -12,10 +12,12 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
+from beam_prep.ops import crop
 from beam_prep.ops.image import fitted_size
 from beam_prep.preprocessing import decode_feature
 from train import clicker
-from train.serving_inputs import Example, model_inputs, run_plan, serving_plan
+from train.serving_inputs import (Example, model_inputs, raw_inputs, run_plan, run_twins,
+                                  serving_plan)
 
 
 class _Server(tf.Module):
@@ -49,11 +51,67 @@ class _Server(tf.Module):
 
 
 class SegmentationServer(_Server):
-  """Image and clicks in, mask out."""
+  """Image and clicks in, mask out.
+
+  With object-centred crop records (the table declares `crop_box`), the
+  model sees the crop of the previous mask and the positive clicks (the
+  `crop_objects` twin, `beam_prep.ops.crop`). Asked without a previous mask
+  (or with an empty one), it first predicts on the whole image and takes
+  that mask as the previous one. Probabilities outside the crop are 0.
+  """
+
+  def __init__(self, model, tft_output: tft.TFTransformOutput, table: FeatureTable):
+    super().__init__(model, tft_output, table)
+    self._crops = keys.CROP_BOX in table
 
   def _predict(self, inputs):
     logits = self.model(inputs, training=False)
     return tf.sigmoid(tf.cast(logits, tf.float32))[..., 0]
+
+  def probabilities(self, image, positive_clicks, negative_clicks, previous_mask):
+    """One image's object probabilities [H, W], float32.
+
+    Args:
+      image: uint8 [H, W, 3].
+      positive_clicks, negative_clicks: int [N, 2], (x, y) in the image.
+      previous_mask: bool [H, W], the previous prediction; all False: none.
+    """
+    ex = {keys.IMAGE: image,
+          keys.POSITIVE_CLICKS: tf.cast(positive_clicks, tf.int64),
+          keys.NEGATIVE_CLICKS: tf.cast(negative_clicks, tf.int64)}
+    if self._crops:
+      shape = tf.shape(image)
+      whole = dict(ex, **{keys.CROP_BOX: crop.whole_image_box(shape[0], shape[1])})
+      ex[keys.PREVIOUS_MASK] = tf.cond(
+          tf.reduce_any(previous_mask), lambda: previous_mask,
+          lambda: self._source_probabilities(whole) > clicker.PRED_THR)
+    return self._source_probabilities(ex)
+
+  def _source_probabilities(self, ex):
+    """One request example through the twins, the transform and the model ->
+    probabilities [H, W] at the request image's size."""
+    shape = tf.shape(ex[keys.IMAGE])
+    out = run_twins(self._plan, ex)
+    raw = {k: v[None] for k, v in raw_inputs(self._table, out).items()}
+    prob = self._predict(self.model_input(raw))[0]
+    if keys.CROP_BOX in out:
+      return crop.place_back(prob, out[keys.CROP_BOX], shape[0], shape[1])
+    return self._to_source(prob, shape[0], shape[1])
+
+  def _serve(self, image, positive_clicks, negative_clicks, previous_mask):
+    h, w = tf.shape(image)[0], tf.shape(image)[1]
+    with tf.control_dependencies([
+        tf.debugging.assert_positive(h * w, message="image: the image is empty"),
+        tf.debugging.assert_positive(tf.shape(positive_clicks)[0],
+                                     message="positive_clicks: at least one positive click is "
+                                     "required"),
+        tf.debugging.assert_equal(tf.shape(previous_mask), tf.stack([h, w]),
+                                  message="previous_mask: must have the image's height and "
+                                  "width")]):
+      image = tf.identity(image)
+    prob = self.probabilities(image, positive_clicks, negative_clicks,
+                              tf.cast(previous_mask, tf.bool))
+    return {"probabilities": prob, "mask": tf.cast(prob > clicker.PRED_THR, tf.uint8)}
 
   @tf.function(input_signature=[
       tf.TensorSpec([None, None, 3], tf.uint8, name="image"),
@@ -61,19 +119,18 @@ class SegmentationServer(_Server):
       tf.TensorSpec([None, 2], tf.int32, name="negative_clicks"),
   ])
   def serve(self, image, positive_clicks, negative_clicks):
-    h, w = tf.shape(image)[0], tf.shape(image)[1]
-    with tf.control_dependencies([
-        tf.debugging.assert_positive(h * w, message="image: the image is empty"),
-        tf.debugging.assert_positive(tf.shape(positive_clicks)[0],
-                                     message="positive_clicks: at least one positive click is required")]):
-      image = tf.identity(image)
-    ex = {keys.IMAGE: image,
-          keys.POSITIVE_CLICKS: tf.cast(positive_clicks, tf.int64),
-          keys.NEGATIVE_CLICKS: tf.cast(negative_clicks, tf.int64)}
-    raw = {k: v[None] for k, v in self.raw_model_input(ex).items()}
-    prob = self._predict(self.model_input(raw))
-    prob = self._to_source(prob[0], h, w)
-    return {"probabilities": prob, "mask": tf.cast(prob > clicker.PRED_THR, tf.uint8)}
+    shape = tf.shape(image)
+    return self._serve(image, positive_clicks, negative_clicks,
+                       tf.zeros(shape[:2], tf.uint8))
+
+  @tf.function(input_signature=[
+      tf.TensorSpec([None, None, 3], tf.uint8, name="image"),
+      tf.TensorSpec([None, 2], tf.int32, name="positive_clicks"),
+      tf.TensorSpec([None, 2], tf.int32, name="negative_clicks"),
+      tf.TensorSpec([None, None], tf.uint8, name="previous_mask"),
+  ])
+  def serve_iterative(self, image, positive_clicks, negative_clicks, previous_mask):
+    return self._serve(image, positive_clicks, negative_clicks, previous_mask)
 
   def _to_source(self, prob, h, w):
     """[S, S] probabilities of a fitted and padded image -> [h, w] of the source:
@@ -92,9 +149,11 @@ class SegmentationServer(_Server):
 
     def one(args):
       image, pos, neg = args
-      return self.raw_model_input({keys.IMAGE: image,
-                                   keys.POSITIVE_CLICKS: tf.reshape(pos, [-1, 2]),
-                                   keys.NEGATIVE_CLICKS: tf.reshape(neg, [-1, 2])})
+      ex = {keys.IMAGE: image, keys.POSITIVE_CLICKS: tf.reshape(pos, [-1, 2]),
+            keys.NEGATIVE_CLICKS: tf.reshape(neg, [-1, 2])}
+      if self._crops:  # A record is a crop already: its whole frame is the box.
+        ex[keys.CROP_BOX] = crop.whole_image_box(*self._table.image_size)
+      return self.raw_model_input(ex)
 
     raw = self.batched_raw((images, tf.RaggedTensor.from_sparse(parsed[keys.POSITIVE_CLICKS]),
                              tf.RaggedTensor.from_sparse(parsed[keys.NEGATIVE_CLICKS])), one)
@@ -102,7 +161,8 @@ class SegmentationServer(_Server):
     return {"probabilities": prob, "mask": tf.cast(prob > clicker.PRED_THR, tf.uint8)}
 
   def signatures(self):
-    return {"serving_default": self.serve, "serve_examples": self.serve_examples}
+    return {"serving_default": self.serve, "serve_iterative": self.serve_iterative,
+            "serve_examples": self.serve_examples}
 
 
 class ClassificationServer(_Server):

@@ -85,8 +85,18 @@ def serving_plan(table: FeatureTable) -> List[Tuple[str, Callable[[Example], Exa
 
 def run_plan(plan, table: FeatureTable, ex: Example) -> Dict[str, tf.Tensor]:
   """One request example through the twins -> {model input key: raw bytes (scalar)}."""
+  return raw_inputs(table, run_twins(plan, ex))
+
+
+def run_twins(plan, ex: Example) -> Example:
+  """One request example through the twins of the plan, in order."""
   for _, twin in plan:
     ex = twin(dict(ex))
+  return ex
+
+
+def raw_inputs(table: FeatureTable, ex: Example) -> Dict[str, tf.Tensor]:
+  """{model input key: raw bytes (scalar)} of an example the twins made."""
   out = {}
   for e in table.model_inputs:
     if e.key not in ex:

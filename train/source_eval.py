@@ -36,28 +36,34 @@ PIXELS_PER_BATCH = 8_000_000
 
 
 class ServedPredictor:
-  """An exported segmentation model's `serving_default`, as a loop predictor."""
+  """An exported segmentation model as a loop predictor: its `serve_iterative`
+  (image, clicks and the previous mask), or `serving_default` for an export
+  without it."""
+  uses_previous_mask = True
 
   def __init__(self, model: str):
     self.path = latest_export(model)
     self._loaded = tf.saved_model.load(self.path)  # Holds the variables the signature uses.
-    self._fn = self._loaded.signatures["serving_default"]
+    signatures = self._loaded.signatures
+    self._fn = signatures.get("serve_iterative") or signatures["serving_default"]
+    self._with_previous = "previous_mask" in self._fn.structured_input_signature[1]
     if "positive_clicks" not in self._fn.structured_input_signature[1]:
       raise ValueError(f"{self.path}: serving_default does not take an image and clicks "
                        "(not a segmentation model)")
 
-  def __call__(self, images, clicks, kinds):
+  def __call__(self, images, clicks, kinds, previous):
     def one(args):
-      image, xy, kind = args
-      prob = self._fn(image=image,
-                      positive_clicks=tf.cast(tf.boolean_mask(xy, kind == clicker.POSITIVE),
-                                              tf.int32),
-                      negative_clicks=tf.cast(tf.boolean_mask(xy, kind == clicker.NEGATIVE),
-                                              tf.int32))["probabilities"]
-      prob = tf.clip_by_value(prob, 1e-7, 1 - 1e-7)
-      return tf.math.log(prob) - tf.math.log1p(-prob)
+      image, xy, kind, prev = args
+      inputs = {"image": image,
+                "positive_clicks": tf.cast(tf.boolean_mask(xy, kind == clicker.POSITIVE),
+                                           tf.int32),
+                "negative_clicks": tf.cast(tf.boolean_mask(xy, kind == clicker.NEGATIVE),
+                                           tf.int32)}
+      if self._with_previous:
+        inputs["previous_mask"] = tf.cast(prev, tf.uint8)
+      return noc.probability_logits(self._fn(**inputs)["probabilities"])
 
-    return tf.map_fn(one, (images, clicks, kinds),
+    return tf.map_fn(one, (images, clicks, kinds, previous),
                      fn_output_signature=tf.TensorSpec([None, None], tf.float32))
 
 

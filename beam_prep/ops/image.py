@@ -47,6 +47,7 @@ IMAGE = Feature("uint8", channels=3, role="model_input", normalize="standardize"
 MASK = Feature("uint8", channels=1, role="label")
 SIZE = Feature("int64", shape=(), role="metadata")
 SIZE_FEATURES = {keys.HEIGHT: SIZE, keys.WIDTH: SIZE}
+OBJECT_ID = Feature("int64", shape=(), role="metadata")
 
 # Larger than any photograph a segmentation data set holds (8k x 8k), far
 # below what would exhaust a worker's memory when decoded.
@@ -291,12 +292,22 @@ def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
   """
   if image.shape[:2] == (height, width):
     return image.astype(np.float32)
-  y0, y1, fy = _bilinear_weights(image.shape[0], height)
-  x0, x1, fx = _bilinear_weights(image.shape[1], width)
-  img = image.astype(np.float32)
+  return bilinear_from(lambda ys, xs: image[ys][:, xs], image.shape[0], image.shape[1],
+                       height, width)
+
+
+def bilinear_from(take, in_height: int, in_width: int, height: int, width: int) -> np.ndarray:
+  """TensorFlow's bilinear resize (half-pixel centres, float32) of an
+  in_height x in_width array read through `take(rows, cols)` -> [len(rows),
+  len(cols), C] (its pixels at those indices): only the pixels the output
+  needs are read and cast."""
+  y0, y1, fy = _bilinear_weights(in_height, height)
+  x0, x1, fx = _bilinear_weights(in_width, width)
   fx = fx[None, :, None]
-  top = img[y0][:, x0] + (img[y0][:, x1] - img[y0][:, x0]) * fx
-  bottom = img[y1][:, x0] + (img[y1][:, x1] - img[y1][:, x0]) * fx
+  f32 = lambda ys, xs: take(ys, xs).astype(np.float32)  # pylint: disable=unnecessary-lambda-assignment
+  top_left, bottom_left = f32(y0, x0), f32(y1, x0)
+  top = top_left + (f32(y0, x1) - top_left) * fx
+  bottom = bottom_left + (f32(y1, x1) - bottom_left) * fx
   return top + (bottom - top) * fy[:, None, None]
 
 
@@ -439,9 +450,33 @@ def object_areas():
   return fn
 
 
+def listed_objects(ex, max_objects: int = 0):
+  """The object ids of a scene, ascending: those of `source_areas` when
+  `object_areas` measured them, else those of `instance_mask`; at most
+  `max_objects` (the largest; 0: all).
+
+  Raises:
+    ExampleError: no object (only background and ignore pixels).
+  """
+  if keys.SOURCE_AREAS in ex:
+    counts = np.asarray(ex[keys.SOURCE_AREAS])
+    ids = np.flatnonzero(counts)
+    counts = counts[ids]
+  else:
+    ids, counts = np.unique(ex[keys.INSTANCE_MASK], return_counts=True)
+  keep = (ids != keys.BACKGROUND) & (ids != keys.IGNORE)
+  ids, counts = ids[keep], counts[keep]
+  if ids.size == 0:
+    raise ExampleError("mask_has_no_object",
+                       "the mask holds only background and ignore pixels")
+  order = np.argsort(-counts, kind="stable")
+  if max_objects:
+    order = order[:max_objects]
+  return sorted(ids[order].tolist())
+
+
 @register_op("split_objects", reads=(keys.INSTANCE_MASK,),
-             produces={keys.OBJECT_ID: Feature("int64", shape=(), role="metadata"),
-                       keys.MASK: MASK})
+             produces={keys.OBJECT_ID: OBJECT_ID, keys.MASK: MASK})
 def split_objects(max_objects: int = 0):
   """Fans a scene out into one example per object instance.
 
@@ -458,22 +493,8 @@ def split_objects(max_objects: int = 0):
 
   def fn(ex):
     inst = ex[keys.INSTANCE_MASK]
-    if keys.SOURCE_AREAS in ex:
-      counts = np.asarray(ex[keys.SOURCE_AREAS])
-      ids = np.flatnonzero(counts)
-      counts = counts[ids]
-    else:
-      ids, counts = np.unique(inst, return_counts=True)
-    keep = (ids != keys.BACKGROUND) & (ids != keys.IGNORE)
-    ids, counts = ids[keep], counts[keep]
-    if ids.size == 0:
-      raise ExampleError("mask_has_no_object",
-                         "the mask holds only background and ignore pixels")
-    order = np.argsort(-counts, kind="stable")
-    if max_objects:
-      order = order[:max_objects]
     out = []
-    for i in sorted(ids[order].tolist()):
+    for i in listed_objects(ex, max_objects):
       mask = np.zeros(inst.shape, np.uint8)
       mask[inst == i] = 1
       mask[inst == keys.IGNORE] = keys.IGNORE

@@ -38,17 +38,32 @@ def encoding_chain(click_encoding: str, disk_radius: float = 5) -> str:
   return "|".join(ops)
 
 
+def objects_chain(config) -> str:
+  """An image into its objects: object-centred crops (`--crop object`), or the
+  whole image resized and split (`--crop none`); measured at the source first
+  when `--min-object-area` is given."""
+  areas = config.min_object_area > 0
+  if config.crop == "none":
+    return resize_chain(config.image_size, object_areas=areas)
+  return join("object_areas" if areas else "",
+              op_call("crop_objects", config.image_size, context=config.crop_context,
+                      min_side=config.crop_min_size, jitter=config.crop_jitter,
+                      seed=config.seed))
+
+
 @register_task
 class Segmentation(Task):
   name = "segmentation"
   summary = "click-variant records for interactive segmentation"
   labels = "instances"
   trainer = "train.tasks:SegmentationTask"
-  own_fields = ("variants", "click_encoding", "seed", "min_object_area")
+  own_fields = ("variants", "click_encoding", "seed", "min_object_area", "crop", "crop_context",
+                "crop_jitter", "crop_min_size")
 
   def stages(self, config) -> List[Stage]:
-    """Decode (per image; kept at its own size for eval images), resize and split
-    into objects, sample clicks (per object), flip and encode (per variant).
+    """Decode (per image; kept at its own size for eval images), split into
+    objects (`objects_chain`), sample clicks (per object), flip and encode
+    (per variant).
 
     With `--min-object-area`, objects are measured before the resize and
     those under it fail first thing at the object level.
@@ -56,8 +71,7 @@ class Segmentation(Task):
     min_area = config.min_object_area
     return [
         Stage("DecodeExamples", decode_op(config.max_pixels), INPUT, source=True),
-        Stage("SplitObjects", resize_chain(config.image_size, object_areas=min_area > 0),
-              INPUT),
+        Stage("SplitObjects", objects_chain(config), INPUT),
         Stage("SampleClicks", join(op_call("require_min_area", min_area) if min_area else "",
                                    clicks_chain(config.variants, config.seed, config.clicks)),
               OBJECT),

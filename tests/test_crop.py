@@ -1,0 +1,230 @@
+"""Object-centred crops (`beam_prep.ops.crop`): the geometry in numpy and
+TensorFlow, the op on scenes, placing predictions back, the job on a
+photograph of small objects, and the serving graph against the job's crop
+records at the source resolution."""
+
+import glob
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from beam_prep import keys, source_records
+from beam_prep.features import FeatureTable
+from beam_prep.ops import crop, registry
+from tests.helpers import manifest, png, run_cli, scene
+
+
+def _crop_op(call="crop_objects(32)"):
+  return registry.build_op(registry.parse_chain(call)[0])
+
+
+def _scene_example(size=80, boxes=((6, 10, 40, 50), (45, 45, 75, 78))):
+  img, inst = scene(size, boxes)
+  return {keys.IMAGE_ID: "s", keys.IMAGE: img, keys.INSTANCE_MASK: inst}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_box_holds_the_object_and_is_the_same_in_tensorflow(seed):
+  rng = np.random.default_rng(seed)
+  for _ in range(50):
+    top, left = (int(v) for v in rng.integers(-20, 500, 2))
+    bottom, right = top + int(rng.integers(0, 300)), left + int(rng.integers(0, 300))
+    ratio, min_side = crop.context_ratio(float(rng.uniform(0, 2))), int(rng.integers(1, 64))
+    y0, x0, side = crop.square_box(top, left, bottom, right, ratio, min_side)
+    extent = max(bottom - top + 1, right - left + 1)
+    assert side == max(-(-extent * ratio // 1000), min_side)
+    assert y0 <= top and bottom < y0 + side and x0 <= left and right < x0 + side
+    got = crop.square_box(*(tf.constant(v, tf.int64) for v in (top, left, bottom, right)),
+                          ratio, min_side, xp=tf)
+    assert [int(v) for v in got] == [y0, x0, side]
+
+
+@pytest.mark.parametrize("box", [(-10, 5, 60), (20, -30, 500), (0, 0, 50), (400, 300, 17),
+                                 (10, 10, 200), (-40, -40, 20)])
+def test_the_crop_is_the_same_bytes_in_tensorflow(box):
+  image = np.random.default_rng(1).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+  want = crop.crop_image(image, *box, 48)
+  got = crop.crop_image_tf(tf.constant(image), *(tf.constant(v, tf.int64) for v in box), 48)
+  np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_each_object_is_cut_with_context_and_others_are_background():
+  ex = _scene_example()
+  outs = _crop_op("crop_objects(32, context=0.4, min_side=8)")(ex)
+  assert [o[keys.OBJECT_ID] for o in outs] == [1, 2]
+  for o in outs:
+    x0, y0, x1, y1 = o[keys.CROP_BOX]
+    assert x1 - x0 == y1 - y0
+    obj = ex[keys.INSTANCE_MASK] == o[keys.OBJECT_ID]
+    ys, xs = np.nonzero(obj)
+    extent = max(np.ptp(ys), np.ptp(xs)) + 1
+    assert x1 - x0 == -(-extent * 1400 // 1000)  # 1.4x the object's long side
+    assert o[keys.IMAGE].shape == (32, 32, 3) and o[keys.MASK].shape == (32, 32)
+    mask = o[keys.MASK]
+    assert set(np.unique(mask)) <= {0, 1, keys.IGNORE} and (mask == 1).any()
+    # The other object shows in the crop's instance mask, as background in the label.
+    other = (o[keys.INSTANCE_MASK] != o[keys.OBJECT_ID]) & (o[keys.INSTANCE_MASK] != 0) & (
+        o[keys.INSTANCE_MASK] != keys.IGNORE)
+    assert (mask[other] == 0).all()
+  # The second object's box reaches past the image: padding is black and ignore.
+  last = outs[1]
+  assert last[keys.CROP_BOX][2] > 80
+  assert (last[keys.MASK][:, -1] == keys.IGNORE).all()
+  assert (last[keys.IMAGE][:, -1] == 0).all()
+
+
+def test_jitter_keeps_the_object_inside_and_follows_the_seed():
+  ex = _scene_example()
+  boxes = lambda call: [tuple(o[keys.CROP_BOX]) for o in _crop_op(call)(ex)]  # pylint: disable=unnecessary-lambda-assignment
+  plain = boxes("crop_objects(32)")
+  for seed in range(6):
+    jittered = boxes(f"crop_objects(32, jitter=1.0, seed={seed})")
+    assert jittered == boxes(f"crop_objects(32, jitter=1.0, seed={seed})")
+    for (x0, y0, x1, y1), p, o in zip(jittered, plain, _crop_op()(ex)):
+      assert p[2] - p[0] <= x1 - x0 <= 2 * (p[2] - p[0]) + 1
+      ys, xs = np.nonzero(ex[keys.INSTANCE_MASK] == o[keys.OBJECT_ID])
+      assert y0 <= ys.min() and ys.max() < y1 and x0 <= xs.min() and xs.max() < x1
+  assert len({tuple(boxes(f"crop_objects(32, jitter=1.0, seed={s})")) for s in range(6)}) > 1
+
+
+def test_a_prediction_is_placed_back_where_its_crop_came_from():
+  ex = _scene_example()
+  for o in _crop_op("crop_objects(64)")(ex):
+    truth = ex[keys.INSTANCE_MASK] == o[keys.OBJECT_ID]
+    placed = crop.place_back(tf.constant((o[keys.MASK] == 1).astype(np.float32)),
+                             tf.constant(o[keys.CROP_BOX]), 80, 80).numpy() > 0.5
+    iou = (placed & truth).sum() / (placed | truth).sum()
+    assert iou > 0.9, iou
+    x0, y0, x1, y1 = o[keys.CROP_BOX]
+    outside = np.ones((80, 80), bool)
+    outside[max(y0, 0):y1, max(x0, 0):x1] = False
+    assert not placed[outside].any()
+
+
+@pytest.mark.parametrize("box,size", [((3, 7, 103, 107), 48), ((-20, -5, 180, 195), 64),
+                                      ((10, 10, 74, 74), 64)])
+def test_clicks_go_back_and_forth_when_the_crop_does_not_magnify(box, size):
+  clicks = np.stack(np.meshgrid(np.arange(size), np.arange(size)), -1).reshape(-1, 2)
+  source = crop.clicks_to_source(clicks, box, size)
+  x0, y0, x1, _ = box
+  back = crop.clicks_to_crop(tf.constant(source), x0, y0, x1 - x0, size).numpy()
+  np.testing.assert_array_equal(back, clicks)
+
+
+def _photograph(root, n_objects=30, width=1000, height=872, seed=0):
+  """A COCO file of one photograph with small objects (150-900 pixels)."""
+  rng = np.random.default_rng(seed)
+  image = rng.integers(60, 200, (height, width, 3), dtype=np.uint8)
+  annotations, taken = [], np.zeros((height, width), bool)
+  while len(annotations) < n_objects:
+    area = rng.uniform(150, 900)
+    h = int(np.sqrt(area * rng.uniform(0.5, 2)))
+    w = int(area / h)
+    y, x = int(rng.integers(0, height - h)), int(rng.integers(0, width - w))
+    if taken[max(y - 4, 0):y + h + 4, max(x - 4, 0):x + w + 4].any():
+      continue
+    taken[y:y + h, x:x + w] = True
+    image[y:y + h, x:x + w] = rng.integers(0, 255, 3)
+    poly = [float(v) for v in (x, y, x + w, y, x + w, y + h, x, y + h)]
+    annotations.append({"id": len(annotations) + 1, "image_id": 1, "category_id": 1,
+                        "segmentation": [poly], "area": float(w * h),
+                        "bbox": [x, y, w, h], "iscrowd": 0})
+  Image.fromarray(image).save(root / "photo.jpg", quality=95)
+  (root / "instances.json").write_text(json.dumps({
+      "images": [{"id": 1, "file_name": "photo.jpg", "height": height, "width": width}],
+      "annotations": annotations, "categories": [{"id": 1, "name": "thing"}]}))
+  return str(root / "instances.json")
+
+
+@pytest.mark.parametrize("crop_mode,least", [("object", 0.9), ("none", 0.0)])
+def test_small_objects_of_a_photograph_get_records(tmp_path, crop_mode, least):
+  coco_json = _photograph(tmp_path)
+  out = str(tmp_path / f"out_{crop_mode}")
+  code = run_cli(["segmentation", "--input", coco_json, "--output", out, "--layout", "coco",
+                  "--image-size", "128", "--variants", "1", "--eval-percent", "0",
+                  "--crop", crop_mode, "--max-error-fraction", "1"])
+  counts = manifest(out)["counts"]
+  assert counts["objects_found"] == 30
+  used = counts["objects_used"] / counts["objects_found"]
+  if crop_mode == "object":
+    assert code == 0 and used >= least, counts
+  else:  # The whole photograph at 128 px leaves these objects no clickable pixel.
+    assert used < 0.5, counts
+
+
+def test_the_serving_graph_makes_the_records_from_the_source_image(prep_dir):
+  """For the job's crop records: given the record's box and its clicks (moved to
+  the source), the serving twins give the records' bytes from the source image."""
+  from train.serving_inputs import run_plan, serving_plan  # pylint: disable=g-import-not-at-top
+  table = FeatureTable.load(prep_dir)
+  assert keys.CROP_BOX in table
+  plan = serving_plan(table)
+  size = table.image_size[0]
+  sources = {}
+  for path in sorted(glob.glob(keys.record_pattern(prep_dir, source_records.SPLIT))):
+    for r in tf.data.TFRecordDataset(path):
+      src = source_records.decode(r.numpy())
+      sources[src[keys.IMAGE_ID]] = src[keys.IMAGE]
+  images = encodings = 0
+  for path in sorted(glob.glob(keys.record_pattern(prep_dir, keys.EVAL_SPLIT))):
+    for serialized in tf.data.TFRecordDataset(path):
+      stored = tf.train.Example.FromString(serialized.numpy()).features.feature
+      rec = table.decode_numpy(serialized.numpy())
+      box = rec[keys.CROP_BOX]
+      clicks = {k: crop.clicks_to_source(rec[k], box, size)
+                for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
+      served = run_plan(plan, table, {keys.IMAGE: tf.constant(sources[rec[keys.IMAGE_ID]]),
+                                      keys.CROP_BOX: tf.constant(box),
+                                      **{k: tf.constant(v) for k, v in clicks.items()}})
+      assert served[keys.IMAGE].numpy() == stored[keys.IMAGE].bytes_list.value[0]
+      images += 1
+      back = [crop.clicks_to_crop(tf.constant(clicks[k]), box[0], box[1], box[2] - box[0],
+                                  size).numpy() for k in clicks]
+      if all(np.array_equal(b, rec[k]) for b, k in zip(back, clicks)):
+        for key in table.keys("model_input"):
+          assert served[key].numpy() == stored[key].bytes_list.value[0], key
+        encodings += 1
+  assert images and encodings, (images, encodings)
+
+
+def test_a_model_trained_on_crops_is_served_on_the_crop_of_its_object(tmp_path):
+  """A wide image, crop records, and a model that marks the object's colour:
+  the served mask (whole image first, then the crop of that mask, placed
+  back) covers the object at the source's size, nothing else."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
+  from train.servers import SegmentationServer  # pylint: disable=g-import-not-at-top
+  from train.serving_inputs import model_inputs  # pylint: disable=g-import-not-at-top
+  from tests.helpers import records  # pylint: disable=g-import-not-at-top
+  h, w, (cx, cy, r) = 90, 270, (200, 45, 14)
+  yy, xx = np.mgrid[:h, :w]
+  obj = (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
+  img = np.full((h, w, 3), 80, np.uint8)
+  img[obj] = (200, 40, 30)
+  for sub, arr, mode in (("images", img, None), ("masks", obj.astype(np.uint8), "L")):
+    (tmp_path / "data" / sub).mkdir(parents=True)
+    (tmp_path / "data" / sub / "a.png").write_bytes(png(arr, mode))
+  out = str(tmp_path / "prep")
+  assert run_cli(["segmentation", "--input", str(tmp_path / "data"), "--output", out,
+                  "--layout", "folders", "--image-size", "48", "--variants", "1",
+                  "--eval-percent", "0"]) == 0
+  table = FeatureTable.load(out)
+  transform = tft.TFTransformOutput(f"{out}/{keys.TRANSFORM_DIR}")
+  [serialized] = [r.SerializeToString() for r in records(out)]
+  rec = table.decode_numpy(serialized)
+  x = model_inputs(table, transform.transform_raw_features(
+      tf.io.parse_example([serialized], table.raw_feature_spec(table.keys("model_input")))))
+  redness = (x[0, ..., 0] - x[0, ..., 1]).numpy()
+  label = rec[keys.MASK].reshape(48, 48)
+  middle = (redness[label == 1].mean() + redness[label == 0].mean()) / 2
+  model = keras.Sequential([keras.Input((48, 48, table.input_channels)), keras.layers.Lambda(
+      lambda t: 100.0 * (t[..., 0:1] - t[..., 1:2] - middle))])
+  server = SegmentationServer(model, transform, table)
+  served = server.serve(tf.constant(img), tf.constant([[cx, cy]], tf.int32),
+                        tf.zeros([0, 2], tf.int32))["mask"].numpy().astype(bool)
+  assert served.shape == (h, w)
+  iou = (served & obj).sum() / (served | obj).sum()
+  assert iou > 0.9, iou
