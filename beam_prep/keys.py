@@ -13,18 +13,18 @@ a record is one (object, click variant):
 | key                  | declared by    | content                                  |
 |----------------------|----------------|------------------------------------------|
 | `image_id`           | read           | stem of the source image                 |
-| `image`              | decode, resize | uint8 [S, S, 3] RGB; model input: the    |
-|                      |                | source fitted with its aspect ratio kept |
-|                      |                | (long side S), padded black at the       |
-|                      |                | bottom or right                          |
-| `height`, `width`    | decode, resize | the source image's size (before resize); |
-|                      |                | the region it fills in the S x S arrays  |
-|                      |                | is `ops.image.fitted_size(height, width, |
-|                      |                | S, S)`, at the top left (top right in a  |
-|                      |                | `flipped` record)                        |
-| `object_id`          | split_objects  | instance id in the source mask (1..254)  |
-| `mask`               | split_objects  | uint8 [S, S, 1]: 1 object, 0 background, |
+| `image`              | decode,        | uint8 [S, S, 3] RGB; model input: the    |
+|                      | crop_objects   | object's crop (`crop_box`) resized to S, |
+|                      |                | padded black where the box leaves the    |
+|                      |                | image (`--crop none`: `resize`, the whole|
+|                      |                | image fitted with its aspect ratio kept, |
+|                      |                | long side S, padded at bottom or right)  |
+| `height`, `width`    | decode         | the source image's size                  |
+| `object_id`          | crop_objects   | instance id in the source mask (1..254)  |
+| `mask`               | crop_objects   | uint8 [S, S, 1]: 1 object, 0 background, |
 |                      |                | 255 ignore (the padding too); the label  |
+| `crop_box`           | crop_objects   | int64 [4]: (x0, y0, x1, y1) of the crop  |
+|                      |                | in source pixels (x1, y1 exclusive)      |
 | `positive_clicks`    | sample_clicks  | int64 list of (x, y) pairs, x = column   |
 | `negative_clicks`    | sample_clicks  | same                                     |
 | `negative_strategy`, `variant`, `flipped` | sample_clicks | int64          |

@@ -31,6 +31,20 @@ def scene(size=48, boxes=((6, 6, 30, 30),)):
   return img, inst
 
 
+def red_disk_data(root, h, w, cx, cy, r):
+  """A folders-layout data set under ROOT/data: one h x w grey image with a red
+  disk, its mask; returns (image, object mask bool)."""
+  yy, xx = np.mgrid[:h, :w]
+  obj = (xx - cx) ** 2 + (yy - cy) ** 2 <= r * r
+  img = np.full((h, w, 3), 80, np.uint8)
+  img[obj] = (200, 40, 30)
+  for sub, arr, mode in (("images", img, None), ("masks", obj.astype(np.uint8), "L")):
+    os.makedirs(os.path.join(root, "data", sub))
+    with open(os.path.join(root, "data", sub, "a.png"), "wb") as f:
+      f.write(png(arr, mode))
+  return img, obj
+
+
 def run_cli(argv):
   """Runs `beam-prep` in-process; returns its exit code."""
   from pipelines import cli  # pylint: disable=g-import-not-at-top

@@ -91,9 +91,11 @@ def _trimap(y0, x0, size, band=2):
 
 
 def _prep(root, out, size=S):
+  """The job on whole images (`--crop none`): a record's mask is the layout's
+  mask at the records' size, compared here with RITM's reading."""
   return run_cli(["segmentation", "--input", str(root), "--output", str(out),
                   "--image-size", str(size), "--variants", "1", "--eval-percent", "0",
-                  "--max-error-fraction", "1"])
+                  "--max-error-fraction", "1", "--crop", "none"])
 
 
 def _masks(out, split="*", size=S):
@@ -357,7 +359,8 @@ def test_sbd_val_list_alone_is_an_evaluation_only_output(tmp_path):
   (data / "train.txt").unlink()
   out = tmp_path / "out"
   assert run_cli(["segmentation", "--input", str(data), "--output", str(out), "--image-size",
-                  str(SBD_SIZE), "--variants", "1", "--progress-seconds", "0"]) == 0
+                  str(SBD_SIZE), "--variants", "1", "--progress-seconds", "0",
+                  "--crop", "none"]) == 0
   m = manifest(str(out))
   assert m["complete"] and m["eval_only"] and m["config"]["eval_percent"] == 100
   c = m["counts"]

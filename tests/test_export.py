@@ -60,11 +60,6 @@ def test_serving_any_image_size_and_bad_inputs(trained):
             negative_clicks=tf.zeros([0, 2], tf.int32))
 
 
-def _disk(h, w, cx, cy, r):
-  yy, xx = np.mgrid[:h, :w]
-  return (xx - cx) ** 2 + (yy - cy) ** 2 <= r * r
-
-
 def test_a_wide_image_is_padded_in_its_records_and_served_back_in_place(tmp_path):
   """A 3:1 image: its record holds it fitted at the top, the padding ignore;
   the served mask of a model that marks a disk around the positive click
@@ -74,15 +69,10 @@ def test_a_wide_image_is_padded_in_its_records_and_served_back_in_place(tmp_path
   import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.image import resize_nearest  # pylint: disable=g-import-not-at-top
-  from tests.helpers import records  # pylint: disable=g-import-not-at-top
+  from tests.helpers import records, red_disk_data  # pylint: disable=g-import-not-at-top
   from train.servers import SegmentationServer  # pylint: disable=g-import-not-at-top
   h, w, size, (cx, cy, r) = 60, 180, 96, (120, 30, 20)
-  obj = _disk(h, w, cx, cy, r)
-  img = np.full((h, w, 3), 80, np.uint8)
-  img[obj] = (200, 40, 30)
-  for sub, arr, mode in (("images", img, None), ("masks", obj.astype(np.uint8), "L")):
-    (tmp_path / "data" / sub).mkdir(parents=True)
-    (tmp_path / "data" / sub / "a.png").write_bytes(png(arr, mode))
+  img, obj = red_disk_data(str(tmp_path), h, w, cx, cy, r)
   out = str(tmp_path / "prep")
   assert run_cli(["segmentation", "--input", str(tmp_path / "data"), "--output", out,
                   "--layout", "folders", "--image-size", str(size), "--variants", "1",

@@ -11,13 +11,14 @@ every op of the chain that produces or changes a model input runs through its
 TensorFlow twin (`register_op(..., twin=...)`), in chain order, on the
 request; then each model input becomes the raw bytes the records hold, the
 exported tf.Transform layer normalizes them, and the model predicts. With the
-default chain: `decode` (decoded pixels pass), `resize` to the records' size
-with the aspect ratio kept (the long side fills it, bilinear, half-pixel
-centres, rounded to uint8, padded black at the bottom or right; clicks moved
-to the pixel of nearest centre), `sample_clicks` (the request's clicks stand in for sampled
-ones), `distance_maps` (and/or `click_disks`), then any user op. An op that
-changes a model input without a twin stops the export (and `fit`, before
-training) with an error naming it (`ServingPlanError`).
+default chain: `decode` (decoded pixels pass), `crop_objects` (the box of the
+previous mask and the positive clicks, cut and resized exactly as the Beam
+job cut its objects; clicks moved into it: `beam_prep.ops.crop`), or with
+`--crop none` `resize` (the whole image with the aspect ratio kept),
+`sample_clicks` (the request's clicks stand in for sampled ones),
+`distance_maps` (and/or `click_disks`), then any user op. An op that changes
+a model input without a twin stops the export (and `fit`, before training)
+with an error naming it (`ServingPlanError`).
 
 Segmentation, signature `serving_default` (one image per request):
   inputs   image            uint8 [H, W, 3], any size
@@ -26,14 +27,21 @@ Segmentation, signature `serving_default` (one image per request):
   outputs  probabilities    float32 [H, W], object probability
            mask             uint8 [H, W], 1 object (probability > 0.49, the NoC
                             protocol's threshold: train.clicker.PRED_THR), 0 background
-The model's output at the records' size is cropped to the region the image
-fills there (`beam_prep.ops.image.fitted_size`; the padding is dropped), then
+Crop records: without a previous mask the graph predicts on the whole image
+first and crops that mask (`train.servers.SegmentationServer`); the crop's
+probabilities are placed back in its box, 0 outside. Whole-image records: the
+model's output at the records' size is cropped to the region the image fills
+there (`beam_prep.ops.image.fitted_size`; the padding is dropped), then
 resized to H x W.
 The image is a decoded uint8 array rather than PNG/JPEG bytes so that the
 graph sees exactly the pixels the Beam job saw (no second JPEG decoder that
 may round differently); `beam-train predict` decodes files for you. Clicks
 outside the image are clamped to its border; no positive click, or an empty
 image, is an InvalidArgument error for that request.
+
+Segmentation, signature `serve_iterative`: the inputs of `serving_default`
+plus `previous_mask` uint8 [H, W] (the previous click's mask; all 0: none),
+the same outputs.
 
 Segmentation, signature `serve_examples` (batch scoring, TFX convention):
   inputs   examples         string [B]: serialized tf.Examples in the raw

@@ -201,8 +201,13 @@ class Page:
     last = item["last"]
     if last is not None and last[0] == key:
       return last[1]
-    out = self.model.predict("serving_default", {"image": item["image"], "positive_clicks": pos,
-                                                 "negative_clicks": neg})
+    signature, inputs = "serving_default", {"image": item["image"], "positive_clicks": pos,
+                                            "negative_clicks": neg}
+    if (last is not None and "serve_iterative" in self.model.signatures
+        and all(new.startswith(old) for new, old in zip(key, last[0]))):
+      # One more click: the model refines the crop of its last mask, as in evaluation.
+      signature, inputs["previous_mask"] = "serve_iterative", last[1].astype(np.uint8)
+    out = self.model.predict(signature, inputs)
     # The served mask is the protocol's (`beam-train evaluate`): probability above 0.49.
     mask = out["mask"] > 0
     item["last"] = (key, mask)
