@@ -209,7 +209,7 @@ def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
   path, images, annotations = _dataset(tmp_path)
   out = str(tmp_path / "out")
   assert run_cli(["segmentation", "--input", path, "--image-root", str(tmp_path / "images"),
-                  "--output", out, "--image-size", "64", "--variants", "1",
+                  "--output", out, "--image-size", "64", "--variants", "1", "--crop", "none",
                   "--eval-percent", "0", "--max-error-fraction", "1"]) == 0
   m = manifest(out)
   assert m["config"]["layout"] == "coco"
@@ -292,7 +292,7 @@ def test_coco_job_counts_box_only_rows_apart(tmp_path):
   path.write_text(json.dumps({"images": images, "annotations": annotations}))
   out = str(tmp_path / "out")
   assert run_cli(["segmentation", "--input", str(path), "--image-root", str(tmp_path / "images"),
-                  "--output", out, "--image-size", "64", "--variants", "1",
+                  "--output", out, "--image-size", "64", "--variants", "1", "--crop", "none",
                   "--eval-percent", "0", "--max-error-fraction", "1"]) == 0
   c = manifest(out)["counts"]
   assert c["objects_box_only"] == 3

@@ -29,10 +29,11 @@ RUNS = {
     "disks+edges": (["--click-encoding", "disks", "--ops-module", "tests.fixtures.edge_ops",
                      "--ops", "edges"], 6),
     "both+cap": (["--click-encoding", "both", "--flip-variants", "--ops-module",
-                  "tests.fixtures.user_ops", "--ops", "cap_distance(64)"], 7),
+                  "tests.fixtures.user_ops", "--ops", "cap_distance(64)", "--crop", "none"], 7),
 }
 # Each op with a twin, and a run whose chain holds it.
-OP_RUNS = {"decode": "disks+edges", "resize": "disks+edges", "flip_variants": "both+cap",
+OP_RUNS = {"decode": "disks+edges", "crop_objects": "disks+edges", "resize": "both+cap",
+           "flip_variants": "both+cap",
            "click_disks": "disks+edges", "edges": "disks+edges", "distance_maps": "both+cap",
            "cap_distance": "both+cap"}
 SIZE = 48

@@ -79,7 +79,7 @@ def test_classification_counts_images_and_examples(tmp_path):
 def test_min_object_area_dead_letters_small_objects_with_their_source_area(tmp_path):
   boxes = ((2, 2, 42, 42), (44, 44, 47, 47), (2, 44, 4, 46))  # 1600, 9 and 4 pixels.
   kernel = _kernel(tmp_path, min_object_area=10)
-  assert any("object_areas|resize(48)" in s.chain for s in kernel.stages)
+  assert any("object_areas|crop_objects(48" in s.chain for s in kernel.stages)
   result = kernel.process(_pointer(tmp_path, boxes=boxes))
   c = result.tally.counts
   assert (c["objects_found"], c["objects_failed"]) == (3, 2)

@@ -109,7 +109,8 @@ def test_shard_from_another_run_is_refused_before_training(prep_dir, tmp_path, c
            "image": np.zeros((32, 32, 3), np.uint8),
            "distance_maps": np.zeros((32, 32, 2), np.uint8), "mask": np.zeros((32, 32), np.uint8),
            "positive_clicks": np.zeros((1, 2), int), "negative_clicks": np.zeros((0, 2), int),
-           "height": 32, "width": 32, "negative_strategy": 0, "flipped": 0}
+           "height": 32, "width": 32, "negative_strategy": 0, "flipped": 0,
+           "crop_box": np.array([0, 0, 32, 32])}
   table = FeatureTable.load(prep_dir)
   other_table = FeatureTable(table.entries, (32, 32), table.task)
   path = os.path.join(data, "records", "train-00007-of-00008.tfrecord")
