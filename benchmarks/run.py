@@ -18,7 +18,8 @@ Figures (each the median of several timed repetitions after a warm-up):
   prep.peak_rss_mb.N / .16N  peak memory of the pipeline at two data-set sizes
   prep.beam_marginal_objects_s  objects/s between N and 16N (fixed cost removed)
   prep.two_workers_speedup   16N with 2 DirectRunner worker threads vs 1 worker
-  storage.*                  bytes per source image and read rate of record layouts
+  storage.*                  bytes per (object, variant), reader examples/s per core and
+                             write time of the record layouts (`bench_storage`)
   serve.latency_ms_p50/p95   one 512x512 image, 5+5 clicks, loaded SavedModel
   serve.rest_latency_ms_p50/p95  the same through `beam-train serve`'s TF Serving
                              REST endpoint (JSON both ways), and its ratio to the
@@ -218,101 +219,120 @@ def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[s
   return out
 
 
-def _per_object_records(files: List[str], table) -> List[bytes]:
-  """Today's records regrouped as one record per object holding every variant:
-  image and mask once, the click encodings and clicks of all variants stacked."""
+def write_variant_layout(prep, path: str) -> int:
+  """The job's records rewritten in the layout before format 3 (one record per
+  (object, variant), every per-pixel feature raw: `FeatureTable.encode`);
+  returns the examples written."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  per_variant = [e.key for e in table.model_inputs if e.key != keys.IMAGE]
-  objects: Dict[Any, List[Dict[str, Any]]] = {}
-  for raw in tf.data.TFRecordDataset(files):
-    f = tf.train.Example.FromString(raw.numpy()).features.feature
-    key = (f[keys.IMAGE_ID].bytes_list.value[0], f[keys.OBJECT_ID].int64_list.value[0])
-    objects.setdefault(key, []).append(f)
-  out = []
-  for variants in objects.values():
-    first = variants[0]
-    feature = {k: first[k] for k in (keys.IMAGE, keys.MASK, keys.IMAGE_ID, keys.OBJECT_ID)}
-    for k in per_variant:
-      feature[k] = tf.train.Feature(bytes_list=tf.train.BytesList(
-          value=[b"".join(v[k].bytes_list.value[0] for v in variants)]))
-    for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS):
-      feature[k] = tf.train.Feature(int64_list=tf.train.Int64List(
-          value=[x for v in variants for x in v[k].int64_list.value]))
-    feature["variants"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[len(variants)]))
-    out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(
-        deterministic=True))
-  return out
+  n = 0
+  with tf.io.TFRecordWriter(path) as writer:
+    for serialized in prep.dataset(keys.TRAIN_SPLIT):
+      for ex in prep.table.decode_examples(serialized.numpy()):
+        writer.write(prep.table.encode(ex))
+        n += 1
+  return n
 
 
-def bench_storage(data: str, plain_dir: str, workdir: str, s: Dict[str, Any]
-                  ) -> Dict[str, float]:
-  """Bytes per source image and read rate (examples/s) of three record layouts.
-
-  A training example is one (object, click variant) in every layout; the
-  reader parses a batch, decodes the per-pixel features and, for the
-  per-object layout, picks one variant at random per example in the graph.
-  """
+def reader_rate(files: List[str], table, s: Dict[str, Any]) -> float:
+  """Training examples/s of the trainer's Decoder (parse, pick one variant per
+  record, decompress) over `files`, on one core: tf.data runs in a private
+  pool of one thread, as the trainer's reader path (`InputReader.dataset`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from train.data import Decoder  # pylint: disable=g-import-not-at-top
+  decoder = Decoder(table, table.keys("model_input") + table.keys("label"))
+  ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+      lambda f: tf.data.TFRecordDataset(f, compression_type=keys.compression_of(files[0])),
+      cycle_length=max(len(files), 1), deterministic=False)
+  ds = ds.repeat().shuffle(64).batch(s["batch"], drop_remainder=True).map(decoder.decode)
+  options = tf.data.Options()
+  options.threading.private_threadpool_size = 1
+  options.autotune.enabled = False
+  it = iter(ds.with_options(options))
+  for _ in range(3):
+    next(it)
+
+  def take():
+    for _ in range(s["batches"]):
+      next(it)
+    return s["batches"] * s["batch"]
+
+  return _median_rate(take, s["repeats"])
+
+
+# The issue's setting for the record layouts: 256 px records (the settings' size), 4 variants.
+STORAGE_VARIANTS = 4
+
+
+def encode_ms(data: str, size: int, variants: int, repeats: int) -> Dict[str, float]:
+  """Milliseconds per (object, variant) to encode the finished examples of
+  `data` as the job's records (`encode_unit`, one per object) and as the
+  layout before (`encode`, one per example); the ops themselves excluded."""
+  from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
+  from beam_prep.kernel import Kernel, Tally  # pylint: disable=g-import-not-at-top
+  from beam_prep.readers import resolve_layout  # pylint: disable=g-import-not-at-top
+  layout = resolve_layout(data, "auto", "instances")
+  config = PrepConfig(input=data, output="unused", image_size=size, variants=variants,
+                      layout=layout.name)
+  table = config.features()
+  kernel = Kernel(config.layout, config.stages, config.ops_module, table)
+  units = []
+  for path in sorted(glob.glob(layout.pattern(data))):
+    ex, _ = kernel.read(layout.pointer(data, path), Tally())
+    if ex is not None:
+      units += kernel.apply_units(ex, Tally())[0]
+  examples = sum(len(u) for u in units)
+
+  def stacked():
+    for unit in units:
+      table.encode_unit(unit)
+    return examples
+
+  def each():
+    for unit in units:
+      for ex in unit:
+        table.encode(ex)
+    return examples
+
+  return {"object": 1000.0 / _median_rate(stacked, repeats),
+          "variant": 1000.0 / _median_rate(each, repeats)}
+
+
+def bench_storage(data: str, workdir: str, s: Dict[str, Any]) -> Dict[str, float]:
+  """Bytes per (object, variant), reader examples/s per core and write time of
+  the record layouts, on the train records of a job at STORAGE_VARIANTS variants.
+
+  `object`: the job's records (a record per object, its variants stacked,
+  masks and click maps zlib-compressed); `object_gzip`: the same job with
+  --compression gzip; `variant`: the layout before (a record per (object,
+  variant), every array raw), rewritten from the job's records. A training
+  example is one (object, variant) in every layout. Write time: encoding
+  alone (`encode_ms`); gzip adds its compression in the record writer.
+  """
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
-  gzip_dir = os.path.join(workdir, "storage_gzip")
-  m = run_pipeline(data, gzip_dir, s["size"], s["variants"], compression="gzip")
-  plain = PrepOutput(plain_dir)
-  table = plain.table
-  h, w = table.image_size
-  inputs = m["counts"]["inputs_read"]
-  per_pixel = {e.key: e for e in table if e.feature.per_pixel}
-  objects_file = os.path.join(workdir, "storage_per_object.tfrecord")
-  files = {"plain": plain.files("*"), "gzip": PrepOutput(gzip_dir).files("*"),
-           "per_object": [objects_file]}
-  with tf.io.TFRecordWriter(objects_file) as writer:
-    for r in _per_object_records(files["plain"], table):
-      writer.write(r)
-
-  def reader(layout):
-    names = files[layout]
-    spec = {k: tf.io.FixedLenFeature([], tf.string) for k in per_pixel}
-    if layout == "per_object":
-      spec["variants"] = tf.io.FixedLenFeature([], tf.int64)
-
-    def decode(batch):
-      raw = tf.io.parse_example(batch, spec)
-      out = {}
-      for k, e in per_pixel.items():
-        c = e.feature.channels
-        x = tf.io.decode_raw(raw[k], tf.as_dtype(e.feature.dtype))
-        if layout == "per_object" and k not in (keys.IMAGE, keys.MASK):
-          x = tf.reshape(x, [-1, s["variants"], h, w, c])
-          pick = tf.random.uniform([tf.shape(x)[0]], 0, tf.cast(raw["variants"][0], tf.int32),
-                                   dtype=tf.int32)
-          x = tf.gather(x, pick, axis=1, batch_dims=1)
-        out[k] = tf.reshape(x, [-1, h, w, c])
-      return out
-
-    ds = tf.data.Dataset.from_tensor_slices(names).interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type=keys.compression_of(names[0])),
-        cycle_length=max(len(names), 1), num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=False)
-    ds = ds.repeat().shuffle(64).batch(s["batch"], drop_remainder=True)
-    return ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-  out = {}
-  for layout, names in files.items():
-    size = sum(os.path.getsize(f) for f in names)
-    out[f"storage.{layout}.bytes_per_image"] = size / max(inputs, 1)
-    it = iter(reader(layout))
-    for _ in range(3):
-      next(it)
-
-    def take(it=it):
-      for _ in range(s["batches"]):
-        next(it)
-      return s["batches"] * s["batch"]
-
-    out[f"storage.{layout}.examples_s"] = _median_rate(take, s["repeats"])
-    _log(f"storage {layout}: {out[f'storage.{layout}.bytes_per_image'] / 1e6:.2f} MB per "
-         f"image, {out[f'storage.{layout}.examples_s']:.0f} examples/s")
+  dirs = {name: os.path.join(workdir, f"storage_{name}") for name in ("object", "object_gzip")}
+  run_pipeline(data, dirs["object"], s["size"], STORAGE_VARIANTS)
+  run_pipeline(data, dirs["object_gzip"], s["size"], STORAGE_VARIANTS, compression="gzip")
+  prep = PrepOutput(dirs["object"])
+  table = prep.table
+  examples = prep.manifest["counts"]["examples_written"][keys.TRAIN_SPLIT]
+  variant_file = os.path.join(workdir, "storage_variant.tfrecord")
+  assert write_variant_layout(prep, variant_file) == examples
+  layouts = {"object": (prep.files(keys.TRAIN_SPLIT), table),
+             "object_gzip": (PrepOutput(dirs["object_gzip"]).files(keys.TRAIN_SPLIT), table),
+             "variant": ([variant_file], table.example_view)}
+  write = encode_ms(data, s["size"], STORAGE_VARIANTS, s["repeats"])
+  out = {"storage.variants": STORAGE_VARIANTS}
+  for layout, (files, layout_table) in layouts.items():
+    size = sum(os.path.getsize(f) for f in files)
+    out[f"storage.{layout}.bytes_per_example"] = size / max(examples, 1)
+    out[f"storage.{layout}.examples_s_per_core"] = reader_rate(files, layout_table, s)
+    out[f"storage.{layout}.encode_ms_per_example"] = write[layout.split("_")[0]]
+    _log(f"storage {layout}: {out[f'storage.{layout}.bytes_per_example'] / 1e3:.0f} kB per "
+         f"(object, variant), {out[f'storage.{layout}.examples_s_per_core']:.0f} examples/s "
+         f"per core, {out[f'storage.{layout}.encode_ms_per_example']:.2f} ms to encode")
   return out
 
 
@@ -527,6 +547,44 @@ def pipeline_in_fresh_process(data: str, out: str, size: int, variants: int = 1,
   raise RuntimeError(f"pipeline run failed:\n{r.stdout}\n{r.stderr}")
 
 
+PAIRS = 3  # Paired measurements of the Beam job's marginal rate against the kernel loop.
+
+
+def bench_marginal(workdir: str, small: str, large: str, s: Dict[str, Any]) -> Dict[str, Any]:
+  """The Beam job's marginal objects/s (the slope between N and 16N images, one
+  worker, fresh processes) against the plain kernel loop over the 16N images,
+  as PAIRS paired measurements: the figures are the medians, the ratio the
+  median of the pairs' ratios (the loop alone moves a lot between runs)."""
+  one_worker = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+  pairs = []
+  for i in range(PAIRS):
+    run_n = pipeline_in_fresh_process(small, os.path.join(workdir, f"rss_n_{i}"), s["size"],
+                                      s["variants"], one_worker)
+    run_16n = pipeline_in_fresh_process(large, os.path.join(workdir, f"rss_16n_{i}"),
+                                        s["size"], s["variants"], one_worker)
+    extra = run_16n["seconds"] - run_n["seconds"]
+    marginal = (run_16n["objects"] - run_n["objects"]) / extra if extra > 0 else float("nan")
+    kernel = bench_kernel_loop(large, s["size"], s["variants"])
+    pairs.append({"n": run_n, "16n": run_16n, "marginal": marginal, "kernel": kernel,
+                  "ratio": marginal / kernel})
+    _log(f"pair {i + 1}: Beam marginal {marginal:.1f} objects/s, kernel loop {kernel:.1f} "
+         f"objects/s ({marginal / kernel:.2f})")
+  median = statistics.median
+  first = pairs[0]
+  marginal = median(p["marginal"] for p in pairs)
+  return {
+      "prep.beam_marginal_objects_s": marginal,
+      "prep.kernel_objects_s.16N": median(p["kernel"] for p in pairs),
+      "prep.beam_marginal_vs_kernel_pairs": [p["ratio"] for p in pairs],
+      "prep.beam_marginal_vs_kernel_median": median(p["ratio"] for p in pairs),
+      "prep.beam_fixed_seconds": median(
+          p["n"]["seconds"] - p["n"]["objects"] / p["marginal"] for p in pairs),
+      "prep.seconds_16n_1_worker": median(p["16n"]["seconds"] for p in pairs),
+      "prep.peak_rss_mb.N": first["n"]["rss_mb"], "prep.peak_rss_mb.16N": first["16n"]["rss_mb"],
+      "prep.rss_images.N": s["rss_n"], "prep.records_mb.16N": first["16n"]["records_mb"],
+  }
+
+
 # --------------------------------------------------------------------------- main
 
 SETTINGS = {
@@ -554,6 +612,8 @@ TARGETS = {
     "clicks.ms_per_sample": ("<=", 20.0),
     "clicks.speedup_vs_reference": (">=", 15.0),
     "prep.peak_rss_16n_vs_n": ("<=", 1.1),
+    "storage.object_vs_variant_bytes": ("<=", 0.4),
+    "storage.object_vs_variant_reader": (">=", 1.0),
 }
 
 
@@ -588,35 +648,18 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
 
   small = make_data(workdir, s["rss_n"], s["size"], seed=1)
   large = make_data(workdir, 16 * s["rss_n"], s["size"], seed=1)
-  one_worker = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
-  run_n = pipeline_in_fresh_process(small, os.path.join(workdir, "rss_n"), s["size"],
-                                    s["variants"], one_worker)
-  run_16n = pipeline_in_fresh_process(large, os.path.join(workdir, "rss_16n"), s["size"],
-                                      s["variants"], one_worker)
+  figures.update(bench_marginal(workdir, small, large, s))
   run_16n_2w = pipeline_in_fresh_process(
       large, os.path.join(workdir, "rss_16n_2w"), s["size"], s["variants"],
       ["--direct_running_mode=multi_threading", "--direct_num_workers=2"])
-  figures["prep.peak_rss_mb.N"] = run_n["rss_mb"]
-  figures["prep.peak_rss_mb.16N"] = run_16n["rss_mb"]
-  figures["prep.rss_images.N"] = s["rss_n"]
-  figures["prep.records_mb.16N"] = run_16n["records_mb"]
-  # Objects per second beyond the fixed start-up and tf.Transform cost: the
-  # slope between the two sizes.
-  extra = run_16n["seconds"] - run_n["seconds"]
-  figures["prep.beam_marginal_objects_s"] = (
-      (run_16n["objects"] - run_n["objects"]) / extra if extra > 0 else float("nan"))
-  figures["prep.beam_fixed_seconds"] = run_n["seconds"] - run_n["objects"] / figures[
-      "prep.beam_marginal_objects_s"] if extra > 0 else float("nan")
-  figures["prep.seconds_16n_1_worker"] = run_16n["seconds"]
   figures["prep.seconds_16n_2_workers"] = run_16n_2w["seconds"]
-  figures["prep.two_workers_speedup"] = run_16n["seconds"] / run_16n_2w["seconds"]
+  figures["prep.two_workers_speedup"] = (figures["prep.seconds_16n_1_worker"]
+                                         / run_16n_2w["seconds"])
   figures["prep.peak_rss_mb.16N_2_workers"] = run_16n_2w["rss_mb"]
   _log(f"memory: {figures['prep.peak_rss_mb.N']:.0f} MB at N={s['rss_n']}, "
-       f"{figures['prep.peak_rss_mb.16N']:.0f} MB at 16N ({run_16n['records_mb']:.0f} MB of "
-       f"records); 2 workers {figures['prep.two_workers_speedup']:.2f}x faster at 16N")
-  # The plain loop over the same images as the slope, for a like-for-like ratio.
-  figures["prep.kernel_objects_s.16N"] = bench_kernel_loop(large, s["size"], s["variants"])
-  figures.update(bench_storage(data, prep_dir, workdir, s))
+       f"{figures['prep.peak_rss_mb.16N']:.0f} MB at 16N ({figures['prep.records_mb.16N']:.0f} "
+       f"MB of records); 2 workers {figures['prep.two_workers_speedup']:.2f}x faster at 16N")
+  figures.update(bench_storage(data, workdir, s))
 
   from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
   from train import loop  # pylint: disable=g-import-not-at-top
@@ -645,8 +688,11 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
           figures["input.precomputed_img_s"] / figures["input.read_ceiling_img_s"],
       "train.real_vs_synthetic": figures["train.real_steps_s"] / figures["train.synthetic_steps_s"],
       "prep.beam_vs_kernel": figures["prep.beam_objects_s"] / figures["prep.kernel_objects_s"],
-      "prep.beam_marginal_vs_kernel":
-          figures["prep.beam_marginal_objects_s"] / figures["prep.kernel_objects_s.16N"],
+      "prep.beam_marginal_vs_kernel": figures["prep.beam_marginal_vs_kernel_median"],
+      "storage.object_vs_variant_bytes": (figures["storage.object.bytes_per_example"]
+                                          / figures["storage.variant.bytes_per_example"]),
+      "storage.object_vs_variant_reader": (figures["storage.object.examples_s_per_core"]
+                                           / figures["storage.variant.examples_s_per_core"]),
       "clicks.ms_per_sample": figures["clicks.ms_per_sample"],
       "clicks.speedup_vs_reference":
           figures["clicks.reference_ms_per_sample"] / figures["clicks.ms_per_sample"],
@@ -680,7 +726,9 @@ def table(result: Dict[str, Any]) -> str:
       ("prep.kernel_objects_s.16N", f"{f['prep.kernel_objects_s.16N']:.1f}",
        f"the plain loop over the {16 * f['prep.rss_images.N']} images of the slope"),
       ("prep.beam_marginal_objects_s", f"{f['prep.beam_marginal_objects_s']:.1f}",
-       f"slope between N and 16N images; fixed cost {f['prep.beam_fixed_seconds']:.1f} s"),
+       f"slope between N and 16N images, median of {PAIRS}; fixed cost "
+       f"{f['prep.beam_fixed_seconds']:.1f} s; pairs' ratios to the loop "
+       + ", ".join(f"{r:.2f}" for r in f["prep.beam_marginal_vs_kernel_pairs"])),
       ("prep.two_workers_speedup", f"{f['prep.two_workers_speedup']:.2f}",
        f"16N images: {f['prep.seconds_16n_1_worker']:.1f} s with 1 worker, "
        f"{f['prep.seconds_16n_2_workers']:.1f} s with 2 worker threads"),
@@ -708,11 +756,14 @@ def table(result: Dict[str, Any]) -> str:
       ("noc.model_object_clicks_s", f"{f['noc.model_object_clicks_s']:.1f}",
        "the same through the model's serving graph"),
   ]
-  for layout, what in (("plain", "a record per (object, variant), uncompressed (default)"),
-                       ("gzip", "the same, gzip"),
-                       ("per_object", "a record per object holding all its variants")):
-    rows.append((f"storage.{layout}", f"{f[f'storage.{layout}.bytes_per_image'] / 1e6:.2f} MB/img, "
-                 f"{f[f'storage.{layout}.examples_s']:.0f} ex/s", what))
+  for layout, what in (("object", "the job's records: a record per object, variants stacked"),
+                       ("object_gzip", "the same, --compression gzip"),
+                       ("variant", "before: a record per (object, variant), arrays raw")):
+    rows.append((f"storage.{layout}",
+                 f"{f[f'storage.{layout}.bytes_per_example'] / 1e3:.0f} kB/ex, "
+                 f"{f[f'storage.{layout}.examples_s_per_core']:.0f} ex/s/core, "
+                 f"{f[f'storage.{layout}.encode_ms_per_example']:.2f} ms/ex to encode",
+                 f"{what}; {size}px, {f['storage.variants']} variants"))
   out = ["| figure | value | setting |", "|---|---|---|"]
   out += [f"| `{a}` | {b} | {c} |" for a, b, c in rows]
   out += ["", "| target | measured | wanted | met |", "|---|---|---|---|"]

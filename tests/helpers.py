@@ -92,23 +92,27 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
   serving = tf.saved_model.load(latest_export(export)).signatures["serving_default"]
   files = sorted(glob.glob(keys.record_pattern(prep_dir, keys.EVAL_SPLIT)))
   checked = 0
+  decoder = Decoder(table, task.transform_keys)
   for serialized in [r.numpy() for r in tf.data.TFRecordDataset(files).take(n)]:
-    rec = table.decode_numpy(serialized)
-    clicks = {k: rec[k] for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
-    served = server.raw_model_input(
-        {keys.IMAGE: tf.constant(rec[keys.IMAGE]), **{k: tf.constant(v) for k, v in clicks.items()}})
-    stored = tf.train.Example.FromString(serialized).features.feature
-    assert set(served) == set(table.keys("model_input"))
-    for key, value in served.items():  # uint8 exact: the very bytes of the records
-      assert value.numpy() == stored[key].bytes_list.value[0], key
-    raw = Decoder(table, task.transform_keys).decode(tf.constant([serialized]))
-    train_inputs, _ = Parser(tft_out, table, task)(raw, training=False)
-    np.testing.assert_array_equal(
-        server.model_input({k: v[None] for k, v in served.items()}).numpy(), train_inputs.numpy())
-    out = serving(image=tf.constant(rec[keys.IMAGE]),
-                  **{k: tf.constant(v, tf.int32) for k, v in clicks.items()})
-    want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
-    np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
-    np.testing.assert_array_equal(out["mask"].numpy(), (want > clicker.PRED_THR).astype(np.uint8))
-    checked += 1
+    # Every variant of the record: the example view the trainer decodes.
+    raw = decoder.decode(tf.constant([serialized]), training=False)
+    train_all, _ = Parser(tft_out, table, task)(raw, training=False)
+    for i, rec in enumerate(table.decode_examples(serialized)):
+      clicks = {k: rec[k] for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
+      served = server.raw_model_input({keys.IMAGE: tf.constant(rec[keys.IMAGE]),
+                                       **{k: tf.constant(v) for k, v in clicks.items()}})
+      assert set(served) == set(table.keys("model_input"))
+      for key, value in served.items():  # uint8 exact: the very bytes of the records
+        assert value.numpy() == raw[key][i].numpy(), key
+      train_inputs = train_all[i:i + 1]
+      np.testing.assert_array_equal(
+          server.model_input({k: v[None] for k, v in served.items()}).numpy(),
+          train_inputs.numpy())
+      out = serving(image=tf.constant(rec[keys.IMAGE]),
+                    **{k: tf.constant(v, tf.int32) for k, v in clicks.items()})
+      want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
+      np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
+      np.testing.assert_array_equal(out["mask"].numpy(),
+                                    (want > clicker.PRED_THR).astype(np.uint8))
+      checked += 1
   assert checked, f"no eval records in {prep_dir}"
