@@ -33,6 +33,7 @@ Figures (each the median of several timed repetitions after a warm-up):
 import argparse
 import glob
 import json
+import math
 import os
 import platform
 import shutil
@@ -159,7 +160,7 @@ def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[s
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.distance import distance_maps  # pylint: disable=g-import-not-at-top
-  from train.data import InputReader  # pylint: disable=g-import-not-at-top
+  from train.data import Decoder, InputReader  # pylint: disable=g-import-not-at-top
   from train.export import to_raw_bytes  # pylint: disable=g-import-not-at-top
   from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
@@ -168,7 +169,7 @@ def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[s
   table = prep.table
   files = prep.files(keys.TRAIN_SPLIT)
   reader = InputReader(prep, make_task(table, prep.tft_output), batch, shuffle_buffer=64)
-  spec = table.raw_feature_spec()
+  decoder = Decoder(table, [keys.IMAGE, keys.MASK, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS])
   size = table.image_size[0]
 
   def precomputed():
@@ -185,15 +186,16 @@ def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[s
     # the numpy op in a tf.py_function. The output is the very batch our
     # reader gives the training step (raw uint8 bytes of image, maps, mask).
     def with_maps(serialized):
-      raw = tf.io.parse_single_example(serialized, spec)
+      raw = decoder.decode(serialized[None])  # One variant of the record, picked.
 
       def np_maps(pos, neg):
         return distance_maps(pos.numpy().reshape(-1, 2), neg.numpy().reshape(-1, 2),
                              size, size)
 
-      maps = tf.py_function(np_maps, [tf.sparse.to_dense(raw[keys.POSITIVE_CLICKS]),
-                                      tf.sparse.to_dense(raw[keys.NEGATIVE_CLICKS])], tf.uint8)
-      return {keys.IMAGE: raw[keys.IMAGE], keys.MASK: raw[keys.MASK],
+      maps = tf.py_function(np_maps, [tf.sparse.to_dense(raw[keys.POSITIVE_CLICKS])[0],
+                                      tf.sparse.to_dense(raw[keys.NEGATIVE_CLICKS])[0]],
+                            tf.uint8)
+      return {keys.IMAGE: raw[keys.IMAGE][0], keys.MASK: raw[keys.MASK][0],
               keys.DISTANCE_MAPS: to_raw_bytes(tf.reshape(maps, [size, size, 2]))}
 
     ds = tf.data.Dataset.from_tensor_slices(files).interleave(
@@ -219,19 +221,35 @@ def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[s
   return out
 
 
-def write_variant_layout(prep, path: str) -> int:
-  """The job's records rewritten in the layout before format 3 (one record per
-  (object, variant), every per-pixel feature raw: `FeatureTable.encode`);
-  returns the examples written."""
+def recoded(table, zlib_keys: Sequence[str]):
+  """`table` with only the per-pixel features `zlib_keys` stored compressed."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import Entry, FeatureTable  # pylint: disable=g-import-not-at-top
+  entries = [Entry(e.key, dataclasses.replace(
+      e.feature, encoding="zlib" if e.key in zlib_keys else "raw") if e.feature.per_pixel
+                   else e.feature, e.op, e.stacked) for e in table]
+  return FeatureTable(entries, table.image_size, table.task, table.chain, table.ops_module,
+                      table.variants)
+
+
+def rewrite(prep, path: str, table, per_example: bool, gzip: bool = False) -> float:
+  """The job's train records rewritten in another layout: a record per unit
+  in `table`'s encodings, or (`per_example`) a record per (object, variant),
+  the layout before format 3. Returns the seconds spent encoding and writing
+  (decoding the job's records excluded)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  n = 0
-  with tf.io.TFRecordWriter(path) as writer:
+  spent = 0.0
+  with tf.io.TFRecordWriter(path, options="GZIP" if gzip else None) as writer:
     for serialized in prep.dataset(keys.TRAIN_SPLIT):
-      for ex in prep.table.decode_examples(serialized.numpy()):
-        writer.write(prep.table.encode(ex))
-        n += 1
-  return n
+      examples = prep.table.decode_examples(serialized.numpy())
+      t = time.perf_counter()
+      for record in ([table.encode(ex) for ex in examples] if per_example
+                     else [table.encode_unit(examples)]):
+        writer.write(record)
+      spent += time.perf_counter() - t
+    t = time.perf_counter()
+  return spent + time.perf_counter() - t
 
 
 def reader_rate(files: List[str], table, s: Dict[str, Any]) -> float:
@@ -261,79 +279,55 @@ def reader_rate(files: List[str], table, s: Dict[str, Any]) -> float:
   return _median_rate(take, s["repeats"])
 
 
-# The issue's setting for the record layouts: 256 px records (the settings' size), 4 variants.
+# The record layouts are measured at 4 variants per object (at the settings' size).
 STORAGE_VARIANTS = 4
-
-
-def encode_ms(data: str, size: int, variants: int, repeats: int) -> Dict[str, float]:
-  """Milliseconds per (object, variant) to encode the finished examples of
-  `data` as the job's records (`encode_unit`, one per object) and as the
-  layout before (`encode`, one per example); the ops themselves excluded."""
-  from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
-  from beam_prep.kernel import Kernel, Tally  # pylint: disable=g-import-not-at-top
-  from beam_prep.readers import resolve_layout  # pylint: disable=g-import-not-at-top
-  layout = resolve_layout(data, "auto", "instances")
-  config = PrepConfig(input=data, output="unused", image_size=size, variants=variants,
-                      layout=layout.name)
-  table = config.features()
-  kernel = Kernel(config.layout, config.stages, config.ops_module, table)
-  units = []
-  for path in sorted(glob.glob(layout.pattern(data))):
-    ex, _ = kernel.read(layout.pointer(data, path), Tally())
-    if ex is not None:
-      units += kernel.apply_units(ex, Tally())[0]
-  examples = sum(len(u) for u in units)
-
-  def stacked():
-    for unit in units:
-      table.encode_unit(unit)
-    return examples
-
-  def each():
-    for unit in units:
-      for ex in unit:
-        table.encode(ex)
-    return examples
-
-  return {"object": 1000.0 / _median_rate(stacked, repeats),
-          "variant": 1000.0 / _median_rate(each, repeats)}
 
 
 def bench_storage(data: str, workdir: str, s: Dict[str, Any]) -> Dict[str, float]:
   """Bytes per (object, variant), reader examples/s per core and write time of
-  the record layouts, on the train records of a job at STORAGE_VARIANTS variants.
+  record layouts, on the train records of a job at STORAGE_VARIANTS variants.
 
-  `object`: the job's records (a record per object, its variants stacked,
-  masks and click maps zlib-compressed); `object_gzip`: the same job with
-  --compression gzip; `variant`: the layout before (a record per (object,
-  variant), every array raw), rewritten from the job's records. A training
-  example is one (object, variant) in every layout. Write time: encoding
-  alone (`encode_ms`); gzip adds its compression in the record writer.
+  `object`: the job's layout (a record per object, its variants stacked,
+  masks and click maps zlib-compressed); `object_gzip`: the same in gzip
+  files (--compression gzip); `object_raw`, `object_mask_zlib`: stacked with
+  nothing, or only the mask, compressed; `variant`: the layout before format
+  3 (a record per (object, variant), every array raw). Each is the job's
+  records rewritten (`rewrite`; `object` byte-identical to the job's), and
+  its write time is that of encoding and writing them. A training example is
+  one (object, variant) in every layout.
   """
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
-  dirs = {name: os.path.join(workdir, f"storage_{name}") for name in ("object", "object_gzip")}
-  run_pipeline(data, dirs["object"], s["size"], STORAGE_VARIANTS)
-  run_pipeline(data, dirs["object_gzip"], s["size"], STORAGE_VARIANTS, compression="gzip")
-  prep = PrepOutput(dirs["object"])
+  out_dir = os.path.join(workdir, "storage_object")
+  run_pipeline(data, out_dir, s["size"], STORAGE_VARIANTS)
+  prep = PrepOutput(out_dir)
   table = prep.table
   examples = prep.manifest["counts"]["examples_written"][keys.TRAIN_SPLIT]
-  variant_file = os.path.join(workdir, "storage_variant.tfrecord")
-  assert write_variant_layout(prep, variant_file) == examples
-  layouts = {"object": (prep.files(keys.TRAIN_SPLIT), table),
-             "object_gzip": (PrepOutput(dirs["object_gzip"]).files(keys.TRAIN_SPLIT), table),
-             "variant": ([variant_file], table.example_view)}
-  write = encode_ms(data, s["size"], STORAGE_VARIANTS, s["repeats"])
+  layouts = {  # name: (table, a record per example, gzip)
+      "variant": (table.example_view, True, False),
+      "object_raw": (recoded(table, ()), False, False),
+      "object_mask_zlib": (recoded(table, (keys.MASK,)), False, False),
+      "object": (table, False, False),
+      "object_gzip": (table, False, True),
+  }
   out = {"storage.variants": STORAGE_VARIANTS}
-  for layout, (files, layout_table) in layouts.items():
-    size = sum(os.path.getsize(f) for f in files)
-    out[f"storage.{layout}.bytes_per_example"] = size / max(examples, 1)
-    out[f"storage.{layout}.examples_s_per_core"] = reader_rate(files, layout_table, s)
-    out[f"storage.{layout}.encode_ms_per_example"] = write[layout.split("_")[0]]
+  for layout, (layout_table, per_example, gzip) in layouts.items():
+    path = os.path.join(workdir, f"storage_{layout}.tfrecord" + (".gz" if gzip else ""))
+    seconds = rewrite(prep, path, layout_table, per_example, gzip)
+    if layout == "object":
+      assert b"".join(_file_bytes(f) for f in prep.files(keys.TRAIN_SPLIT)) == _file_bytes(path)
+    out[f"storage.{layout}.bytes_per_example"] = os.path.getsize(path) / max(examples, 1)
+    out[f"storage.{layout}.examples_s_per_core"] = reader_rate([path], layout_table, s)
+    out[f"storage.{layout}.write_ms_per_example"] = 1000.0 * seconds / max(examples, 1)
     _log(f"storage {layout}: {out[f'storage.{layout}.bytes_per_example'] / 1e3:.0f} kB per "
          f"(object, variant), {out[f'storage.{layout}.examples_s_per_core']:.0f} examples/s "
-         f"per core, {out[f'storage.{layout}.encode_ms_per_example']:.2f} ms to encode")
+         f"per core, {out[f'storage.{layout}.write_ms_per_example']:.2f} ms to write")
   return out
+
+
+def _file_bytes(path: str) -> bytes:
+  with open(path, "rb") as f:
+    return f.read()
 
 
 def bench_train(prep_dir: str, batch: int, steps: int, repeats: int, width: int, depth: int
@@ -569,7 +563,10 @@ def bench_marginal(workdir: str, small: str, large: str, s: Dict[str, Any]) -> D
                   "ratio": marginal / kernel})
     _log(f"pair {i + 1}: Beam marginal {marginal:.1f} objects/s, kernel loop {kernel:.1f} "
          f"objects/s ({marginal / kernel:.2f})")
-  median = statistics.median
+  def median(values):  # Of the defined ones (a slope within noise is NaN).
+    values = [v for v in values if math.isfinite(v)]
+    return statistics.median(values) if values else float("nan")
+
   first = pairs[0]
   marginal = median(p["marginal"] for p in pairs)
   return {
@@ -707,6 +704,15 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
           "targets": targets, "seconds": time.time() - t0}
 
 
+STORAGE_ROWS = (
+    ("variant", "before: a record per (object, variant), arrays raw"),
+    ("object_raw", "a record per object, variants stacked, arrays raw"),
+    ("object_mask_zlib", "the same, the mask zlib"),
+    ("object", "the job's: the same, mask and click maps zlib"),
+    ("object_gzip", "the job's in gzip files (--compression gzip)"),
+)
+
+
 def table(result: Dict[str, Any]) -> str:
   f, s = result["figures"], result["settings"]
   size = s["size"]
@@ -756,13 +762,11 @@ def table(result: Dict[str, Any]) -> str:
       ("noc.model_object_clicks_s", f"{f['noc.model_object_clicks_s']:.1f}",
        "the same through the model's serving graph"),
   ]
-  for layout, what in (("object", "the job's records: a record per object, variants stacked"),
-                       ("object_gzip", "the same, --compression gzip"),
-                       ("variant", "before: a record per (object, variant), arrays raw")):
+  for layout, what in STORAGE_ROWS:
     rows.append((f"storage.{layout}",
                  f"{f[f'storage.{layout}.bytes_per_example'] / 1e3:.0f} kB/ex, "
                  f"{f[f'storage.{layout}.examples_s_per_core']:.0f} ex/s/core, "
-                 f"{f[f'storage.{layout}.encode_ms_per_example']:.2f} ms/ex to encode",
+                 f"{f[f'storage.{layout}.write_ms_per_example']:.2f} ms/ex to write",
                  f"{what}; {size}px, {f['storage.variants']} variants"))
   out = ["| figure | value | setting |", "|---|---|---|"]
   out += [f"| `{a}` | {b} | {c} |" for a, b, c in rows]
