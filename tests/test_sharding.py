@@ -12,7 +12,7 @@ from beam_prep import keys
 from beam_prep.shards import commit as sharding
 from helpers import manifest, run_cli
 
-TARGET_MB = 0.2
+TARGET_MB = 0.06
 # 48 px records: many sample objects are too small to click (object_too_small).
 ARGS = ["--image-size", "48", "--variants", "2", "--target-shard-mb", str(TARGET_MB),
         "--max-error-fraction", "1"]
