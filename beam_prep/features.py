@@ -37,8 +37,8 @@ op to blame when an example does not match. This module needs only the
 standard library and numpy; TensorFlow is imported where a TF object is built.
 
 Record layout (format 3): a record is one *unit* (an object of a
-segmentation image, an image of classification) with all the examples it fanned out
-into (its click variants). A feature is *stacked* when its last declaration
+segmentation image, an image of classification) with all the examples it
+fanned out into (its click variants). A feature is *stacked* when its last declaration
 comes from a stage after the fan-out (`Entry.stacked`, derived by
 `PrepConfig.features` from the task's stage levels): the record holds it as
 a bytes list with one value per variant held (per-pixel: its stored bytes;
@@ -141,8 +141,8 @@ class Feature:
         raise FeatureError(f"a fixed-shape feature's dtype must be one of {VALUE_DTYPES}, "
                            f"got {self.dtype!r}")
     if self.encoding not in ENCODINGS or (self.encoding != "raw" and not self.per_pixel):
-      raise FeatureError(f"encoding must be one of {ENCODINGS} (not 'raw' for per-pixel "
-                         f"features only), got {self.encoding!r}")
+      raise FeatureError(f"encoding must be one of {ENCODINGS}, and other than 'raw' only for "
+                         f"a per-pixel feature; got {self.encoding!r}")
     norm = _normalize_spec(self.normalize)
     if norm != "none" and self.role != "model_input":
       raise FeatureError(f"only model inputs are normalized; a {self.role} has normalize='none'")
@@ -458,6 +458,7 @@ class FeatureTable:
 
     Raises:
       FeatureError: a per-pixel feature does not hold the bytes its declaration says.
+      ValueError: a declared feature is missing (a record of another run).
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     f = tf.train.Example.FromString(serialized).features.feature
