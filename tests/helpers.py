@@ -62,6 +62,14 @@ def records(out, split="*"):
           for r in tf.data.TFRecordDataset(files, compression_type=comp)]
 
 
+def examples(out, split="*"):
+  """The examples of a split's records, decoded by the output's features.json
+  (one dict of numpy arrays per (object, variant))."""
+  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+  table = FeatureTable.load(out)
+  return [ex for r in records(out, split) for ex in table.decode_examples(r.SerializeToString())]
+
+
 def assert_serving_parity(prep_dir, export, n=3, model=None):
   """The serving graph against the training path on `n` eval records.
 
