@@ -217,15 +217,24 @@ class PrepConfig:
   def features(self):
     """The run's `FeatureTable`: what the records hold, from the chain's declarations.
 
-    The ops module must have been imported (`registry.import_ops_modules`).
+    Where the stages say a unit fans out into variants (a stage at the object
+    level), the features declared last by that stage or a later one differ
+    per variant and are stacked in the unit's record. The ops module must
+    have been imported (`registry.import_ops_modules`).
     """
     from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
     from beam_prep.layouts.registry import READ_FEATURES  # pylint: disable=g-import-not-at-top
     from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
-    specs = registry.parse_chain(self.chain)
+    from beam_prep.tasks.registry import INPUT, OBJECT  # pylint: disable=g-import-not-at-top
+    stages = [s for s in self.stages if s.chain]
+    fans_out = any(s.level == OBJECT for s in stages)
+    declarations = [(op, produces, fans_out and s.level != INPUT)
+                    for s in stages
+                    for op, produces in registry.declarations(registry.parse_chain(s.chain))]
     return FeatureTable.from_declarations(
-        registry.declarations(specs), (self.image_size, self.image_size), self.task,
-        chain=self.chain, read=READ_FEATURES, ops_module=self.ops_module)
+        declarations, (self.image_size, self.image_size), self.task, chain=self.chain,
+        read=READ_FEATURES, ops_module=self.ops_module,
+        variants=self.task_object.examples_per_unit(self))
 
   def to_dict(self) -> Dict[str, Any]:
     d = dataclasses.asdict(self)

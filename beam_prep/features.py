@@ -23,16 +23,37 @@ Its `role` says what the trainer does with it:
 deviation over the analyzed split: a full pass), a number `s` (divide by `s`,
 e.g. 255), or `"none"`.
 
+`encoding` (per-pixel only) says how a record stores the array: `"raw"`, its
+little-endian bytes, or `"zlib"`, those bytes compressed with zlib (lossless;
+for maps and masks with large flat regions; README "Record layout,
+measured"). Whatever the encoding, the tf.Transform graph and the serving
+graph see the raw bytes (`raw_feature_spec`, the *example view*).
+
 `FeatureTable.from_declarations` walks a chain's declarations in order and builds the table: a key
 keeps the position of its first declaration, and the last declaration of a key
 wins (an op that changes `image` re-declares it). The table writes and reads
 `features.json`, gives the raw feature spec, encodes examples, and names the
 op to blame when an example does not match. This module needs only the
 standard library and numpy; TensorFlow is imported where a TF object is built.
+
+Record layout (format 3): a record is one *unit* (an object of a
+segmentation image, an image of classification) with all the examples it
+fanned out into (its click variants). A feature is *stacked* when its last declaration
+comes from a stage after the fan-out (`Entry.stacked`, derived by
+`PrepConfig.features` from the task's stage levels): the record holds it as
+a bytes list with one value per variant held (per-pixel: its stored bytes;
+numbers: the raw little-endian bytes of the flattened values; a string
+scalar: the string). Every other feature (the image, the mask, the ids) is
+stored once, as in the example view. A variant that failed is absent, so a
+record holds 1 to `variants` of them. `encode` writes the example view of
+one example (what serving's `serve_examples` and tf.Transform read),
+`encode_unit` a record, `decode_examples` a record's examples.
 """
 
 import dataclasses
+import functools
 import json
+import zlib
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -42,9 +63,15 @@ ROLES = ("model_input", "label", "metadata")
 PIXEL_DTYPES = ("uint8", "uint16", "int32", "float32")
 # Fixed-shape features are stored as tf.train.Example lists.
 VALUE_DTYPES = ("int64", "float32", "string")
+# How a record stores a per-pixel feature's bytes (see the module docstring).
+ENCODINGS = ("raw", "zlib")
+# zlib's fastest level: on distance maps it gives 0.52 of the raw bytes against
+# 0.47 at level 6, at about half the time (README "Record layout, measured").
+ZLIB_LEVEL = 1
 FEATURES_FILE = "features.json"
-# What records and serving agree on; 2: the whole-image resize keeps the aspect ratio.
-FORMAT = 2
+# What records and serving agree on; 2: the whole-image resize keeps the aspect
+# ratio; 3: a record holds a unit once with its variants stacked.
+FORMAT = 3
 # The reader's output that every record keeps: the stage that declares it.
 READ_STAGE = "read"
 # Suffixes of the per-image summaries tf.Transform's default analysis reads.
@@ -85,12 +112,14 @@ class Feature:
       pairs, `(4,)` a vector); give exactly one of `channels` and `shape`.
     role: "model_input", "label" or "metadata".
     normalize: "standardize", "none", or a positive number to divide by.
+    encoding: per-pixel: how records store it, "raw" or "zlib".
   """
   dtype: str
   channels: Optional[int] = None
   shape: Optional[Tuple[Optional[int], ...]] = None
   role: str = "model_input"
   normalize: Union[str, float] = "none"
+  encoding: str = "raw"
 
   def __post_init__(self):
     if (self.channels is None) == (self.shape is None):
@@ -111,6 +140,9 @@ class Feature:
       if self.dtype not in VALUE_DTYPES:
         raise FeatureError(f"a fixed-shape feature's dtype must be one of {VALUE_DTYPES}, "
                            f"got {self.dtype!r}")
+    if self.encoding not in ENCODINGS or (self.encoding != "raw" and not self.per_pixel):
+      raise FeatureError(f"encoding must be one of {ENCODINGS}, and other than 'raw' only for "
+                         f"a per-pixel feature; got {self.encoding!r}")
     norm = _normalize_spec(self.normalize)
     if norm != "none" and self.role != "model_input":
       raise FeatureError(f"only model inputs are normalized; a {self.role} has normalize='none'")
@@ -137,10 +169,12 @@ class Feature:
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  """A feature of a table: its key, declaration, and the op that last declared it."""
+  """A feature of a table: its key, declaration, the op that last declared it,
+  and whether it differs per variant (stacked in a record)."""
   key: str
   feature: Feature
   op: str
+  stacked: bool = False
 
   def shape(self, image_size: Tuple[int, int]) -> List[Optional[int]]:
     if self.feature.per_pixel:
@@ -168,44 +202,64 @@ class FeatureTable:
   """
 
   def __init__(self, entries: Sequence[Entry], image_size: Tuple[int, int], task: str,
-               chain: str = "", ops_module: str = ""):
+               chain: str = "", ops_module: str = "", variants: int = 1):
     self.entries = list(entries)
     self.image_size = (int(image_size[0]), int(image_size[1]))
     self.task = task
     self.chain = chain
     self.ops_module = ops_module
+    self.variants = int(variants)
     self._by_key = {e.key: e for e in self.entries}
     if len(self._by_key) != len(self.entries):
       raise FeatureError("a feature key appears twice in the table")
+    for e in self.entries:
+      if e.stacked and e.feature.dtype == "string" and e.feature.shape != ():
+        raise FeatureError(f"op {e.op!r}: feature {e.key!r} differs per variant, and a "
+                           "string feature that does is a scalar (shape=())")
 
   # ---- building -----------------------------------------------------------
 
   @classmethod
-  def from_declarations(cls, declarations: Sequence[Tuple[str, Dict[str, Feature]]],
-                        image_size: Tuple[int, int], task: str, chain: str = "",
-                        read: Optional[Dict[str, Feature]] = None, ops_module: str = ""
-                        ) -> "FeatureTable":
+  def from_declarations(cls, declarations: Sequence[Tuple], image_size: Tuple[int, int],
+                        task: str, chain: str = "", read: Optional[Dict[str, Feature]] = None,
+                        ops_module: str = "", variants: int = 1) -> "FeatureTable":
     """Walks a chain's declarations (see the module docstring).
 
     Args:
       declarations: (op name, produces) of each op of the chain, in order
-        (`registry.declarations`).
+        (`registry.declarations`), or (op name, produces, per variant): with
+        True, the op runs on variants (after the fan-out), and the features
+        it declares last are stacked.
       image_size: (height, width) of the records.
       task: the task name, recorded in the table.
       chain: the chain's text, recorded in the table.
       read: features the reader already gives every example (declared by
         the "read" stage), first in the table.
       ops_module: recorded in the table so the trainer can import user ops.
+      variants: examples a unit fans out into (`Task.examples_per_unit`).
     """
     order: List[str] = []
     declared: Dict[str, Entry] = {}
     stages = [(READ_STAGE, read or {})] + list(declarations)
-    for op, produces in stages:
+    for op, produces, *per_variant in stages:
       for key, feature in produces.items():
         if key not in declared:
           order.append(key)
-        declared[key] = Entry(key, feature, op)
-    return cls([declared[k] for k in order], image_size, task, chain, ops_module)
+        declared[key] = Entry(key, feature, op, bool(per_variant and per_variant[0]))
+    return cls([declared[k] for k in order], image_size, task, chain, ops_module, variants)
+
+  @functools.cached_property
+  def example_view(self) -> "FeatureTable":
+    """The table of one example as tf.Transform and serving see it: nothing
+    stacked, every per-pixel feature raw. Its records are the layout of format 2."""
+    entries = [Entry(e.key, dataclasses.replace(e.feature, encoding="raw"), e.op)
+               for e in self.entries]
+    return FeatureTable(entries, self.image_size, self.task, self.chain, self.ops_module)
+
+  @property
+  def stacked(self) -> List[Entry]:
+    """The features that differ per variant: one value per variant in a record."""
+    return [e for e in self.entries if e.stacked]
 
   # ---- views ----------------------------------------------------------------
 
@@ -244,12 +298,14 @@ class FeatureTable:
         "format": FORMAT,
         "features": [{"key": e.key, "dtype": e.feature.dtype,
                       "shape": e.shape(self.image_size), "role": e.feature.role,
-                      "normalize": e.feature.normalize,
-                      "channels": e.feature.channels, "op": e.op} for e in self.entries],
+                      "normalize": e.feature.normalize, "encoding": e.feature.encoding,
+                      "channels": e.feature.channels, "op": e.op, "stacked": e.stacked}
+                     for e in self.entries],
         "chain": self.chain,
         "ops_module": self.ops_module,
         "task": self.task,
         "image_size": list(self.image_size),
+        "variants": self.variants,
     }
 
   def to_json(self) -> str:
@@ -260,20 +316,20 @@ class FeatureTable:
     if d.get("format", 1) != FORMAT:
       raise ValueError(
           f"features.json of format {d.get('format', 1)}, this beam-prep reads format {FORMAT} "
-          "(since format 2 the resize keeps the aspect ratio and pads; the records of an older "
-          "output, and a model trained on them, do not match today's serving graph): run "
-          "beam-prep again")
+          "(since format 3 a record holds an object once with all its click variants stacked, "
+          "and masks and click maps may be stored compressed, so older records do not parse "
+          "as today's; since format 2 the resize keeps the aspect ratio and pads, so a model "
+          "trained on older records does not match today's serving graph): run beam-prep "
+          "again")
     entries = []
     for f in d["features"]:
-      if f.get("channels") is not None:
-        feature = Feature(f["dtype"], channels=f["channels"], role=f["role"],
-                          normalize=f["normalize"])
-      else:
-        feature = Feature(f["dtype"], shape=tuple(f["shape"]), role=f["role"],
-                          normalize=f["normalize"])
-      entries.append(Entry(f["key"], feature, f.get("op", "")))
+      kind = ({"channels": f["channels"]} if f.get("channels") is not None
+              else {"shape": tuple(f["shape"])})
+      feature = Feature(f["dtype"], role=f["role"], normalize=f["normalize"],
+                        encoding=f.get("encoding", "raw"), **kind)
+      entries.append(Entry(f["key"], feature, f.get("op", ""), bool(f.get("stacked"))))
     return cls(entries, tuple(d["image_size"]), d["task"], d.get("chain", ""),
-               d.get("ops_module", ""))
+               d.get("ops_module", ""), d.get("variants", 1))
 
   @classmethod
   def load(cls, directory: str) -> "FeatureTable":
@@ -290,7 +346,8 @@ class FeatureTable:
   # ---- the record schema ----------------------------------------------------
 
   def raw_feature_spec(self, keys: Optional[Iterable[str]] = None) -> Dict[str, Any]:
-    """tf.io feature spec of the records (all features, or `keys`)."""
+    """tf.io feature spec of one example in the example view (all features, or
+    `keys`): what tf.Transform's graph and `serve_examples` take."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     spec = {}
     for key in (self.keys() if keys is None else keys):
@@ -303,6 +360,18 @@ class FeatureTable:
         spec[key] = tf.io.VarLenFeature(dtype)
       else:
         spec[key] = tf.io.FixedLenFeature(list(e.feature.shape), dtype)
+    return spec
+
+  def record_feature_spec(self, keys: Optional[Iterable[str]] = None) -> Dict[str, Any]:
+    """tf.io feature spec of the records (all features, or `keys`): a stacked
+    feature is a ragged bytes list [B, variants held], the others as in the
+    example view (per-pixel ones in their stored encoding)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    keys = self.keys() if keys is None else list(keys)
+    spec = self.raw_feature_spec([k for k in keys if not self[k].stacked])
+    for k in keys:
+      if self[k].stacked:
+        spec[k] = tf.io.RaggedFeature(tf.string, row_splits_dtype=tf.int64)
     return spec
 
   # ---- what tf.Transform's analysis reads ---------------------------------------
@@ -354,45 +423,106 @@ class FeatureTable:
   # ---- encoding ---------------------------------------------------------------
 
   def encode(self, ex: Dict[str, Any]) -> bytes:
-    """One finished example -> a serialized tf.Example, deterministically.
+    """One finished example -> its example view (format 2), deterministically.
 
     Raises:
       FeatureError: a declared feature is missing or has the wrong dtype or
         shape; the message names the op that declared it.
     """
+    return self.example_view.encode_unit([ex])
+
+  def encode_unit(self, examples: Sequence[Dict[str, Any]]) -> bytes:
+    """The finished examples of one unit -> one serialized record, deterministically:
+    the stacked features of every example, the others of the first.
+
+    Raises:
+      FeatureError: as `encode`, or no example.
+    """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    feature = {e.key: _feature_of(e, _array_for(e, ex, self.image_size)) for e in self.entries}
+    if not examples:
+      raise FeatureError("a record holds at least one example")
+    feature = {}
+    for e in self.entries:
+      if e.stacked:
+        values = [_stored(e, _array_for(e, ex, self.image_size)) for ex in examples]
+        feature[e.key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
+      else:
+        feature[e.key] = _feature_of(e, _array_for(e, examples[0], self.image_size))
     example = tf.train.Example(features=tf.train.Features(feature=feature))
     # Map order varies from process to process unless deterministic.
     return example.SerializeToString(deterministic=True)
 
-  def decode_numpy(self, serialized: bytes) -> Dict[str, Any]:
-    """A serialized record -> dict of numpy arrays (str for string scalars)."""
+  def decode_examples(self, serialized: bytes) -> List[Dict[str, Any]]:
+    """A serialized record -> its examples, one dict of numpy arrays per variant
+    held (str for string scalars); the unstacked features are shared.
+
+    Raises:
+      FeatureError: a per-pixel feature does not hold the bytes its declaration says.
+      ValueError: a declared feature is missing (a record of another run).
+    """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     f = tf.train.Example.FromString(serialized).features.feature
-    out = {}
+    once, stacked = {}, {}
     for e in self.entries:
       if e.key not in f:
-        continue
-      if e.feature.per_pixel:
-        arr = np.frombuffer(f[e.key].bytes_list.value[0], e.feature.stored_dtype)
-        out[e.key] = arr.reshape(e.shape(self.image_size))
-      elif e.feature.dtype == "string":
-        values = [v.decode("utf-8", "replace") for v in f[e.key].bytes_list.value]
-        out[e.key] = values[0] if e.feature.shape == () else values
+        raise ValueError(f"the record has no feature {e.key!r} (declared by op {e.op!r})")
+      if e.stacked:
+        stacked[e.key] = [self._value(e, [v]) for v in f[e.key].bytes_list.value]
+      elif e.feature.per_pixel or e.feature.dtype == "string":
+        once[e.key] = self._value(e, f[e.key].bytes_list.value)
       else:
-        values = (f[e.key].int64_list.value if e.feature.dtype == "int64"
-                  else f[e.key].float_list.value)
-        arr = np.array(values, np.int64 if e.feature.dtype == "int64" else np.float32)
-        out[e.key] = arr.reshape([-1 if d is None else d for d in e.feature.shape])
-    return out
+        once[e.key] = self._value(e, f[e.key].int64_list.value if e.feature.dtype == "int64"
+                                  else f[e.key].float_list.value)
+    held = min((len(v) for v in stacked.values()), default=1)
+    return [dict(once, **{k: v[i] for k, v in stacked.items()}) for i in range(held)]
+
+  def decode_numpy(self, serialized: bytes, variant: int = 0) -> Dict[str, Any]:
+    """A serialized record -> the dict of numpy arrays of its `variant`-th example."""
+    return self.decode_examples(serialized)[variant]
+
+  def _value(self, e: Entry, values) -> Any:
+    """One example's value of `e` from its record values (stored bytes for a
+    stacked or per-pixel feature, else the tf.train list)."""
+    if e.feature.per_pixel:
+      data = values[0] if e.feature.encoding == "raw" else zlib.decompress(values[0])
+      want = e.stored_bytes(self.image_size)
+      if len(data) != want:
+        h, w = self.image_size
+        raise FeatureError(
+            f"feature {e.key!r} holds {len(data)} bytes, but features.json declares "
+            f"{e.shape(self.image_size)} {e.feature.dtype} ({want} bytes) at {w}x{h}")
+      return np.frombuffer(data, e.feature.stored_dtype).reshape(e.shape(self.image_size))
+    if e.feature.dtype == "string":
+      strings = [v.decode("utf-8", "replace") for v in values]
+      return strings[0] if e.feature.shape == () else strings
+    dtype = np.int64 if e.feature.dtype == "int64" else np.float32
+    if e.stacked:
+      arr = np.frombuffer(values[0], np.dtype(dtype).newbyteorder("<")).astype(dtype)
+    else:
+      arr = np.array(values, dtype)
+    return arr.reshape([-1 if d is None else d for d in e.feature.shape])
+
+
+def _stored(e: Entry, value) -> bytes:
+  """A checked value (`_array_for`) of a stacked feature as one variant's bytes."""
+  if e.feature.per_pixel:
+    return _pixels(e, value)
+  if e.feature.dtype == "string":
+    return value[0]
+  return np.asarray(value, np.dtype(value.dtype).newbyteorder("<")).tobytes()
+
+
+def _pixels(e: Entry, value: np.ndarray) -> bytes:
+  """A per-pixel feature's stored bytes, in its declared encoding."""
+  raw = value.tobytes()
+  return zlib.compress(raw, ZLIB_LEVEL) if e.feature.encoding == "zlib" else raw
 
 
 def _feature_of(e: Entry, value):
   """A checked value (`_array_for`) as a tf.train.Feature."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if e.feature.per_pixel:
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.tobytes()]))
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[_pixels(e, value)]))
   if e.feature.dtype == "string":
     return tf.train.Feature(bytes_list=tf.train.BytesList(value=list(value)))
   if e.feature.dtype == "int64":

@@ -21,6 +21,12 @@ objects_failed == objects_found` hold by construction, and `examples_written
 + example_errors == examples_made == units used x examples per unit` is what
 `Tally.accounting` checks.
 
+A record is one unit (an object, or an image when nothing fans out) with the
+examples it finished (`FeatureTable.encode_unit`: the variants stacked, a
+failed one absent). `examples/SPLIT` counts the examples written, as
+(object, variant) pairs, so the accounting above is unchanged;
+`records/SPLIT` counts the records that hold them.
+
 `objects_box_only` counts annotations that mark an object by its box alone
 (a layout's pointer says how many, `objects_box_only`): the layout makes
 their boxes ignore pixels. They are not objects to train on and did not
@@ -58,7 +64,8 @@ class Tally:
   """Counts of one input, a group or a whole job; sums with `merge`.
 
   Attributes:
-    counts: the `COUNTS`, plus `examples/SPLIT` records written per split.
+    counts: the `COUNTS`, plus `examples/SPLIT` examples and `records/SPLIT`
+      records written per split.
     reasons: dead letters per reason.
     samples: one dead letter per reason (the first in a stable order), for
       the job's closing lines.
@@ -114,6 +121,8 @@ class Tally:
         "objects_box_only": c["objects_box_only"],
         "examples_made": c["examples_made"], "example_errors": c["example_errors"],
         "examples_written": written,
+        "records_written": {s: self.counts.get(f"records/{s}", 0)
+                            for s in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT)},
         "source_records": self.counts.get(f"examples/{source_records.SPLIT}", 0),
         "errors_by_reason": dict(sorted(self.reasons.items())),
         "errors_total": sum(self.reasons.values()),
@@ -213,11 +222,24 @@ class Kernel:
 
     `counted`: objects of this image already counted (failed when listed).
     """
+    finished, errors, source = self.apply_units(ex, tally, counted)
+    return [out for unit in finished for out in unit], errors, source
+
+  def apply_units(self, ex: Dict[str, Any], tally: Tally, counted: int = 0
+                  ) -> Tuple[List[List[Dict[str, Any]]], List[Dict[str, Any]],
+                             Optional[Dict[str, Any]]]:
+    """`apply`, with the finished examples grouped by unit: a unit is an item
+    entering the first stage past the input level (an object, or an image
+    when nothing fans out); units that finished no example are left out."""
     self.setup()
-    current, errors, source = [ex], [], None
+    current, errors, source = [(0, ex)], [], None
+    level = INPUT
     for i, (stage, fn) in enumerate(zip(self.stages, self._fns)):
+      if level == INPUT and stage.level != INPUT:
+        current = [(n, item) for n, (_, item) in enumerate(current)]
+      level = stage.level
       after = []
-      for item in current:
+      for unit, item in current:
         outputs, failures = fn(item)
         for f in failures:
           error = error_record(f.stage, f.reason, f.detail, f.example)
@@ -227,14 +249,19 @@ class Kernel:
           else:
             tally.fail(error, stage.level)
           self._watch(f, error)
-        after.extend(outputs)
+        after.extend((unit, out) for out in outputs)
       current = after
       if stage.source and current:
-        source = current[0]
+        source = current[0][1]
       nxt = self.stages[i + 1].level if i + 1 < len(self.stages) else EXAMPLE
       if nxt != stage.level:
         tally.add(_FOUND[nxt], len(current))
-    return current, errors, source
+    if level == INPUT:  # Nothing past the input level: each example its own unit.
+      current = list(enumerate(item for _, item in current))
+    units: Dict[int, List[Dict[str, Any]]] = {}
+    for unit, item in current:
+      units.setdefault(unit, []).append(item)
+    return list(units.values()), errors, source
 
   def _watch(self, failure, error) -> None:
     """Stops the job when an op fails the same way on the first examples it meets."""
@@ -263,13 +290,15 @@ class Kernel:
     ex, read_errors = self.read(pointer, tally)
     if ex is None:
       return Result([], read_errors, tally, None)
-    finished, errors, source = self.apply(ex, tally, counted=len(read_errors))
-    records = [self.table.encode(out) for out in finished]
-    tally.add(f"examples/{split}", len(records))
+    units, errors, source = self.apply_units(ex, tally, counted=len(read_errors))
+    records = [self.table.encode_unit(unit) for unit in units]
+    tally.add(f"examples/{split}", sum(len(unit) for unit in units))
+    tally.add(f"records/{split}", len(records))
     row = None
     if records:
       self._made_records = True
-      row = self.table.summary_row(finished[0]) if self.summary_rows else records[0]
+      first = units[0][0]
+      row = self.table.summary_row(first) if self.summary_rows else self.table.encode(first)
     if source is None or split != keys.EVAL_SPLIT or tally.counts.get("images_failed"):
       return Result(records, read_errors + errors, tally, row)
     tally.add(f"examples/{source_records.SPLIT}")

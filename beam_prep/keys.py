@@ -8,7 +8,9 @@ What a record holds is not listed here: each op declares the features it
 produces (`register_op(..., produces={key: Feature(...)})`), and every run
 writes the resulting table to `PREP_OUTPUT/features.json` (key, dtype,
 shape, role, normalization, in order). With the default segmentation chain
-a record is one (object, click variant):
+an example is one (object, click variant), and a record holds one object with
+all its examples (`beam_prep.features`: the features listed as stacked below
+hold one value per variant, the others are stored once):
 
 | key                  | declared by    | content                                  |
 |----------------------|----------------|------------------------------------------|
@@ -33,7 +35,11 @@ a record is one (object, click variant):
 | `click_disks`        | click_disks    | uint8 [S, S, 2]: 1 within the radius of  |
 |                      |                | a positive / negative click              |
 
-Per-pixel features are stored as the raw bytes of the array. The exported
+Stacked (one value per variant): the clicks, `negative_strategy`, `variant`,
+the click encodings, and with `flip_variants` also `image`, `mask` and
+`flipped`. Per-pixel features are stored as the raw bytes of the array, or
+zlib-compressed where their op declares it (the mask, the click encodings);
+the trainer and the serving graph see the raw bytes either way. The exported
 tf.Transform graph outputs every model input under its own key (float32,
 normalized as declared) and, from the label, `label` and `label_weight`
 (segmentation: float32 [S, S, 1], weight 0 on ignore pixels) or `label`

@@ -18,7 +18,8 @@ Figures (each the median of several timed repetitions after a warm-up):
   prep.peak_rss_mb.N / .16N  peak memory of the pipeline at two data-set sizes
   prep.beam_marginal_objects_s  objects/s between N and 16N (fixed cost removed)
   prep.two_workers_speedup   16N with 2 DirectRunner worker threads vs 1 worker
-  storage.*                  bytes per source image and read rate of record layouts
+  storage.*                  bytes per (object, variant), reader examples/s per core and
+                             write time of the record layouts (`bench_storage`)
   serve.latency_ms_p50/p95   one 512x512 image, 5+5 clicks, loaded SavedModel
   serve.rest_latency_ms_p50/p95  the same through `beam-train serve`'s TF Serving
                              REST endpoint (JSON both ways), and its ratio to the
@@ -32,6 +33,7 @@ Figures (each the median of several timed repetitions after a warm-up):
 import argparse
 import glob
 import json
+import math
 import os
 import platform
 import shutil
@@ -158,7 +160,7 @@ def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[s
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.distance import distance_maps  # pylint: disable=g-import-not-at-top
-  from train.data import InputReader  # pylint: disable=g-import-not-at-top
+  from train.data import Decoder, InputReader  # pylint: disable=g-import-not-at-top
   from train.export import to_raw_bytes  # pylint: disable=g-import-not-at-top
   from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
@@ -167,7 +169,7 @@ def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[s
   table = prep.table
   files = prep.files(keys.TRAIN_SPLIT)
   reader = InputReader(prep, make_task(table, prep.tft_output), batch, shuffle_buffer=64)
-  spec = table.raw_feature_spec()
+  decoder = Decoder(table, [keys.IMAGE, keys.MASK, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS])
   size = table.image_size[0]
 
   def precomputed():
@@ -184,15 +186,16 @@ def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[s
     # the numpy op in a tf.py_function. The output is the very batch our
     # reader gives the training step (raw uint8 bytes of image, maps, mask).
     def with_maps(serialized):
-      raw = tf.io.parse_single_example(serialized, spec)
+      raw = decoder.decode(serialized[None])  # One variant of the record, picked.
 
       def np_maps(pos, neg):
         return distance_maps(pos.numpy().reshape(-1, 2), neg.numpy().reshape(-1, 2),
                              size, size)
 
-      maps = tf.py_function(np_maps, [tf.sparse.to_dense(raw[keys.POSITIVE_CLICKS]),
-                                      tf.sparse.to_dense(raw[keys.NEGATIVE_CLICKS])], tf.uint8)
-      return {keys.IMAGE: raw[keys.IMAGE], keys.MASK: raw[keys.MASK],
+      maps = tf.py_function(np_maps, [tf.sparse.to_dense(raw[keys.POSITIVE_CLICKS])[0],
+                                      tf.sparse.to_dense(raw[keys.NEGATIVE_CLICKS])[0]],
+                            tf.uint8)
+      return {keys.IMAGE: raw[keys.IMAGE][0], keys.MASK: raw[keys.MASK][0],
               keys.DISTANCE_MAPS: to_raw_bytes(tf.reshape(maps, [size, size, 2]))}
 
     ds = tf.data.Dataset.from_tensor_slices(files).interleave(
@@ -218,102 +221,113 @@ def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[s
   return out
 
 
-def _per_object_records(files: List[str], table) -> List[bytes]:
-  """Today's records regrouped as one record per object holding every variant:
-  image and mask once, the click encodings and clicks of all variants stacked."""
+def recoded(table, zlib_keys: Sequence[str]):
+  """`table` with only the per-pixel features `zlib_keys` stored compressed."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import Entry, FeatureTable  # pylint: disable=g-import-not-at-top
+  entries = [Entry(e.key, dataclasses.replace(
+      e.feature, encoding="zlib" if e.key in zlib_keys else "raw") if e.feature.per_pixel
+                   else e.feature, e.op, e.stacked) for e in table]
+  return FeatureTable(entries, table.image_size, table.task, table.chain, table.ops_module,
+                      table.variants)
+
+
+def rewrite(prep, path: str, table, per_example: bool, gzip: bool = False) -> float:
+  """The job's train records rewritten in another layout: a record per unit
+  in `table`'s encodings, or (`per_example`) a record per (object, variant),
+  the layout before format 3. Returns the seconds spent encoding and writing
+  (decoding the job's records excluded)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  per_variant = [e.key for e in table.model_inputs if e.key != keys.IMAGE]
-  objects: Dict[Any, List[Dict[str, Any]]] = {}
-  for raw in tf.data.TFRecordDataset(files):
-    f = tf.train.Example.FromString(raw.numpy()).features.feature
-    key = (f[keys.IMAGE_ID].bytes_list.value[0], f[keys.OBJECT_ID].int64_list.value[0])
-    objects.setdefault(key, []).append(f)
-  out = []
-  for variants in objects.values():
-    first = variants[0]
-    feature = {k: first[k] for k in (keys.IMAGE, keys.MASK, keys.IMAGE_ID, keys.OBJECT_ID)}
-    for k in per_variant:
-      feature[k] = tf.train.Feature(bytes_list=tf.train.BytesList(
-          value=[b"".join(v[k].bytes_list.value[0] for v in variants)]))
-    for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS):
-      feature[k] = tf.train.Feature(int64_list=tf.train.Int64List(
-          value=[x for v in variants for x in v[k].int64_list.value]))
-    feature["variants"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[len(variants)]))
-    out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(
-        deterministic=True))
-  return out
+  spent = 0.0
+  with tf.io.TFRecordWriter(path, options="GZIP" if gzip else None) as writer:
+    for serialized in prep.dataset(keys.TRAIN_SPLIT):
+      examples = prep.table.decode_examples(serialized.numpy())
+      t = time.perf_counter()
+      for record in ([table.encode(ex) for ex in examples] if per_example
+                     else [table.encode_unit(examples)]):
+        writer.write(record)
+      spent += time.perf_counter() - t
+    t = time.perf_counter()
+  return spent + time.perf_counter() - t
 
 
-def bench_storage(data: str, plain_dir: str, workdir: str, s: Dict[str, Any]
-                  ) -> Dict[str, float]:
-  """Bytes per source image and read rate (examples/s) of three record layouts.
-
-  A training example is one (object, click variant) in every layout; the
-  reader parses a batch, decodes the per-pixel features and, for the
-  per-object layout, picks one variant at random per example in the graph.
-  """
+def reader_rate(files: List[str], table, s: Dict[str, Any]) -> float:
+  """Training examples/s of the trainer's Decoder (parse, pick one variant per
+  record, decompress) over `files`, on one core: tf.data runs in a private
+  pool of one thread, as the trainer's reader path (`InputReader.dataset`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from train.data import Decoder  # pylint: disable=g-import-not-at-top
+  decoder = Decoder(table, table.keys("model_input") + table.keys("label"))
+  ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+      lambda f: tf.data.TFRecordDataset(f, compression_type=keys.compression_of(files[0])),
+      cycle_length=max(len(files), 1), deterministic=False)
+  ds = ds.repeat().shuffle(64).batch(s["batch"], drop_remainder=True).map(decoder.decode)
+  options = tf.data.Options()
+  options.threading.private_threadpool_size = 1
+  options.autotune.enabled = False
+  it = iter(ds.with_options(options))
+  for _ in range(3):
+    next(it)
+
+  def take():
+    for _ in range(s["batches"]):
+      next(it)
+    return s["batches"] * s["batch"]
+
+  return _median_rate(take, s["repeats"])
+
+
+# The record layouts are measured at 4 variants per object (at the settings' size).
+STORAGE_VARIANTS = 4
+
+
+def bench_storage(data: str, workdir: str, s: Dict[str, Any]) -> Dict[str, float]:
+  """Bytes per (object, variant), reader examples/s per core and write time of
+  record layouts, on the train records of a job at STORAGE_VARIANTS variants.
+
+  `object`: the job's layout (a record per object, its variants stacked,
+  masks and click maps zlib-compressed); `object_gzip`: the same in gzip
+  files (--compression gzip); `object_raw`, `object_mask_zlib`: stacked with
+  nothing, or only the mask, compressed; `variant`: the layout before format
+  3 (a record per (object, variant), every array raw). Each is the job's
+  records rewritten (`rewrite`; `object` byte-identical to the job's), and
+  its write time is that of encoding and writing them. A training example is
+  one (object, variant) in every layout.
+  """
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
-  gzip_dir = os.path.join(workdir, "storage_gzip")
-  m = run_pipeline(data, gzip_dir, s["size"], s["variants"], compression="gzip")
-  plain = PrepOutput(plain_dir)
-  table = plain.table
-  h, w = table.image_size
-  inputs = m["counts"]["inputs_read"]
-  per_pixel = {e.key: e for e in table if e.feature.per_pixel}
-  objects_file = os.path.join(workdir, "storage_per_object.tfrecord")
-  files = {"plain": plain.files("*"), "gzip": PrepOutput(gzip_dir).files("*"),
-           "per_object": [objects_file]}
-  with tf.io.TFRecordWriter(objects_file) as writer:
-    for r in _per_object_records(files["plain"], table):
-      writer.write(r)
-
-  def reader(layout):
-    names = files[layout]
-    spec = {k: tf.io.FixedLenFeature([], tf.string) for k in per_pixel}
-    if layout == "per_object":
-      spec["variants"] = tf.io.FixedLenFeature([], tf.int64)
-
-    def decode(batch):
-      raw = tf.io.parse_example(batch, spec)
-      out = {}
-      for k, e in per_pixel.items():
-        c = e.feature.channels
-        x = tf.io.decode_raw(raw[k], tf.as_dtype(e.feature.dtype))
-        if layout == "per_object" and k not in (keys.IMAGE, keys.MASK):
-          x = tf.reshape(x, [-1, s["variants"], h, w, c])
-          pick = tf.random.uniform([tf.shape(x)[0]], 0, tf.cast(raw["variants"][0], tf.int32),
-                                   dtype=tf.int32)
-          x = tf.gather(x, pick, axis=1, batch_dims=1)
-        out[k] = tf.reshape(x, [-1, h, w, c])
-      return out
-
-    ds = tf.data.Dataset.from_tensor_slices(names).interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type=keys.compression_of(names[0])),
-        cycle_length=max(len(names), 1), num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=False)
-    ds = ds.repeat().shuffle(64).batch(s["batch"], drop_remainder=True)
-    return ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-  out = {}
-  for layout, names in files.items():
-    size = sum(os.path.getsize(f) for f in names)
-    out[f"storage.{layout}.bytes_per_image"] = size / max(inputs, 1)
-    it = iter(reader(layout))
-    for _ in range(3):
-      next(it)
-
-    def take(it=it):
-      for _ in range(s["batches"]):
-        next(it)
-      return s["batches"] * s["batch"]
-
-    out[f"storage.{layout}.examples_s"] = _median_rate(take, s["repeats"])
-    _log(f"storage {layout}: {out[f'storage.{layout}.bytes_per_image'] / 1e6:.2f} MB per "
-         f"image, {out[f'storage.{layout}.examples_s']:.0f} examples/s")
+  out_dir = os.path.join(workdir, "storage_object")
+  run_pipeline(data, out_dir, s["size"], STORAGE_VARIANTS)
+  prep = PrepOutput(out_dir)
+  table = prep.table
+  examples = prep.manifest["counts"]["examples_written"][keys.TRAIN_SPLIT]
+  layouts = {  # name: (table, a record per example, gzip)
+      "variant": (table.example_view, True, False),
+      "object_raw": (recoded(table, ()), False, False),
+      "object_mask_zlib": (recoded(table, (keys.MASK,)), False, False),
+      "object": (table, False, False),
+      "object_gzip": (table, False, True),
+  }
+  out = {"storage.variants": STORAGE_VARIANTS}
+  for layout, (layout_table, per_example, gzip) in layouts.items():
+    path = os.path.join(workdir, f"storage_{layout}.tfrecord" + (".gz" if gzip else ""))
+    seconds = rewrite(prep, path, layout_table, per_example, gzip)
+    if layout == "object":
+      assert b"".join(_file_bytes(f) for f in prep.files(keys.TRAIN_SPLIT)) == _file_bytes(path)
+    out[f"storage.{layout}.bytes_per_example"] = os.path.getsize(path) / max(examples, 1)
+    out[f"storage.{layout}.examples_s_per_core"] = reader_rate([path], layout_table, s)
+    out[f"storage.{layout}.write_ms_per_example"] = 1000.0 * seconds / max(examples, 1)
+    _log(f"storage {layout}: {out[f'storage.{layout}.bytes_per_example'] / 1e3:.0f} kB per "
+         f"(object, variant), {out[f'storage.{layout}.examples_s_per_core']:.0f} examples/s "
+         f"per core, {out[f'storage.{layout}.write_ms_per_example']:.2f} ms to write")
   return out
+
+
+def _file_bytes(path: str) -> bytes:
+  with open(path, "rb") as f:
+    return f.read()
 
 
 def bench_train(prep_dir: str, batch: int, steps: int, repeats: int, width: int, depth: int
@@ -527,6 +541,47 @@ def pipeline_in_fresh_process(data: str, out: str, size: int, variants: int = 1,
   raise RuntimeError(f"pipeline run failed:\n{r.stdout}\n{r.stderr}")
 
 
+PAIRS = 3  # Paired measurements of the Beam job's marginal rate against the kernel loop.
+
+
+def bench_marginal(workdir: str, small: str, large: str, s: Dict[str, Any]) -> Dict[str, Any]:
+  """The Beam job's marginal objects/s (the slope between N and 16N images, one
+  worker, fresh processes) against the plain kernel loop over the 16N images,
+  as PAIRS paired measurements: the figures are the medians, the ratio the
+  median of the pairs' ratios (the loop alone moves a lot between runs)."""
+  one_worker = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+  pairs = []
+  for i in range(PAIRS):
+    run_n = pipeline_in_fresh_process(small, os.path.join(workdir, f"rss_n_{i}"), s["size"],
+                                      s["variants"], one_worker)
+    run_16n = pipeline_in_fresh_process(large, os.path.join(workdir, f"rss_16n_{i}"),
+                                        s["size"], s["variants"], one_worker)
+    extra = run_16n["seconds"] - run_n["seconds"]
+    marginal = (run_16n["objects"] - run_n["objects"]) / extra if extra > 0 else float("nan")
+    kernel = bench_kernel_loop(large, s["size"], s["variants"])
+    pairs.append({"n": run_n, "16n": run_16n, "marginal": marginal, "kernel": kernel,
+                  "ratio": marginal / kernel})
+    _log(f"pair {i + 1}: Beam marginal {marginal:.1f} objects/s, kernel loop {kernel:.1f} "
+         f"objects/s ({marginal / kernel:.2f})")
+  def median(values):  # Of the defined ones (a slope within noise is NaN).
+    values = [v for v in values if math.isfinite(v)]
+    return statistics.median(values) if values else float("nan")
+
+  first = pairs[0]
+  marginal = median(p["marginal"] for p in pairs)
+  return {
+      "prep.beam_marginal_objects_s": marginal,
+      "prep.kernel_objects_s.16N": median(p["kernel"] for p in pairs),
+      "prep.beam_marginal_vs_kernel_pairs": [p["ratio"] for p in pairs],
+      "prep.beam_marginal_vs_kernel_median": median(p["ratio"] for p in pairs),
+      "prep.beam_fixed_seconds": median(
+          p["n"]["seconds"] - p["n"]["objects"] / p["marginal"] for p in pairs),
+      "prep.seconds_16n_1_worker": median(p["16n"]["seconds"] for p in pairs),
+      "prep.peak_rss_mb.N": first["n"]["rss_mb"], "prep.peak_rss_mb.16N": first["16n"]["rss_mb"],
+      "prep.rss_images.N": s["rss_n"], "prep.records_mb.16N": first["16n"]["records_mb"],
+  }
+
+
 # --------------------------------------------------------------------------- main
 
 SETTINGS = {
@@ -554,6 +609,8 @@ TARGETS = {
     "clicks.ms_per_sample": ("<=", 20.0),
     "clicks.speedup_vs_reference": (">=", 15.0),
     "prep.peak_rss_16n_vs_n": ("<=", 1.1),
+    "storage.object_vs_variant_bytes": ("<=", 0.4),
+    "storage.object_vs_variant_reader": (">=", 1.0),
 }
 
 
@@ -588,35 +645,18 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
 
   small = make_data(workdir, s["rss_n"], s["size"], seed=1)
   large = make_data(workdir, 16 * s["rss_n"], s["size"], seed=1)
-  one_worker = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
-  run_n = pipeline_in_fresh_process(small, os.path.join(workdir, "rss_n"), s["size"],
-                                    s["variants"], one_worker)
-  run_16n = pipeline_in_fresh_process(large, os.path.join(workdir, "rss_16n"), s["size"],
-                                      s["variants"], one_worker)
+  figures.update(bench_marginal(workdir, small, large, s))
   run_16n_2w = pipeline_in_fresh_process(
       large, os.path.join(workdir, "rss_16n_2w"), s["size"], s["variants"],
       ["--direct_running_mode=multi_threading", "--direct_num_workers=2"])
-  figures["prep.peak_rss_mb.N"] = run_n["rss_mb"]
-  figures["prep.peak_rss_mb.16N"] = run_16n["rss_mb"]
-  figures["prep.rss_images.N"] = s["rss_n"]
-  figures["prep.records_mb.16N"] = run_16n["records_mb"]
-  # Objects per second beyond the fixed start-up and tf.Transform cost: the
-  # slope between the two sizes.
-  extra = run_16n["seconds"] - run_n["seconds"]
-  figures["prep.beam_marginal_objects_s"] = (
-      (run_16n["objects"] - run_n["objects"]) / extra if extra > 0 else float("nan"))
-  figures["prep.beam_fixed_seconds"] = run_n["seconds"] - run_n["objects"] / figures[
-      "prep.beam_marginal_objects_s"] if extra > 0 else float("nan")
-  figures["prep.seconds_16n_1_worker"] = run_16n["seconds"]
   figures["prep.seconds_16n_2_workers"] = run_16n_2w["seconds"]
-  figures["prep.two_workers_speedup"] = run_16n["seconds"] / run_16n_2w["seconds"]
+  figures["prep.two_workers_speedup"] = (figures["prep.seconds_16n_1_worker"]
+                                         / run_16n_2w["seconds"])
   figures["prep.peak_rss_mb.16N_2_workers"] = run_16n_2w["rss_mb"]
   _log(f"memory: {figures['prep.peak_rss_mb.N']:.0f} MB at N={s['rss_n']}, "
-       f"{figures['prep.peak_rss_mb.16N']:.0f} MB at 16N ({run_16n['records_mb']:.0f} MB of "
-       f"records); 2 workers {figures['prep.two_workers_speedup']:.2f}x faster at 16N")
-  # The plain loop over the same images as the slope, for a like-for-like ratio.
-  figures["prep.kernel_objects_s.16N"] = bench_kernel_loop(large, s["size"], s["variants"])
-  figures.update(bench_storage(data, prep_dir, workdir, s))
+       f"{figures['prep.peak_rss_mb.16N']:.0f} MB at 16N ({figures['prep.records_mb.16N']:.0f} "
+       f"MB of records); 2 workers {figures['prep.two_workers_speedup']:.2f}x faster at 16N")
+  figures.update(bench_storage(data, workdir, s))
 
   from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
   from train import loop  # pylint: disable=g-import-not-at-top
@@ -645,8 +685,11 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
           figures["input.precomputed_img_s"] / figures["input.read_ceiling_img_s"],
       "train.real_vs_synthetic": figures["train.real_steps_s"] / figures["train.synthetic_steps_s"],
       "prep.beam_vs_kernel": figures["prep.beam_objects_s"] / figures["prep.kernel_objects_s"],
-      "prep.beam_marginal_vs_kernel":
-          figures["prep.beam_marginal_objects_s"] / figures["prep.kernel_objects_s.16N"],
+      "prep.beam_marginal_vs_kernel": figures["prep.beam_marginal_vs_kernel_median"],
+      "storage.object_vs_variant_bytes": (figures["storage.object.bytes_per_example"]
+                                          / figures["storage.variant.bytes_per_example"]),
+      "storage.object_vs_variant_reader": (figures["storage.object.examples_s_per_core"]
+                                           / figures["storage.variant.examples_s_per_core"]),
       "clicks.ms_per_sample": figures["clicks.ms_per_sample"],
       "clicks.speedup_vs_reference":
           figures["clicks.reference_ms_per_sample"] / figures["clicks.ms_per_sample"],
@@ -659,6 +702,15 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
                   "met": bool(got >= want if op == ">=" else got <= want)}
   return {"mode": mode, "settings": s, "environment": environment(), "figures": figures,
           "targets": targets, "seconds": time.time() - t0}
+
+
+STORAGE_ROWS = (
+    ("variant", "before: a record per (object, variant), arrays raw"),
+    ("object_raw", "a record per object, variants stacked, arrays raw"),
+    ("object_mask_zlib", "the same, the mask zlib"),
+    ("object", "the job's: the same, mask and click maps zlib"),
+    ("object_gzip", "the job's in gzip files (--compression gzip)"),
+)
 
 
 def table(result: Dict[str, Any]) -> str:
@@ -680,7 +732,9 @@ def table(result: Dict[str, Any]) -> str:
       ("prep.kernel_objects_s.16N", f"{f['prep.kernel_objects_s.16N']:.1f}",
        f"the plain loop over the {16 * f['prep.rss_images.N']} images of the slope"),
       ("prep.beam_marginal_objects_s", f"{f['prep.beam_marginal_objects_s']:.1f}",
-       f"slope between N and 16N images; fixed cost {f['prep.beam_fixed_seconds']:.1f} s"),
+       f"slope between N and 16N images, median of {PAIRS}; fixed cost "
+       f"{f['prep.beam_fixed_seconds']:.1f} s; pairs' ratios to the loop "
+       + ", ".join(f"{r:.2f}" for r in f["prep.beam_marginal_vs_kernel_pairs"])),
       ("prep.two_workers_speedup", f"{f['prep.two_workers_speedup']:.2f}",
        f"16N images: {f['prep.seconds_16n_1_worker']:.1f} s with 1 worker, "
        f"{f['prep.seconds_16n_2_workers']:.1f} s with 2 worker threads"),
@@ -708,11 +762,12 @@ def table(result: Dict[str, Any]) -> str:
       ("noc.model_object_clicks_s", f"{f['noc.model_object_clicks_s']:.1f}",
        "the same through the model's serving graph"),
   ]
-  for layout, what in (("plain", "a record per (object, variant), uncompressed (default)"),
-                       ("gzip", "the same, gzip"),
-                       ("per_object", "a record per object holding all its variants")):
-    rows.append((f"storage.{layout}", f"{f[f'storage.{layout}.bytes_per_image'] / 1e6:.2f} MB/img, "
-                 f"{f[f'storage.{layout}.examples_s']:.0f} ex/s", what))
+  for layout, what in STORAGE_ROWS:
+    rows.append((f"storage.{layout}",
+                 f"{f[f'storage.{layout}.bytes_per_example'] / 1e3:.0f} kB/ex, "
+                 f"{f[f'storage.{layout}.examples_s_per_core']:.0f} ex/s/core, "
+                 f"{f[f'storage.{layout}.write_ms_per_example']:.2f} ms/ex to write",
+                 f"{what}; {size}px, {f['storage.variants']} variants"))
   out = ["| figure | value | setting |", "|---|---|---|"]
   out += [f"| `{a}` | {b} | {c} |" for a, b, c in rows]
   out += ["", "| target | measured | wanted | met |", "|---|---|---|---|"]

@@ -90,8 +90,9 @@ def _summary(data: str, prep: str, model: str, pred: str, predicted, times, log)
   log("demo summary")
   log(f"  sample data  {data}: {c['inputs_read']} images, {c['objects_found']} objects")
   log(f"  records      {prep}/records: train {c['examples_written']['train']}, "
-      f"eval {c['examples_written']['eval']} "
-      f"({manifest['config']['variants']} click variants per object); "
+      f"eval {c['examples_written']['eval']} examples "
+      f"({manifest['config']['variants']} click variants per object, in one record per "
+      f"object); "
       f"{c['errors_total']} dead letters in {prep}/errors")
   log(f"  transform    {prep}/transform (tf.Transform: per-channel mean/std)")
   log(f"  preview      {prep}/preview.png (what the records hold)")

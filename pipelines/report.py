@@ -98,8 +98,8 @@ def summary_lines(m: Dict[str, Any]) -> List[str]:
             if c.get("source_records") else "")
   lines = [
       inputs,
-      f"  examples written train {ex.get('train', 0)}, eval {ex.get('eval', 0)}{source} "
-      f"-> {m['paths']['records']}",
+      f"  examples written train {ex.get('train', 0)}, eval {ex.get('eval', 0)} in "
+      f"{sum(c.get('records_written', {}).values())} records{source} -> {m['paths']['records']}",
       f"  transform        {m['paths']['transform'] or 'none (an evaluation-only output)'}",
   ]
   if c["errors_total"]:

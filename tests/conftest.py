@@ -24,7 +24,7 @@ def prep_dir(sample_dir, tmp_path_factory):
   with pytest.raises(SystemExit) as e:
     cli.main(["segmentation", "--input", sample_dir, "--output", out, "--preset", "smoke",
               "--image-size", "64", "--variants", "2", "--eval-percent", "30",
-              "--target-shard-mb", "0.1",
+              "--target-shard-mb", "0.03",
               # 64 px records: many sample objects are too small to click.
               "--max-error-fraction", "1"])
   assert e.value.code == 0

@@ -76,6 +76,14 @@ def records(out, split="*"):
           for r in tf.data.TFRecordDataset(files, compression_type=comp)]
 
 
+def examples(out, split="*"):
+  """The examples of a split's records, decoded by the output's features.json
+  (one dict of numpy arrays per (object, variant))."""
+  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+  table = FeatureTable.load(out)
+  return [ex for r in records(out, split) for ex in table.decode_examples(r.SerializeToString())]
+
+
 def assert_serving_parity(prep_dir, export, n=3, model=None):
   """The serving graph against the training path on `n` eval records.
 
@@ -110,28 +118,32 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
   frame = {keys.CROP_BOX: tf.constant([0, 0, *table.image_size], tf.int64)} if crops else {}
   files = sorted(glob.glob(keys.record_pattern(prep_dir, keys.EVAL_SPLIT)))
   checked = 0
+  decoder = Decoder(table, task.transform_keys)
   for serialized in [r.numpy() for r in tf.data.TFRecordDataset(files).take(n)]:
-    rec = table.decode_numpy(serialized)
-    clicks = {k: rec[k] for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
-    served = server.raw_model_input(
-        {keys.IMAGE: tf.constant(rec[keys.IMAGE]), **frame,
-         **{k: tf.constant(v) for k, v in clicks.items()}})
-    stored = tf.train.Example.FromString(serialized).features.feature
-    assert set(served) == set(table.keys("model_input"))
-    for key, value in served.items():  # uint8 exact: the very bytes of the records
-      assert value.numpy() == stored[key].bytes_list.value[0], key
-    raw = Decoder(table, task.transform_keys).decode(tf.constant([serialized]))
-    train_inputs, _ = Parser(tft_out, table, task)(raw, training=False)
-    np.testing.assert_array_equal(
-        server.model_input({k: v[None] for k, v in served.items()}).numpy(), train_inputs.numpy())
-    if crops:
-      out = {k: v[0] for k, v in signatures["serve_examples"](
-          examples=tf.constant([serialized])).items()}
-    else:
-      out = signatures["serving_default"](image=tf.constant(rec[keys.IMAGE]),
-                                          **{k: tf.constant(v, tf.int32) for k, v in clicks.items()})
-    want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
-    np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
-    np.testing.assert_array_equal(out["mask"].numpy(), (want > clicker.PRED_THR).astype(np.uint8))
-    checked += 1
+    # Every variant of the record: the example view the trainer decodes.
+    raw = decoder.decode(tf.constant([serialized]), training=False)
+    train_all, _ = Parser(tft_out, table, task)(raw, training=False)
+    for i, rec in enumerate(table.decode_examples(serialized)):
+      clicks = {k: rec[k] for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
+      served = server.raw_model_input({keys.IMAGE: tf.constant(rec[keys.IMAGE]), **frame,
+                                       **{k: tf.constant(v) for k, v in clicks.items()}})
+      assert set(served) == set(table.keys("model_input"))
+      for key, value in served.items():  # uint8 exact: the very bytes of the records
+        assert value.numpy() == raw[key][i].numpy(), key
+      train_inputs = train_all[i:i + 1]
+      np.testing.assert_array_equal(
+          server.model_input({k: v[None] for k, v in served.items()}).numpy(),
+          train_inputs.numpy())
+      if crops:  # The record's image is its crop already: scored as it is.
+        out = {k: v[0] for k, v in signatures["serve_examples"](
+            examples=tf.constant([table.encode(rec)])).items()}
+      else:
+        out = signatures["serving_default"](
+            image=tf.constant(rec[keys.IMAGE]),
+            **{k: tf.constant(v, tf.int32) for k, v in clicks.items()})
+      want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
+      np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
+      np.testing.assert_array_equal(out["mask"].numpy(),
+                                    (want > clicker.PRED_THR).astype(np.uint8))
+      checked += 1
   assert checked, f"no eval records in {prep_dir}"

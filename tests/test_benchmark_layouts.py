@@ -14,7 +14,7 @@ from beam_prep import keys
 from beam_prep.layouts import paired, sbd
 from beam_prep.ops.registry import ExampleError
 from beam_prep.readers import resolve_layout
-from tests.helpers import dead_letters, manifest, records, run_cli
+from tests.helpers import dead_letters, examples, manifest, run_cli
 
 S = 32  # Image side; records keep it (--image-size S), so masks compare pixel for pixel.
 SBD_SIZE = 64  # Room for an object sparse in its box yet with clickable pixels.
@@ -101,10 +101,8 @@ def _prep(root, out, size=S):
 def _masks(out, split="*", size=S):
   """(image_id, object_id) -> the record's mask, uint8 [size, size]."""
   got = {}
-  for r in records(str(out), split):
-    f = r.features.feature
-    key = (f[keys.IMAGE_ID].bytes_list.value[0].decode(), f[keys.OBJECT_ID].int64_list.value[0])
-    got[key] = np.frombuffer(f[keys.MASK].bytes_list.value[0], np.uint8).reshape(size, size)
+  for ex in examples(str(out), split):
+    got[(ex[keys.IMAGE_ID], int(ex[keys.OBJECT_ID]))] = ex[keys.MASK].reshape(size, size)
   return got
 
 

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from benchmarks.run import TARGETS
+from benchmarks.run import PAIRS, STORAGE_ROWS, TARGETS
 
 FIGURES = ("input.on_the_fly_img_s", "input.precomputed_img_s", "input.read_ceiling_img_s",
            "train.synthetic_steps_s", "train.real_steps_s", "train.input_wait_fraction",
@@ -33,14 +33,15 @@ def test_benchmark_reports_every_figure(tmp_path):
   # undefined (NaN, reported as such), never a made-up number.
   marginal = result["figures"]["prep.beam_marginal_objects_s"]
   assert math.isnan(marginal) or marginal > 0
-  for layout in ("plain", "gzip", "per_object"):
-    assert result["figures"][f"storage.{layout}.bytes_per_image"] > 0
-    assert result["figures"][f"storage.{layout}.examples_s"] > 0
+  for layout, _ in STORAGE_ROWS:
+    for figure in ("bytes_per_example", "examples_s_per_core", "write_ms_per_example"):
+      assert result["figures"][f"storage.{layout}.{figure}"] > 0
     assert f"`storage.{layout}`" in r.stdout
-  # gzip and one record per object both store fewer bytes than the default.
-  plain = result["figures"]["storage.plain.bytes_per_image"]
-  assert result["figures"]["storage.gzip.bytes_per_image"] < plain
-  assert result["figures"]["storage.per_object.bytes_per_image"] < plain
+  # Stacking stores fewer bytes per (object, variant) than the layout before.
+  before = result["figures"]["storage.variant.bytes_per_example"]
+  assert result["figures"]["storage.object_raw.bytes_per_example"] < before
+  assert result["figures"]["storage.object.bytes_per_example"] < before
+  assert len(result["figures"]["prep.beam_marginal_vs_kernel_pairs"]) == PAIRS
   assert set(result["targets"]) == set(TARGETS)
   assert result["environment"]["cores"] >= 1 and "tensorflow" in result["environment"]["versions"]
   assert os.path.getsize(plot) > 1000

@@ -171,63 +171,19 @@ def test_the_serving_graph_makes_the_records_from_the_source_image(prep_dir):
   images = encodings = 0
   for path in sorted(glob.glob(keys.record_pattern(prep_dir, keys.EVAL_SPLIT))):
     for serialized in tf.data.TFRecordDataset(path):
-      stored = tf.train.Example.FromString(serialized.numpy()).features.feature
-      rec = table.decode_numpy(serialized.numpy())
-      box = rec[keys.CROP_BOX]
-      clicks = {k: crop.clicks_to_source(rec[k], box, size)
-                for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
-      served = run_plan(plan, table, {keys.IMAGE: tf.constant(sources[rec[keys.IMAGE_ID]]),
-                                      keys.CROP_BOX: tf.constant(box),
-                                      **{k: tf.constant(v) for k, v in clicks.items()}})
-      assert served[keys.IMAGE].numpy() == stored[keys.IMAGE].bytes_list.value[0]
-      images += 1
-      back = [crop.clicks_to_crop(tf.constant(clicks[k]), box[0], box[1], box[2] - box[0],
-                                  size).numpy() for k in clicks]
-      if all(np.array_equal(b, rec[k]) for b, k in zip(back, clicks)):
-        for key in table.keys("model_input"):
-          assert served[key].numpy() == stored[key].bytes_list.value[0], key
-        encodings += 1
+      for rec in table.decode_examples(serialized.numpy()):
+        box = rec[keys.CROP_BOX]
+        clicks = {k: crop.clicks_to_source(rec[k], box, size)
+                  for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
+        served = run_plan(plan, table, {keys.IMAGE: tf.constant(sources[rec[keys.IMAGE_ID]]),
+                                        keys.CROP_BOX: tf.constant(box),
+                                        **{k: tf.constant(v) for k, v in clicks.items()}})
+        assert served[keys.IMAGE].numpy() == rec[keys.IMAGE].tobytes()
+        images += 1
+        back = [crop.clicks_to_crop(tf.constant(clicks[k]), box[0], box[1], box[2] - box[0],
+                                    size).numpy() for k in clicks]
+        if all(np.array_equal(b, rec[k]) for b, k in zip(back, clicks)):
+          for key in table.keys("model_input"):
+            assert served[key].numpy() == rec[key].tobytes(), key
+          encodings += 1
   assert images and encodings, (images, encodings)
-
-
-def test_a_model_trained_on_crops_is_served_on_the_crop_of_its_object(tmp_path):
-  """A wide image, crop records, and a model that marks the object's colour:
-  the served mask (whole image first, then the crop of that mask, placed
-  back) covers the object at the source's size, nothing else."""
-  import keras  # pylint: disable=g-import-not-at-top
-  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
-  from train.servers import SegmentationServer  # pylint: disable=g-import-not-at-top
-  from train.serving_inputs import model_inputs  # pylint: disable=g-import-not-at-top
-  from tests.helpers import records, red_disk_data  # pylint: disable=g-import-not-at-top
-  h, w, (cx, cy, r) = 90, 270, (200, 45, 14)
-  img, obj = red_disk_data(str(tmp_path), h, w, cx, cy, r)
-  out = str(tmp_path / "prep")
-  assert run_cli(["segmentation", "--input", str(tmp_path / "data"), "--output", out,
-                  "--layout", "folders", "--image-size", "48", "--variants", "1",
-                  "--eval-percent", "0"]) == 0
-  table = FeatureTable.load(out)
-  transform = tft.TFTransformOutput(f"{out}/{keys.TRANSFORM_DIR}")
-  [serialized] = [r.SerializeToString() for r in records(out)]
-  rec = table.decode_numpy(serialized)
-  x = model_inputs(table, transform.transform_raw_features(
-      tf.io.parse_example([serialized], table.raw_feature_spec(table.keys("model_input")))))
-  redness = (x[0, ..., 0] - x[0, ..., 1]).numpy()
-  label = rec[keys.MASK].reshape(48, 48)
-  middle = (redness[label == 1].mean() + redness[label == 0].mean()) / 2
-  model = keras.Sequential([keras.Input((48, 48, table.input_channels)), keras.layers.Lambda(
-      lambda t: 100.0 * (t[..., 0:1] - t[..., 1:2] - middle))])
-  server = SegmentationServer(model, transform, table)
-  click, none = tf.constant([[cx, cy]], tf.int32), tf.zeros([0, 2], tf.int32)
-  served = server.serve(tf.constant(img), click, none)["mask"].numpy().astype(bool)
-  assert served.shape == (h, w)
-  assert (served & obj).sum() / (served | obj).sum() > 0.9
-  # Given a previous mask, the crop is its box and the click's: a mask
-  # elsewhere gives a box holding both, and nothing is predicted outside it.
-  previous = np.zeros((h, w), np.uint8)
-  previous[5:15, 5:15] = 1
-  prob = server.serve_iterative(tf.constant(img), click, none,
-                                tf.constant(previous))["probabilities"].numpy()
-  y0, x0, side = crop.square_box(5, 5, cy, cx, 1400, 32)
-  outside = np.ones((h, w), bool)
-  outside[max(y0, 0):y0 + side, max(x0, 0):x0 + side] = False
-  assert outside.any() and (prob[outside] == 0).all() and prob[~outside].max() > 0

@@ -23,7 +23,9 @@ def _restored_model(model_dir):
 
 
 def _eval_examples(prep_dir, n=4):
-  return [r.numpy() for r in PrepOutput(prep_dir).dataset(keys.EVAL_SPLIT).take(n)]
+  """The first eval examples in the example view (what serve_examples takes)."""
+  prep = PrepOutput(prep_dir)
+  return [prep.table.encode(ex) for ex in prep.read_numpy(keys.EVAL_SPLIT, limit=n)]
 
 
 def test_serving_input_and_output_match_the_training_path(prep_dir, trained):

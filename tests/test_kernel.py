@@ -32,7 +32,9 @@ def test_one_input_counts_at_each_level(tmp_path):
   assert (c["inputs_read"], c.get("images_failed", 0)) == (1, 0)
   assert (c["objects_found"], c["objects_failed"]) == (2, 1)
   assert (c["examples_made"], c.get("example_errors", 0)) == (2, 0)
-  assert len(result.records) == 2 and result.row is not None
+  # One record: the object once, with its two click variants.
+  assert len(result.records) == 1 and result.row is not None
+  assert (c["examples/train"], c["records/train"]) == (2, 1)
   assert result.tally.accounting(per_unit=2, splits_objects=True)["accounted"]
   assert [e["reason"] for e in result.errors] == ["object_too_small"]
   assert result.tally.samples["object_too_small"]["object_id"] == 2

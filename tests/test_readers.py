@@ -8,6 +8,7 @@ import tensorflow_transform as tft
 from PIL import Image
 
 from beam_prep import keys
+from beam_prep.features import FeatureTable
 from tests.helpers import dead_letters, manifest, png, records, run_cli, scene
 
 
@@ -117,21 +118,19 @@ def test_user_op_gzip_and_flipped_variants(tmp_path):
                   "--compression", "gzip", "--eval-percent", "0",
                   "--ops-module", "tests.fixtures.user_ops", "--ops", "cap_distance(64)"]) == 0
   assert "train-00000-of-00001.tfrecord.gz" in os.listdir(os.path.join(out, "records"))
-  recs = records(out, "train")
-  assert len(recs) == manifest(out)["counts"]["examples_written"]["train"] == 12
-  for r in recs:
-    f = r.features.feature
-    maps = np.frombuffer(f["distance_maps"].bytes_list.value[0], np.uint8).reshape(48, 48, 2)
-    assert maps.max() <= 64  # the user's op ran inside the pipeline
-    mask = np.frombuffer(f["mask"].bytes_list.value[0], np.uint8).reshape(48, 48)
-    assert f["flipped"].int64_list.value[0] == f["variant"].int64_list.value[0] % 2
-    pos = np.array(f["positive_clicks"].int64_list.value).reshape(-1, 2)
-    assert all(mask[y, x] == 1 for x, y in pos)  # clicks follow the (flipped) mask
-  obj1 = [r for r in recs if r.features.feature["object_id"].int64_list.value[0] == 1
-          and r.features.feature["image_id"].bytes_list.value[0] == b"s0"]
-  masks = {r.features.feature["flipped"].int64_list.value[0]:
-           np.frombuffer(r.features.feature["mask"].bytes_list.value[0], np.uint8).reshape(48, 48)
-           for r in obj1}
+  table = FeatureTable.load(out)
+  # Flipping runs per variant, so each variant keeps its own (mirrored) image.
+  assert table[keys.IMAGE].stacked and not table[keys.IMAGE_ID].stacked
+  examples = [ex for r in records(out, "train")
+              for ex in table.decode_examples(r.SerializeToString())]
+  assert len(examples) == manifest(out)["counts"]["examples_written"]["train"] == 12
+  for ex in examples:
+    assert ex["distance_maps"].max() <= 64  # the user's op ran inside the pipeline
+    assert ex[keys.FLIPPED] == ex[keys.VARIANT] % 2
+    mask = ex[keys.MASK][..., 0]
+    assert all(mask[y, x] == 1 for x, y in ex[keys.POSITIVE_CLICKS])  # clicks follow the mask
+  obj1 = [ex for ex in examples if ex[keys.OBJECT_ID] == 1 and ex[keys.IMAGE_ID] == "s0"]
+  masks = {int(ex[keys.FLIPPED]): ex[keys.MASK][..., 0] for ex in obj1}
   np.testing.assert_array_equal(masks[1], masks[0][:, ::-1])
 
 

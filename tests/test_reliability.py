@@ -88,7 +88,7 @@ def test_truncated_shard_is_named_and_can_be_skipped(prep_dir, tmp_path, capsys)
   report = m["skipped_records"]
   assert report["corrupt_shards"] == [shard]
   assert report["train_records_skipped"] > 0
-  written = json.load(open(os.path.join(data, "manifest.json")))["counts"]["examples_written"]
+  written = json.load(open(os.path.join(data, "manifest.json")))["counts"]["records_written"]
   assert report["train_records_readable"] + report["train_records_skipped"] == written["train"]
 
 

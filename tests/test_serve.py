@@ -135,7 +135,8 @@ def test_columnar_predict_answers_what_the_saved_model_answers(client, direct, t
 
 
 def test_row_predict_of_the_batch_signature(client, direct, prep_dir):
-  examples = [r.numpy() for r in PrepOutput(prep_dir).dataset(keys.EVAL_SPLIT).take(2)]
+  prep = PrepOutput(prep_dir)  # The example view: what serve_examples takes.
+  examples = [prep.table.encode(ex) for ex in prep.read_numpy(keys.EVAL_SPLIT, limit=2)]
   want = {k: v.numpy() for k, v in
           direct["serve_examples"](examples=tf.constant(examples)).items()}
   plain = [{"b64": base64.b64encode(e).decode()} for e in examples]

@@ -69,6 +69,7 @@ def test_an_op_failing_in_one_variant_keeps_the_accounting(tmp_path):
   assert (c["objects_found"], c["objects_used"], c["objects_failed"]) == (6, 6, 0)
   assert (c["examples_made"], c["example_errors"]) == (12, 1)
   assert c["examples_written"]["train"] == 11
+  assert c["records_written"]["train"] == 6  # One per object; one holds 1 of its 2 variants.
   assert c["errors_by_reason"] == {"op_error": 1}
   [letter] = dead_letters(out)
   assert (letter["image_id"], letter["object_id"], letter["variant"]) == ("s1", 2, 1)

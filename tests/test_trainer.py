@@ -55,7 +55,7 @@ def test_decoder_and_parser_on_in_memory_examples(prep_dir):
         "distance_maps": np.full((64, 64, 2), 255, np.uint8), "mask": mask,
         "positive_clicks": np.array([[20, 20]]), "negative_clicks": np.zeros((0, 2), int)}
   ex.update(height=64, width=64, negative_strategy=0, flipped=0, crop_box=np.array([0, 0, 64, 64]))
-  raw = Decoder(table).decode(tf.constant([table.encode(ex)] * 2))
+  raw = Decoder(table).decode(tf.constant([table.encode_unit([ex])] * 2))
   assert raw[keys.IMAGE].shape == (2,) and raw[keys.POSITIVE_CLICKS].values.numpy().tolist() == [
       20, 20, 20, 20]
   raw = {k: raw[k] for k in task.transform_keys}

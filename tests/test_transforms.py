@@ -73,12 +73,12 @@ def test_pipeline_output_accounting_and_records(prep_dir, sample_dir):
   files = sorted(glob.glob(os.path.join(prep_dir, "records", "train-*.tfrecord")))
   assert len(files) == manifest["shards"]["train"]["files"] >= 2
   n = sum(1 for _ in tf.data.TFRecordDataset(files))
-  assert n == c["examples_written"]["train"]
+  assert n == c["records_written"]["train"] and 2 * n == c["examples_written"]["train"]
   ex = tf.train.Example.FromString(next(iter(tf.data.TFRecordDataset(files))).numpy())
   f = ex.features.feature
-  assert len(f["image"].bytes_list.value[0]) == 64 * 64 * 3
-  assert len(f["distance_maps"].bytes_list.value[0]) == 64 * 64 * 2
-  assert len(f["positive_clicks"].int64_list.value) % 2 == 0
+  assert len(f["image"].bytes_list.value[0]) == 64 * 64 * 3  # once, raw
+  assert len(f["distance_maps"].bytes_list.value) == 2  # one per variant
+  assert len(f["positive_clicks"].bytes_list.value[0]) % 16 == 0  # (x, y) int64 pairs
 
 
 def test_bad_inputs_reach_the_dead_letters(tmp_path):

@@ -7,6 +7,10 @@ the exported tf.Transform graph, the same one the serving model carries, then
 concatenates the declared model inputs in declared order. No Python runs per
 example: parsing, transform and augmentation are graph ops.
 
+A record holds one object with all its click variants; the Decoder picks one
+variant per record and step in the graph (or, on eval, keeps each), then
+decompresses what the record stores compressed.
+
 Segmentation keeps the data compact as long as possible: the reader yields the
 parsed raw features (bytes), and the Parser (decode, cast, normalize) runs
 inside the training step, on the device, so the host only parses and copies
@@ -28,25 +32,100 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
+from beam_prep.preprocessing import raw_bytes
 from train.prep_output import PrepOutput
 from train.serving_inputs import model_inputs
 from train.tasks import make_task
 
 
 class Decoder:
-  """Serialized records -> raw feature tensors, for the given keys.
+  """Serialized records -> raw feature tensors of examples, for the given keys.
+
+  A record holds one unit with its variants stacked (`beam_prep.features`,
+  format 3). The Decoder parses a batch of records, then either picks one
+  variant per record, uniformly at random in the graph (`pick`: training;
+  only string tensors are gathered, so one variant is decompressed, not all),
+  or keeps every variant as an example of its own (`expand`: evaluation),
+  and gives the example view (`raw`): the very tensors a record of one
+  example parsed with `FeatureTable.raw_feature_spec` gives, which the
+  exported tf.Transform graph takes.
 
   Args:
     table: the records' FeatureTable.
     keys_to_parse: the features to parse (default: all).
+    seed: seed of the variant picked per record.
   """
 
-  def __init__(self, table: FeatureTable, keys_to_parse: Optional[Sequence[str]] = None):
-    self._spec = table.raw_feature_spec(keys_to_parse)
+  def __init__(self, table: FeatureTable, keys_to_parse: Optional[Sequence[str]] = None,
+               seed: int = 0):
+    self._table = table
+    parsed = table.keys() if keys_to_parse is None else list(keys_to_parse)
+    self._spec = table.record_feature_spec(parsed)
+    self._stacked = [k for k in parsed if table[k].stacked]
+    self._seed = seed
 
-  def decode(self, serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
-    """Parses a batch [B] of serialized tf.Examples."""
+  def parse(self, serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
+    """[B] serialized records -> their features; stacked ones ragged [B, variants held]."""
     return tf.io.parse_example(serialized, self._spec)
+
+  def pick(self, parsed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """One variant per record, each of those it holds equally likely: [B] per feature."""
+    if not self._stacked:
+      return parsed
+    first = parsed[self._stacked[0]]
+    held = first.row_lengths()
+    u = tf.random.uniform(tf.shape(held), seed=self._seed)
+    chosen = tf.minimum(tf.cast(u * tf.cast(held, tf.float32), tf.int64), held - 1)
+    index = first.row_starts() + chosen
+    return {k: tf.gather(v.values, index) if k in self._stacked else v
+            for k, v in parsed.items()}
+
+  def expand(self, parsed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """Every variant of every record, in order: [variants held in the batch] per feature."""
+    if not self._stacked:
+      return parsed
+    owner = parsed[self._stacked[0]].value_rowids()
+    out = {}
+    for k, v in parsed.items():
+      if k in self._stacked:
+        out[k] = v.values
+      elif isinstance(v, tf.SparseTensor):
+        out[k] = tf.gather(tf.RaggedTensor.from_sparse(v), owner).to_sparse()
+      else:
+        out[k] = tf.gather(v, owner)
+    return out
+
+  def raw(self, view: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """Picked or expanded features -> the example view: per-pixel features as
+    raw bytes, stacked numbers as the lists or arrays their spec parses to."""
+    out = {}
+    for k, v in view.items():
+      e = self._table[k]
+      if e.feature.per_pixel:
+        out[k] = raw_bytes(v, e)
+      elif e.stacked and e.feature.dtype != "string":
+        out[k] = _stacked_numbers(v, e)
+      else:
+        out[k] = v
+    return out
+
+  def decode(self, serialized: tf.Tensor, training: bool = True) -> Dict[str, tf.Tensor]:
+    """[B] serialized records -> the example view of one picked variant per
+    record (training) or of every variant (else)."""
+    parsed = self.parse(serialized)
+    return self.raw(self.pick(parsed) if training else self.expand(parsed))
+
+
+def _stacked_numbers(values: tf.Tensor, e) -> tf.Tensor:
+  """[N] little-endian bytes of each example's values -> what the example
+  view's spec parses them to: a SparseTensor [N, values] for a variable length,
+  else [N, *shape]."""
+  dtype, size = (tf.int64, 8) if e.feature.dtype == "int64" else (tf.float32, 4)
+  flat = tf.io.decode_raw(tf.strings.reduce_join(values), dtype, little_endian=True)
+  if e.variable_length:
+    lengths = tf.strings.length(values) // size
+    return tf.RaggedTensor.from_row_lengths(flat, tf.cast(lengths, tf.int64)).to_sparse()
+  return tf.reshape(flat, [-1, *e.feature.shape])
 
 
 class Parser:
@@ -98,8 +177,8 @@ class InputReader:
                seed: int = 0, skip_corrupt_records: bool = False):
     self.prep = prep
     table = prep.table
-    self._decoders = {True: Decoder(table, task.transform_keys),
-                      False: Decoder(table, task.transform_keys + task.eval_keys)}
+    self._decoders = {True: Decoder(table, task.transform_keys, seed),
+                      False: Decoder(table, task.transform_keys + task.eval_keys, seed)}
     self.parser = Parser(prep.tft_output, table, task, seed)
     # Segmentation: transform on the device (see the module docstring).
     self.transform_in_step = task.transform_in_step
@@ -145,17 +224,21 @@ class InputReader:
     `self.parser` in the step), else `(inputs, labels)`.
     """
     ds = self.records(split, training, input_context)
+    decoder = self._decoders[training]
     if training:
       ds = ds.shuffle(self._shuffle_buffer, seed=self._seed).repeat()
-    # Batch before parsing: one parse_example (and transform) call per batch.
-    ds = ds.batch(self._batch_size, drop_remainder=training)
-    decoder = self._decoders[training]
-    if self.transform_in_step:
-      ds = ds.map(decoder.decode, num_parallel_calls=tf.data.AUTOTUNE,
-                  deterministic=not training)
+      # Batch before parsing: one parse_example (and transform) call per batch.
+      ds = ds.batch(self._batch_size, drop_remainder=True)
+      ds = ds.map(decoder.decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     else:
-      ds = ds.map(lambda s: self.parser(decoder.decode(s), training),
-                  num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+      # Every variant is an eval example: records are parsed and expanded,
+      # rebatched into examples, then decoded.
+      ds = ds.batch(self._batch_size).map(lambda s: decoder.expand(decoder.parse(s)))
+      ds = ds.unbatch().batch(self._batch_size).map(decoder.raw,
+                                                    num_parallel_calls=tf.data.AUTOTUNE)
+    if not self.transform_in_step:
+      ds = ds.map(lambda raw: self.parser(raw, training), num_parallel_calls=tf.data.AUTOTUNE,
+                  deterministic=not training)
     return ds.prefetch(tf.data.AUTOTUNE)
 
   def model_batches(self, split: str, training: bool) -> tf.data.Dataset:

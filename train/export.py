@@ -45,9 +45,12 @@ the same outputs.
 
 Segmentation, signature `serve_examples` (batch scoring, TFX convention):
   inputs   examples         string [B]: serialized tf.Examples in the raw
-                            schema; `image` (raw uint8 bytes at the records'
-                            size), `positive_clicks`, `negative_clicks` are
-                            read, anything else is ignored
+                            schema, one (object, variant) each (the example
+                            view, `FeatureTable.encode`; a job's records, which
+                            stack an object's variants, give these through
+                            `decode_examples`); `image` (raw uint8 bytes at the
+                            records' size), `positive_clicks`,
+                            `negative_clicks` are read, anything else is ignored
   outputs  probabilities    float32 [B, S, S]; mask uint8 [B, S, S], at the
                             records' size, padding included
 

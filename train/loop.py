@@ -597,7 +597,7 @@ def _scan_records(prep: PrepOutput, files, eval_files):
   corrupt = {p: v["error"] for p, v in scan.items() if v["error"]}
   prep.check_shards([p for p in files + eval_files if scan[p]["records"] > 0])
   report: Dict[str, Any] = {"corrupt_shards": sorted(corrupt), "errors": corrupt}
-  expected = prep.manifest.get("counts", {}).get("examples_written")
+  expected = prep.manifest.get("counts", {}).get("records_written")
   for split, split_files in ((keys.TRAIN_SPLIT, files), (keys.EVAL_SPLIT, eval_files)):
     readable = sum(scan[p]["records"] for p in split_files)
     report[f"{split}_records_readable"] = readable

@@ -9,9 +9,10 @@ A beam-prep output (local or gs://, read through `tf.io.gfile`) holds:
   errors/         the inputs that failed, with the reason
   _SUCCESS        written last: the output is complete (`.check_complete()`)
 
-`read_numpy(split)` gives a split's records as dicts of numpy arrays
-(`FeatureTable.decode_numpy`: per-pixel features [H, W, C] in their stored
-dtype, string scalars as str, int64 lists as arrays).
+`read_numpy(split)` gives a split's examples as dicts of numpy arrays, each
+(object, variant) of a record on its own (`FeatureTable.decode_examples`:
+per-pixel features [H, W, C] in their declared dtype, string scalars as str,
+int64 lists as arrays).
 
 This module imports nothing of `train` (the trainer, the export, the NoC
 evaluation, the demo, the benchmark and the preview CLI all build on it).
@@ -20,13 +21,15 @@ evaluation, the demo, the benchmark and the preview CLI all build on it).
 import functools
 import json
 import os
+import zlib
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import tensorflow as tf
 import tensorflow_transform as tft
+from google.protobuf.message import DecodeError
 
 from beam_prep import keys
-from beam_prep.features import FeatureTable
+from beam_prep.features import FeatureError, FeatureTable
 
 # The file of a model dir that records the run's settings, its data among them.
 MODEL_CONFIG_FILE = "config.json"
@@ -185,22 +188,24 @@ class PrepOutput:
   def read_numpy(self, split: str,
                  keys: Optional[Sequence[str]] = None,  # pylint: disable=redefined-outer-name
                  limit: int = 0) -> Iterator[Dict[str, Any]]:
-    """A split's records decoded to numpy dicts, in file order.
+    """A split's examples decoded to numpy dicts, in file order (a record's
+    variants in the order it holds them).
 
     Args:
       split: "train" or "eval".
       keys: the features to keep (default: all the record holds).
-      limit: stop after this many records (0: all).
+      limit: stop after this many examples (0: all).
 
     Yields:
-      One dict per record (`FeatureTable.decode_numpy`).
+      One dict per example (`FeatureTable.decode_examples`).
     """
-    ds = self.dataset(split)
-    if limit:
-      ds = ds.take(limit)
-    for serialized in ds:
-      rec = self.table.decode_numpy(serialized.numpy())
-      yield rec if keys is None else {k: rec[k] for k in keys if k in rec}
+    n = 0
+    for serialized in self.dataset(split):
+      for rec in self.table.decode_examples(serialized.numpy()):
+        if limit and n >= limit:
+          return
+        n += 1
+        yield rec if keys is None else {k: rec[k] for k in keys if k in rec}
 
   def has_records(self, split: str) -> bool:
     """Whether any shard of the split holds a record (reads each shard's first).
@@ -243,9 +248,6 @@ class PrepOutput:
     Raises:
       RecordsError: naming the shard and the reason.
     """
-    table = self.table
-    per_pixel = [e for e in table if e.feature.per_pixel]
-    spec = table.raw_feature_spec([e.key for e in per_pixel])
     holding = []
     for path in files:
       try:
@@ -257,20 +259,12 @@ class PrepOutput:
         continue  # An empty shard (a split smaller than the shard count).
       holding.append(path)
       try:
-        parsed = tf.io.parse_single_example(first, spec)
-      except tf.errors.InvalidArgumentError as e:
-        raise RecordsError(
-            f"shard {path} does not match the features of its features.json "
-            f"(a shard from another run?): {e.message.splitlines()[0]}") from None
-      for e in per_pixel:
-        want = e.stored_bytes(table.image_size)
-        got = len(parsed[e.key].numpy())
-        if got != want:
-          h, w = table.image_size
-          raise RecordsError(
-              f"shard {path}: feature {e.key!r} holds {got} bytes, but features.json declares "
-              f"{e.shape(table.image_size)} {e.feature.dtype} ({want} bytes) at {w}x{h} (a "
-              "shard from another run?)")
+        self.table.decode_examples(first.numpy())
+      except FeatureError as e:  # A per-pixel feature of another size.
+        raise RecordsError(f"shard {path}: {e} (a shard from another run?)") from None
+      except (ValueError, zlib.error, DecodeError) as e:
+        raise RecordsError(f"shard {path} does not match the features of its features.json "
+                           f"(a shard from another run?): {e}") from None
     return holding
 
   @staticmethod

@@ -142,6 +142,9 @@ class SegmentationServer(_Server):
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
   def serve_examples(self, examples):
+    """[B] serialized tf.Examples of one (object, variant) each, in the example
+    view (`FeatureTable.encode`: raw `image` bytes and int64 click lists), not
+    the job's records, which stack an object's variants."""
     spec = self._table.raw_feature_spec(
         [keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS])
     parsed = tf.io.parse_example(examples, spec)

@@ -53,7 +53,8 @@ def click_disks_twin(ex, radius: float = 5):
 
 
 @register_op("click_disks", reads=(keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS),
-             produces={keys.CLICK_DISKS: Feature("uint8", channels=2, role="model_input")},
+             produces={keys.CLICK_DISKS: Feature("uint8", channels=2, role="model_input",
+                                                     encoding="zlib")},
              twin=click_disks_twin)
 def click_disks(radius: float = 5):
   """Adds `click_disks`: binary disks of `radius` pixels around each click."""

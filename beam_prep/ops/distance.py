@@ -94,7 +94,8 @@ def distance_maps_twin(ex):
 @register_op("distance_maps",
              reads=(keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS),
              produces={keys.DISTANCE_MAPS: Feature("uint8", channels=2, role="model_input",
-                                                   normalize=keys.MAX_DISTANCE)},
+                                                   normalize=keys.MAX_DISTANCE,
+                                                   encoding="zlib")},
              twin=distance_maps_twin)
 def distance_maps_op():
   """Adds `distance_maps` (Xu et al. 2016) from `positive_clicks` and `negative_clicks`."""

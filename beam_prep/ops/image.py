@@ -44,7 +44,7 @@ from beam_prep.ops.registry import ExampleError, register_op
 
 # One declaration of each image feature, shared by every op that writes it.
 IMAGE = Feature("uint8", channels=3, role="model_input", normalize="standardize")
-MASK = Feature("uint8", channels=1, role="label")
+MASK = Feature("uint8", channels=1, role="label", encoding="zlib")
 SIZE = Feature("int64", shape=(), role="metadata")
 SIZE_FEATURES = {keys.HEIGHT: SIZE, keys.WIDTH: SIZE}
 OBJECT_ID = Feature("int64", shape=(), role="metadata")
