@@ -124,7 +124,9 @@ def test_dataset_gives_the_trainers_tensors_in_keras_form(prep_dir):
   h, w = table.image_size
   assert inputs.shape == (4, h, w, table.input_channels) and label.shape == (4, h, w, 1)
   # label_weight is 0 exactly where the record's mask is ignore.
-  masks = [ex[keys.MASK] for ex in prep.read_numpy(keys.EVAL_SPLIT, [keys.MASK], limit=4)]
+  # (In the reader's order: its shards interleaved, each record's variants in turn.)
+  records = [r.numpy() for r in reader.records(keys.EVAL_SPLIT, training=False).take(4)]
+  masks = [ex[keys.MASK] for r in records for ex in table.decode_examples(r)][:4]
   np.testing.assert_array_equal(weight.numpy() == 0, np.stack(masks) == keys.IGNORE)
   # Training batches repeat past the end of the split, always full.
   examples = manifest_examples(prep_dir)
