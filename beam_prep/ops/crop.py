@@ -14,6 +14,10 @@ graph:
 - the box is resized to size x size: bilinear with half-pixel centres for
   the image (TensorFlow's arithmetic, rounded half to even), nearest for the
   masks. Small objects are magnified, large ones shrunk;
+- in the job, `jitter` may grow the box (up to 1 + jitter times) and move
+  it, the object inside, drawn once per object from a seeded generator
+  (`jittered_box`), so the model sees objects at the scales and places the
+  serving graph's boxes, derived from its predictions, show them;
 - records keep the box as `crop_box` = (x0, y0, x1, y1) in source pixels
   (x1, y1 exclusive; x1 - x0 == y1 - y0), so predictions can be placed back
   (`place_back`);
@@ -32,9 +36,9 @@ from scipy import ndimage
 
 from beam_prep import keys
 from beam_prep.features import Feature
+from beam_prep.ops.clicks import example_rng
 from beam_prep.ops.image import (IMAGE, IMAGE_PAD, MASK, OBJECT_ID, bilinear_from,
                                  listed_objects, nearest_indices)
-from beam_prep.ops.clicks import example_rng
 from beam_prep.ops.registry import ExampleError, register_op
 
 CROP_BOX = Feature("int64", shape=(4,), role="metadata")
