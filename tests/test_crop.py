@@ -187,3 +187,82 @@ def test_the_serving_graph_makes_the_records_from_the_source_image(prep_dir):
             assert served[key].numpy() == rec[key].tobytes(), key
           encodings += 1
   assert images and encodings, (images, encodings)
+
+
+def _colour_model(tmp_path, image, instances, size):
+  """Crop records of one image, and a model that marks the red pixels (what the
+  objects here are), through the records' own transform -> the server."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
+  from tests.helpers import records  # pylint: disable=g-import-not-at-top
+  from train.data import Decoder  # pylint: disable=g-import-not-at-top
+  from train.servers import SegmentationServer  # pylint: disable=g-import-not-at-top
+  from train.serving_inputs import model_inputs  # pylint: disable=g-import-not-at-top
+  for sub, arr, mode in (("images", image, None), ("masks", instances, "L")):
+    (tmp_path / "data" / sub).mkdir(parents=True)
+    (tmp_path / "data" / sub / "a.png").write_bytes(png(arr, mode))
+  out = str(tmp_path / "prep")
+  assert run_cli(["segmentation", "--input", str(tmp_path / "data"), "--output", out,
+                  "--layout", "folders", "--image-size", str(size), "--variants", "1",
+                  "--eval-percent", "0"]) == 0
+  table = FeatureTable.load(out)
+  transform = tft.TFTransformOutput(f"{out}/{keys.TRANSFORM_DIR}")
+  serialized = records(out)[0].SerializeToString()
+  raw = Decoder(table, table.keys("model_input")).decode(tf.constant([serialized]), False)
+  x = model_inputs(table, transform.transform_raw_features(raw))
+  redness = (x[0, ..., 0] - x[0, ..., 1]).numpy()
+  label = table.decode_numpy(serialized)[keys.MASK].reshape(size, size)
+  middle = (redness[label == 1].mean() + redness[label == 0].mean()) / 2
+  model = keras.Sequential([keras.Input((size, size, table.input_channels)), keras.layers.Lambda(
+      lambda t: 100.0 * (t[..., 0:1] - t[..., 1:2] - middle))])
+  return SegmentationServer(model, transform, table)
+
+
+def _red_disks(h, w, disks):
+  """An image of red disks (x, y, r) on grey, and its instance mask."""
+  yy, xx = np.mgrid[:h, :w]
+  image = np.full((h, w, 3), 80, np.uint8)
+  instances = np.zeros((h, w), np.uint8)
+  for i, (cx, cy, r) in enumerate(disks, 1):
+    disk = (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
+    image[disk] = (200, 40, 30)
+    instances[disk] = i
+  return image, instances
+
+
+def test_a_model_trained_on_crops_is_served_on_the_crop_of_its_object(tmp_path):
+  """A wide image, crop records, and a model that marks the object's colour:
+  the served mask (a first mask, then the crop of that mask, placed back)
+  covers the object at the source's size; given a previous mask elsewhere,
+  the crop is the box of both and nothing is predicted outside it."""
+  h, w, (cx, cy, r) = 90, 270, (200, 45, 14)
+  image, instances = _red_disks(h, w, [(cx, cy, r)])
+  obj = instances == 1
+  server = _colour_model(tmp_path, image, instances, 48)
+  click, none = tf.constant([[cx, cy]], tf.int32), tf.zeros([0, 2], tf.int32)
+  served = server.serve(tf.constant(image), click, none)["mask"].numpy().astype(bool)
+  assert served.shape == (h, w)
+  assert (served & obj).sum() / (served | obj).sum() > 0.9
+  previous = np.zeros((h, w), np.uint8)
+  previous[5:15, 5:15] = 1
+  prob = server.serve_iterative(tf.constant(image), click, none,
+                                tf.constant(previous))["probabilities"].numpy()
+  y0, x0, side = crop.square_box(5, 5, cy, cx, 1400, 32)
+  outside = np.ones((h, w), bool)
+  outside[max(y0, 0):y0 + side, max(x0, 0):x0 + side] = False
+  assert outside.any() and (prob[outside] == 0).all() and prob[~outside].max() > 0
+
+
+def test_a_first_click_on_a_small_object_finds_it_and_not_a_far_larger_one(tmp_path):
+  """No previous mask: the first window around the click is the records'
+  least crop side, and it grows only while the mask reaches its edge, so a
+  small object is segmented alone, and a large one whole."""
+  image, instances = _red_disks(300, 400, [(100, 80, 6), (290, 190, 70)])
+  server = _colour_model(tmp_path, image, instances, 48)
+  none = tf.zeros([0, 2], tf.int32)
+  for object_id, (cx, cy) in ((1, (100, 80)), (2, (290, 190))):
+    mask = server.serve(tf.constant(image), tf.constant([[cx, cy]], tf.int32),
+                        none)["mask"].numpy().astype(bool)
+    obj = instances == object_id
+    assert (mask & obj).sum() / (mask | obj).sum() > 0.8, object_id
+    assert not (mask & (instances == 3 - object_id)).any(), object_id

@@ -53,16 +53,19 @@ class _Server(tf.Module):
 class SegmentationServer(_Server):
   """Image and clicks in, mask out.
 
-  With object-centred crop records (the table declares `crop_box`), the
-  model sees the crop of the previous mask and the positive clicks (the
-  `crop_objects` twin, `beam_prep.ops.crop`). Asked without a previous mask
-  (or with an empty one), it first predicts on the whole image and takes
-  that mask as the previous one. Probabilities outside the crop are 0.
+  With object-centred crop records (the chain's `crop_objects`), the model
+  sees the crop of the previous mask and the positive clicks (its twin,
+  `beam_prep.ops.crop`). Asked without a previous mask (or with an empty
+  one), it first finds one (`_first_mask`). Probabilities outside the crop
+  are 0.
   """
+  # Windows tried for a first mask: the least crop side doubled up to this
+  # many times (then the whole image).
+  FIRST_WINDOWS = 8
 
   def __init__(self, model, tft_output: tft.TFTransformOutput, table: FeatureTable):
     super().__init__(model, tft_output, table)
-    self._crops = keys.CROP_BOX in table
+    self._crops = crop.chain_geometry(table.chain)  # (ratio, least side), or None
 
   def _predict(self, inputs):
     logits = self.model(inputs, training=False)
@@ -80,12 +83,35 @@ class SegmentationServer(_Server):
           keys.POSITIVE_CLICKS: tf.cast(positive_clicks, tf.int64),
           keys.NEGATIVE_CLICKS: tf.cast(negative_clicks, tf.int64)}
     if self._crops:
-      shape = tf.shape(image)
-      whole = dict(ex, **{keys.CROP_BOX: crop.whole_image_box(shape[0], shape[1])})
-      ex[keys.PREVIOUS_MASK] = tf.cond(
-          tf.reduce_any(previous_mask), lambda: previous_mask,
-          lambda: self._source_probabilities(whole) > clicker.PRED_THR)
+      ex[keys.PREVIOUS_MASK] = tf.cond(tf.reduce_any(previous_mask), lambda: previous_mask,
+                                       lambda: self._first_mask(ex))
     return self._source_probabilities(ex)
+
+  def _first_mask(self, ex):
+    """A mask to crop by when there is none yet: windows around the positive
+    clicks, from the records' least crop side up, each twice the last, until
+    the predicted mask no longer touches the window's edge (the object fits
+    in it, as objects fit in the records' crops) or the window holds the
+    whole image. Its mask, bool [H, W]."""
+    ratio, least = self._crops
+    shape = tf.shape(ex[keys.IMAGE], out_type=tf.int64)
+    positive = tf.clip_by_value(tf.reshape(ex[keys.POSITIVE_CLICKS], [-1, 2]), 0,
+                                tf.stack([shape[1] - 1, shape[0] - 1]))
+    none = tf.zeros(tf.cast(shape[:2], tf.int32), tf.bool)
+    whole = tf.maximum(shape[0], shape[1])
+
+    def window(k, mask, done):
+      del mask, done
+      side = tf.minimum(least * tf.bitwise.left_shift(tf.constant(1, tf.int64), k), whole)
+      box = crop.box_tensor(*crop.derived_box(none, positive, ratio, side))
+      mask = self._source_probabilities(dict(ex, **{keys.CROP_BOX: box})) > clicker.PRED_THR
+      done = ~crop.touches_edge(mask, box, shape[0], shape[1]) | (box[2] - box[0] >= whole)
+      return k + 1, mask, done
+
+    _, mask, _ = tf.while_loop(
+        lambda k, mask, done: (k < self.FIRST_WINDOWS) & ~done, window,
+        (tf.constant(0, tf.int64), none, tf.constant(False)))
+    return mask
 
   def _source_probabilities(self, ex):
     """One request example through the twins, the transform and the model ->
@@ -154,7 +180,7 @@ class SegmentationServer(_Server):
       image, pos, neg = args
       ex = {keys.IMAGE: image, keys.POSITIVE_CLICKS: tf.reshape(pos, [-1, 2]),
             keys.NEGATIVE_CLICKS: tf.reshape(neg, [-1, 2])}
-      if self._crops:  # A record is a crop already: its whole frame is the box.
+      if self._crops is not None:  # A record is a crop already: its whole frame is the box.
         ex[keys.CROP_BOX] = crop.whole_image_box(*self._table.image_size)
       return self.raw_model_input(ex)
 

@@ -26,9 +26,9 @@ graph:
 
 Serving (`crop_objects_twin`): the box is given (`crop_box`), or derived as
 above from `previous_mask` and the positive clicks. The serving model, asked
-without a previous mask, first predicts on the whole image (the box of the
-whole image, `whole_image_box`) and takes that mask as the previous one
-(`train.servers`).
+without a previous mask, first finds one on windows around the clicks that
+grow while the predicted mask touches their edge (`touches_edge`,
+`train.servers`).
 """
 
 import numpy as np
@@ -159,9 +159,45 @@ def derived_box(mask, positive_clicks, ratio: int, min_side: int):
                     tf.reduce_max(xs), ratio, min_side, xp=tf)
 
 
+def chain_geometry(chain: str):
+  """(context ratio, least side) of the `crop_objects` call of a chain, or
+  None when the chain does not crop objects."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+  for spec in registry.parse_chain(chain):
+    if spec.name == "crop_objects":
+      bound = inspect.signature(crop_objects).bind(*spec.args, **dict(spec.kwargs))
+      bound.apply_defaults()
+      return context_ratio(bound.arguments["context"]), int(bound.arguments["min_side"])
+  return None
+
+
+def box_tensor(y0, x0, side):
+  """`crop_box` of a box, in TensorFlow."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.stack([x0, y0, x0 + side, y0 + side])
+
+
+def touches_edge(mask, box, height, width):
+  """Whether `mask` (bool [height, width]) holds a pixel on the edge of the box
+  `crop_box`, where that edge is inside the image (TensorFlow)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  box = tf.cast(box, tf.int64)
+
+  def axis(n, start, end):
+    i = tf.range(tf.cast(n, tf.int64))
+    return (i >= start) & (i < end), (i == start) | (i == end - 1)
+
+  in_y, edge_y = axis(height, box[1], box[3])
+  in_x, edge_x = axis(width, box[0], box[2])
+  ring = (edge_y[:, None] & in_x[None, :]) | (in_y[:, None] & edge_x[None, :])
+  return tf.reduce_any(mask & ring)
+
+
 def whole_image_box(height, width):
   """`crop_box` of the square of the image's long side at its top left: the
-  whole image, fitted as `resize` fits it."""
+  whole image, fitted as `resize` fits it (a crop record's own frame, for
+  `serve_examples`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   side = tf.cast(tf.maximum(height, width), tf.int64)
   zero = tf.constant(0, tf.int64)
