@@ -59,9 +59,6 @@ class SegmentationServer(_Server):
   one), it first finds one (`_first_mask`). Probabilities outside the crop
   are 0.
   """
-  # Windows tried for a first mask: the least crop side doubled up to this
-  # many times (then the whole image).
-  FIRST_WINDOWS = 8
 
   def __init__(self, model, tft_output: tft.TFTransformOutput, table: FeatureTable):
     super().__init__(model, tft_output, table)
@@ -92,7 +89,8 @@ class SegmentationServer(_Server):
     clicks, from the records' least crop side up, each twice the last, until
     the predicted mask no longer touches the window's edge (the object fits
     in it, as objects fit in the records' crops) or the window holds the
-    whole image. Its mask, bool [H, W]."""
+    whole image (the window's side is capped at the image's long side, so
+    the loop ends). Its mask, bool [H, W]."""
     ratio, least = self._crops
     shape = tf.shape(ex[keys.IMAGE], out_type=tf.int64)
     positive = tf.clip_by_value(tf.reshape(ex[keys.POSITIVE_CLICKS], [-1, 2]), 0,
@@ -109,7 +107,7 @@ class SegmentationServer(_Server):
       return k + 1, mask, done
 
     _, mask, _ = tf.while_loop(
-        lambda k, mask, done: (k < self.FIRST_WINDOWS) & ~done, window,
+        lambda k, mask, done: ~done, window,
         (tf.constant(0, tf.int64), none, tf.constant(False)))
     return mask
 
