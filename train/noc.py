@@ -60,23 +60,24 @@ class ModelPredictor:
     self._server = SegmentationServer(model, tft_output, table)
 
   def __call__(self, images, clicks, kinds, previous):
-    server = self._server
-
-    def one(args):
-      image, xy, kind, prev = args
-      prob = server.probabilities(
-          image, tf.boolean_mask(xy, tf.equal(kind, clicker.POSITIVE)),
-          tf.boolean_mask(xy, tf.equal(kind, clicker.NEGATIVE)), prev)
-      return probability_logits(prob)
-
-    return tf.map_fn(one, (images, clicks, kinds, previous),
-                     fn_output_signature=tf.TensorSpec([None, None], tf.float32))
+    return logits_per_image(self._server.probabilities, images, clicks, kinds, previous)
 
 
-def probability_logits(prob):
-  """Probabilities -> logits (clipped to 1e-7 from 0 and 1: finite)."""
-  prob = tf.clip_by_value(prob, 1e-7, 1 - 1e-7)
-  return tf.math.log(prob) - tf.math.log1p(-prob)
+def logits_per_image(probabilities, images, clicks, kinds, previous):
+  """A loop predictor from `probabilities(image, positive_clicks,
+  negative_clicks, previous_mask)` -> [H, W] of one image: mapped over the
+  batch, the clicks split by kind, the probabilities turned into logits
+  (clipped to 1e-7 from 0 and 1: finite)."""
+
+  def one(args):
+    image, xy, kind, prev = args
+    prob = probabilities(image, tf.boolean_mask(xy, tf.equal(kind, clicker.POSITIVE)),
+                         tf.boolean_mask(xy, tf.equal(kind, clicker.NEGATIVE)), prev)
+    prob = tf.clip_by_value(prob, 1e-7, 1 - 1e-7)
+    return tf.math.log(prob) - tf.math.log1p(-prob)
+
+  return tf.map_fn(one, (images, clicks, kinds, previous),
+                   fn_output_signature=tf.TensorSpec([None, None], tf.float32))
 
 
 class ClickLoop:

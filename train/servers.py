@@ -93,8 +93,7 @@ class SegmentationServer(_Server):
     the loop ends). Its mask, bool [H, W]."""
     ratio, least = self._crops
     shape = tf.shape(ex[keys.IMAGE], out_type=tf.int64)
-    positive = tf.clip_by_value(tf.reshape(ex[keys.POSITIVE_CLICKS], [-1, 2]), 0,
-                                tf.stack([shape[1] - 1, shape[0] - 1]))
+    positive = crop.clicks_in_image(ex[keys.POSITIVE_CLICKS], shape)
     none = tf.zeros(tf.cast(shape[:2], tf.int32), tf.bool)
     whole = tf.maximum(shape[0], shape[1])
 

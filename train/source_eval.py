@@ -52,19 +52,14 @@ class ServedPredictor:
                        "(not a segmentation model)")
 
   def __call__(self, images, clicks, kinds, previous):
-    def one(args):
-      image, xy, kind, prev = args
-      inputs = {"image": image,
-                "positive_clicks": tf.cast(tf.boolean_mask(xy, kind == clicker.POSITIVE),
-                                           tf.int32),
-                "negative_clicks": tf.cast(tf.boolean_mask(xy, kind == clicker.NEGATIVE),
-                                           tf.int32)}
-      if self._with_previous:
-        inputs["previous_mask"] = tf.cast(prev, tf.uint8)
-      return noc.probability_logits(self._fn(**inputs)["probabilities"])
+    return noc.logits_per_image(self._probabilities, images, clicks, kinds, previous)
 
-    return tf.map_fn(one, (images, clicks, kinds, previous),
-                     fn_output_signature=tf.TensorSpec([None, None], tf.float32))
+  def _probabilities(self, image, positive, negative, previous):
+    inputs = {"image": image, "positive_clicks": tf.cast(positive, tf.int32),
+              "negative_clicks": tf.cast(negative, tf.int32)}
+    if self._with_previous:
+      inputs["previous_mask"] = tf.cast(previous, tf.uint8)
+    return self._fn(**inputs)["probabilities"]
 
 
 def source_images(prep: PrepOutput) -> Iterator[Dict[str, Any]]:

@@ -214,6 +214,14 @@ def clicks_to_source(clicks_xy: np.ndarray, box, size: int) -> np.ndarray:
                    y0 + (2 * c[:, 1] + 1) * (x1 - x0) // (2 * size)], axis=1)
 
 
+def clicks_in_image(clicks_xy, shape):
+  """Clicks (x, y) -> int64 [N, 2] clamped into an image of `shape` (H, W, ...)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  shape = tf.cast(shape, tf.int64)
+  return tf.clip_by_value(tf.reshape(tf.cast(clicks_xy, tf.int64), [-1, 2]), 0,
+                          tf.stack([shape[1] - 1, shape[0] - 1]))
+
+
 def clicks_to_crop(clicks_xy, x0, y0, side, size: int, keep_outside: bool = False):
   """Source clicks (x, y) -> the crop's pixels of nearest centre; clicks that
   fall outside the box are dropped (or clamped into it, `keep_outside`)."""
@@ -242,9 +250,7 @@ def crop_objects_twin(ex, size: int, context: float = DEFAULT_CONTEXT,
   image = ex[keys.IMAGE]
   shape = tf.shape(image, out_type=tf.int64)
   out = dict(ex)
-  clamp = lambda c: tf.clip_by_value(tf.reshape(tf.cast(c, tf.int64), [-1, 2]), 0,  # pylint: disable=unnecessary-lambda-assignment
-                                     tf.stack([shape[1] - 1, shape[0] - 1]))
-  positive = clamp(ex[keys.POSITIVE_CLICKS])
+  positive = clicks_in_image(ex[keys.POSITIVE_CLICKS], shape)
   if keys.CROP_BOX in ex:
     box = tf.cast(ex[keys.CROP_BOX], tf.int64)
     y0, x0, side = box[1], box[0], box[2] - box[0]
@@ -256,10 +262,9 @@ def crop_objects_twin(ex, size: int, context: float = DEFAULT_CONTEXT,
   out[keys.IMAGE] = crop_image_tf(image, y0, x0, side, int(size))
   out[keys.POSITIVE_CLICKS] = clicks_to_crop(positive, x0, y0, side, int(size), True)
   if keys.NEGATIVE_CLICKS in ex:
-    out[keys.NEGATIVE_CLICKS] = clicks_to_crop(clamp(ex[keys.NEGATIVE_CLICKS]), x0, y0, side,
+    out[keys.NEGATIVE_CLICKS] = clicks_to_crop(clicks_in_image(ex[keys.NEGATIVE_CLICKS], shape), x0, y0, side,
                                                int(size))
-  out[keys.CROP_BOX] = tf.stack([x0, y0, x0 + side, y0 + side])
-  out[keys.HEIGHT], out[keys.WIDTH] = shape[0], shape[1]
+  out[keys.CROP_BOX] = box_tensor(y0, x0, side)
   return out
 
 
