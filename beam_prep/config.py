@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Sequence
 def option(default: Any, help: str, choices: Optional[Sequence[str]] = None,  # pylint: disable=redefined-builtin
            metavar: str = "", none: Any = None, required: bool = False,
            show_default: bool = True):
-  """A config field that is also a command-line option (`pipelines.kit` makes the flag).
+  """A config field that is also a command-line option (`beam_prep.kit` makes the flag).
 
   Args:
     default: the field's default.
@@ -30,6 +30,17 @@ def check_known(cls, d: Dict[str, Any], what: str = "config keys") -> None:
   unknown = set(d) - names
   if unknown:
     raise ValueError(f"unknown {what}: {sorted(unknown)}; known: {sorted(names)}")
+
+
+class CommandConfig:
+  """Base of a command's frozen config dataclass: built from a plain dict
+  (a config file, the resolved flags) by `from_dict`, unknown keys refused,
+  lists (repeated flags, JSON arrays) made tuples."""
+
+  @classmethod
+  def from_dict(cls, d: Dict[str, Any]):
+    check_known(cls, d, f"{cls.__name__} settings")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,3 +267,26 @@ class PrepConfig:
       clicks = ClickConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in clicks.items()})
       d["clicks"] = clicks
     return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreviewConfig(CommandConfig):
+  """`beam-prep preview`: a picture of what the records hold."""
+  records: str = option("", "a records/ directory, or a pipeline output holding one",
+                        required=True)
+  output: str = option("", "PNG file to write", required=True)
+  count: int = option(6, "examples to draw")
+
+  def __post_init__(self):
+    if self.count < 1:
+      raise ValueError(f"--count must be at least 1, got {self.count}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleDataConfig(CommandConfig):
+  """`beam-prep sample-data`: a deterministic sample data set (images/ + masks/)."""
+  output: str = option("", "directory to write", required=True)
+  count: int = option(32, "number of scenes")
+  seed: int = option(0, "seed")
+  width: int = option(160, "scene width in pixels")
+  height: int = option(128, "scene height in pixels")

@@ -80,6 +80,14 @@ IGNORE = 255
 # RITM's evaluation: a pixel is object where the model's probability exceeds
 # this (the NoC protocol, the served mask and `beam-train evaluate --pred-thr`).
 PRED_THR = 0.49
+# The field's NoC report: clicks per object at most (an object that never
+# reaches a threshold counts this many), and the IoU thresholds of NoC@85/@90.
+NOC_MAX_CLICKS = 20
+NOC_IOU_THRESHOLDS = (0.85, 0.90)
+
+# File names of the images a folder is listed for (the page's picker, the
+# DirectRunner's input count); the decoder itself goes by the bytes.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 # Distance maps are stored as uint8 and capped here.
 MAX_DISTANCE = 255

@@ -15,8 +15,9 @@ examples.
 import argparse
 from typing import List, Optional
 
+from beam_prep import keys, kit
 from beam_prep.console import beam_option_flags, check_unknown, dispatch, option_flags
-from pipelines import kit, logs
+from pipelines import logs
 
 # Chosen by measurement (README, "Running mode of the DirectRunner"): below
 # this many inputs one in-memory worker is as fast or faster (there are few
@@ -24,7 +25,6 @@ from pipelines import kit, logs
 # worker thread per core (up to 8). Any --direct_* option the user gives wins.
 PARALLEL_MIN_INPUTS = 200
 MAX_LOCAL_WORKERS = 8
-_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def _inputs_at_least(root: str, n: int) -> bool:
@@ -37,7 +37,7 @@ def _inputs_at_least(root: str, n: int) -> bool:
       return sum(1 for _, line in zip(range(n + 1), f) if line.strip()) > n  # a header row
   seen = 0
   for _, _, files in os.walk(root):
-    seen += sum(1 for name in files if name.lower().endswith(_IMAGE_SUFFIXES))
+    seen += sum(1 for name in files if name.lower().endswith(keys.IMAGE_SUFFIXES))
     if seen >= 2 * n:  # images and masks alike are counted
       return True
   return False
@@ -54,19 +54,15 @@ def direct_defaults(input_root: str, cores: Optional[int] = None) -> List[str]:
 
 
 def _preview(argv: List[str]) -> int:
-  parser = argparse.ArgumentParser(
-      prog="beam-prep preview",
-      description="Draw a grid of what the records hold (image, clicks, mask, distance maps).")
-  parser.add_argument("--records", required=True,
-                      help="a records/ directory, or a pipeline output holding one")
-  parser.add_argument("--output", required=True, help="PNG file to write")
-  parser.add_argument("--count", type=int, default=6, help="examples to draw (default 6)")
-  args = parser.parse_args(argv)
-  logs.quiet()
+  from beam_prep.config import PreviewConfig  # pylint: disable=g-import-not-at-top
+  config = kit.parse_command("beam-prep preview", "Draw a grid of what the records hold (image, "
+                             "clicks, mask, distance maps).", PreviewConfig, argv, "prep",
+                             logs.quiet("--verbose" in argv))
+  if config is None:
+    return 2
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from pipelines import preview  # pylint: disable=g-import-not-at-top
-  records = args.records
+  records = config.records
   if not FileSystems.exists(records):
     logs.get().error("beam-prep preview: %s does not exist", records)
     return 2
@@ -74,30 +70,26 @@ def _preview(argv: List[str]) -> int:
   if FileSystems.exists(nested):
     records = nested
   try:
-    path = preview.write_preview(records, args.output, max(args.count, 1))
+    path = preview.write_preview(records, config.output, config.count)
   except FileNotFoundError as e:
     logs.get().error("beam-prep preview: %s", e)
     return 2
-  logs.get().info("preview: %d examples -> %s", max(args.count, 1), path)
+  logs.get().info("preview: %d examples -> %s", config.count, path)
   return 0
 
 
 def _sample_data(argv: List[str]) -> int:
-  parser = argparse.ArgumentParser(
-      prog="beam-prep sample-data",
-      description="Write a deterministic sample data set (images/ + masks/).")
-  parser.add_argument("--output", required=True, help="directory to write")
-  parser.add_argument("--count", type=int, default=32, help="number of scenes (default 32)")
-  parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-  parser.add_argument("--width", type=int, default=160, help="scene width in pixels (default 160)")
-  parser.add_argument("--height", type=int, default=128,
-                      help="scene height in pixels (default 128)")
-  args = parser.parse_args(argv)
-  logs.quiet()
+  from beam_prep.config import SampleDataConfig  # pylint: disable=g-import-not-at-top
+  config = kit.parse_command("beam-prep sample-data", "Write a deterministic sample data set "
+                             "(images/ + masks/).", SampleDataConfig, argv, "prep",
+                             logs.quiet("--verbose" in argv))
+  if config is None:
+    return 2
   from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
-  counts = write_sample_data(args.output, args.count, args.seed, (args.width, args.height))
+  counts = write_sample_data(config.output, config.count, config.seed,
+                             (config.width, config.height))
   logs.get().info("sample-data: wrote %d scenes with %d objects to %s",
-                  counts["images"], counts["objects"], args.output)
+                  counts["images"], counts["objects"], config.output)
   return 0
 
 
@@ -131,7 +123,7 @@ def _import_user_modules(argv: List[str]) -> None:
 
 def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
   """The parser of `beam-prep TASK` for a registered task: the config's options
-  (`pipelines.kit`), those the task adds, and the command's own."""
+  (`beam_prep.kit`), those the task adds, and the command's own."""
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
   task = tasks.get_task(task_name)
@@ -152,7 +144,7 @@ def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
 
 
 def build_config(args: argparse.Namespace, task_name: str = "segmentation"):
-  """Defaults, then preset, then config file, then flags; validated (`pipelines.kit`)."""
+  """Defaults, then preset, then config file, then flags; validated (`beam_prep.kit`)."""
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
   extra = tasks.get_task(task_name).config_fields(args)

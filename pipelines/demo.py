@@ -38,7 +38,7 @@ def _eval_clicks(prep_dir: str):
   from pipelines import logs  # pylint: disable=g-import-not-at-top
   logs.quiet()
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   prep = PrepOutput(prep_dir)
   wanted = [keys.IMAGE_ID, keys.OBJECT_ID, keys.VARIANT, keys.POSITIVE_CLICKS,
             keys.NEGATIVE_CLICKS] + [k for k in (keys.CROP_BOX,) if k in prep.table]
@@ -65,6 +65,7 @@ def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, log):
   the source image -> (what was predicted, for the summary, and its seconds)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from beam_prep.ops.image import object_label  # pylint: disable=g-import-not-at-top
   from train.clicker import iou as mask_iou  # pylint: disable=g-import-not-at-top
   ex, size = _eval_clicks(prep)
   image_id, object_id = ex[keys.IMAGE_ID], int(ex[keys.OBJECT_ID])
@@ -77,7 +78,8 @@ def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, log):
   seconds = _run(cmd, log)
   truth = np.asarray(Image.open(os.path.join(data, "masks", image_id + ".png")))
   got = np.asarray(Image.open(pred)) > 0
-  iou = float(mask_iou(got[None], (truth == object_id)[None], (truth != keys.IGNORE)[None])[0])
+  label = object_label(truth, object_id)
+  iou = float(mask_iou(got[None], (label == 1)[None], (label != keys.IGNORE)[None])[0])
   return {"image_id": image_id, "object_id": object_id, "positive": len(pos),
           "negative": len(neg), "iou": iou}, seconds
 

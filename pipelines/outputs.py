@@ -2,8 +2,7 @@
 
 import json
 import os
-import platform
-from typing import Any, Dict, List
+from typing import Any, List
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -72,15 +71,3 @@ def write_text(path: str, text: str) -> None:
 def read_json(path: str) -> Any:
   with FileSystems.open(path) as f:
     return json.loads(f.read().decode("utf-8"))
-
-
-def library_versions() -> Dict[str, str]:
-  import importlib.metadata as md  # pylint: disable=g-import-not-at-top
-  out = {"python": platform.python_version()}
-  for name in ("apache-beam", "tensorflow", "tensorflow-transform", "tfx-bsl", "numpy",
-               "scipy", "pillow", "beam-prep"):
-    try:
-      out[name] = md.version(name)
-    except md.PackageNotFoundError:
-      pass
-  return out

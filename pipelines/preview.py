@@ -11,7 +11,7 @@ nearest neighbour to 192 px on their long side, larger when that is needed
 for the picture to be at least 512 px on its long side, so it is readable even
 from 32 px records or a single example.
 
-Pillow only (clicks drawn by `train.drawing`, as `beam-train predict` draws
+Pillow only (clicks drawn by `beam_prep.drawing`, as `beam-train predict` draws
 them): the job's last step draws it on a worker, where neither matplotlib nor
 the trainer's packages are installed.
 """
@@ -22,15 +22,14 @@ from typing import List, Optional
 
 import numpy as np
 
-from beam_prep import keys
+from beam_prep import drawing, keys
 from beam_prep.features import FeatureTable
-from train import drawing
 
 
 def read_examples(records_dir: str, count: int, table: FeatureTable) -> List[dict]:
   """The first `count` records of the train (then eval) split, as numpy dicts."""
   # TensorFlow only when records are read: workers import this module to draw.
-  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   prep = PrepOutput(posixpath.dirname(records_dir.rstrip("/")), table)
   if not (prep.files(keys.TRAIN_SPLIT) or prep.files(keys.EVAL_SPLIT)):
     raise FileNotFoundError(f"no records under {records_dir}")
@@ -226,6 +225,6 @@ def write_preview(records_dir: str, output: str, count: int = 6,
 
   `table` defaults to the features.json beside `records_dir`.
   """
-  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   table = PrepOutput(posixpath.dirname(records_dir.rstrip("/")), table).table
   return save(read_examples(records_dir, count, table), table, output)

@@ -14,7 +14,7 @@ from beam_prep import keys
 from beam_prep.config import PrepConfig
 from beam_prep.features import FeatureTable
 from beam_prep.kernel import Tally
-from pipelines import outputs
+from beam_prep.version import library_versions
 
 # (level, failed count, found count) of the manifest's counts.
 LEVELS = (("images", "images_failed", "inputs_read"),
@@ -61,7 +61,7 @@ def manifest(config: PrepConfig, table: FeatureTable, tally: Tally, seconds: flo
       "splits_objects": task.splits_objects(config),
       "eval_only": config.eval_only,
       "config": config.to_dict(),
-      "versions": outputs.library_versions(),
+      "versions": library_versions(),
       "features": table.to_dict()["features"],
       "paths": {
           "records": FileSystems.join(config.output, keys.RECORDS_DIR),

@@ -15,7 +15,7 @@ from beam_prep import keys
 from tests.helpers import assert_serving_parity, png, run_cli
 from train import models
 from train.export import latest_export
-from train.prep_output import PrepOutput
+from beam_prep.prep_output import PrepOutput
 
 
 def _restored_model(model_dir):

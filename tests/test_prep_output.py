@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
-from train.prep_output import PrepOutput, RecordsError
+from beam_prep.prep_output import PrepOutput, RecordsError
 
 
 def test_opens_the_table_transform_shards_and_manifest(prep_dir, tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ from beam_prep import keys
 from tests.helpers import png
 from train.export import latest_export
 from train.noc import eval_objects
-from train.prep_output import PrepOutput
+from beam_prep.prep_output import PrepOutput
 from train.serve import app as serve_app
 from train.serve import json_arrays
 from train.serve.config import ServeConfig
@@ -263,9 +263,9 @@ def test_the_page_opens_uploads_with_exif_applied_and_the_limits_hold(client, tr
 
 
 def _model_and_sources(trained):
-  from train.serve.model import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.serve.model import RestModel  # pylint: disable=g-import-not-at-top
   from train.serve.page import Sources  # pylint: disable=g-import-not-at-top
-  return ServedModel(trained, NAME), Sources()
+  return RestModel(trained, NAME), Sources()
 
 
 def test_images_folder_serves_only_files_under_it(client):

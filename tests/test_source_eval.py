@@ -144,7 +144,7 @@ def test_source_records_hold_the_image_and_mask_at_their_own_size(tmp_path):
   masks = _grabcut_set(tmp_path / "GrabCut", SIZES[:1])
   prep = tmp_path / "prep"
   _prep_eval_only(tmp_path / "GrabCut", prep)
-  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   from train.source_eval import object_labels, source_images  # pylint: disable=g-import-not-at-top
   (image,) = list(source_images(PrepOutput(str(prep))))
   shown = np.asarray(Image.open(tmp_path / "GrabCut" / "data_GT" / "im0.jpg").convert("RGB"))

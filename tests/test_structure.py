@@ -12,7 +12,7 @@ from PIL import Image
 
 from tests.helpers import dead_letters, manifest, png, run_cli, scene
 
-PACKAGES = ("beam_prep", "train", "pipelines")
+PACKAGES = ("beam_prep", "train", "pipelines", "benchmarks")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -177,7 +177,8 @@ def _imports(path, module):
           and not module.startswith(m + ".")}
 
 
-def test_no_import_circle_among_the_packages():
+def _import_graph():
+  """{module: the project's modules it imports} over PACKAGES."""
   modules = {}
   for pkg in PACKAGES:
     for folder, _, files in os.walk(os.path.join(ROOT, pkg)):
@@ -186,7 +187,26 @@ def test_no_import_circle_among_the_packages():
           path = os.path.join(folder, f)
           name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
           modules[name[:-len(".__init__")] if name.endswith(".__init__") else name] = path
-  edges = {m: {t for t in _imports(p, m) if t in modules} for m, p in modules.items()}
+  return {m: {t for t in _imports(p, m) if t in modules} for m, p in modules.items()}
+
+
+def test_imports_flow_one_way():
+  """beam_prep (the data contract, the CLI kit) imports neither command line;
+  train never imports pipelines; pipelines uses train only where it
+  orchestrates (the demo runs beam-train)."""
+  edges = _import_graph()
+  up = sorted((m, t) for m, targets in edges.items() for t in targets
+              if (m.startswith("beam_prep") and t.split(".")[0] in ("train", "pipelines"))
+              or (m.startswith("train") and t.startswith("pipelines"))
+              or (m.startswith("pipelines") and t.startswith("train")
+                  and m != "pipelines.demo"))
+  assert not up, f"imports against the flow: {up}"
+  assert any(t.startswith("train") for t in edges["pipelines.demo"])  # The check sees them.
+
+
+def test_no_import_circle_among_the_packages():
+  edges = _import_graph()
+  modules = edges
   circles = []
   for start in modules:  # A circle: a module reachable from one it imports.
     stack, seen = list(edges[start]), set()

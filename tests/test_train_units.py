@@ -70,9 +70,9 @@ def test_one_overlay_for_masks_and_clicks_needs_neither_tensorflow_nor_matplotli
   import os  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  from train import drawing  # pylint: disable=g-import-not-at-top
+  from beam_prep import drawing  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  code = ("import sys, train.drawing\n"
+  code = ("import sys, beam_prep.drawing\n"
           "bad = [m for m in ('tensorflow', 'keras', 'matplotlib') if m in sys.modules]\n"
           "assert not bad, bad\n")
   run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,

@@ -16,7 +16,7 @@ import tensorflow as tf
 from beam_prep import keys
 from tests.helpers import run_cli
 from train.data import Decoder, InputReader, Parser
-from train.prep_output import PrepOutput
+from beam_prep.prep_output import PrepOutput
 from train.tasks import make_task
 
 

@@ -17,7 +17,7 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from tests.helpers import assert_serving_parity
-from train.prep_output import PrepOutput
+from beam_prep.prep_output import PrepOutput
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")

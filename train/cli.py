@@ -17,14 +17,13 @@ import json
 import os
 from typing import List, Optional
 
-from beam_prep import keys
+from beam_prep import keys, kit
 from beam_prep.console import check_unknown, dispatch, option_flags
-from pipelines import kit
 from train import logs
 
 
 def fit_parser() -> argparse.ArgumentParser:
-  """`beam-train fit`'s options: one per `TrainConfig` option field (`pipelines.kit`)."""
+  """`beam-train fit`'s options: one per `TrainConfig` option field (`beam_prep.kit`)."""
   from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
   p = argparse.ArgumentParser(prog="beam-train fit", description="Train on beam_prep records.")
   kit.add_options(p, TrainConfig)
@@ -92,7 +91,7 @@ def _fit(argv: List[str]) -> int:
               "pip install 'beam-prep[train]'", ", ".join(missing))
     return 2
   from train import loop  # pylint: disable=g-import-not-at-top
-  from train.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
+  from beam_prep.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
   log.info("train: %s, %d steps, batch %d per replica -> %s", config.data, config.steps,
            config.batch_size, config.model_dir)
   try:
@@ -143,80 +142,35 @@ def _noc_lines(brief) -> List[str]:
   return out
 
 
-def _evaluate_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      prog="beam-train evaluate",
-      description="NoC evaluation: simulated clicks until the mask reaches each IoU threshold, "
-      "for a trained segmentation model (through its serving graph) and the nearest-click "
-      "baseline, on the eval images at their own size (README: 'Evaluation: clicks to a "
-      "good mask').")
-  p.add_argument("--model", help="a beam-train fit model dir or an export (none: the "
-                 "nearest-click baseline alone)")
-  p.add_argument("--data", help="beam_prep output, e.g. a benchmark set (default: the one "
-                 "the model was trained on)")
-  p.add_argument("--resolution", choices=("auto", "source", "records"), default="auto",
-                 help="source: the eval images at their own size (the field's protocol); "
-                 "records: the records' size, with the model dir's Keras model; auto: source "
-                 "when the data holds source records")
-  p.add_argument("--max-clicks", type=int, default=20, dest="max_clicks",
-                 help="clicks per object at most; NoC counts this when never reached")
-  p.add_argument("--iou", default="0.85,0.90", help="IoU thresholds, comma-separated")
-  p.add_argument("--max-objects", type=int, default=0, dest="max_objects",
-                 help="evaluate the first N eval objects only (0: all)")
-  p.add_argument("--batch-size", type=int, default=16, dest="batch_size",
-                 help="objects per batch (records resolution)")
-  p.add_argument("--min-area", type=int, default=0, dest="min_area",
-                 help="source resolution: leave out objects under N pixels, listed in "
-                 "noc.json's skipped_objects (0: every object, the field's protocol)")
-  p.add_argument("--pred-thr", type=float, default=keys.PRED_THR, dest="pred_thr",
-                 help="a pixel is object where the model's probability exceeds this (RITM's)")
-  p.add_argument("--output", help="report folder (default: MODEL/eval; required without "
-                 "--model)")
-  p.add_argument("--verbose", action="store_true", help="show library logs")
-  kit.show_defaults(p)
-  return p
-
-
-def _evaluate_args(p: argparse.ArgumentParser, argv: List[str]):
-  """Parsed and checked options, and the thresholds (raises ValueError)."""
-  args, rest = p.parse_known_args(argv)
-  check_unknown(rest, option_flags(p), "beam-train evaluate", strict=True)
-  thresholds = [float(v) for v in args.iou.split(",") if v.strip()]
-  checks = [(thresholds and all(0 < t <= 1 for t in thresholds),
-             f"--iou takes thresholds in (0, 1], got {args.iou!r}"),
-            (args.max_clicks >= 1, f"--max-clicks must be at least 1, got {args.max_clicks}"),
-            (0 < args.pred_thr < 1, f"--pred-thr must be in (0, 1), got {args.pred_thr}"),
-            (args.model or args.data, "--data is required without --model"),
-            (args.model or args.output, "--output is required without --model"),
-            (args.model or args.resolution != "records",
-             "--resolution records needs --model (a model dir)"),
-            (not args.min_area or args.resolution != "records",
-             "--min-area is for the images' own size, not --resolution records")]
-  for ok, message in checks:
-    if not ok:
-      raise ValueError(message)
-  return args, thresholds
+EVALUATE = ("NoC evaluation: simulated clicks until the mask reaches each IoU threshold, for a "
+            "trained segmentation model (through its serving graph) and the nearest-click "
+            "baseline, on the eval images at their own size (README: 'Evaluation: clicks to a "
+            "good mask').")
+PREDICT = ("Predict a mask from an image and clicks (or, with a classification model, the "
+           "image's class).")
+EXPORT = ("Write the serving SavedModel (raw image and clicks in, preprocessing in the graph) "
+          "for a model trained outside `beam-train fit`, or again for a fit run.")
+SERVE = ("Serve the exported model with TensorFlow Serving's REST API, and a page to segment by "
+         "clicking (README: 'Click and see').")
 
 
 def _evaluate(argv: List[str]) -> int:
-  p = _evaluate_parser()
+  from train.config import EvalConfig  # pylint: disable=g-import-not-at-top
   log = logs.quiet("--verbose" in argv)
-  try:
-    args, thresholds = _evaluate_args(p, argv)
-  except ValueError as e:
-    log.error("beam-train evaluate: %s", e)
+  config = kit.parse_command("beam-train evaluate", EVALUATE, EvalConfig, argv, "train", log)
+  if config is None:
     return 2
   from train import noc  # pylint: disable=g-import-not-at-top
-  from train.prep_output import PrepOutput, RecordsError  # pylint: disable=g-import-not-at-top
+  from beam_prep.prep_output import PrepOutput, RecordsError  # pylint: disable=g-import-not-at-top
   from beam_prep import source_records  # pylint: disable=g-import-not-at-top
   try:
     # The data a model dir recorded is found from any folder (PrepOutput.of_model).
-    prep = PrepOutput(args.data) if args.data else PrepOutput.of_model(args.model)
-    source = args.resolution == "source" or (
-        args.resolution == "auto" and prep.has_records(source_records.SPLIT)
-        and (not args.model or _has_export(args.model)))
+    prep = PrepOutput(config.data) if config.data else PrepOutput.of_model(config.model)
+    source = config.resolution == "source" or (
+        config.resolution == "auto" and prep.has_records(source_records.SPLIT)
+        and (not config.model or _has_export(config.model)))
     run = _evaluate_source if source else _evaluate_records
-    report, out = run(args, prep, thresholds, log)
+    report, out = run(config, prep, log)
   except (ValueError, FileNotFoundError, ImportError, OSError, KeyError, RecordsError) as e:
     log.error("beam-train evaluate: %s", e)
     return 1
@@ -238,115 +192,103 @@ def _has_export(model: str) -> bool:
   return True
 
 
-def _evaluate_source(args, prep, thresholds, log):
+def _evaluate_source(config, prep, log):
   """NoC on the eval images at their own size (`train.source_eval`)."""
   from train import source_eval  # pylint: disable=g-import-not-at-top
-  out = args.output or os.path.join(args.model, "eval")
+  out = config.output or os.path.join(config.model, "eval")
   log.info("evaluate: %s on every object of the eval images of %s at their own size, up to "
-           "%d clicks", args.model or "the nearest-click baseline", prep.path, args.max_clicks)
-  report = source_eval.evaluate(prep, out, args.model, args.max_clicks, thresholds,
-                                args.pred_thr, args.max_objects, args.min_area)
+           "%d clicks", config.model or "the nearest-click baseline", prep.path,
+           config.max_clicks)
+  report = source_eval.evaluate(prep, out, config.model, config.max_clicks, config.thresholds,
+                                config.pred_thr, config.max_objects, config.min_area)
   if report["skipped_objects"]:
     log.info("evaluate: %d object(s) under --min-area %d pixels left out (noc.json's "
-             "skipped_objects)", len(report["skipped_objects"]), args.min_area)
+             "skipped_objects)", len(report["skipped_objects"]), config.min_area)
   return report, out
 
 
-def _evaluate_records(args, prep, thresholds, log):
+def _evaluate_records(config, prep, log):
   """NoC on the eval records (`train.noc`), with the model dir's Keras model."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from train import models, noc  # pylint: disable=g-import-not-at-top
-  from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   if prep.manifest.get("eval_only"):
     raise ValueError(f"{prep.path} is an evaluation-only output: it is evaluated at the images' "
-                     f"own size through the model's export, and {args.model} has none "
+                     f"own size through the model's export, and {config.model} has none "
                      "(beam-train export --model-dir MODEL_DIR writes one)")
-  model = models.rebuild(args.model)
-  ckpt = tf.train.latest_checkpoint(os.path.join(args.model, "checkpoints")) or ""
+  model = models.rebuild(config.model)
+  ckpt = tf.train.latest_checkpoint(os.path.join(config.model, "checkpoints")) or ""
   step = int(ckpt.rsplit("-", 1)[1]) if "-" in os.path.basename(ckpt) else 0
-  out = args.output or os.path.join(args.model, "eval")
+  out = config.output or os.path.join(config.model, "eval")
   log.info("evaluate: %s on the eval objects of %s at the records' size, up to %d clicks",
-           args.model, prep.path, args.max_clicks)
-  return noc.evaluate(model, prep, out, args.max_clicks, thresholds, args.batch_size,
-                      args.max_objects, summary_dir=os.path.join(args.model, "tensorboard",
-                                                                 "eval"),
-                      step=step, pred_thr=args.pred_thr,
-                      trained_on=PrepOutput.of_model(args.model)), out
+           config.model, prep.path, config.max_clicks)
+  return noc.evaluate(model, prep, out, config.max_clicks, config.thresholds, config.batch_size,
+                      config.max_objects,
+                      summary_dir=os.path.join(config.model, "tensorboard", "eval"),
+                      step=step, pred_thr=config.pred_thr,
+                      trained_on=PrepOutput.of_model(config.model)), out
 
 
 def _predict(argv: List[str]) -> int:
-  p = argparse.ArgumentParser(
-      prog="beam-train predict",
-      description="Predict a mask from an image and clicks (or, with a classification "
-      "model, the image's class).")
-  p.add_argument("--model", required=True, help="model dir (newest export) or one export dir")
-  p.add_argument("--image", required=True,
-                 help="image file (PNG, JPEG, ...; EXIF orientation applied)")
-  p.add_argument("--positive", action="append", default=[], metavar="X,Y",
-                 help="a click on the object (x = column, y = row); repeat for more")
-  p.add_argument("--negative", action="append", default=[], metavar="X,Y",
-                 help="a click off the object; repeat for more")
-  p.add_argument("--output", help="mask PNG to write (segmentation)")
-  p.add_argument("--verbose", action="store_true", help="show library logs")
-  args = p.parse_args(argv)
-  log = logs.quiet(args.verbose)
+  from train.config import PredictConfig  # pylint: disable=g-import-not-at-top
+  log = logs.quiet("--verbose" in argv)
+  config = kit.parse_command("beam-train predict", PREDICT, PredictConfig, argv, "train", log)
+  if config is None:
+    return 2
   from train import predict  # pylint: disable=g-import-not-at-top
+  from train import signatures as sig  # pylint: disable=g-import-not-at-top
+  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
   try:
-    fn = predict.load_signature(args.model)
-    if predict.is_classifier(fn):
-      out = predict.classify(fn, args.image)
-      probs = out["probabilities"][0]
-      ranked = sorted(zip(out["classes"].tolist(), probs.tolist()), key=lambda t: -t[1])
-      log.info("predict: %s (%s)", out["label"][0].decode(),
+    model = ServedModel(config.model)
+    if model.classifies:
+      out = predict.classify(model, config.image)
+      probs = out[sig.PROBABILITIES][0]
+      ranked = sorted(zip(out[sig.CLASSES].tolist(), probs.tolist()), key=lambda t: -t[1])
+      log.info("predict: %s (%s)", out[sig.LABEL][0].decode(),
                ", ".join(f"{c.decode()} {v:.3f}" for c, v in ranked[:5]))
       return 0
-    if not args.output:
-      raise ValueError("--output MASK.png is required for a segmentation model")
-    positive = [predict.parse_point(s) for s in args.positive]
-    negative = [predict.parse_point(s) for s in args.negative]
-    if not positive:
-      raise ValueError("at least one --positive X,Y click on the object is required")
-    image = predict.load_image(args.image)
-    h, w = image.shape[:2]
-    positive, moved_p = predict.clamp(positive, w, h)
-    negative, moved_n = predict.clamp(negative, w, h)
-    if moved_p or moved_n:
-      log.info("predict: clicks outside the %dx%d image clamped to its border: %s", w, h,
-               ", ".join(f"{x},{y}" for x, y in moved_p + moved_n))
-    result = predict.predict(fn, image, positive, negative)
+    image, positive, negative = _predict_inputs(config, model, log)
+    result = model.segment(image, positive, negative)
   except (ValueError, FileNotFoundError, OSError) as e:
     log.error("beam-train predict: %s", e)
     return 2
-  mask_path, overlay_path = predict.write_outputs(args.output, image, result, positive, negative)
+  mask_path, overlay_path = predict.write_outputs(config.output, image, result, positive,
+                                                  negative)
   log.info("predict: %d of %d pixels in the mask -> %s (overlay %s)",
-           int(result["mask"].sum()), result["mask"].size, mask_path, overlay_path)
+           int(result[sig.MASK].sum()), result[sig.MASK].size, mask_path, overlay_path)
   return 0
 
 
+def _predict_inputs(config, model, log):
+  """(image, positive, negative clicks clamped into it) of a segmentation request."""
+  from train import predict  # pylint: disable=g-import-not-at-top
+  model.require_segmentation()
+  if not config.output:
+    raise ValueError("--output MASK.png is required for a segmentation model")
+  positive = [predict.parse_point(s) for s in config.positive]
+  negative = [predict.parse_point(s) for s in config.negative]
+  if not positive:
+    raise ValueError("at least one --positive X,Y click on the object is required")
+  image = predict.load_image(config.image)
+  h, w = image.shape[:2]
+  positive, moved_p = predict.clamp(positive, w, h)
+  negative, moved_n = predict.clamp(negative, w, h)
+  if moved_p or moved_n:
+    log.info("predict: clicks outside the %dx%d image clamped to its border: %s", w, h,
+             ", ".join(f"{x},{y}" for x, y in moved_p + moved_n))
+  return image, positive, negative
+
+
 def _export(argv: List[str]) -> int:
-  p = argparse.ArgumentParser(
-      prog="beam-train export",
-      description="Write the serving SavedModel (raw image and clicks in, preprocessing "
-      "in the graph) for a model trained outside `beam-train fit`, or again for a fit run.")
-  p.add_argument("--data", required=True, help="the beam_prep output the model was trained on")
-  p.add_argument("--model-file", dest="model_file", help="a Keras model file (.keras)")
-  p.add_argument("--model-dir", dest="model_dir",
-                 help="or a beam-train fit model dir (model.json and checkpoints)")
-  p.add_argument("--model-module", dest="model_module", default="",
-                 help="module(s) to import first (custom layers, registered models)")
-  p.add_argument("--output", help="export base; the SavedModel goes to OUTPUT/<version>/ "
-                 "(default: MODEL_DIR/export with --model-dir)")
-  p.add_argument("--verbose", action="store_true", help="show library logs")
-  args = p.parse_args(argv)
-  log = logs.quiet(args.verbose)
-  output = args.output or (os.path.join(args.model_dir, "export") if args.model_dir else "")
-  if not output:
-    log.error("beam-train export: --output is required with --model-file")
+  from train.config import ExportConfig  # pylint: disable=g-import-not-at-top
+  log = logs.quiet("--verbose" in argv)
+  config = kit.parse_command("beam-train export", EXPORT, ExportConfig, argv, "train", log)
+  if config is None:
     return 2
   from train import export  # pylint: disable=g-import-not-at-top
   try:
-    path = export.export_trained(args.data, output, args.model_file or "",
-                                 args.model_dir or "", args.model_module)
+    path = export.export_trained(config.data, config.export_base, config.model_file,
+                                 config.model_dir, config.model_module)
   except (ValueError, FileNotFoundError, ImportError, OSError) as e:
     log.error("beam-train export: %s", e)
     return 1
@@ -355,15 +297,9 @@ def _export(argv: List[str]) -> int:
 
 
 def _serve(argv: List[str]) -> int:
-  p = argparse.ArgumentParser(
-      prog="beam-train serve",
-      description="Serve the exported model with TensorFlow Serving's REST API, and a page "
-      "to segment by clicking (README: 'Click and see').")
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
-  kit.add_options(p, ServeConfig)
-  p.add_argument("--verbose", action="store_true", help="show library logs")
-  args = p.parse_args(argv)
-  log = logs.quiet(args.verbose)
+  p = kit.command_parser("beam-train serve", SERVE, ServeConfig)
+  log = logs.quiet("--verbose" in argv)
   missing = [m for m in ("flask",) if importlib.util.find_spec(m) is None]
   if missing:
     log.error("beam-train serve: %s not installed: pip install 'beam-prep[train]'",
@@ -371,7 +307,7 @@ def _serve(argv: List[str]) -> int:
     return 2
   from train.serve import app  # pylint: disable=g-import-not-at-top
   try:
-    server, _ = app.start(kit.resolve(ServeConfig, args, "train"), log)
+    server, _ = app.start(kit.resolve_argv(p, ServeConfig, argv, "train"), log)
   except (ValueError, FileNotFoundError, OSError) as e:
     log.error("beam-train serve: %s", e)
     return 2

@@ -1,4 +1,5 @@
-"""`TrainConfig`: one frozen object holding everything a training run needs.
+"""`TrainConfig`: one frozen object holding everything a training run needs;
+`EvalConfig`, `PredictConfig`, `ExportConfig`: those of the other commands.
 
 Resolution order: defaults, then `--preset`, then `--config FILE` (JSON), then
 flags. The resolved config is written to `MODEL_DIR/config.json`.
@@ -6,15 +7,17 @@ flags. The resolved config is written to `MODEL_DIR/config.json`.
 
 import dataclasses
 import json
+import os
 from typing import Any, Dict, Tuple
 
-from beam_prep.config import check_known, option
+from beam_prep import keys
+from beam_prep.config import CommandConfig, check_known, option
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """A training run. Each option field is also a `beam-train fit` flag
-  (`pipelines.kit`); its help is the field's declaration below.
+  (`beam_prep.kit`); its help is the field's declaration below.
 
   Attributes:
     model_args: keyword arguments of the model factory (`--model-args`, a
@@ -48,7 +51,7 @@ class TrainConfig:
   histogram_every: int = option(100, "weight/gradient histograms and predicted masks every N "
                                 "steps (0: off)")
   eval_batches: int = option(0, "eval batches at the end (0: the whole eval split)")
-  noc_clicks: int = option(20, "segmentation: NoC evaluation at the end with up to N "
+  noc_clicks: int = option(keys.NOC_MAX_CLICKS, "segmentation: NoC evaluation at the end with up to N "
                            "simulated clicks per eval object (0: skip it)")
   noc_objects: int = option(0, "NoC on the first N eval objects only (0: all)")
   seed: int = option(0, "seed of model initialization and input shuffling")
@@ -114,3 +117,87 @@ def _choices(name: str) -> Tuple[Any, ...]:
   """The values field `name` takes (its option's choices, "none" as its value)."""
   meta = next(f for f in dataclasses.fields(TrainConfig) if f.name == name).metadata
   return tuple(meta["none"] if c == "none" else c for c in meta["choices"])
+
+
+def _text(thresholds) -> str:
+  return ",".join(f"{t:.2f}" for t in thresholds)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig(CommandConfig):
+  """`beam-train evaluate`: NoC of a model (or of the baseline alone) on a prep output."""
+  model: str = option("", "a beam-train fit model dir or an export (none: the nearest-click "
+                      "baseline alone)")
+  data: str = option("", "beam_prep output, e.g. a benchmark set (default: the one the model "
+                     "was trained on)")
+  resolution: str = option("auto", "source: the eval images at their own size (the field's "
+                           "protocol); records: the records' size, with the model dir's Keras "
+                           "model; auto: source when the data holds source records",
+                           choices=("auto", "source", "records"))
+  max_clicks: int = option(keys.NOC_MAX_CLICKS, "clicks per object at most; NoC counts this "
+                           "when never reached")
+  iou: str = option(_text(keys.NOC_IOU_THRESHOLDS), "IoU thresholds, comma-separated")
+  max_objects: int = option(0, "evaluate the first N eval objects only (0: all)")
+  batch_size: int = option(16, "objects per batch (records resolution)")
+  min_area: int = option(0, "source resolution: leave out objects under N pixels, listed in "
+                         "noc.json's skipped_objects (0: every object, the field's protocol)")
+  pred_thr: float = option(keys.PRED_THR, "a pixel is object where the model's probability "
+                           "exceeds this (RITM's)")
+  output: str = option("", "report folder (default: MODEL/eval; required without --model)",
+                       show_default=False)
+
+  @property
+  def thresholds(self) -> Tuple[float, ...]:
+    try:
+      return tuple(float(v) for v in self.iou.split(",") if v.strip())
+    except ValueError:
+      raise ValueError(f"--iou takes thresholds in (0, 1], got {self.iou!r}") from None
+
+  def __post_init__(self):
+    t = self.thresholds
+    checks = [(t and all(0 < v <= 1 for v in t), f"--iou takes thresholds in (0, 1], got "
+               f"{self.iou!r}"),
+              (self.max_clicks >= 1, f"--max-clicks must be at least 1, got {self.max_clicks}"),
+              (0 < self.pred_thr < 1, f"--pred-thr must be in (0, 1), got {self.pred_thr}"),
+              (self.model or self.data, "--data is required without --model"),
+              (self.model or self.output, "--output is required without --model"),
+              (self.model or self.resolution != "records",
+               "--resolution records needs --model (a model dir)"),
+              (not self.min_area or self.resolution != "records",
+               "--min-area is for the images' own size, not --resolution records")]
+    for ok, message in checks:
+      if not ok:
+        raise ValueError(message)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictConfig(CommandConfig):
+  """`beam-train predict`: one image and its clicks through the export."""
+  model: str = option("", "model dir (newest export) or one export dir", required=True)
+  image: str = option("", "image file (PNG, JPEG, ...; EXIF orientation applied)",
+                      required=True)
+  positive: Tuple[str, ...] = option((), "a click on the object (x = column, y = row); repeat "
+                                     "for more", metavar="X,Y")
+  negative: Tuple[str, ...] = option((), "a click off the object; repeat for more",
+                                     metavar="X,Y")
+  output: str = option("", "mask PNG to write (segmentation)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig(CommandConfig):
+  """`beam-train export`: the serving SavedModel of a trained model."""
+  data: str = option("", "the beam_prep output the model was trained on", required=True)
+  model_file: str = option("", "a Keras model file (.keras)")
+  model_dir: str = option("", "or a beam-train fit model dir (model.json and checkpoints)")
+  model_module: str = option("", "module(s) to import first (custom layers, registered models)")
+  output: str = option("", "export base; the SavedModel goes to OUTPUT/<version>/ (default: "
+                       "MODEL_DIR/export with --model-dir)", show_default=False)
+
+  def __post_init__(self):
+    if not (self.output or self.model_dir):
+      raise ValueError("--output is required with --model-file")
+
+  @property
+  def export_base(self) -> str:
+    return self.output or os.path.join(self.model_dir, "export")

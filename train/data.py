@@ -32,8 +32,8 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
+from beam_prep.prep_output import PrepOutput
 from beam_prep.preprocessing import raw_bytes
-from train.prep_output import PrepOutput
 from train.serving_inputs import model_inputs
 from train.tasks import make_task
 

@@ -68,8 +68,8 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep.features import FeatureTable
+from beam_prep.prep_output import PrepOutput
 from train import models
-from train.prep_output import PrepOutput
 # ServingPlanError and to_raw_bytes are imported from here too (the twins'
 # tests, the benchmark), though they live in train.serving_inputs.
 from train.serving_inputs import ServingPlanError, to_raw_bytes  # pylint: disable=unused-import

@@ -28,10 +28,10 @@ import tensorflow as tf
 
 from beam_prep import keys
 from beam_prep.features import FEATURES_FILE
+from beam_prep.prep_output import PrepOutput, RecordsError
 from train import devices, export, logs, models, noc
 from train.config import TrainConfig
 from train.data import InputReader
-from train.prep_output import PrepOutput, RecordsError
 from train.serving_inputs import ServingPlanError, serving_plan
 from train.tasks import make_task
 

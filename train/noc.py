@@ -31,11 +31,10 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image, ImageDraw
 
-from beam_prep import keys
-from train import clicker, drawing
-from train import tasks
+from beam_prep import drawing, keys
+from beam_prep.prep_output import PrepOutput
+from train import clicker, tasks
 from train.servers import SegmentationServer
-from train.prep_output import PrepOutput
 
 IOU_AT = (1, 2, 3, 5, 10, 20)
 PROTOCOL = ("RITM's clicker: the first click at the object's interior point farthest from its "
@@ -205,8 +204,8 @@ def eval_objects(prep: PrepOutput, max_objects: int = 0):
           [f"{i}/{o}" for i, o in chosen])
 
 
-def evaluate(model, prep: PrepOutput, out_dir: str, max_clicks: int = 20,
-             thresholds: Sequence[float] = (0.85, 0.90), batch_size: int = 16,
+def evaluate(model, prep: PrepOutput, out_dir: str, max_clicks: int = keys.NOC_MAX_CLICKS,
+             thresholds: Sequence[float] = keys.NOC_IOU_THRESHOLDS, batch_size: int = 16,
              max_objects: int = 0, sheet_objects: int = 4,
              summary_dir: Optional[str] = None, step: int = 0,
              pred_thr: float = clicker.PRED_THR,

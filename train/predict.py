@@ -12,10 +12,11 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
+from beam_prep import drawing
 from beam_prep.ops.image import DEFAULT_MAX_PIXELS, decode_file
 from beam_prep.ops.registry import ExampleError
-from train import drawing
-from train.export import latest_export
+from train import signatures as sig
+from train.served import InvalidInput
 
 
 def parse_point(text: str) -> Tuple[int, int]:
@@ -57,32 +58,20 @@ def clamp(points: Sequence[Tuple[int, int]], width: int, height: int):
   return out, moved
 
 
-def load_signature(model: str):
-  """The `serving_default` signature of the newest export of `model`."""
-  return tf.saved_model.load(latest_export(model)).signatures["serving_default"]
+def classify(model, path: str) -> Dict[str, np.ndarray]:
+  """A classification `ServedModel`'s outputs for the image file at `path`.
 
-
-def is_classifier(fn) -> bool:
-  return "image_bytes" in fn.structured_input_signature[1]
-
-
-def classify(fn, path: str) -> Dict[str, np.ndarray]:
+  Raises:
+    FileNotFoundError / ValueError: naming the file and the reason.
+  """
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(f"no image at {path}")
   with tf.io.gfile.GFile(path, "rb") as f:
     data = f.read()
   try:
-    out = fn(image_bytes=tf.constant([data]))
-  except tf.errors.InvalidArgumentError as e:
-    raise ValueError(f"cannot read image {path}: {e.message.splitlines()[0]}") from None
-  return {k: v.numpy() for k, v in out.items()}
-
-
-def predict(fn, image: np.ndarray, positive: Sequence[Tuple[int, int]],
-            negative: Sequence[Tuple[int, int]]) -> Dict[str, np.ndarray]:
-  """Runs a segmentation `serving_default` signature."""
-  out = fn(image=tf.constant(image, tf.uint8),
-           positive_clicks=tf.constant(np.asarray(positive, np.int32).reshape(-1, 2)),
-           negative_clicks=tf.constant(np.asarray(negative, np.int32).reshape(-1, 2)))
-  return {k: v.numpy() for k, v in out.items()}
+    return model.classify([data])
+  except InvalidInput as e:
+    raise ValueError(f"cannot read image {path}: {e}") from None
 
 
 # The overlay's long side at least (small images are enlarged, pixels kept sharp).
@@ -93,7 +82,7 @@ def write_outputs(output: str, image: np.ndarray, result: Dict[str, np.ndarray],
                   positive, negative) -> Tuple[str, str]:
   """Writes the mask PNG and the overlay; returns both paths."""
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-  mask = result["mask"]
+  mask = result[sig.MASK]
   Image.fromarray((mask > 0).astype(np.uint8) * 255).save(output)
   stem, _ = os.path.splitext(output)
   overlay_path = stem + "_overlay.png"

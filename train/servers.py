@@ -16,8 +16,14 @@ from beam_prep.ops import crop
 from beam_prep.ops.image import fitted_size
 from beam_prep.preprocessing import decode_feature
 from train import clicker
+from train import signatures as sig
 from train.serving_inputs import (Example, model_inputs, raw_inputs, run_plan, run_twins,
                                   serving_plan)
+
+
+def _outputs(prob: tf.Tensor) -> Dict[str, tf.Tensor]:
+  """A segmentation signature's outputs: the probabilities and the protocol's mask."""
+  return {sig.PROBABILITIES: prob, sig.MASK: tf.cast(prob > clicker.PRED_THR, tf.uint8)}
 
 
 class _Server(tf.Module):
@@ -134,24 +140,15 @@ class SegmentationServer(_Server):
       image = tf.identity(image)
     prob = self.probabilities(image, positive_clicks, negative_clicks,
                               tf.cast(previous_mask, tf.bool))
-    return {"probabilities": prob, "mask": tf.cast(prob > clicker.PRED_THR, tf.uint8)}
+    return _outputs(prob)
 
-  @tf.function(input_signature=[
-      tf.TensorSpec([None, None, 3], tf.uint8, name="image"),
-      tf.TensorSpec([None, 2], tf.int32, name="positive_clicks"),
-      tf.TensorSpec([None, 2], tf.int32, name="negative_clicks"),
-  ])
+  @tf.function(input_signature=sig.specs(*sig.CLICK_INPUTS))
   def serve(self, image, positive_clicks, negative_clicks):
     shape = tf.shape(image)
     return self._serve(image, positive_clicks, negative_clicks,
                        tf.zeros(shape[:2], tf.uint8))
 
-  @tf.function(input_signature=[
-      tf.TensorSpec([None, None, 3], tf.uint8, name="image"),
-      tf.TensorSpec([None, 2], tf.int32, name="positive_clicks"),
-      tf.TensorSpec([None, 2], tf.int32, name="negative_clicks"),
-      tf.TensorSpec([None, None], tf.uint8, name="previous_mask"),
-  ])
+  @tf.function(input_signature=sig.specs(*sig.CLICK_INPUTS, sig.PREVIOUS_MASK))
   def serve_iterative(self, image, positive_clicks, negative_clicks, previous_mask):
     return self._serve(image, positive_clicks, negative_clicks, previous_mask)
 
@@ -163,7 +160,7 @@ class SegmentationServer(_Server):
     valid = prob[:tf.cast(fit_h, tf.int32), :tf.cast(fit_w, tf.int32)]
     return tf.image.resize(valid[..., None], tf.stack([h, w]), method="bilinear")[..., 0]
 
-  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+  @tf.function(input_signature=sig.specs(sig.EXAMPLES))
   def serve_examples(self, examples):
     """[B] serialized tf.Examples of one (object, variant) each, in the example
     view (`FeatureTable.encode`: raw `image` bytes and int64 click lists), not
@@ -184,11 +181,11 @@ class SegmentationServer(_Server):
     raw = self.batched_raw((images, tf.RaggedTensor.from_sparse(parsed[keys.POSITIVE_CLICKS]),
                              tf.RaggedTensor.from_sparse(parsed[keys.NEGATIVE_CLICKS])), one)
     prob = self._predict(self.model_input(raw))
-    return {"probabilities": prob, "mask": tf.cast(prob > clicker.PRED_THR, tf.uint8)}
+    return _outputs(prob)
 
   def signatures(self):
-    return {"serving_default": self.serve, "serve_iterative": self.serve_iterative,
-            "serve_examples": self.serve_examples}
+    return {sig.SERVING_DEFAULT: self.serve, sig.SERVE_ITERATIVE: self.serve_iterative,
+            sig.SERVE_EXAMPLES: self.serve_examples}
 
 
 class ClassificationServer(_Server):
@@ -198,14 +195,15 @@ class ClassificationServer(_Server):
     super().__init__(model, tft_output, table)
     self.classes = tf.constant(tft_output.vocabulary_by_name(keys.LABEL_VOCABULARY))
 
-  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+  @tf.function(input_signature=sig.specs(sig.IMAGE_BYTES))
   def serve(self, image_bytes):
     raw = self.batched_raw(image_bytes,
                             lambda data: self.raw_model_input({keys.IMAGE_BYTES: data}))
     logits = self.model(self.model_input(raw), training=False)
     prob = tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)
-    return {"probabilities": prob, "label": tf.gather(self.classes, tf.argmax(prob, axis=-1)),
-            "classes": self.classes}
+    return {sig.PROBABILITIES: prob,
+            sig.LABEL: tf.gather(self.classes, tf.argmax(prob, axis=-1)),
+            sig.CLASSES: self.classes}
 
   def signatures(self):
-    return {"serving_default": self.serve}
+    return {sig.SERVING_DEFAULT: self.serve}

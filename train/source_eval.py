@@ -28,38 +28,28 @@ import numpy as np
 import tensorflow as tf
 
 from beam_prep import keys, source_records
+from beam_prep.ops.image import object_label
+from beam_prep.version import library_versions
+from beam_prep.prep_output import PrepOutput
 from train import clicker, noc
-from train.export import latest_export
-from train.prep_output import PrepOutput
+from train.served import ServedModel
 
 PIXELS_PER_BATCH = 8_000_000
 
 
 class ServedPredictor:
-  """An exported segmentation model as a loop predictor: its `serve_iterative`
-  (image, clicks and the previous mask), or `serving_default` for an export
-  without it."""
+  """An exported segmentation model as a loop predictor (`train.served`): its
+  `serve_iterative` (image, clicks and the previous mask), or
+  `serving_default` for an export without it."""
   uses_previous_mask = True
 
   def __init__(self, model: str):
-    self.path = latest_export(model)
-    self._loaded = tf.saved_model.load(self.path)  # Holds the variables the signature uses.
-    signatures = self._loaded.signatures
-    self._fn = signatures.get("serve_iterative") or signatures["serving_default"]
-    self._with_previous = "previous_mask" in self._fn.structured_input_signature[1]
-    if "positive_clicks" not in self._fn.structured_input_signature[1]:
-      raise ValueError(f"{self.path}: serving_default does not take an image and clicks "
-                       "(not a segmentation model)")
+    self.model = ServedModel(model)
+    self.model.require_segmentation()
+    self.path = self.model.path
 
   def __call__(self, images, clicks, kinds, previous):
-    return noc.logits_per_image(self._probabilities, images, clicks, kinds, previous)
-
-  def _probabilities(self, image, positive, negative, previous):
-    inputs = {"image": image, "positive_clicks": tf.cast(positive, tf.int32),
-              "negative_clicks": tf.cast(negative, tf.int32)}
-    if self._with_previous:
-      inputs["previous_mask"] = tf.cast(previous, tf.uint8)
-    return self._fn(**inputs)["probabilities"]
+    return noc.logits_per_image(self.model.probabilities, images, clicks, kinds, previous)
 
 
 def source_images(prep: PrepOutput) -> Iterator[Dict[str, Any]]:
@@ -87,9 +77,8 @@ def object_labels(instance_mask: np.ndarray, min_area: int = 0
   present = [i for i in range(1, keys.IGNORE) if areas[i]]
   small = [i for i in present if areas[i] < min_area]
   ids = [i for i in present if areas[i] >= min_area]
-  ignore = instance_mask == keys.IGNORE
-  labels = np.stack([np.where(ignore, keys.IGNORE, instance_mask == i).astype(np.uint8)
-                     for i in ids]) if ids else np.zeros((0,) + instance_mask.shape, np.uint8)
+  labels = np.stack([object_label(instance_mask, i) for i in ids]) if ids else np.zeros(
+      (0,) + instance_mask.shape, np.uint8)
   return ids, labels, small
 
 
@@ -134,7 +123,8 @@ def run(prep: PrepOutput, predictors: Dict[str, Any], max_clicks: int,
 
 
 def evaluate(prep: PrepOutput, out_dir: str, model: Optional[str] = None,
-             max_clicks: int = 20, thresholds: Sequence[float] = (0.85, 0.90),
+             max_clicks: int = keys.NOC_MAX_CLICKS,
+             thresholds: Sequence[float] = keys.NOC_IOU_THRESHOLDS,
              pred_thr: float = clicker.PRED_THR, max_objects: int = 0,
              min_area: int = 0) -> Dict[str, Any]:
   """NoC at source resolution of `model` (an export or a model dir; None: the
@@ -144,7 +134,6 @@ def evaluate(prep: PrepOutput, out_dir: str, model: Optional[str] = None,
   Every object is evaluated unless `min_area` (pixels) is given: smaller
   objects are then left out and listed in the report's `skipped_objects`.
   """
-  from pipelines.outputs import library_versions  # pylint: disable=g-import-not-at-top
   prep.check_complete()
   predictors = {}
   if model:

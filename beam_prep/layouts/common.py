@@ -12,7 +12,6 @@ from beam_prep import keys
 from beam_prep.ops.registry import ExampleError
 
 ERRORS_TAG = "errors"
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def stem(path: str) -> str:

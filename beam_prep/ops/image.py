@@ -475,6 +475,14 @@ def listed_objects(ex, max_objects: int = 0):
   return sorted(ids[order].tolist())
 
 
+def object_label(instance_mask: np.ndarray, object_id: int) -> np.ndarray:
+  """uint8 [H, W], an object's label: 1 where `instance_mask` holds
+  `object_id`, keys.IGNORE where it holds IGNORE, 0 elsewhere (other objects
+  are background)."""
+  ignore = instance_mask == keys.IGNORE
+  return np.where(ignore, keys.IGNORE, instance_mask == object_id).astype(np.uint8)
+
+
 @register_op("split_objects", reads=(keys.INSTANCE_MASK,),
              produces={keys.OBJECT_ID: OBJECT_ID, keys.MASK: MASK})
 def split_objects(max_objects: int = 0):
@@ -495,12 +503,9 @@ def split_objects(max_objects: int = 0):
     inst = ex[keys.INSTANCE_MASK]
     out = []
     for i in listed_objects(ex, max_objects):
-      mask = np.zeros(inst.shape, np.uint8)
-      mask[inst == i] = 1
-      mask[inst == keys.IGNORE] = keys.IGNORE
       obj = dict(ex)
       obj[keys.OBJECT_ID] = int(i)
-      obj[keys.MASK] = mask
+      obj[keys.MASK] = object_label(inst, i)
       out.append(obj)
     return out
 

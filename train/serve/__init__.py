@@ -6,7 +6,7 @@ Modules, each importing only those on the lines below it:
   app          the Flask app, its routes and errors; start
   config       ServeConfig: the command's options (no web framework imported)
   page         the page's endpoints: images by id, masks as PNG, IoU, next click
-  model        ServedModel: one loaded export, its status, metadata, predict
+  model        RestModel: one loaded export, its status, metadata, predict
   rest         TF Serving's JSON predict format <-> tensors
   json_arrays  JSON whose large integer arrays are parsed by numpy
 

@@ -25,7 +25,7 @@ from werkzeug.serving import make_server
 
 from train.serve import rest
 from train.serve.config import ServeConfig
-from train.serve.model import ServedModel
+from train.serve.model import RestModel
 from train.serve.page import ImageStore, Page, Sources
 from train.serve.rest import RequestError
 
@@ -44,7 +44,7 @@ def _page_body() -> dict:
   return body
 
 
-def _rest_routes(app: Flask, model: ServedModel) -> None:
+def _rest_routes(app: Flask, model: RestModel) -> None:
   """TF Serving's URLs."""
 
   @app.get("/v1/models/<name>")
@@ -77,7 +77,7 @@ def _page_routes(app: Flask, page: Page) -> None:
   @app.get("/page/sources")
   def sources():
     return _json({"model": page.model.name, "version": page.model.version,
-                  "segments": page.segments, "files": page.sources.files(),
+                  "segments": page.model.segments, "files": page.sources.files(),
                   "eval": page.sources.eval_names})
 
   @app.post("/page/upload")
@@ -104,7 +104,7 @@ def _page_routes(app: Flask, page: Page) -> None:
     return _json(page.next_click(_page_body()))
 
 
-def make_app(config: ServeConfig, model: ServedModel, sources: Sources) -> Flask:
+def make_app(config: ServeConfig, model: RestModel, sources: Sources) -> Flask:
   """The Flask app of one loaded model."""
   app = Flask(__name__, static_folder=STATIC, static_url_path="/static")
   app.config["MAX_CONTENT_LENGTH"] = int(config.max_request_mb * 1024 * 1024)
@@ -132,7 +132,7 @@ def make_app(config: ServeConfig, model: ServedModel, sources: Sources) -> Flask
   return app
 
 
-def describe(model: ServedModel) -> str:
+def describe(model: RestModel) -> str:
   """One line per signature: inputs and outputs with dtypes and shapes."""
   lines = []
   for sig, specs in sorted(model.signatures.items()):
@@ -151,7 +151,7 @@ def _dims(shape) -> list:
 
 def build(config: ServeConfig):
   """(app, model): the model loaded once, the sources opened."""
-  model = ServedModel(config.model, config.name)
+  model = RestModel(config.model, config.name)
   sources = Sources(config.images, config.data, config.max_eval_objects)
   return make_app(config, model, sources), model
 

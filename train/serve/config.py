@@ -1,15 +1,14 @@
 """`ServeConfig`: what `beam-train serve` was asked for. Each field is also
-a flag of the command (`pipelines.kit`); this module imports no web framework,
+a flag of the command (`beam_prep.kit`); this module imports no web framework,
 so the command can say what is missing before importing one."""
 
 import dataclasses
-from typing import Any, Dict
 
-from beam_prep.config import check_known, option
+from beam_prep.config import CommandConfig, option
 
 
 @dataclasses.dataclass(frozen=True)
-class ServeConfig:
+class ServeConfig(CommandConfig):
   """A server of one exported model."""
   model: str = option("", "model dir (newest export) or one export dir", required=True)
   model_name: str = option("", "the name in /v1/models/NAME ('': the model dir's name)",
@@ -30,8 +29,3 @@ class ServeConfig:
   def name(self) -> str:
     from train.serve.model import default_name  # pylint: disable=g-import-not-at-top
     return self.model_name or default_name(self.model)
-
-  @classmethod
-  def from_dict(cls, d: Dict[str, Any]) -> "ServeConfig":
-    check_known(cls, d, "serve settings")
-    return cls(**d)

@@ -1,10 +1,9 @@
-"""The exported SavedModel, loaded once, as TF Serving describes it.
+"""The exported model as TF Serving describes it.
 
-`ServedModel` holds one export (`MODEL_DIR/export/<version>/`, or that folder
-itself): its signatures' input specs, its TF Serving status and metadata
-JSON, and `predict`, which calls a signature's concrete function (safe to
-call from several threads at once) and turns the graph's InvalidArgument
-errors into 400s.
+`RestModel` is the one client of an export (`train.served.ServedModel`) with
+what TF Serving's REST API adds: a name and a version, the status and
+metadata JSON, and `predict`, which turns the graph refusing a request's
+inputs into a 400 with its reason.
 
 The version is the export folder's name, a number, as TF Serving reads
 versions; a folder named otherwise is served as version 1.
@@ -19,7 +18,7 @@ import tensorflow as tf
 from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
 
-from train.export import latest_export
+from train.served import InvalidInput, ServedModel
 from train.serve.rest import RequestError
 
 
@@ -32,8 +31,8 @@ def default_name(model: str) -> str:
   return parts[-1] if parts else "model"
 
 
-class ServedModel:
-  """One loaded export.
+class RestModel(ServedModel):
+  """One loaded export, named as TF Serving's URLs name it.
 
   Args:
     model: a model dir (its newest export) or one export folder.
@@ -47,14 +46,10 @@ class ServedModel:
   def __init__(self, model: str, name: str):
     if not re.fullmatch(r"[^/:\s]+", name):
       raise ValueError(f"--model-name {name!r}: a model name has no '/', ':' or spaces")
-    self.path = latest_export(model)
+    super().__init__(model)
     self.name = name
     base = os.path.basename(os.path.normpath(self.path))
     self.version = int(base) if base.isdigit() else 1
-    self._loaded = tf.saved_model.load(self.path)
-    self._functions = dict(self._loaded.signatures)
-    self.signatures: Dict[str, Dict[str, tf.TensorSpec]] = {
-        k: dict(fn.structured_input_signature[1]) for k, fn in self._functions.items()}
     self._signature_defs = self._read_signature_defs()
 
   def _read_signature_defs(self) -> Dict[str, Any]:
@@ -86,15 +81,8 @@ class ServedModel:
             "metadata": {"signature_def": {"signature_def": self._signature_defs}}}
 
   def predict(self, signature: str, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """Runs one signature; the graph refusing the inputs is a 400 with its message."""
-    fn = self._functions[signature]
+    """Runs one signature; the graph refusing the inputs is a 400 with its reason."""
     try:
-      out = fn(**{k: tf.constant(v, dtype=self.signatures[signature][k].dtype)
-                  for k, v in inputs.items()})
-    except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
-      message = getattr(e, "message", str(e)).strip()
-      asserted = re.search(r"assertion failed: \[([^\]]*)\]", message)
-      lines = [l for l in message.splitlines() if l.strip() and "Graph execution" not in l]
-      raise RequestError(asserted.group(1).strip() if asserted else
-                         (lines[0].strip() if lines else message)) from None
-    return {k: v.numpy() for k, v in out.items()}
+      return super().predict(signature, inputs)
+    except InvalidInput as e:
+      raise RequestError(str(e)) from None

@@ -40,11 +40,12 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
-from train import clicker, drawing, predict
-from train.serve.model import ServedModel
+from beam_prep import drawing, keys
+from train import clicker, predict
+from train import signatures as sig
+from train.serve.model import RestModel
 from train.serve.rest import RequestError
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 # Files listed from --images at most (the page's picker stays usable).
 MAX_FILES = 2000
 
@@ -90,7 +91,7 @@ class Sources:
     self.eval_names: List[str] = []
     if prep_dir:
       from train.noc import eval_objects  # pylint: disable=g-import-not-at-top
-      from train.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+      from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
       self.eval_images, self.eval_labels, self.eval_names = eval_objects(
           PrepOutput(prep_dir), max_eval)
 
@@ -102,7 +103,7 @@ class Sources:
     for folder, dirs, names in os.walk(self.images_dir):
       dirs.sort()
       for n in sorted(names):
-        if n.lower().endswith(IMAGE_SUFFIXES):
+        if n.lower().endswith(keys.IMAGE_SUFFIXES):
           out.append(os.path.relpath(os.path.join(folder, n), self.images_dir))
           if len(out) >= MAX_FILES:
             return out
@@ -150,12 +151,10 @@ def _png_data_url(array: np.ndarray, mode: str) -> str:
 class Page:
   """The page's operations on one loaded model."""
 
-  def __init__(self, model: ServedModel, sources: Sources, store: ImageStore,
+  def __init__(self, model: RestModel, sources: Sources, store: ImageStore,
                max_pixels: int):
     self.model, self.sources, self.store = model, sources, store
     self.max_pixels = max_pixels
-    inputs = model.signatures.get("serving_default", {})
-    self.segments = {"image", "positive_clicks", "negative_clicks"} <= set(inputs)
 
   def _opened(self, key: str) -> Dict[str, Any]:
     item = self.store.get(key)
@@ -194,22 +193,19 @@ class Page:
 
   def _mask(self, item: Dict[str, Any], pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
     """The model's mask for these clicks (kept for the next-click request)."""
-    if not self.segments:
+    if not self.model.segments:
       raise RequestError("this model's serving_default does not take image and clicks "
                          "(not a segmentation model): the page cannot use it")
     key = (pos.tobytes(), neg.tobytes())
     last = item["last"]
     if last is not None and last[0] == key:
       return last[1]
-    signature, inputs = "serving_default", {"image": item["image"], "positive_clicks": pos,
-                                            "negative_clicks": neg}
-    if (last is not None and "serve_iterative" in self.model.signatures
-        and all(new.startswith(old) for new, old in zip(key, last[0]))):
-      # One more click: the model refines the crop of its last mask, as in evaluation.
-      signature, inputs["previous_mask"] = "serve_iterative", last[1].astype(np.uint8)
-    out = self.model.predict(signature, inputs)
+    # One more click: the model refines the crop of its last mask, as in evaluation.
+    more = last is not None and all(new.startswith(old) for new, old in zip(key, last[0]))
+    out = self.model.predict(*self.model.segment_inputs(
+        item["image"], pos, neg, last[1].astype(np.uint8) if more else None))
     # The served mask is the protocol's (`beam-train evaluate`): probability above 0.49.
-    mask = out["mask"] > 0
+    mask = out[sig.MASK] > 0
     item["last"] = (key, mask)
     return mask
 

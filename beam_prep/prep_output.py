@@ -14,8 +14,9 @@ A beam-prep output (local or gs://, read through `tf.io.gfile`) holds:
 per-pixel features [H, W, C] in their declared dtype, string scalars as str,
 int64 lists as arrays).
 
-This module imports nothing of `train` (the trainer, the export, the NoC
-evaluation, the demo, the benchmark and the preview CLI all build on it).
+It lives with the data contract, below both command lines: the trainer, the
+export, the NoC evaluation, the demo, the benchmark and the preview all build
+on it, and it imports nothing of `train` or `pipelines`.
 """
 
 import functools

@@ -2,7 +2,8 @@
 
 A config field declared with `beam_prep.config.option(default, help, ...)` is
 an option of the command that builds that config: `--field-name`, typed as
-the field, with its help and its default shown. `resolve` is the one way a
+the field (a tuple field is a flag given once per value), with its help and
+its default shown. `resolve` is the one way a
 command turns its options into a config: the dataclass defaults, then
 `--preset`, then `--config FILE` (JSON), then the flags given, validated by
 the dataclass. Each run writes the resolved config beside its output.
@@ -12,7 +13,7 @@ import argparse
 import dataclasses
 from typing import Any, Dict, Iterable, List, Optional
 
-from beam_prep.console import load_config_file, preset
+from beam_prep.console import check_unknown, load_config_file, option_flags, preset
 
 
 def _flag(name: str) -> str:
@@ -28,7 +29,7 @@ def option_fields(cls, skip: Iterable[str] = ()) -> List[dataclasses.Field]:
 def with_default(text: str, value: Any) -> str:
   """`text` + " (default: VALUE)", unless the value says nothing (off, empty)
   or the help explains it already ("(0: all)")."""
-  if isinstance(value, bool) or value in ("", None) or f"({value}:" in (text or ""):
+  if isinstance(value, bool) or value in ("", None, ()) or f"({value}:" in (text or ""):
     return text
   return f"{text} (default: {value})" if text else f"default: {value}"
 
@@ -57,6 +58,9 @@ def add_options(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) 
         parser.add_argument("--no-" + f.name.replace("_", "-"), action="store_false", **kwargs)
       else:
         parser.add_argument(_flag(f.name), action="store_true", **kwargs)
+      continue
+    if isinstance(f.default, tuple):  # A repeated flag, one value each time.
+      parser.add_argument(_flag(f.name), action="append", metavar=f.metadata["metavar"], **kwargs)
       continue
     kind = type(f.default) if f.default is not None else str
     parser.add_argument(_flag(f.name), type=kind, choices=f.metadata["choices"],
@@ -96,3 +100,34 @@ def resolve(cls, args: argparse.Namespace, side: str, fixed: Optional[Dict[str, 
   if missing:
     raise ValueError(f"missing required option(s): {', '.join(missing)}")
   return cls.from_dict(fields)
+
+
+def command_parser(prog: str, description: str, cls) -> argparse.ArgumentParser:
+  """A command's parser: one option per option field of its config `cls`, and --verbose."""
+  parser = argparse.ArgumentParser(prog=prog, description=description)
+  add_options(parser, cls)
+  parser.add_argument("--verbose", action="store_true", help="show library logs")
+  return parser
+
+
+def resolve_argv(parser: argparse.ArgumentParser, cls, argv: List[str], side: str):
+  """The config of a `command_parser` command from its argv: unknown options
+  and stray values refused (naming the closest known option), then `resolve`.
+
+  Raises:
+    ValueError: what `check_unknown` or `resolve` refuses.
+  """
+  args, rest = parser.parse_known_args(argv)
+  check_unknown(rest, option_flags(parser), parser.prog, strict=True)
+  return resolve(cls, args, side)
+
+
+def parse_command(prog: str, description: str, cls, argv: List[str], side: str, log):
+  """A `command_parser` command's config from its argv, or None once `log`
+  has said why (the command then exits 2)."""
+  parser = command_parser(prog, description, cls)
+  try:
+    return resolve_argv(parser, cls, argv, side)
+  except (ValueError, TypeError) as e:
+    log.error("%s: %s", prog, e)
+    return None

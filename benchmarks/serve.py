@@ -1,0 +1,109 @@
+"""Measures click-to-mask latency of the trained model as served.
+
+  serve.latency_ms_p50/p95   one 512x512 image, 5+5 clicks, loaded SavedModel
+  serve.rest_latency_ms_p50/p95  the same through `beam-train serve`'s TF Serving
+                             REST endpoint (JSON both ways), and its ratio to the
+                             SavedModel's p50 (serve.rest_vs_saved_model)
+  serve.page_latency_ms_p50/p95  a click through the page's own endpoint
+"""
+
+import time
+from typing import Dict
+
+import numpy as np
+
+from benchmarks.common import log, timed
+
+
+def bench_serve(model_dir: str, repeats: int) -> Dict[str, float]:
+  """The SavedModel's latency (`bench_serving`), then REST's and the page's
+  (`bench_rest`) against it."""
+  out = bench_serving(model_dir, repeats)
+  log(f"serving: p50 {out['serve.latency_ms_p50']:.1f} ms, "
+      f"p95 {out['serve.latency_ms_p95']:.1f} ms")
+  out.update(bench_rest(model_dir, repeats, out["serve.latency_ms_p50"]))
+  log(f"serving over REST: p50 {out['serve.rest_latency_ms_p50']:.1f} ms "
+      f"({out['serve.rest_vs_saved_model']:.2f}x the SavedModel's); the page's endpoint "
+      f"p50 {out['serve.page_latency_ms_p50']:.1f} ms")
+  return out
+
+
+def bench_serving(model_dir: str, repeats: int) -> Dict[str, float]:
+  """Milliseconds from click to mask of the loaded SavedModel's signature."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from train import signatures as sig  # pylint: disable=g-import-not-at-top
+  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  model = ServedModel(model_dir)
+  rng = np.random.default_rng(0)
+  request = model.segment_inputs(tf.constant(rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)),
+                                 tf.constant(rng.integers(0, 512, (5, 2)), tf.int32),
+                                 tf.constant(rng.integers(0, 512, (5, 2)), tf.int32))
+  for _ in range(3):
+    model.call(*request)
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    model.call(*request)[sig.MASK].numpy()
+    times.append(1000 * (time.perf_counter() - t))
+  return {"serve.latency_ms_p50": float(np.percentile(times, 50)),
+          "serve.latency_ms_p95": float(np.percentile(times, 95))}
+
+
+def bench_rest(model_dir: str, repeats: int, saved_model_p50: float) -> Dict[str, float]:
+  """Click to mask through `beam-train serve` on a local port, the same
+  512x512 image and 5+5 clicks as `bench_serving`: TF Serving's JSON predict
+  (request text made once; the answer read into numpy arrays, as a client
+  must) and the page's endpoint (image sent once, then clicks; mask as PNG)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  import urllib.request  # pylint: disable=g-import-not-at-top
+  import orjson  # pylint: disable=g-import-not-at-top
+  from train import signatures as sig  # pylint: disable=g-import-not-at-top
+  from train.serve import app  # pylint: disable=g-import-not-at-top
+  from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
+  server, model = app.start(ServeConfig(model=model_dir, model_name="bench", port=0))
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  url = f"http://127.0.0.1:{server.port}"
+  rng = np.random.default_rng(0)
+  image = rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)
+  pos, neg = rng.integers(0, 512, (5, 2)).tolist(), rng.integers(0, 512, (5, 2)).tolist()
+
+  def post(path, body):
+    req = urllib.request.Request(url + path, data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+      return orjson.loads(r.read())
+
+  body = orjson.dumps({"inputs": {sig.IMAGE: image, sig.POSITIVE_CLICKS: pos,
+                                  sig.NEGATIVE_CLICKS: neg}}, option=orjson.OPT_SERIALIZE_NUMPY)
+  rest = lambda: {k: np.asarray(v) for k, v in  # pylint: disable=unnecessary-lambda-assignment
+                  post(f"/v1/models/{model.name}:predict", body)["outputs"].items()}
+  try:
+    rest_times = timed(rest, repeats)
+    form = urllib.request.Request(url + "/page/upload", data=_multipart(image), headers={
+        "Content-Type": "multipart/form-data; boundary=bench"})
+    with urllib.request.urlopen(form) as r:
+      key = orjson.loads(r.read())["id"]
+    # Two click sets in turn: the page keeps the last mask, and a repeated
+    # request would not run the model.
+    clicks = [orjson.dumps({"id": key, "positive": [[x + i, y] for x, y in pos],
+                            "negative": neg}) for i in (0, 1)]
+    turn = iter(range(10**9))
+    page_times = timed(lambda: post("/page/segment", clicks[next(turn) % 2]), repeats)
+  finally:
+    server.shutdown()
+  p50 = float(np.percentile(rest_times, 50))
+  return {"serve.rest_latency_ms_p50": p50,
+          "serve.rest_latency_ms_p95": float(np.percentile(rest_times, 95)),
+          "serve.rest_vs_saved_model": p50 / saved_model_p50,
+          "serve.rest_request_mb": len(body) / 1e6,
+          "serve.page_latency_ms_p50": float(np.percentile(page_times, 50)),
+          "serve.page_latency_ms_p95": float(np.percentile(page_times, 95))}
+
+
+def _multipart(image: np.ndarray) -> bytes:
+  import io  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  buf = io.BytesIO()
+  Image.fromarray(image).save(buf, format="PNG")
+  return (b"--bench\r\nContent-Disposition: form-data; name=\"file\"; filename=\"b.png\"\r\n"
+          b"Content-Type: image/png\r\n\r\n" + buf.getvalue() + b"\r\n--bench--\r\n")

@@ -1,0 +1,61 @@
+"""The exported model's signatures: names, inputs and outputs, declared once.
+
+The servers (`train.servers`) trace their `tf.function`s with these specs,
+and every client (`train.served.ServedModel`: predict, evaluate, the page,
+the REST server, the benchmarks) names inputs and outputs from here. An
+input's name is the raw feature it stands for (`beam_prep.keys`), except
+`examples`, TFX's name for serialized tf.Examples.
+
+Segmentation:
+  serving_default   image, positive_clicks, negative_clicks
+  serve_iterative   the same and previous_mask
+  serve_examples    examples
+  outputs           probabilities float32, mask uint8 (probability > PRED_THR)
+Classification:
+  serving_default   image_bytes
+  outputs           probabilities, label, classes
+"""
+
+import tensorflow as tf
+
+from beam_prep import keys
+
+SERVING_DEFAULT = "serving_default"
+SERVE_ITERATIVE = "serve_iterative"
+SERVE_EXAMPLES = "serve_examples"
+
+# Inputs.
+IMAGE = keys.IMAGE
+POSITIVE_CLICKS = keys.POSITIVE_CLICKS
+NEGATIVE_CLICKS = keys.NEGATIVE_CLICKS
+PREVIOUS_MASK = keys.PREVIOUS_MASK
+EXAMPLES = "examples"
+IMAGE_BYTES = keys.IMAGE_BYTES
+
+# Outputs.
+PROBABILITIES = "probabilities"
+MASK = "mask"
+LABEL = "label"
+CLASSES = "classes"
+
+_SPECS = {
+    IMAGE: tf.TensorSpec([None, None, 3], tf.uint8, name=IMAGE),
+    POSITIVE_CLICKS: tf.TensorSpec([None, 2], tf.int32, name=POSITIVE_CLICKS),
+    NEGATIVE_CLICKS: tf.TensorSpec([None, 2], tf.int32, name=NEGATIVE_CLICKS),
+    PREVIOUS_MASK: tf.TensorSpec([None, None], tf.uint8, name=PREVIOUS_MASK),
+    EXAMPLES: tf.TensorSpec([None], tf.string, name=EXAMPLES),
+    IMAGE_BYTES: tf.TensorSpec([None], tf.string, name=IMAGE_BYTES),
+}
+
+# The inputs of a segmentation request: one image and its clicks.
+CLICK_INPUTS = (IMAGE, POSITIVE_CLICKS, NEGATIVE_CLICKS)
+
+
+def specs(*names: str):
+  """The input signature of a tf.function taking inputs `names`, in order."""
+  return [_SPECS[n] for n in names]
+
+
+def takes(inputs, *names: str) -> bool:
+  """Whether a signature's inputs (names, or a dict by name) hold all of `names`."""
+  return set(names) <= set(inputs)
