@@ -25,12 +25,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m pipelines.demo --workdir out/demo
 
+# One test worker per core (at most 4: each holds TensorFlow and Beam);
+# `worksteal` hands a long test's neighbours to an idle worker.
+PYTEST := $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST) tests
 
 # Also the long load tests (10x data, 1000 training steps).
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q -m "" tests
+	$(PYTEST) -m "" tests
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks --quick --json out/bench.json --plot out/bench_input.png

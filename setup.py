@@ -44,8 +44,9 @@ EXTRAS = {
     # `python -m build` (without it, with the deprecated `setup.py sdist`).
     "dataflow": ["build"],
     # The page's test drives a real browser (Debian's chromium and
-    # chromium-driver, installed by .ci/run) through selenium.
-    "test": ["pytest>=7", "selenium>=4"],
+    # chromium-driver, installed by .ci/run) through selenium; the suite
+    # runs on every core with pytest-xdist (`make test`).
+    "test": ["pytest>=7", "pytest-xdist>=3.2", "selenium>=4"],
 }
 EXTRAS["all"] = sorted({r for name in ("train", "dataflow") for r in EXTRAS[name]})
 

@@ -16,9 +16,6 @@ from typing import Any, Dict
 
 from benchmarks.common import log, make_data, pipeline_in_fresh_process, run_pipeline
 
-PAIRS = 3  # Paired measurements of the Beam job's marginal rate against the kernel loop.
-
-
 def bench_kernel_loop(data: str, size: int, variants: int) -> float:
   """Objects/s of the job's kernel (read, decode, clicks, maps, encode) in a plain loop
   over the folders layout's pointers (the same kernel the job's shard writers run)."""
@@ -55,11 +52,12 @@ def bench_prep(data: str, prep_dir: str, s: Dict[str, Any]) -> Dict[str, Any]:
 def bench_marginal(workdir: str, small: str, large: str, s: Dict[str, Any]) -> Dict[str, Any]:
   """The Beam job's marginal objects/s (the slope between N and 16N images, one
   worker, fresh processes) against the plain kernel loop over the 16N images,
-  as PAIRS paired measurements: the figures are the medians, the ratio the
-  median of the pairs' ratios (the loop alone moves a lot between runs)."""
+  as `pairs` (a setting) paired measurements: the figures are the medians,
+  the ratio the median of the pairs' ratios (the loop alone moves a lot
+  between runs)."""
   one_worker = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
   pairs = []
-  for i in range(PAIRS):
+  for i in range(s["pairs"]):
     run_n = pipeline_in_fresh_process(small, os.path.join(workdir, f"rss_n_{i}"), s["size"],
                                       s["variants"], one_worker)
     run_16n = pipeline_in_fresh_process(large, os.path.join(workdir, f"rss_16n_{i}"),

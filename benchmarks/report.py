@@ -7,7 +7,6 @@ TARGETS and whether each is met, `table` prints a result as Markdown and
 
 from typing import Any, Callable, Dict, List, Tuple
 
-from benchmarks.prep import PAIRS
 from benchmarks.storage import STORAGE_ROWS
 
 TARGETS = {
@@ -88,7 +87,7 @@ def _prep_rows(f: Figures, s: Dict[str, Any]) -> List[Row]:
       ("prep.kernel_objects_s.16N", f"{f['prep.kernel_objects_s.16N']:.1f}",
        f"the plain loop over the {16 * f['prep.rss_images.N']} images of the slope"),
       ("prep.beam_marginal_objects_s", f"{f['prep.beam_marginal_objects_s']:.1f}",
-       f"slope between N and 16N images, median of {PAIRS}; fixed cost "
+       f"slope between N and 16N images, median of {s['pairs']}; fixed cost "
        f"{f['prep.beam_fixed_seconds']:.1f} s; pairs' ratios to the loop "
        + ", ".join(f"{r:.2f}" for r in f["prep.beam_marginal_vs_kernel_pairs"])),
       ("prep.two_workers_speedup", f"{f['prep.two_workers_speedup']:.2f}",

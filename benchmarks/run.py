@@ -46,31 +46,32 @@ from benchmarks.clicks import bench_clicks
 from benchmarks.common import environment, log, make_data, pipeline_in_fresh_process
 from benchmarks.input import bench_input
 from benchmarks.noc import bench_noc_source
-from benchmarks.prep import PAIRS, bench_prep, bench_scaling
+from benchmarks.prep import bench_prep, bench_scaling
 from benchmarks.report import TARGETS, check_targets, plot, table
 from benchmarks.serve import bench_serve
 from benchmarks.storage import STORAGE_ROWS, bench_storage
 from benchmarks.training import bench_train, fit_model
 
-# PAIRS, STORAGE_ROWS, TARGETS and pipeline_in_fresh_process live in their
-# groups' modules; the tests and the README name them here.
-__all__ = ["PAIRS", "SETTINGS", "STORAGE_ROWS", "TARGETS", "main", "measure",
+# STORAGE_ROWS, TARGETS and pipeline_in_fresh_process live in their groups'
+# modules; the tests and the README name them here.
+__all__ = ["SETTINGS", "STORAGE_ROWS", "TARGETS", "main", "measure",
            "pipeline_in_fresh_process"]
 
 SETTINGS = {
     "quick": {"count": 24, "size": 256, "variants": 2, "batch": 8, "batches": 12, "repeats": 3,
               "train_steps": 5, "width": 8, "depth": 3, "rss_n": 12, "fit_steps": 20,
               "serve_repeats": 20, "click_repeats": 3, "noc_images": 4, "noc_size": 512,
-              "noc_clicks": 20},
+              "noc_clicks": 20, "pairs": 3},
     "full": {"count": 64, "size": 256, "variants": 4, "batch": 16, "batches": 25, "repeats": 5,
              "train_steps": 10, "width": 16, "depth": 3, "rss_n": 16, "fit_steps": 100,
              "serve_repeats": 50, "click_repeats": 5, "noc_images": 8, "noc_size": 512,
-             "noc_clicks": 20},
-    # Tiny: what the smoke test runs to keep this code working.
+             "noc_clicks": 20, "pairs": 3},
+    # Tiny: what the smoke test runs to keep this code working (two pairs:
+    # the medians still run over several).
     "tiny": {"count": 4, "size": 64, "variants": 2, "batch": 2, "batches": 2, "repeats": 1,
              "train_steps": 2, "width": 4, "depth": 2, "rss_n": 2, "fit_steps": 4,
              "serve_repeats": 2, "click_repeats": 1, "noc_images": 1, "noc_size": 96,
-             "noc_clicks": 3},
+             "noc_clicks": 3, "pairs": 2},
 }
 
 

@@ -16,6 +16,7 @@ import argparse
 from typing import List, Optional
 
 from beam_prep import keys, kit
+from beam_prep.config import PrepConfig, PreviewConfig, SampleDataConfig
 from beam_prep.console import beam_option_flags, check_unknown, dispatch, option_flags
 from pipelines import logs
 
@@ -54,7 +55,6 @@ def direct_defaults(input_root: str, cores: Optional[int] = None) -> List[str]:
 
 
 def _preview(argv: List[str]) -> int:
-  from beam_prep.config import PreviewConfig  # pylint: disable=g-import-not-at-top
   config = kit.parse_command("beam-prep preview", "Draw a grid of what the records hold (image, "
                              "clicks, mask, distance maps).", PreviewConfig, argv, "prep",
                              logs.quiet("--verbose" in argv))
@@ -79,7 +79,6 @@ def _preview(argv: List[str]) -> int:
 
 
 def _sample_data(argv: List[str]) -> int:
-  from beam_prep.config import SampleDataConfig  # pylint: disable=g-import-not-at-top
   config = kit.parse_command("beam-prep sample-data", "Write a deterministic sample data set "
                              "(images/ + masks/).", SampleDataConfig, argv, "prep",
                              logs.quiet("--verbose" in argv))
@@ -125,7 +124,6 @@ def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
   """The parser of `beam-prep TASK` for a registered task: the config's options
   (`beam_prep.kit`), those the task adds, and the command's own."""
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
-  from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
   task = tasks.get_task(task_name)
   parser = argparse.ArgumentParser(
       prog=f"beam-prep {task.name}",
@@ -146,16 +144,15 @@ def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace, task_name: str = "segmentation"):
   """Defaults, then preset, then config file, then flags; validated (`beam_prep.kit`)."""
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
-  from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
   extra = tasks.get_task(task_name).config_fields(args)
   return kit.resolve(PrepConfig, args, "prep", fixed={"task": task_name}, extra=extra)
 
 
 def pipeline_args(beam_args: List[str], input_root: str = "") -> List[str]:
   """Beam options with this tool's DirectRunner defaults filled in."""
-  from pipelines.dataflow import runner_of  # pylint: disable=g-import-not-at-top
+  from pipelines.runners import is_direct  # pylint: disable=g-import-not-at-top
   args = list(beam_args)
-  if runner_of(beam_args) in ("", "DirectRunner", "direct"):
+  if is_direct(beam_args):
     given = [a for a in args if a.startswith("--direct_")]
     for default in ([] if given else direct_defaults(input_root)):
       flag = default.split("=")[0]
@@ -183,9 +180,9 @@ def _launch(config, beam_args, known, log, task: str):
   """Runs the job -> (manifest or None, exit code when it is already known)."""
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from beam_prep.features import FeatureError  # pylint: disable=g-import-not-at-top
-  from pipelines import dataflow, outputs, prep  # pylint: disable=g-import-not-at-top
+  from pipelines import dataflow, outputs, prep, runners  # pylint: disable=g-import-not-at-top
   try:
-    if dataflow.is_dataflow(beam_args):
+    if runners.is_dataflow(beam_args):
       beam_args = dataflow.check_and_complete(beam_args, config)
     options = PipelineOptions(pipeline_args(beam_args, config.input))
     return prep.run(config, options, wait=known.wait), None

@@ -11,9 +11,6 @@ from typing import List, Optional
 
 from beam_prep.config import PrepConfig
 
-DATAFLOW_RUNNERS = ("DataflowRunner", "dataflow")
-
-
 class DataflowOptionsError(ValueError):
   """The options cannot make a Dataflow job; the message says what to fix."""
 
@@ -22,11 +19,6 @@ def _view(args: List[str], cls):
   """Beam's own reading of its options (`PipelineOptions.view_as`)."""
   from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
   return pipeline_options.PipelineOptions(args).view_as(getattr(pipeline_options, cls))
-
-
-def runner_of(args: List[str]) -> str:
-  """The --runner among Beam arguments ("" when absent)."""
-  return _view(args, "StandardOptions").runner or ""
 
 
 _BUCKET_CHARS = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
@@ -60,10 +52,6 @@ def package_setup_file() -> str:
   """This package's setup.py (present in a source checkout or editable install)."""
   here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   return os.path.join(here, "setup.py")
-
-
-def is_dataflow(args: List[str]) -> bool:
-  return runner_of(args) in DATAFLOW_RUNNERS
 
 
 def check_and_complete(args: List[str], config: PrepConfig) -> List[str]:

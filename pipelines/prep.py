@@ -46,7 +46,7 @@ from beam_prep.ops import registry
 from beam_prep.readers import ListInputs, resolve_layout
 from beam_prep.shards import commit, plan, write
 from beam_prep.transforms import AnalyzeAndTransform
-from pipelines import logs, outputs, report
+from pipelines import logs, outputs, report, runners
 
 PREVIEW_COUNT = 6
 TEMP_PREFIX = ".temp-"
@@ -281,9 +281,9 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None,
   config = with_layout(config, dry_run)
   table = config.features()
   temp_dir = _start(config, table, options, dry_run)
-  p = beam.Pipeline(options=options)
+  p = beam.Pipeline(runner=runners.local_engine(options), options=options)
   build(p, config, table, temp_dir, started)
-  runner = options.get_all_options()["runner"] or "DirectRunner"
+  runner = runners.runner_name(options) or "DirectRunner"
   log.info("%s: %s on %s (%s layout: %s -> %s)", config.task,
            "building the job (dry run)" if dry_run else "running", runner, config.layout,
            config.input, config.output)

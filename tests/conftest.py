@@ -1,6 +1,9 @@
 """Shared fixtures: a small sample data set, one pipeline run and one model
-trained a few steps on it (with its serving export), each made once."""
+trained a few steps on it (with its serving export), each made once per test
+run: under pytest-xdist, by the first worker that asks, and read by the
+others (they only read them)."""
 
+import fcntl
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -8,37 +11,54 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import pytest  # pylint: disable=g-import-not-at-top
 
 
+def _made_once(tmp_path_factory, name, make) -> str:
+  """The folder `name`, made by `make(path)` once for every worker of this run."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # The folder all workers of this run share.
+  path = root / f"shared_{name}"
+  with open(root / f"shared_{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (root / f"shared_{name}.done").exists():
+      make(str(path))
+      (root / f"shared_{name}.done").touch()
+  return str(path)
+
+
 @pytest.fixture(scope="session")
 def sample_dir(tmp_path_factory):
   from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
-  path = str(tmp_path_factory.mktemp("sample"))
-  write_sample_data(path, count=10, seed=3)
-  return path
+  return _made_once(tmp_path_factory, "sample",
+                    lambda path: write_sample_data(path, count=10, seed=3))
 
 
-@pytest.fixture(scope="session")
-def prep_dir(sample_dir, tmp_path_factory):
-  """The real segmentation pipeline (DirectRunner) over the sample data."""
+def _prep(sample, out):
   from pipelines import cli  # pylint: disable=g-import-not-at-top
-  out = str(tmp_path_factory.mktemp("prep") / "out")
   with pytest.raises(SystemExit) as e:
-    cli.main(["segmentation", "--input", sample_dir, "--output", out, "--preset", "smoke",
+    cli.main(["segmentation", "--input", sample, "--output", out, "--preset", "smoke",
               "--image-size", "64", "--variants", "2", "--eval-percent", "30",
               "--target-shard-mb", "0.03",
               # 64 px records: many sample objects are too small to click.
               "--max-error-fraction", "1"])
   assert e.value.code == 0
-  return out
+
+
+@pytest.fixture(scope="session")
+def prep_dir(sample_dir, tmp_path_factory):
+  """The real segmentation pipeline (DirectRunner) over the sample data."""
+  return _made_once(tmp_path_factory, "prep", lambda path: _prep(sample_dir, path))
+
+
+def _fit(prep, model_dir):
+  from train import cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    cli.main(["fit", "--data", prep, "--model-dir", model_dir, "--steps", "6",
+              "--batch-size", "4", "--width", "4", "--depth", "2", "--histogram-every", "0",
+              "--noc-clicks", "0"])
+  assert e.value.code == 0
 
 
 @pytest.fixture(scope="session")
 def trained(prep_dir, tmp_path_factory):
   """A segmentation model trained a few steps on the session's records, exported."""
-  from train import cli  # pylint: disable=g-import-not-at-top
-  model_dir = str(tmp_path_factory.mktemp("model"))
-  with pytest.raises(SystemExit) as e:
-    cli.main(["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "6",
-              "--batch-size", "4", "--width", "4", "--depth", "2", "--histogram-every", "0",
-              "--noc-clicks", "0"])
-  assert e.value.code == 0
-  return model_dir
+  return _made_once(tmp_path_factory, "model", lambda path: _fit(prep_dir, path))

@@ -8,6 +8,9 @@ import os
 import numpy as np
 from PIL import Image
 
+# The project's root: the folder of setup.py and the packages.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def png(arr, mode=None, **save) -> bytes:
   buf = io.BytesIO()

@@ -17,14 +17,15 @@ import json
 import os
 from typing import List, Optional
 
-from beam_prep import keys, kit
+from beam_prep import kit
 from beam_prep.console import check_unknown, dispatch, option_flags
 from train import logs
+from train.config import EvalConfig, ExportConfig, PredictConfig, TrainConfig
+from train.serve.config import ServeConfig
 
 
 def fit_parser() -> argparse.ArgumentParser:
   """`beam-train fit`'s options: one per `TrainConfig` option field (`beam_prep.kit`)."""
-  from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
   p = argparse.ArgumentParser(prog="beam-train fit", description="Train on beam_prep records.")
   kit.add_options(p, TrainConfig)
   p.add_argument("--model-args", dest="model_args_json", metavar="JSON",
@@ -39,7 +40,6 @@ def fit_parser() -> argparse.ArgumentParser:
 
 def build_config(args: argparse.Namespace):
   """Defaults, then preset, then config file, then flags; validated."""
-  from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
   extra = {}
   if args.model_args_json:
     try:
@@ -155,7 +155,6 @@ SERVE = ("Serve the exported model with TensorFlow Serving's REST API, and a pag
 
 
 def _evaluate(argv: List[str]) -> int:
-  from train.config import EvalConfig  # pylint: disable=g-import-not-at-top
   log = logs.quiet("--verbose" in argv)
   config = kit.parse_command("beam-train evaluate", EVALUATE, EvalConfig, argv, "train", log)
   if config is None:
@@ -230,7 +229,6 @@ def _evaluate_records(config, prep, log):
 
 
 def _predict(argv: List[str]) -> int:
-  from train.config import PredictConfig  # pylint: disable=g-import-not-at-top
   log = logs.quiet("--verbose" in argv)
   config = kit.parse_command("beam-train predict", PREDICT, PredictConfig, argv, "train", log)
   if config is None:
@@ -280,7 +278,6 @@ def _predict_inputs(config, model, log):
 
 
 def _export(argv: List[str]) -> int:
-  from train.config import ExportConfig  # pylint: disable=g-import-not-at-top
   log = logs.quiet("--verbose" in argv)
   config = kit.parse_command("beam-train export", EXPORT, ExportConfig, argv, "train", log)
   if config is None:
@@ -297,7 +294,6 @@ def _export(argv: List[str]) -> int:
 
 
 def _serve(argv: List[str]) -> int:
-  from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
   p = kit.command_parser("beam-train serve", SERVE, ServeConfig)
   log = logs.quiet("--verbose" in argv)
   missing = [m for m in ("flask",) if importlib.util.find_spec(m) is None]

@@ -25,7 +25,6 @@ width and its NoC at each threshold, for each predictor; the aggregates
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
-import tensorflow as tf
 
 from beam_prep import keys, source_records
 from beam_prep.ops.image import object_label

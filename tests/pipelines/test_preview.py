@@ -12,8 +12,9 @@ from PIL import Image
 from beam_prep import keys
 from beam_prep.features import Entry, Feature, FeatureTable
 from pipelines import preview
+from tests.helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _segmentation(size=32, n=2):
@@ -68,7 +69,8 @@ def _rgb(png: bytes) -> np.ndarray:
 def test_the_preview_module_never_imports_matplotlib():
   """In a fresh interpreter: import the module, render both kinds, check sys.modules."""
   code = ("import sys\n"
-          "from tests.test_preview import _classification, _segmentation\n"
+          f"sys.path.insert(0, {HERE!r})\n"
+          "from test_preview import _classification, _segmentation\n"
           "from pipelines.preview import render\n"
           "for table, examples in (_segmentation(), _classification(3)):\n"
           "  assert render(examples, table).startswith(b'\\x89PNG')\n"

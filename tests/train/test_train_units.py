@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from train.loop import FinalizedFunction, RetraceError
 from train.tasks import SegmentationTask, _mask_counts
+from tests.helpers import ROOT
 
 
 def test_finalized_step_raises_on_a_changed_shape():
@@ -67,15 +68,13 @@ def test_fit_refuses_an_unknown_option_with_the_closest_known_one(capsys):
 
 
 def test_one_overlay_for_masks_and_clicks_needs_neither_tensorflow_nor_matplotlib():
-  import os  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   from beam_prep import drawing  # pylint: disable=g-import-not-at-top
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   code = ("import sys, beam_prep.drawing\n"
           "bad = [m for m in ('tensorflow', 'keras', 'matplotlib') if m in sys.modules]\n"
           "assert not bad, bad\n")
-  run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+  run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
   assert run.returncode == 0, run.stderr
   image = np.full((10, 20, 3), 100, np.uint8)

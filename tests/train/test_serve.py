@@ -21,7 +21,7 @@ from PIL import Image
 from scipy import ndimage
 
 from beam_prep import keys
-from tests.helpers import png
+from tests.helpers import ROOT, png
 from train.export import latest_export
 from train.noc import eval_objects
 from beam_prep.prep_output import PrepOutput
@@ -29,7 +29,6 @@ from train.serve import app as serve_app
 from train.serve import json_arrays
 from train.serve.config import ServeConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "cat"
 
 

@@ -23,7 +23,7 @@ from PIL import Image
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.ops import registry
-from tests.helpers import assert_serving_parity, run_cli
+from tests.helpers import ROOT, assert_serving_parity, run_cli
 
 RUNS = {
     "disks+edges": (["--click-encoding", "disks", "--ops-module", "tests.fixtures.edge_ops",
@@ -40,7 +40,7 @@ SIZE = 48
 
 
 def _fit(args):
-  """fit without the NoC evaluation (tests/test_noc.py covers it) unless asked."""
+  """fit without the NoC evaluation (tests/train/test_noc.py covers it) unless asked."""
   from train import cli  # pylint: disable=g-import-not-at-top
   extra = [] if "--noc-clicks" in args else ["--noc-clicks", "0"]
   with pytest.raises(SystemExit) as e:
@@ -154,7 +154,6 @@ def test_an_op_changing_a_model_input_without_a_twin_is_refused_before_training(
 
 
 def test_readme_extension_example_is_the_tested_fixture():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  readme = open(os.path.join(root, "README.md")).read()
-  fixture = open(os.path.join(root, "tests", "fixtures", "edge_ops.py")).read()
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  fixture = open(os.path.join(ROOT, "tests", "fixtures", "edge_ops.py")).read()
   assert "```python\n" + fixture + "```" in readme

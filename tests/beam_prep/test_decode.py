@@ -85,7 +85,7 @@ def _phone_photo(size=48):
 
 
 def test_exif_orientation_is_applied_so_photo_and_mask_align(tmp_path):
-  from helpers import examples, run_cli  # pylint: disable=g-import-not-at-top
+  from tests.helpers import examples, run_cli  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   jpeg, mask, shown = _phone_photo()
   out = _decode(jpeg, mask)

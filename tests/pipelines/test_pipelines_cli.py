@@ -12,7 +12,7 @@ from PIL import Image
 
 from beam_prep.config import PrepConfig
 from pipelines import cli, dataflow, prep
-from tests.helpers import run_cli
+from tests.helpers import ROOT, run_cli
 
 GCS = ["--runner=DataflowRunner", "--project=acme-vision-prod-4711", "--region=europe-west4",
        "--temp_location=gs://acme-vision-prep/tmp",
@@ -229,9 +229,8 @@ def test_the_job_runs_without_the_trainers_packages(sample_dir, tmp_path):
           "'--max-error-fraction', '1'])\n")
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       cwd=root, timeout=600)
+                       cwd=ROOT, timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]
   assert os.path.exists(os.path.join(out, "preview.png"))
   assert os.path.exists(os.path.join(out, "_SUCCESS"))

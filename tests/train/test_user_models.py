@@ -16,10 +16,9 @@ import tensorflow as tf
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
-from tests.helpers import assert_serving_parity
+from tests.helpers import ROOT, assert_serving_parity
 from beam_prep.prep_output import PrepOutput
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 
 

@@ -21,7 +21,7 @@ TRAIN = ["--batch-size", "4", "--width", "4", "--depth", "1", "--log-every", "1"
 
 
 def _fit(args):
-  """fit without the NoC evaluation (tests/test_noc.py covers it) unless asked."""
+  """fit without the NoC evaluation (tests/train/test_noc.py covers it) unless asked."""
   from train import cli  # pylint: disable=g-import-not-at-top
   extra = [] if "--noc-clicks" in args else ["--noc-clicks", "0"]
   with pytest.raises(SystemExit) as e:

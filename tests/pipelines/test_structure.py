@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import dead_letters, manifest, png, run_cli, scene
+from tests.helpers import ROOT, dead_letters, manifest, png, run_cli, scene
 
 PACKAGES = ("beam_prep", "train", "pipelines", "benchmarks")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _folders(root, n=3, size=48):

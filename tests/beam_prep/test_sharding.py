@@ -10,13 +10,12 @@ import pytest
 
 from beam_prep import keys
 from beam_prep.shards import commit as sharding
-from helpers import manifest, run_cli
+from tests.helpers import ROOT, manifest, run_cli
 
 TARGET_MB = 0.06
 # 48 px records: many sample objects are too small to click (object_too_small).
 ARGS = ["--image-size", "48", "--variants", "2", "--target-shard-mb", str(TARGET_MB),
         "--max-error-fraction", "1"]
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _data(tmp_path_factory, count, seed=11):
@@ -34,7 +33,7 @@ def _tree(root, sub):
 def _prep_in_new_process(data, out, extra=()):
   cmd = [sys.executable, "-m", "pipelines", "segmentation", "--input", data, "--output", out,
          *ARGS, *extra]
-  r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+  r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, r.stdout + r.stderr
   return r.stdout + r.stderr
 

@@ -15,7 +15,7 @@ from PIL import Image
 from scipy import ndimage
 
 from beam_prep import source_records
-from tests.helpers import manifest, run_cli
+from tests.helpers import ROOT, manifest, run_cli
 
 SIZES = [(37, 50), (64, 64), (70, 41)]  # (H, W): none is the records' size
 MAX_CLICKS = 8
@@ -174,8 +174,7 @@ def test_a_1536_pixel_image_is_evaluated_in_bounded_memory(tmp_path):
             "sys.exit(code)\n")
   run = subprocess.run([sys.executable, "-c", script, "evaluate", "--data", str(prep), "--output",
                         str(tmp_path / "noc"), "--max-clicks", "3"],
-                       capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
-                           os.path.abspath(__file__))), timeout=600)
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
   assert run.returncode == 0, run.stdout + run.stderr
   peak = int(run.stdout.split("PEAK_MB")[1].split()[0])
   assert peak < 3000, peak
