@@ -28,8 +28,8 @@ import numpy as np
 
 from beam_prep import keys, source_records
 from beam_prep.ops.image import object_label
-from beam_prep.version import library_versions
 from beam_prep.prep_output import PrepOutput
+from beam_prep.version import library_versions
 from train import clicker, noc
 from train.served import ServedModel
 

@@ -44,6 +44,7 @@ import numpy as np
 import orjson
 import tensorflow as tf
 
+from train import signatures as sig
 from train.serve.json_arrays import loads
 
 
@@ -202,7 +203,7 @@ def parse_predict(body: bytes, signatures: Mapping[str, Mapping[str, tf.TensorSp
     raise RequestError(f"the request body is not JSON: {e}") from None
   if not isinstance(doc, dict):
     raise RequestError("the request body must be a JSON object")
-  name = doc.get("signature_name", "serving_default") or "serving_default"
+  name = doc.get("signature_name", sig.SERVING_DEFAULT) or sig.SERVING_DEFAULT
   if not isinstance(name, str):
     raise RequestError("signature_name: must be a string")
   if name not in signatures:
