@@ -29,7 +29,7 @@ Segmentation, signature `serving_default` (one image per request):
                             protocol's threshold: train.clicker.PRED_THR), 0 background
 Crop records: without a previous mask the graph first finds one, on windows
 around the clicks growing from the least crop side until the mask fits
-(`train.servers.SegmentationServer`), and crops that mask; the crop's
+(`beam_prep.ops.crop.CropServing`, the op's serving side), and crops that mask; the crop's
 probabilities are placed back in its box, 0 outside. Whole-image records: the
 model's output at the records' size is cropped to the region the image fills
 there (`beam_prep.ops.image.fitted_size`; the padding is dropped), then

@@ -12,13 +12,11 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
-from beam_prep.ops import crop
-from beam_prep.ops.image import fitted_size
 from beam_prep.preprocessing import decode_feature
 from train import clicker
 from train import signatures as sig
 from train.serving_inputs import (Example, model_inputs, raw_inputs, run_plan, run_twins,
-                                  serving_plan)
+                                  serving_plan, serving_side)
 
 
 def _outputs(prob: tf.Tensor) -> Dict[str, tf.Tensor]:
@@ -59,16 +57,17 @@ class _Server(tf.Module):
 class SegmentationServer(_Server):
   """Image and clicks in, mask out.
 
-  With object-centred crop records (the chain's `crop_objects`), the model
-  sees the crop of the previous mask and the positive clicks (its twin,
-  `beam_prep.ops.crop`). Asked without a previous mask (or with an empty
-  one), it first finds one (`_first_mask`). Probabilities outside the crop
-  are 0.
+  The chain's op that changes the image's geometry frames the request and
+  places the prediction back (its serving side, `serving_inputs.serving_side`):
+  with object-centred crop records, the model sees the crop of the previous
+  mask and the positive clicks, found first when there is none, and
+  probabilities outside the crop are 0; with whole-image records, the output
+  is resized back to the request's image.
   """
 
   def __init__(self, model, tft_output: tft.TFTransformOutput, table: FeatureTable):
     super().__init__(model, tft_output, table)
-    self._crops = crop.chain_geometry(table.chain)  # (ratio, least side), or None
+    self._side = serving_side(table)
 
   def _predict(self, inputs):
     logits = self.model(inputs, training=False)
@@ -84,37 +83,9 @@ class SegmentationServer(_Server):
     """
     ex = {keys.IMAGE: image,
           keys.POSITIVE_CLICKS: tf.cast(positive_clicks, tf.int64),
-          keys.NEGATIVE_CLICKS: tf.cast(negative_clicks, tf.int64)}
-    if self._crops:
-      ex[keys.PREVIOUS_MASK] = tf.cond(tf.reduce_any(previous_mask), lambda: previous_mask,
-                                       lambda: self._first_mask(ex))
-    return self._source_probabilities(ex)
-
-  def _first_mask(self, ex):
-    """A mask to crop by when there is none yet: windows around the positive
-    clicks, from the records' least crop side up, each twice the last, until
-    the predicted mask no longer touches the window's edge (the object fits
-    in it, as objects fit in the records' crops) or the window holds the
-    whole image (the window's side is capped at the image's long side, so
-    the loop ends). Its mask, bool [H, W]."""
-    ratio, least = self._crops
-    shape = tf.shape(ex[keys.IMAGE], out_type=tf.int64)
-    positive = crop.clicks_in_image(ex[keys.POSITIVE_CLICKS], shape)
-    none = tf.zeros(tf.cast(shape[:2], tf.int32), tf.bool)
-    whole = tf.maximum(shape[0], shape[1])
-
-    def window(k, mask, done):
-      del mask, done
-      side = tf.minimum(least * tf.bitwise.left_shift(tf.constant(1, tf.int64), k), whole)
-      box = crop.box_tensor(*crop.derived_box(none, positive, ratio, side))
-      mask = self._source_probabilities(dict(ex, **{keys.CROP_BOX: box})) > clicker.PRED_THR
-      done = ~crop.touches_edge(mask, box, shape[0], shape[1]) | (box[2] - box[0] >= whole)
-      return k + 1, mask, done
-
-    _, mask, _ = tf.while_loop(
-        lambda k, mask, done: ~done, window,
-        (tf.constant(0, tf.int64), none, tf.constant(False)))
-    return mask
+          keys.NEGATIVE_CLICKS: tf.cast(negative_clicks, tf.int64),
+          keys.PREVIOUS_MASK: previous_mask}
+    return self._source_probabilities(self._side.prepare(ex, self._source_probabilities))
 
   def _source_probabilities(self, ex):
     """One request example through the twins, the transform and the model ->
@@ -123,9 +94,7 @@ class SegmentationServer(_Server):
     out = run_twins(self._plan, ex)
     raw = {k: v[None] for k, v in raw_inputs(self._table, out).items()}
     prob = self._predict(self.model_input(raw))[0]
-    if keys.CROP_BOX in out:
-      return crop.place_back(prob, out[keys.CROP_BOX], shape[0], shape[1])
-    return self._to_source(prob, shape[0], shape[1])
+    return self._side.to_request(prob, out, shape[0], shape[1])
 
   def _serve(self, image, positive_clicks, negative_clicks, previous_mask):
     h, w = tf.shape(image)[0], tf.shape(image)[1]
@@ -152,14 +121,6 @@ class SegmentationServer(_Server):
   def serve_iterative(self, image, positive_clicks, negative_clicks, previous_mask):
     return self._serve(image, positive_clicks, negative_clicks, previous_mask)
 
-  def _to_source(self, prob, h, w):
-    """[S, S] probabilities of a fitted and padded image -> [h, w] of the source:
-    the valid region (`fitted_size`, as `resize` placed the image) resized back."""
-    fit_h, fit_w = fitted_size(tf.cast(h, tf.int64), tf.cast(w, tf.int64),
-                               *self._table.image_size, xp=tf)
-    valid = prob[:tf.cast(fit_h, tf.int32), :tf.cast(fit_w, tf.int32)]
-    return tf.image.resize(valid[..., None], tf.stack([h, w]), method="bilinear")[..., 0]
-
   @tf.function(input_signature=sig.specs(sig.EXAMPLES))
   def serve_examples(self, examples):
     """[B] serialized tf.Examples of one (object, variant) each, in the example
@@ -174,8 +135,7 @@ class SegmentationServer(_Server):
       image, pos, neg = args
       ex = {keys.IMAGE: image, keys.POSITIVE_CLICKS: tf.reshape(pos, [-1, 2]),
             keys.NEGATIVE_CLICKS: tf.reshape(neg, [-1, 2])}
-      if self._crops is not None:  # A record is a crop already: its whole frame is the box.
-        ex[keys.CROP_BOX] = crop.whole_image_box(*self._table.image_size)
+      ex.update(self._side.frame(*self._table.image_size))
       return self.raw_model_input(ex)
 
     raw = self.batched_raw((images, tf.RaggedTensor.from_sparse(parsed[keys.POSITIVE_CLICKS]),

@@ -6,7 +6,9 @@ bytes the records hold, its model inputs (features.json, role
 `model_input`) concatenated in declared order (`model_inputs`). At serving
 time those raw bytes are computed from the request by the TensorFlow twins
 of the ops of the chain (`serving_plan`, `run_plan`), then go through the
-same transform and concatenation.
+same transform and concatenation; the chain's op that changes the image's
+geometry says how a request is framed and its prediction placed back
+(`serving_side`).
 
 This module imports nothing of `train`.
 """
@@ -17,6 +19,7 @@ import tensorflow as tf
 
 from beam_prep.features import FeatureTable
 from beam_prep.ops import registry
+from beam_prep.ops.serving import ServingSide
 
 Example = Dict[str, tf.Tensor]
 
@@ -81,6 +84,22 @@ def serving_plan(table: FeatureTable) -> List[Tuple[str, Callable[[Example], Exa
           f"with --no-export, which writes no serving model.")
     plan.append((str(spec), twin))
   return plan
+
+
+def serving_side(table: FeatureTable) -> ServingSide:
+  """The serving side of the chain's op that changes the image's geometry
+  (`beam_prep.ops.serving`; a side that does nothing when none does).
+
+  Raises:
+    ServingPlanError: more than one op of the chain changes the geometry.
+  """
+  sides = [(str(spec), side) for spec in registry.parse_chain(table.chain)
+           for side in [registry.build_serving(spec)] if side is not None]
+  if len(sides) > 1:
+    raise ServingPlanError(f"ops {', '.join(name for name, _ in sides)} each change the "
+                           "image's geometry; the serving graph places a prediction back "
+                           "through one")
+  return sides[0][1] if sides else ServingSide()
 
 
 def run_plan(plan, table: FeatureTable, ex: Example) -> Dict[str, tf.Tensor]:

@@ -27,8 +27,8 @@ graph:
 Serving (`crop_objects_twin`): the box is given (`crop_box`), or derived as
 above from `previous_mask` and the positive clicks. The serving model, asked
 without a previous mask, first finds one on windows around the clicks that
-grow while the predicted mask touches their edge (`touches_edge`,
-`train.servers`).
+grow while the predicted mask touches their edge (`CropServing`, the op's
+serving side).
 """
 
 import numpy as np
@@ -40,6 +40,7 @@ from beam_prep.ops.clicks import example_rng
 from beam_prep.ops.image import (IMAGE, IMAGE_PAD, MASK, OBJECT_ID, bilinear_from,
                                  listed_objects, nearest_indices)
 from beam_prep.ops.registry import ExampleError, register_op
+from beam_prep.ops.serving import ServingSide
 
 CROP_BOX = Feature("int64", shape=(4,), role="metadata")
 # The crop's random stream, apart from the click variants' (0, 1, ...).
@@ -157,19 +158,6 @@ def derived_box(mask, positive_clicks, ratio: int, min_side: int):
   xs = tf.concat([cols, positive_clicks[:, 0]], 0)
   return square_box(tf.reduce_min(ys), tf.reduce_min(xs), tf.reduce_max(ys),
                     tf.reduce_max(xs), ratio, min_side, xp=tf)
-
-
-def chain_geometry(chain: str):
-  """(context ratio, least side) of the `crop_objects` call of a chain, or
-  None when the chain does not crop objects."""
-  import inspect  # pylint: disable=g-import-not-at-top
-  from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
-  for spec in registry.parse_chain(chain):
-    if spec.name == "crop_objects":
-      bound = inspect.signature(crop_objects).bind(*spec.args, **dict(spec.kwargs))
-      bound.apply_defaults()
-      return context_ratio(bound.arguments["context"]), int(bound.arguments["min_side"])
-  return None
 
 
 def box_tensor(y0, x0, side):
@@ -292,13 +280,67 @@ def place_back(prob, box, height, width):
   return tf.where(in_y[:, None] & in_x[None, :], out, tf.zeros_like(out))
 
 
+class CropServing(ServingSide):
+  """`crop_objects` at serving (built with the op's arguments): the request
+  is cropped around its previous mask and positive clicks (the twin), or,
+  with no previous mask, around a first mask found on windows (`prepare`);
+  the crop's probabilities go back into its box, 0 outside (`place_back`)."""
+
+  def __init__(self, size: int, context: float = DEFAULT_CONTEXT,
+               min_side: int = DEFAULT_MIN_SIDE, jitter: float = 0.0, seed: int = 0,
+               max_objects: int = 0):
+    del size, jitter, seed, max_objects  # The twin crops; a request's box is derived exactly.
+    self.ratio, self.least = context_ratio(context), int(min_side)
+
+  def prepare(self, ex, probabilities):
+    """`previous_mask` (bool [H, W], all False: none) kept, or found (`first_mask`)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    previous = tf.cast(ex[keys.PREVIOUS_MASK], tf.bool)
+    return dict(ex, **{keys.PREVIOUS_MASK: tf.cond(
+        tf.reduce_any(previous), lambda: previous,
+        lambda: self.first_mask(ex, probabilities))})
+
+  def first_mask(self, ex, probabilities):
+    """A mask to crop by when there is none yet: windows around the positive
+    clicks, from the least crop side up, each twice the last, until the
+    predicted mask no longer touches the window's edge (the object fits in
+    it, as objects fit in the records' crops) or the window holds the whole
+    image (the side is capped at the image's long side, so the loop ends).
+    Its mask, bool [H, W]."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    shape = tf.shape(ex[keys.IMAGE], out_type=tf.int64)
+    positive = clicks_in_image(ex[keys.POSITIVE_CLICKS], shape)
+    none = tf.zeros(tf.cast(shape[:2], tf.int32), tf.bool)
+    whole = tf.maximum(shape[0], shape[1])
+
+    def window(k, mask, done):
+      del mask, done
+      side = tf.minimum(self.least * tf.bitwise.left_shift(tf.constant(1, tf.int64), k), whole)
+      box = box_tensor(*derived_box(none, positive, self.ratio, side))
+      mask = probabilities(dict(ex, **{keys.CROP_BOX: box})) > keys.PRED_THR
+      done = ~touches_edge(mask, box, shape[0], shape[1]) | (box[2] - box[0] >= whole)
+      return k + 1, mask, done
+
+    _, mask, _ = tf.while_loop(
+        lambda k, mask, done: ~done, window,
+        (tf.constant(0, tf.int64), none, tf.constant(False)))
+    return mask
+
+  def frame(self, height, width):
+    """A record is a crop already: its whole frame is the box."""
+    return {keys.CROP_BOX: whole_image_box(height, width)}
+
+  def to_request(self, prob, out, height, width):
+    return place_back(prob, out[keys.CROP_BOX], height, width)
+
+
 # ---- the op --------------------------------------------------------------------
 
 
 @register_op("crop_objects", reads=(keys.IMAGE, keys.INSTANCE_MASK, keys.IMAGE_ID),
              produces={keys.IMAGE: IMAGE, keys.OBJECT_ID: OBJECT_ID, keys.MASK: MASK,
                        keys.CROP_BOX: CROP_BOX},
-             intermediate=(keys.INSTANCE_MASK,), twin=crop_objects_twin)
+             intermediate=(keys.INSTANCE_MASK,), twin=crop_objects_twin, serving=CropServing)
 def crop_objects(size: int, context: float = DEFAULT_CONTEXT, min_side: int = DEFAULT_MIN_SIDE,
                  jitter: float = 0.0, seed: int = 0, max_objects: int = 0):
   """Fans a scene out into one object-centred crop per object.

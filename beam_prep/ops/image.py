@@ -41,6 +41,7 @@ from PIL import Image
 from beam_prep import keys
 from beam_prep.features import Feature
 from beam_prep.ops.registry import ExampleError, register_op
+from beam_prep.ops.serving import ServingSide
 
 # One declaration of each image feature, shared by every op that writes it.
 IMAGE = Feature("uint8", channels=3, role="model_input", normalize="standardize")
@@ -403,8 +404,25 @@ def scale_clicks(clicks_xy, in_height, in_width, height, width):
   return tf.cast(tf.stack([x, y], axis=1), tf.int64)
 
 
+class ResizeServing(ServingSide):
+  """`resize` at serving (built with the op's arguments): the model's output
+  at the records' size is cut to the region the request's image fills there
+  (`fitted_size`; the padding is dropped), then resized to the request's
+  size."""
+
+  def __init__(self, size: int, width: int = None):
+    self.height, self.width = int(size), int(width or size)
+
+  def to_request(self, prob, out, height, width):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    fit_h, fit_w = fitted_size(tf.cast(height, tf.int64), tf.cast(width, tf.int64), self.height,
+                               self.width, xp=tf)
+    valid = prob[:tf.cast(fit_h, tf.int32), :tf.cast(fit_w, tf.int32)]
+    return tf.image.resize(valid[..., None], tf.stack([height, width]), method="bilinear")[..., 0]
+
+
 @register_op("resize", reads=(keys.IMAGE,), produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
-             intermediate=(keys.INSTANCE_MASK,), twin=resize_twin)
+             intermediate=(keys.INSTANCE_MASK,), twin=resize_twin, serving=ResizeServing)
 def resize(size: int, width: int = None):
   """Fits `image` into a size x width frame with its aspect ratio kept.
 

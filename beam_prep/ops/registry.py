@@ -32,6 +32,9 @@ tf.data): called as `twin(example, *args, **kwargs)` with a dict of one
 example's tensors (same keys, unbatched) and the op's own chain arguments, it
 returns the dict with its outputs added or changed. Every op of a chain that
 produces or changes a model input needs one before a model can be exported.
+An op that changes the image's geometry also declares its `serving` side
+(`beam_prep.ops.serving`): the serving graph asks it how to frame a request
+and how to place a prediction back, and never names the op.
 
 A chain is written as a string, ops separated by `|`, arguments in Python
 literal syntax:
@@ -71,6 +74,7 @@ class OpEntry:
   twin: Optional[Callable[..., Any]] = None
   intermediate: Tuple[str, ...] = ()
   reads: Optional[Tuple[str, ...]] = None  # None: not declared (checked at run time)
+  serving: Optional[Callable[..., Any]] = None  # The serving side of a geometric op.
 
   @property
   def provides(self) -> Tuple[str, ...]:
@@ -104,7 +108,9 @@ class ExampleError(Exception):
 def register_op(name: str, produces: Optional[Mapping[str, Feature]] = None,
                 twin: Optional[Callable[..., Any]] = None,
                 intermediate: Sequence[str] = (),
-                reads: Optional[Sequence[str]] = None) -> Callable[[OpFactory], OpFactory]:
+                reads: Optional[Sequence[str]] = None,
+                serving: Optional[Callable[..., Any]] = None
+                ) -> Callable[[OpFactory], OpFactory]:
   """Registers an op factory under `name`, with what it reads and produces.
 
   Args:
@@ -116,6 +122,10 @@ def register_op(name: str, produces: Optional[Mapping[str, Feature]] = None,
     twin: the op in TensorFlow, `twin(example_tensors, *args, **kwargs)`,
       for the serving graph.
     intermediate: keys the op adds for later ops that the records do not keep.
+    serving: for an op that changes the image's geometry (a crop, a resize),
+      its serving side: a class built with the op's chain arguments, a
+      `beam_prep.ops.serving.ServingSide` (what a request needs before the
+      twins run, and how a prediction goes back to the request's image).
 
   Returns:
     A decorator that registers the factory and returns it unchanged.
@@ -144,7 +154,7 @@ def register_op(name: str, produces: Optional[Mapping[str, Feature]] = None,
       raise ValueError(
           f"op {name!r} is already registered by {_qualname(existing.factory)}")
     _REGISTRY[name] = OpEntry(name, factory, produces, twin, tuple(intermediate),
-                              None if reads is None else tuple(reads))
+                              None if reads is None else tuple(reads), serving)
     return factory
 
   return decorator
@@ -287,6 +297,18 @@ def build_twin(spec: OpSpec) -> Optional[Callable[[Dict[str, Any]], Dict[str, An
                      f"the op's arguments, and {_qualname(entry.twin)} does not accept "
                      f"them: {e}") from None
   return lambda ex: entry.twin(ex, *spec.args, **kwargs)
+
+
+def build_serving(spec: OpSpec):
+  """The serving side of one op call, built with its arguments (None if none)."""
+  entry = op_entry(spec.name)
+  if entry.serving is None:
+    return None
+  try:
+    return entry.serving(*spec.args, **dict(spec.kwargs))
+  except TypeError as e:
+    raise ValueError(f"the serving side of op {spec} is built with the op's arguments, and "
+                     f"{_qualname(entry.serving)} does not accept them: {e}") from None
 
 
 @dataclasses.dataclass

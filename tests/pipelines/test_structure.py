@@ -203,6 +203,25 @@ def test_imports_flow_one_way():
   assert any(t.startswith("train") for t in edges["pipelines.demo"])  # The check sees them.
 
 
+def test_the_serving_graph_names_no_op():
+  """train/servers.py composes the chain's twins and serving sides from
+  features.json: it names no op, and imports no op module."""
+  from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+  registry.import_ops_modules("tests.fixtures.user_ops,tests.fixtures.edge_ops")
+  path = os.path.join(ROOT, "train", "servers.py")
+  tree = ast.parse(open(path).read(), path)
+  said = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Name):
+      said.add(node.id)
+    elif isinstance(node, ast.Attribute):
+      said.add(node.attr)
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+      said.add(node.value)
+  assert registry.registered_ops() and not said & set(registry.registered_ops())
+  assert not [m for m in _imports(path, "train.servers") if m.startswith("beam_prep.ops")]
+
+
 def test_no_import_circle_among_the_packages():
   edges = _import_graph()
   modules = edges

@@ -1,0 +1,41 @@
+"""The serving side of an op that changes an image's geometry.
+
+The serving graph (`train.servers`) runs the chain's twins on a request. An
+op whose records show the image in another frame than the request's (one
+object's crop, the whole image fitted into a square) declares how the
+serving graph goes between the two, with `register_op(..., serving=Cls)`:
+`Cls(*op_args, **op_kwargs)` is a `ServingSide`,
+
+  prepare(ex, probabilities)   the request before the twins run (a crop needs
+                               a mask to cut around: without a previous mask it
+                               finds one with `probabilities`, the serving
+                               graph's own: request example -> [H, W])
+  frame(height, width)         what a records-sized image already is, to score
+                               records as they are (`serve_examples`)
+  to_request(prob, out, height, width)
+                               the model's [S, S] output -> [height, width] of
+                               the request (`out`: the example after the twins)
+
+The serving graph asks the chain's op for its side (`train.serving_inputs`)
+and never names an op. A chain holds at most one such op.
+"""
+
+from typing import Any, Callable, Dict
+
+Example = Dict[str, Any]
+
+
+class ServingSide:
+  """The serving side of an op that leaves the geometry as it is: nothing to do."""
+
+  def prepare(self, ex: Example, probabilities: Callable[[Example], Any]) -> Example:
+    del probabilities
+    return ex
+
+  def frame(self, height: int, width: int) -> Example:
+    del height, width
+    return {}
+
+  def to_request(self, prob, out: Example, height, width):
+    del out, height, width
+    return prob
