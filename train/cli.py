@@ -107,15 +107,9 @@ def _fit(argv: List[str]) -> int:
            "%d replica(s), step traced %d time(s)", m["final_step"], m["final_loss"],
            m["examples_per_second"] or 0, 100 * (m["input_wait_fraction"] or 0), m["replicas"],
            m["step_traces"])
-  ev = m["eval"]
-  if ev.get("examples") and "mean_iou" in ev:
-    baseline = ev.get("baseline_nearest_click_mean_iou")
-    log.info("eval: %d examples, mean IoU %.3f%s, pixel accuracy %.3f", ev["examples"],
-             ev["mean_iou"], "" if baseline is None else
-             f" (nearest-click baseline {baseline:.3f})", ev["pixel_accuracy"])
-  elif ev.get("examples"):
-    log.info("eval: %d examples, accuracy %.3f over %d classes", ev["examples"],
-             ev["accuracy"], ev["classes"])
+  if m["eval"].get("examples"):
+    from train.tasks import task_class  # pylint: disable=g-import-not-at-top
+    log.info("eval: %s", task_class(m["task"]).eval_line(m["eval"]))
   if "noc" in m:
     for line in _noc_lines(m["noc"]):
       log.info("eval: %s", line)

@@ -97,6 +97,14 @@ class SegmentationTask:
       out["baseline_nearest_click_mean_iou"] = float(c[:, 3].mean())
     return out
 
+  @staticmethod
+  def eval_line(ev: Dict[str, Any]) -> str:
+    """What `beam-train fit` says of `summarize`'s figures."""
+    baseline = ev.get("baseline_nearest_click_mean_iou")
+    return (f"{ev['examples']} examples, mean IoU {ev['mean_iou']:.3f}"
+            + ("" if baseline is None else f" (nearest-click baseline {baseline:.3f})")
+            + f", pixel accuracy {ev['pixel_accuracy']:.3f}")
+
 
 def _mask_counts(labels, logits) -> tf.Tensor:
   """Per example [B, 3]: IoU, correct pixels, counted pixels (label_weight > 0)."""
@@ -157,6 +165,11 @@ class ClassificationTask:
   def summarize(self, c: np.ndarray) -> Dict[str, Any]:
     return {"examples": int(c.shape[0]), "accuracy": float(c[:, 0].mean()),
             "classes": len(self.labels_vocabulary)}
+
+  @staticmethod
+  def eval_line(ev: Dict[str, Any]) -> str:
+    """What `beam-train fit` says of `summarize`'s figures."""
+    return f"{ev['examples']} examples, accuracy {ev['accuracy']:.3f} over {ev['classes']} classes"
 
 
 def _model_spec(task, config: TrainConfig) -> Dict[str, Any]:

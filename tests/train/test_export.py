@@ -149,7 +149,7 @@ def test_saved_model_cli_show_and_run(trained, tmp_path):
   assert "probabilities" in ran.stdout and "mask" in ran.stdout
 
 
-def test_classification_end_to_end(tmp_path):
+def test_classification_end_to_end(tmp_path, capsys):
   from train import cli  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   root = tmp_path / "classes"
@@ -169,6 +169,8 @@ def test_classification_end_to_end(tmp_path):
   assert e.value.code == 0
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert m["task"] == "classification" and m["eval"]["classes"] == 2
+  assert (f"eval: {m['eval']['examples']} examples, accuracy {m['eval']['accuracy']:.3f} over 2 "
+          "classes") in capsys.readouterr().out
   import shutil  # pylint: disable=g-import-not-at-top
   shutil.rmtree(prep)
   serving = tf.saved_model.load(latest_export(model_dir)).signatures["serving_default"]

@@ -128,7 +128,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(prep_dir, tmp_path, c
       assert np.isfinite(reader.get_tensor(name)).all(), name
 
 
-def test_metrics_tensorboard_and_profile(prep_dir, tmp_path):
+def test_metrics_tensorboard_and_profile(prep_dir, tmp_path, capsys):
   model_dir = str(tmp_path / "m")
   assert _fit(["--data", prep_dir, "--model-dir", model_dir, "--steps", "4",
                "--batch-size", "4", "--width", "4", "--depth", "1", "--log-every", "2",
@@ -140,6 +140,10 @@ def test_metrics_tensorboard_and_profile(prep_dir, tmp_path):
   assert 0 <= m["input_wait_fraction"] <= 1 and m["examples_per_second"] > 0
   assert 0 <= m["eval"]["mean_iou"] <= 1
   assert 0 <= m["eval"]["baseline_nearest_click_mean_iou"] <= 1
+  ev = m["eval"]
+  assert (f"eval: {ev['examples']} examples, mean IoU {ev['mean_iou']:.3f} (nearest-click "
+          f"baseline {ev['baseline_nearest_click_mean_iou']:.3f}), pixel accuracy "
+          f"{ev['pixel_accuracy']:.3f}") in capsys.readouterr().out
   tags = set()
   for f in glob.glob(os.path.join(model_dir, "tensorboard", "train", "events.*")):
     for e in tf.compat.v1.train.summary_iterator(f):
