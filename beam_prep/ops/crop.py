@@ -38,7 +38,7 @@ from beam_prep import keys
 from beam_prep.features import Feature
 from beam_prep.ops.clicks import example_rng
 from beam_prep.ops.image import (IMAGE, IMAGE_PAD, MASK, OBJECT_ID, bilinear_from,
-                                 listed_objects, nearest_indices)
+                                 listed_objects, nearest_indices, object_label)
 from beam_prep.ops.registry import ExampleError, register_op
 from beam_prep.ops.serving import ServingSide
 
@@ -375,10 +375,9 @@ def crop_objects(size: int, context: float = DEFAULT_CONTEXT, min_side: int = DE
       y0, x0, side = jittered_box(*bbox, y0, x0, side, jitter,
                                   example_rng(seed, ex[keys.IMAGE_ID], i, CROP_STREAM))
       crop = crop_labels(inst, y0, x0, side, size)
-      mask = np.where(crop == i, 1, np.where(crop == keys.IGNORE, keys.IGNORE, 0))
       obj = dict(ex)
       obj.update({keys.IMAGE: crop_image(image, y0, x0, side, size), keys.INSTANCE_MASK: crop,
-                  keys.MASK: mask.astype(np.uint8), keys.OBJECT_ID: int(i),
+                  keys.MASK: object_label(crop, i), keys.OBJECT_ID: int(i),
                   keys.CROP_BOX: box_feature(y0, x0, side)})
       out.append(obj)
     return out
