@@ -34,13 +34,6 @@ def with_default(text: str, value: Any) -> str:
   return f"{text} (default: {value})" if text else f"default: {value}"
 
 
-def show_defaults(parser: argparse.ArgumentParser) -> None:
-  """Adds each option's own default to its help (options written by hand)."""
-  for action in parser._actions:  # pylint: disable=protected-access
-    if action.option_strings and action.help != argparse.SUPPRESS and action.nargs != 0:
-      action.help = with_default(action.help, action.default)
-
-
 def _help(f: dataclasses.Field) -> str:
   text = f.metadata["help"]
   if not f.metadata["show_default"] or f.metadata["required"]:

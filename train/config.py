@@ -51,8 +51,8 @@ class TrainConfig:
   histogram_every: int = option(100, "weight/gradient histograms and predicted masks every N "
                                 "steps (0: off)")
   eval_batches: int = option(0, "eval batches at the end (0: the whole eval split)")
-  noc_clicks: int = option(keys.NOC_MAX_CLICKS, "segmentation: NoC evaluation at the end with up to N "
-                           "simulated clicks per eval object (0: skip it)")
+  noc_clicks: int = option(keys.NOC_MAX_CLICKS, "segmentation: NoC evaluation at the end with "
+                           "up to N simulated clicks per eval object (0: skip it)")
   noc_objects: int = option(0, "NoC on the first N eval objects only (0: all)")
   seed: int = option(0, "seed of model initialization and input shuffling")
   export: bool = option(True, "train without writing the serving SavedModel to "
