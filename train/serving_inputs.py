@@ -50,6 +50,20 @@ def to_raw_bytes(x: tf.Tensor) -> tf.Tensor:
   return tf.strings.reduce_join(tf.gather(table, tf.reshape(tf.cast(x, tf.int32), [-1])))
 
 
+def _import_ops(table: FeatureTable) -> None:
+  """Imports the ops module features.json names, so its ops are registered.
+
+  Raises:
+    ServingPlanError: it cannot be imported.
+  """
+  try:
+    registry.import_ops_modules(table.ops_module)
+  except ImportError as e:
+    raise ServingPlanError(
+        f"features.json names the ops module {table.ops_module!r}, which cannot be imported "
+        f"({e}); put it on PYTHONPATH so the serving graph can use its ops' twins") from None
+
+
 def serving_plan(table: FeatureTable) -> List[Tuple[str, Callable[[Example], Example]]]:
   """The twins the serving graph runs, in chain order: `[(op call, twin)]`.
 
@@ -60,12 +74,7 @@ def serving_plan(table: FeatureTable) -> List[Tuple[str, Callable[[Example], Exa
     ServingPlanError: an op produces or changes a model input and has no
       twin, or the ops module cannot be imported.
   """
-  try:
-    registry.import_ops_modules(table.ops_module)
-  except ImportError as e:
-    raise ServingPlanError(
-        f"features.json names the ops module {table.ops_module!r}, which cannot be imported "
-        f"({e}); put it on PYTHONPATH so the serving graph can use its ops' twins") from None
+  _import_ops(table)
   model_input_keys = set(table.keys("model_input"))
   plan = []
   for spec in registry.parse_chain(table.chain):
@@ -91,8 +100,10 @@ def serving_side(table: FeatureTable) -> ServingSide:
   (`beam_prep.ops.serving`; a side that does nothing when none does).
 
   Raises:
-    ServingPlanError: more than one op of the chain changes the geometry.
+    ServingPlanError: more than one op of the chain changes the geometry, or
+      the ops module cannot be imported.
   """
+  _import_ops(table)
   sides = [(str(spec), side) for spec in registry.parse_chain(table.chain)
            for side in [registry.build_serving(spec)] if side is not None]
   if len(sides) > 1:
