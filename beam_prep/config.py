@@ -2,65 +2,28 @@
 
 import dataclasses
 import json
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, ClassVar, Dict
+
+from beam_prep.kit import CommandConfig, option
 
 
-def option(default: Any, help: str, choices: Optional[Sequence[str]] = None,  # pylint: disable=redefined-builtin
-           metavar: str = "", none: Any = None, required: bool = False,
-           show_default: bool = True):
-  """A config field that is also a command-line option (`beam_prep.kit` makes the flag).
-
-  Args:
-    default: the field's default.
-    help: the option's help text.
-    choices: the values the flag accepts.
-    metavar: the flag's value name in --help.
-    none: the field's value for a flag value "none" (a choice that means off).
-    required: the command needs it (it has no useful default).
-    show_default: add "(default: X)" to the help.
-  """
-  return dataclasses.field(default=default, metadata={
-      "help": help, "choices": tuple(choices) if choices else None, "metavar": metavar or None,
-      "none": none, "required": required, "show_default": show_default})
-
-
-def check_known(cls, d: Dict[str, Any], what: str = "config keys") -> None:
-  """Raises ValueError naming the keys of `d` that are not fields of dataclass `cls`."""
-  names = {f.name for f in dataclasses.fields(cls)}
-  unknown = set(d) - names
-  if unknown:
-    raise ValueError(f"unknown {what}: {sorted(unknown)}; known: {sorted(names)}")
-
-
-class CommandConfig:
-  """Base of a command's frozen config dataclass: built from a plain dict
-  (a config file, the resolved flags) by `from_dict`, unknown keys refused,
-  lists (repeated flags, JSON arrays) made tuples."""
-
-  @classmethod
-  def from_dict(cls, d: Dict[str, Any]):
-    check_known(cls, d, f"{cls.__name__} settings")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-
-
-@dataclasses.dataclass(frozen=True)
-class ClickConfig:
-  """Click simulation (Xu et al. 2016); defaults as public reimplementations."""
-  min_positive: int = 1
-  max_positive: int = 5
-  negatives: tuple = (10, 5, 10)
-  d: float = 40.0
-  d_margin: float = 5.0
-  d_step: float = 10.0
-  strategies: tuple = (1, 2, 3)
-  flip: bool = False
-  disk_radius: float = 5.0
-  protocol_clicks: int = 10
+# A preset is one name for a matching pair of settings: these of the
+# preprocessing, and the training's of the same name (`train.config.TRAIN_PRESETS`).
+PREP_PRESETS: Dict[str, Dict[str, Any]] = {
+    # What the tests run: tiny records.
+    "smoke": {"image_size": 96, "variants": 2, "target_shard_mb": 4},
+    # What `make demo` runs: smoke's sizes, click disks (RITM's encoding, far
+    # better than distance maps at few clicks), a quarter of the variants
+    # with the evaluation protocol's clicks.
+    "demo": {"image_size": 96, "variants": 2, "target_shard_mb": 4, "click_encoding": "disks",
+             "clicks": {"strategies": [1, 2, 3, 4]}},
+    "default": {},
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class PrepConfig:
-  """A segmentation preprocessing run.
+  """A preprocessing run: the settings every task has, and the task's own (`options`).
 
   Attributes:
     input: root of the input data (local path or gs://), or a manifest file.
@@ -71,23 +34,8 @@ class PrepConfig:
     image_root: coco: the folder the images' file_names are relative to
       (default: the JSON file's folder).
     output: output directory (local path or gs://).
-    image_size: records hold image_size x image_size images: with `crop`
-      "object", one object's crop (`beam_prep.ops.crop`); with "none", the
-      whole image with its aspect ratio kept (the long side fills it; the
-      rest is padding: black pixels, ignore in the label).
-    crop: segmentation: "object" (object-centred crops) or "none".
-    crop_context: segmentation, crop "object": the box is (1 + this) times
-      the object's long side.
-    crop_jitter: segmentation, crop "object": each box grows by a random
-      factor in [1, 1 + this] and moves at random, the object inside.
-    crop_min_size: segmentation, crop "object": the least side of a crop box,
-      in source pixels.
-    min_object_area: segmentation: objects covering fewer pixels at the
-      source resolution (before any resize) fail with reason
-      `object_below_min_area`; 0 keeps every object a click can be placed
-      on at the records' size.
-    variants: independent click samplings per object.
-    seed: seed of the click sampling.
+    image_size: records hold image_size x image_size images (what of the
+      image they show is the task's: segmentation's `crop`).
     eval_percent: share of images (by hash of the image id) in the eval split;
       100 makes an evaluation-only output (every input eval, whatever a
       layout's lists say; no tf.Transform analysis).
@@ -95,8 +43,6 @@ class PrepConfig:
       follows from the data (measured in the job), and no file exceeds twice
       this plus one record.
     compression: "" for none or "gzip".
-    click_encoding: segmentation: "distance" (Xu et al. 2016 distance maps),
-      "disks" (RITM's binary disks) or "both".
     max_pixels: images declaring more pixels are rejected (decompression bombs).
     max_error_fraction: the job fails (exits non-zero and writes no
       `_SUCCESS`) when more than this fraction of its images, objects or
@@ -110,7 +56,10 @@ class PrepConfig:
     overwrite: replace a non-empty output directory.
     progress_seconds: interval of the job's progress lines (0: none); they
       never change the output.
-    clicks: click simulation settings.
+    options: the task's own settings (an instance of its `Task.options`
+      dataclass, e.g. `beam_prep.tasks.segmentation.SegmentationOptions`;
+      None: its defaults). In a dict (`from_dict`, `to_dict`, config.json,
+      config files) they sit beside the others, flat.
   """
   input: str = option("", "data root (local or gs://), or the file a file-based layout reads "
                       "(manifest, COCO JSON)", required=True)
@@ -121,24 +70,7 @@ class PrepConfig:
                                     "leave its folder (or the image root)")
   image_root: str = option("", "coco layout: folder the images' file_names are relative to "
                            "('': the JSON file's folder)", show_default=False)
-  image_size: int = option(128, "records hold N x N images: object-centred crops (--crop "
-                           "object), or the whole image with its aspect ratio kept (--crop none)")
-  crop: str = option("object", "segmentation: 'object': a record shows its object cut from the "
-                     "image at its own resolution with context around it, resized to N x N; "
-                     "'none': the whole image fitted into N x N (long side N, the rest padded)",
-                     choices=("object", "none"), none="none")
-  crop_context: float = option(0.4, "segmentation, --crop object: context around the object, "
-                               "as a share of its long side (0.4: the box is 1.4x the object's)")
-  crop_jitter: float = option(1.0, "segmentation, --crop object: each object's box grows by a "
-                              "random factor up to 1 + this and moves at random (seeded), so "
-                              "the model learns objects at several scales and places")
-  crop_min_size: int = option(32, "segmentation, --crop object: a crop box is at least N source "
-                              "pixels wide")
-  min_object_area: int = option(0, "objects covering fewer pixels than this at the source "
-                                "resolution are dead letters (object_below_min_area); 0 keeps "
-                                "every object a click can be placed on")
-  variants: int = option(2, "click samplings per object")
-  seed: int = option(0, "seed of the click sampling")
+  image_size: int = option(128, "records hold N x N images")
   eval_percent: int = option(20, "share of images in the eval split (by a hash of the image "
                              "id); 100: an evaluation-only output (a benchmark set: every "
                              "image evaluated, no transform analysed)")
@@ -146,9 +78,6 @@ class PrepConfig:
                                   "files follows from the data")
   compression: str = option("", "record compression (README: 'Record layout, measured')",
                             choices=("none", "gzip"), none="")
-  click_encoding: str = option("distance", "how clicks reach the model: distance maps (Xu et al. "
-                               "2016), binary disks (RITM), or both",
-                               choices=("distance", "disks", "both"))
   max_pixels: int = option(64_000_000, "reject images declaring more pixels (decompression "
                            "bombs)")
   max_error_fraction: float = option(0.5, "the job fails (exit 1, no _SUCCESS) when more than "
@@ -161,11 +90,13 @@ class PrepConfig:
   overwrite: bool = option(False, "replace a non-empty output directory")
   progress_seconds: float = option(30.0, "a progress line every N seconds while the job runs "
                                    "(0: none)")
-  clicks: ClickConfig = ClickConfig()
+  options: Any = None
+  PRESETS: ClassVar[Dict[str, Dict[str, Any]]] = PREP_PRESETS
 
   def __post_init__(self):
     from beam_prep import layouts, tasks  # pylint: disable=g-import-not-at-top
     task = tasks.get_task(self.task)
+    object.__setattr__(self, "options", _task_options(task, self.options))
     if self.layout != layouts.AUTO:
       layout = layouts.get_layout(self.layout, task.labels)
       if self.image_root and not layout.takes_image_root:
@@ -174,14 +105,6 @@ class PrepConfig:
     checks = [
         (self.input and self.output, "--input and --output are required"),
         (self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}"),
-        (self.variants >= 1, f"--variants must be at least 1, got {self.variants}"),
-        (self.crop in ("object", "none"), f"--crop must be object or none, got {self.crop!r}"),
-        (self.crop_context >= 0, f"--crop-context must be >= 0, got {self.crop_context}"),
-        (self.crop_jitter >= 0, f"--crop-jitter must be >= 0, got {self.crop_jitter}"),
-        (self.crop_min_size >= 1, f"--crop-min-size must be at least 1, got "
-         f"{self.crop_min_size}"),
-        (self.min_object_area >= 0,
-         f"--min-object-area must be >= 0, got {self.min_object_area}"),
         (0 <= self.eval_percent <= 100,
          f"--eval-percent must be in [0, 100], got {self.eval_percent}"),
         (self.progress_seconds >= 0,
@@ -242,13 +165,18 @@ class PrepConfig:
     declarations = [(op, produces, fans_out and s.level != INPUT)
                     for s in stages
                     for op, produces in registry.declarations(registry.parse_chain(s.chain))]
+    # The records' size is what the chain's geometric op makes (its serving
+    # side says it); a chain without one keeps --image-size.
+    size = registry.image_size(registry.parse_chain(self.chain))
     return FeatureTable.from_declarations(
-        declarations, (self.image_size, self.image_size), self.task, chain=self.chain,
+        declarations, size or (self.image_size, self.image_size), self.task, chain=self.chain,
         read=READ_FEATURES, ops_module=self.ops_module,
         variants=self.task_object.examples_per_unit(self))
 
   def to_dict(self) -> Dict[str, Any]:
-    d = dataclasses.asdict(self)
+    """Every setting, the task's own beside the others, and the chain."""
+    d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "options"}
+    d.update(dataclasses.asdict(self.options))
     d["chain"] = self.chain
     return d
 
@@ -257,16 +185,30 @@ class PrepConfig:
 
   @classmethod
   def from_dict(cls, d: Dict[str, Any]) -> "PrepConfig":
-    """Builds a config from a plain dict (unknown keys are an error)."""
+    """Builds a config from a plain dict, the task's settings among the others
+    (unknown keys are an error naming the known ones)."""
+    from beam_prep import tasks  # pylint: disable=g-import-not-at-top
     d = dict(d)
     d.pop("chain", None)
-    clicks = d.pop("clicks", None)
-    check_known(cls, d)
-    if clicks is not None:
-      check_known(ClickConfig, clicks, "click config keys")
-      clicks = ClickConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in clicks.items()})
-      d["clicks"] = clicks
-    return cls(**d)
+    own = {f.name for f in dataclasses.fields(tasks.get_task(d.get("task", cls.task)).options)}
+    options = {k: d.pop(k) for k in list(d) if k in own}
+    names = {f.name for f in dataclasses.fields(cls)} - {"options"}
+    unknown = set(d) - names
+    if unknown:
+      raise ValueError(f"unknown config keys: {sorted(unknown)}; known: {sorted(names | own)}")
+    return cls(**d, options=options)
+
+
+def _task_options(task, options):
+  """`options` as an instance of `task.options` (None: its defaults; a dict: its settings)."""
+  if options is None:
+    return task.options()
+  if isinstance(options, dict):
+    return task.options.from_dict(options)
+  if not isinstance(options, task.options):
+    raise ValueError(f"options of task {task.name!r} must be a {task.options.__name__}, got "
+                     f"{type(options).__name__}")
+  return options
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """What both command lines share: quiet logging, command dispatch, config
-files and presets. `beam-prep` and `beam-train` import it; it imports
+files, unknown options. `beam-prep` and `beam-train` import it; it imports
 neither, and TensorFlow only when silencing it.
 """
 
@@ -96,40 +96,6 @@ def load_config_file(path: str) -> dict:
   if not isinstance(data, dict):
     raise ValueError(f"config {path} must hold a JSON object of settings")
   return data
-
-
-# Named defaults of both commands, side by side: a preset is one name for a
-# matching pair of preprocessing and training settings.
-PRESETS: Dict[str, Dict[str, Dict[str, Any]]] = {
-    # What the demo and the tests run: tiny records, a few hundred small
-    # steps on CPU.
-    "smoke": {
-        "prep": {"image_size": 96, "variants": 2, "target_shard_mb": 4},
-        "train": {"width": 12, "depth": 3, "steps": 240, "batch_size": 8,
-                  "checkpoint_every": 80, "log_every": 40, "histogram_every": 120},
-    },
-    # What `make demo` runs: smoke's sizes, click disks (RITM's encoding, far
-    # better than distance maps at few clicks), a quarter of the variants
-    # with the evaluation protocol's clicks, a cosine learning rate.
-    "demo": {
-        "prep": {"image_size": 96, "variants": 2, "target_shard_mb": 4,
-                 "click_encoding": "disks", "clicks": {"strategies": [1, 2, 3, 4]}},
-        "train": {"width": 8, "depth": 3, "steps": 300, "batch_size": 8,
-                  "learning_rate": 2e-3, "lr_schedule": "cosine", "noc_objects": 24,
-                  "checkpoint_every": 100, "log_every": 50, "histogram_every": 0},
-    },
-    "default": {"prep": {}, "train": {}},
-}
-
-
-def preset(name: Optional[str], side: str) -> Dict[str, Any]:
-  """The `side` ("prep" or "train") settings of preset `name` ({} for none)."""
-  if not name:
-    return {}
-  try:
-    return dict(PRESETS[name][side])
-  except KeyError:
-    raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}") from None
 
 
 class UnknownOptionError(ValueError):

@@ -1,6 +1,6 @@
 """The command lines' kit: options generated from a config dataclass, one resolver.
 
-A config field declared with `beam_prep.config.option(default, help, ...)` is
+A config field declared with `option(default, help, ...)` is
 an option of the command that builds that config: `--field-name`, typed as
 the field (a tuple field is a flag given once per value), with its help and
 its default shown. `resolve` is the one way a
@@ -11,9 +11,48 @@ the dataclass. Each run writes the resolved config beside its output.
 
 import argparse
 import dataclasses
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from beam_prep.console import check_unknown, load_config_file, option_flags, preset
+from beam_prep.console import check_unknown, load_config_file, option_flags
+
+
+def option(default: Any, help: str, choices: Optional[Sequence[str]] = None,  # pylint: disable=redefined-builtin
+           metavar: str = "", none: Any = None, required: bool = False,
+           show_default: bool = True):
+  """A config field that is also a command-line option (`beam_prep.kit` makes the flag).
+
+  Args:
+    default: the field's default.
+    help: the option's help text.
+    choices: the values the flag accepts.
+    metavar: the flag's value name in --help.
+    none: the field's value for a flag value "none" (a choice that means off).
+    required: the command needs it (it has no useful default).
+    show_default: add "(default: X)" to the help.
+  """
+  return dataclasses.field(default=default, metadata={
+      "help": help, "choices": tuple(choices) if choices else None, "metavar": metavar or None,
+      "none": none, "required": required, "show_default": show_default})
+
+
+def check_known(cls, d: Dict[str, Any], what: str = "config keys") -> None:
+  """Raises ValueError naming the keys of `d` that are not fields of dataclass `cls`."""
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = set(d) - names
+  if unknown:
+    raise ValueError(f"unknown {what}: {sorted(unknown)}; known: {sorted(names)}")
+
+
+class CommandConfig:
+  """Base of a command's frozen config dataclass: built from a plain dict
+  (a config file, the resolved flags) by `from_dict`, unknown keys refused,
+  lists (repeated flags, JSON arrays) made tuples."""
+
+  @classmethod
+  def from_dict(cls, d: Dict[str, Any]):
+    check_known(cls, d, f"{cls.__name__} settings")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
 
 
 def _flag(name: str) -> str:
@@ -60,25 +99,41 @@ def add_options(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) 
                         metavar=f.metadata["metavar"], **kwargs)
 
 
-def resolve(cls, args: argparse.Namespace, side: str, fixed: Optional[Dict[str, Any]] = None,
-            extra: Optional[Dict[str, Any]] = None):
+def preset(cls, name: Optional[str]) -> Dict[str, Any]:
+  """The settings of preset `name` of config `cls` (its `PRESETS`; {} for no name)."""
+  if not name:
+    return {}
+  presets = getattr(cls, "PRESETS", {})
+  if name not in presets:
+    raise ValueError(f"unknown preset {name!r}; choose from {sorted(presets)}")
+  return dict(presets[name])
+
+
+def preset_help(cls) -> str:
+  """The help of a command's --preset: the names `cls` knows."""
+  return "named settings: " + ", ".join(sorted(getattr(cls, "PRESETS", {})))
+
+
+def resolve(cls, args: argparse.Namespace, fixed: Optional[Dict[str, Any]] = None,
+            extra: Optional[Dict[str, Any]] = None, more: Sequence[type] = ()):
   """Defaults, then preset, then config file, then flags (then `fixed`); validated.
 
   Args:
     cls: the config dataclass (with `from_dict`).
     args: parsed options; `preset` and `config` are read from it.
-    side: which half of a preset applies ("prep" or "train").
     fixed: fields the command sets itself (e.g. the task).
     extra: fields from options that are not plain fields (None: not given).
+    more: option dataclasses whose flags the command also has (a task's
+      options); their values join the flat fields `cls.from_dict` sorts out.
 
   Raises:
     ValueError: a missing required option, a bad config file, or what the
       dataclass refuses.
   """
-  fields = preset(getattr(args, "preset", None), side)
+  fields = preset(cls, getattr(args, "preset", None))
   if getattr(args, "config", None):
     fields.update(load_config_file(args.config))
-  for f in option_fields(cls):
+  for f in [f for c in (cls, *more) for f in option_fields(c)]:
     value = getattr(args, f.name, None)
     if value is not None:
       fields[f.name] = f.metadata["none"] if value == "none" and f.metadata["choices"] else value
@@ -103,7 +158,7 @@ def command_parser(prog: str, description: str, cls) -> argparse.ArgumentParser:
   return parser
 
 
-def resolve_argv(parser: argparse.ArgumentParser, cls, argv: List[str], side: str):
+def resolve_argv(parser: argparse.ArgumentParser, cls, argv: List[str]):
   """The config of a `command_parser` command from its argv: unknown options
   and stray values refused (naming the closest known option), then `resolve`.
 
@@ -112,15 +167,15 @@ def resolve_argv(parser: argparse.ArgumentParser, cls, argv: List[str], side: st
   """
   args, rest = parser.parse_known_args(argv)
   check_unknown(rest, option_flags(parser), parser.prog, strict=True)
-  return resolve(cls, args, side)
+  return resolve(cls, args)
 
 
-def parse_command(prog: str, description: str, cls, argv: List[str], side: str, log):
+def parse_command(prog: str, description: str, cls, argv: List[str], log):
   """A `command_parser` command's config from its argv, or None once `log`
   has said why (the command then exits 2)."""
   parser = command_parser(prog, description, cls)
   try:
-    return resolve_argv(parser, cls, argv, side)
+    return resolve_argv(parser, cls, argv)
   except (ValueError, TypeError) as e:
     log.error("%s: %s", prog, e)
     return None

@@ -34,6 +34,9 @@ from beam_prep.features import FeatureError, FeatureTable
 
 # The file of a model dir that records the run's settings, its data among them.
 MODEL_CONFIG_FILE = "config.json"
+# Records `read_numpy` decodes in one call (`FeatureTable.decode_records`): a
+# call costs about what 15 records do, so one call per record would be slow.
+READ_BATCH = 64
 
 
 class RecordsError(Exception):
@@ -201,12 +204,14 @@ class PrepOutput:
       One dict per example (`FeatureTable.decode_examples`).
     """
     n = 0
-    for serialized in self.dataset(split):
-      for rec in self.table.decode_examples(serialized.numpy()):
-        if limit and n >= limit:
-          return
-        n += 1
-        yield rec if keys is None else {k: rec[k] for k in keys if k in rec}
+    # A record holds at least one example: `limit` records are enough.
+    for batch in self.dataset(split).batch(min(READ_BATCH, limit) if limit else READ_BATCH):
+      for examples in self.table.decode_records(list(batch.numpy())):
+        for rec in examples:
+          if limit and n >= limit:
+            return
+          n += 1
+          yield rec if keys is None else {k: rec[k] for k in keys if k in rec}
 
   def has_records(self, split: str) -> bool:
     """Whether any shard of the split holds a record (reads each shard's first).

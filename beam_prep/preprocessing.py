@@ -25,8 +25,8 @@ the same keys (every model input under its key, and the task's labels).
 
 The graph reads the example view (`FeatureTable.raw_feature_spec`): every
 per-pixel feature as its raw bytes. A record may store one compressed
-(`Feature.encoding`); `raw_bytes` is the one place that undoes that, before
-the graph (the trainer's Decoder calls it), so the exported graph and the
+(`Feature.encoding`); `beam_prep.record_decoder.raw_bytes` is the one place
+that undoes that, before the graph (in the records' Decoder), so the exported graph and the
 serving graph, which computes raw bytes from a request, stay as they were.
 """
 
@@ -41,14 +41,6 @@ from beam_prep import keys
 from beam_prep.features import Entry, FeatureError, FeatureTable
 
 PreprocessingFn = Callable[[Dict[str, tf.Tensor]], Dict[str, tf.Tensor]]
-
-
-def raw_bytes(stored: tf.Tensor, entry: Entry) -> tf.Tensor:
-  """Stored bytes of a per-pixel feature (its declared `encoding`) -> its raw
-  bytes, what `decode_feature` reads; elementwise over any shape."""
-  if entry.feature.encoding == "zlib":
-    return tf.io.decode_compressed(stored, compression_type="ZLIB")
-  return stored
 
 
 def decode_feature(raw: tf.Tensor, entry: Entry, image_size: Tuple[int, int]) -> tf.Tensor:

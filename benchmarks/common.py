@@ -71,8 +71,8 @@ def run_pipeline(data: str, out: str, size: int, variants: int, beam_args: Seque
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
   from pipelines import cli, prep  # pylint: disable=g-import-not-at-top
-  config = PrepConfig(input=data, output=out, image_size=size, variants=variants,
-                      overwrite=True, **fields)
+  config = PrepConfig.from_dict(dict(input=data, output=out, image_size=size,
+                                     variants=variants, overwrite=True, **fields))
   return prep.run(config, PipelineOptions(cli.pipeline_args(list(beam_args), data)))
 
 

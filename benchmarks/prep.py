@@ -23,8 +23,8 @@ def bench_kernel_loop(data: str, size: int, variants: int) -> float:
   from beam_prep.kernel import Kernel  # pylint: disable=g-import-not-at-top
   from beam_prep.readers import resolve_layout  # pylint: disable=g-import-not-at-top
   layout = resolve_layout(data, "auto", "instances")  # The sample data's image folders.
-  config = PrepConfig(input=data, output="unused", image_size=size, variants=variants,
-                      layout=layout.name)
+  config = PrepConfig.from_dict(dict(input=data, output="unused", image_size=size,
+                                     variants=variants, layout=layout.name))
   kernel = Kernel(config.layout, config.stages, config.ops_module, config.features())
   kernel.setup()
   from beam_prep.shards.plan import pointer_split  # pylint: disable=g-import-not-at-top

@@ -56,7 +56,7 @@ def direct_defaults(input_root: str, cores: Optional[int] = None) -> List[str]:
 
 def _preview(argv: List[str]) -> int:
   config = kit.parse_command("beam-prep preview", "Draw a grid of what the records hold (image, "
-                             "clicks, mask, distance maps).", PreviewConfig, argv, "prep",
+                             "clicks, mask, distance maps).", PreviewConfig, argv,
                              logs.quiet("--verbose" in argv))
   if config is None:
     return 2
@@ -80,7 +80,7 @@ def _preview(argv: List[str]) -> int:
 
 def _sample_data(argv: List[str]) -> int:
   config = kit.parse_command("beam-prep sample-data", "Write a deterministic sample data set "
-                             "(images/ + masks/).", SampleDataConfig, argv, "prep",
+                             "(images/ + masks/).", SampleDataConfig, argv,
                              logs.quiet("--verbose" in argv))
   if config is None:
     return 2
@@ -99,13 +99,12 @@ def _layout_help(task) -> str:
 
 
 def _fields_not_used(task) -> set:
-  """`PrepConfig` fields `task` has no use for: other tasks' own, and
-  `--image-root` when none of its layouts lists image paths."""
-  from beam_prep import layouts, tasks  # pylint: disable=g-import-not-at-top
-  unused = tasks.fields_of_other_tasks(task)
-  if not any(l.takes_image_root for l in layouts.layouts_for(task.labels)):
-    unused.add("image_root")
-  return unused
+  """`PrepConfig` fields `task` has no use for: `--image-root` when none of
+  its layouts lists image paths."""
+  from beam_prep import layouts  # pylint: disable=g-import-not-at-top
+  if any(l.takes_image_root for l in layouts.layouts_for(task.labels)):
+    return set()
+  return {"image_root"}
 
 
 def _import_user_modules(argv: List[str]) -> None:
@@ -131,9 +130,10 @@ def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
       "pipeline options (--runner, --project, ...).",
       epilog=_layout_help(task), formatter_class=argparse.RawDescriptionHelpFormatter)
   kit.add_options(parser, PrepConfig, skip=_fields_not_used(task))
+  kit.add_options(parser, task.options)
   task.add_arguments(parser)
   parser.add_argument("--config", help="JSON file of PrepConfig fields")
-  parser.add_argument("--preset", help="named defaults: smoke (tiny, for tests), demo (make demo)")
+  parser.add_argument("--preset", help=kit.preset_help(PrepConfig))
   parser.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
                       help="Dataflow: wait for the job and print its summary, or return once "
                       "it is submitted (--no-wait) (default: wait)")
@@ -144,8 +144,9 @@ def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace, task_name: str = "segmentation"):
   """Defaults, then preset, then config file, then flags; validated (`beam_prep.kit`)."""
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
-  extra = tasks.get_task(task_name).config_fields(args)
-  return kit.resolve(PrepConfig, args, "prep", fixed={"task": task_name}, extra=extra)
+  task = tasks.get_task(task_name)
+  return kit.resolve(PrepConfig, args, fixed={"task": task_name},
+                     extra=task.config_fields(args), more=(task.options,))
 
 
 def pipeline_args(beam_args: List[str], input_root: str = "") -> List[str]:

@@ -98,12 +98,12 @@ def _summary(data: str, prep: str, model: str, pred: str, predicted, times, log)
       f"{c['errors_total']} dead letters in {prep}/errors")
   log(f"  transform    {prep}/transform (tf.Transform: per-channel mean/std)")
   log(f"  preview      {prep}/preview.png (what the records hold)")
+  from train.tasks import task_class  # pylint: disable=g-import-not-at-top
   ev = metrics["eval"]
   log(f"  model        {model}: {metrics['final_step']} steps, "
       f"{metrics['examples_per_second'] or 0:.1f} examples/s, "
-      f"input wait {100 * (metrics['input_wait_fraction'] or 0):.0f}%, eval mean IoU "
-      f"{ev.get('mean_iou', float('nan')):.3f} (nearest-click baseline "
-      f"{ev.get('baseline_nearest_click_mean_iou', float('nan')):.3f})")
+      f"input wait {100 * (metrics['input_wait_fraction'] or 0):.0f}%, eval "
+      + (task_class(metrics["task"]).eval_line(ev) if ev.get("examples") else "skipped"))
   source = json.load(open(os.path.join(model, SOURCE_EVAL, "noc.json")))
   log(_clicks_line("clicks", source["model"], source["baseline"], len(source["objects"]),
                    source["model"]["max_clicks"], f"{model}/{SOURCE_EVAL}/ (each eval image at "

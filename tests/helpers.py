@@ -84,7 +84,8 @@ def examples(out, split="*"):
   (one dict of numpy arrays per (object, variant))."""
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   table = FeatureTable.load(out)
-  return [ex for r in records(out, split) for ex in table.decode_examples(r.SerializeToString())]
+  decoded = table.decode_records([r.SerializeToString() for r in records(out, split)])
+  return [ex for examples in decoded for ex in examples]
 
 
 def assert_serving_parity(prep_dir, export, n=3, model=None):

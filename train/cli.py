@@ -28,12 +28,14 @@ def fit_parser() -> argparse.ArgumentParser:
   """`beam-train fit`'s options: one per `TrainConfig` option field (`beam_prep.kit`)."""
   p = argparse.ArgumentParser(prog="beam-train fit", description="Train on beam_prep records.")
   kit.add_options(p, TrainConfig)
+  for options in _task_options():
+    kit.add_options(p, options)
   p.add_argument("--model-args", dest="model_args_json", metavar="JSON",
                  help="keyword arguments of the model factory, a JSON object")
   p.add_argument("--profile-steps", dest="profile_steps_text", metavar="A,B",
                  help="record a profiler trace of global steps A..B")
   p.add_argument("--config", help="JSON file of TrainConfig fields")
-  p.add_argument("--preset", help="named defaults: smoke (tiny, for demos and tests)")
+  p.add_argument("--preset", help=kit.preset_help(TrainConfig))
   p.add_argument("--verbose", action="store_true", help="show library logs")
   return p
 
@@ -52,7 +54,13 @@ def build_config(args: argparse.Namespace):
     except ValueError:
       raise ValueError(f"--profile-steps takes A,B (two step numbers), got "
                        f"{args.profile_steps_text!r}") from None
-  return kit.resolve(TrainConfig, args, "train", extra=extra)
+  return kit.resolve(TrainConfig, args, extra=extra, more=_task_options())
+
+
+def _task_options():
+  """The tasks' own `fit` options (importing their training sides imports TensorFlow)."""
+  from train import tasks  # pylint: disable=g-import-not-at-top
+  return tasks.option_classes()
 
 
 def missing_train_packages() -> List[str]:
@@ -76,9 +84,9 @@ def missing_train_packages() -> List[str]:
 
 
 def _fit(argv: List[str]) -> int:
+  log = logs.quiet("--verbose" in argv)  # Before the parser imports the tasks (TensorFlow).
   parser = fit_parser()
   args, rest = parser.parse_known_args(argv)
-  log = logs.quiet(args.verbose)
   try:
     check_unknown(rest, option_flags(parser), "beam-train fit", strict=True)
     config = build_config(args)
@@ -107,33 +115,12 @@ def _fit(argv: List[str]) -> int:
            "%d replica(s), step traced %d time(s)", m["final_step"], m["final_loss"],
            m["examples_per_second"] or 0, 100 * (m["input_wait_fraction"] or 0), m["replicas"],
            m["step_traces"])
-  if m["eval"].get("examples"):
-    from train.tasks import task_class  # pylint: disable=g-import-not-at-top
-    log.info("eval: %s", task_class(m["task"]).eval_line(m["eval"]))
-  if "noc" in m:
-    for line in _noc_lines(m["noc"]):
-      log.info("eval: %s", line)
-    log.info("eval: NoC report, plot and contact sheet -> %s", os.path.join(config.model_dir,
-                                                                              "eval"))
+  from train.tasks import task_class  # pylint: disable=g-import-not-at-top
+  for line in task_class(m["task"]).summary_lines(m, config.model_dir):
+    log.info("eval: %s", line)
   if "export_dir" in m:
     log.info("export: %s", m["export_dir"])
   return 0
-
-
-def _noc_lines(brief) -> List[str]:
-  """NoC of the model beside the baseline's, from `noc.brief` (no TensorFlow import)."""
-  out = []
-  b = brief["baseline"]
-  for key in sorted(k for k in b if k.startswith("noc@")):
-    t = key.split("@")[1]
-    over = f">={brief['max_clicks']}@{t}"
-    said = {name: f"{r[key]:.2f} ({over} {r[over]}, never reached "
-                  f"{100 * r['never_reached@' + t]:.0f}%)"
-            for name, r in brief.items() if name in ("model", "baseline")}
-    text = (f"NoC@{t} {said['model']} vs nearest-click baseline {said['baseline']}"
-            if "model" in said else f"NoC@{t} of the nearest-click baseline {said['baseline']}")
-    out.append(f"{text}, {brief['objects']} objects, up to {brief['max_clicks']} clicks")
-  return out
 
 
 EVALUATE = ("NoC evaluation: simulated clicks until the mask reaches each IoU threshold, for a "
@@ -150,15 +137,18 @@ SERVE = ("Serve the exported model with TensorFlow Serving's REST API, and a pag
 
 def _evaluate(argv: List[str]) -> int:
   log = logs.quiet("--verbose" in argv)
-  config = kit.parse_command("beam-train evaluate", EVALUATE, EvalConfig, argv, "train", log)
+  config = kit.parse_command("beam-train evaluate", EVALUATE, EvalConfig, argv, log)
   if config is None:
     return 2
   from train import noc  # pylint: disable=g-import-not-at-top
+  from train.tasks import task_class  # pylint: disable=g-import-not-at-top
   from beam_prep.prep_output import PrepOutput, RecordsError  # pylint: disable=g-import-not-at-top
   from beam_prep import source_records  # pylint: disable=g-import-not-at-top
   try:
     # The data a model dir recorded is found from any folder (PrepOutput.of_model).
     prep = PrepOutput(config.data) if config.data else PrepOutput.of_model(config.model)
+    if "noc" not in task_class(prep.table.task).evaluators:
+      raise ValueError(f"NoC is no evaluation of task {prep.table.task!r} ({prep.path})")
     source = config.resolution == "source" or (
         config.resolution == "auto" and prep.has_records(source_records.SPLIT)
         and (not config.model or _has_export(config.model)))
@@ -167,7 +157,7 @@ def _evaluate(argv: List[str]) -> int:
   except (ValueError, FileNotFoundError, ImportError, OSError, KeyError, RecordsError) as e:
     log.error("beam-train evaluate: %s", e)
     return 1
-  for line in _noc_lines(noc.brief(report)):
+  for line in noc.lines(noc.brief(report)):
     log.info("evaluate: %s", line)
   curve = report.get("model", report["baseline"])["mean_iou_by_clicks"]
   log.info("evaluate: mean IoU by clicks %s", ", ".join(f"{k}: {v:.3f}" for k, v in curve.items()))
@@ -224,7 +214,7 @@ def _evaluate_records(config, prep, log):
 
 def _predict(argv: List[str]) -> int:
   log = logs.quiet("--verbose" in argv)
-  config = kit.parse_command("beam-train predict", PREDICT, PredictConfig, argv, "train", log)
+  config = kit.parse_command("beam-train predict", PREDICT, PredictConfig, argv, log)
   if config is None:
     return 2
   from train import predict  # pylint: disable=g-import-not-at-top
@@ -273,7 +263,7 @@ def _predict_inputs(config, model, log):
 
 def _export(argv: List[str]) -> int:
   log = logs.quiet("--verbose" in argv)
-  config = kit.parse_command("beam-train export", EXPORT, ExportConfig, argv, "train", log)
+  config = kit.parse_command("beam-train export", EXPORT, ExportConfig, argv, log)
   if config is None:
     return 2
   from train import export  # pylint: disable=g-import-not-at-top
@@ -297,7 +287,7 @@ def _serve(argv: List[str]) -> int:
     return 2
   from train.serve import app  # pylint: disable=g-import-not-at-top
   try:
-    server, _ = app.start(kit.resolve_argv(p, ServeConfig, argv, "train"), log)
+    server, _ = app.start(kit.resolve_argv(p, ServeConfig, argv), log)
   except (ValueError, FileNotFoundError, OSError) as e:
     log.error("beam-train serve: %s", e)
     return 2

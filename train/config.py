@@ -8,10 +8,24 @@ flags. The resolved config is written to `MODEL_DIR/config.json`.
 import dataclasses
 import json
 import os
-from typing import Any, Dict, Tuple
+from typing import Any, ClassVar, Dict, Tuple
 
 from beam_prep import keys
-from beam_prep.config import CommandConfig, check_known, option
+from beam_prep.kit import CommandConfig, check_known, option
+
+
+# The training half of each preset (`beam_prep.config.PREP_PRESETS` holds the
+# preprocessing half of the same name).
+TRAIN_PRESETS: Dict[str, Dict[str, Any]] = {
+    # What the tests run: a few hundred small steps on CPU.
+    "smoke": {"width": 12, "depth": 3, "steps": 240, "batch_size": 8, "checkpoint_every": 80,
+              "log_every": 40, "histogram_every": 120},
+    # What `make demo` runs: a cosine learning rate, NoC on 24 objects.
+    "demo": {"width": 8, "depth": 3, "steps": 300, "batch_size": 8, "learning_rate": 2e-3,
+             "lr_schedule": "cosine", "noc_objects": 24, "checkpoint_every": 100,
+             "log_every": 50, "histogram_every": 0},
+    "default": {},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +38,10 @@ class TrainConfig:
       JSON object).
     profile_steps: (first, last) global steps to trace with the profiler
       (`--profile-steps A,B`).
+    task_options: the settings of the tasks' own `fit` options (their
+      training sides' `options`, e.g. segmentation's `noc_clicks`); the
+      run's task takes those it has. Flat in a dict (`from_dict`, config
+      files), beside the others.
   """
   data: str = option("", "beam_prep output directory", required=True)
   model_dir: str = option("", "checkpoints, logs, metrics, export", required=True)
@@ -51,9 +69,6 @@ class TrainConfig:
   histogram_every: int = option(100, "weight/gradient histograms and predicted masks every N "
                                 "steps (0: off)")
   eval_batches: int = option(0, "eval batches at the end (0: the whole eval split)")
-  noc_clicks: int = option(keys.NOC_MAX_CLICKS, "segmentation: NoC evaluation at the end with "
-                           "up to N simulated clicks per eval object (0: skip it)")
-  noc_objects: int = option(0, "NoC on the first N eval objects only (0: all)")
   seed: int = option(0, "seed of model initialization and input shuffling")
   export: bool = option(True, "train without writing the serving SavedModel to "
                         "MODEL_DIR/export/<version>/")
@@ -70,6 +85,8 @@ class TrainConfig:
                              "GPUs; 0: off)")
   profile_steps: Tuple[int, ...] = ()
   skip_corrupt_records: bool = option(False, "skip unreadable records instead of stopping")
+  task_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  PRESETS: ClassVar[Dict[str, Dict[str, Any]]] = TRAIN_PRESETS
 
   def __post_init__(self):
     if not (self.data and self.model_dir):
@@ -81,8 +98,6 @@ class TrainConfig:
       allowed = _choices(name)
       if getattr(self, name) not in allowed:
         raise ValueError(f"{_flag(name)} must be one of {allowed}, got {getattr(self, name)!r}")
-    if self.noc_clicks < 0:
-      raise ValueError(f"--noc-clicks must be >= 0, got {self.noc_clicks}")
     if not isinstance(self.model_args, dict):
       raise ValueError(f"--model-args must be a JSON object, got {self.model_args!r}")
     if self.learning_rate <= 0:
@@ -102,8 +117,17 @@ class TrainConfig:
 
   @classmethod
   def from_dict(cls, d: Dict[str, Any]) -> "TrainConfig":
-    check_known(cls, d)
+    """Builds a config from a plain dict; the tasks' own settings sit beside
+    the others (each checked by its task's options) or in `task_options`."""
+    from train import tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
     d = dict(d)
+    own = dict(d.pop("task_options", None) or {})
+    for options in tasks.option_classes():
+      names = {f.name for f in dataclasses.fields(options)}
+      own.update({k: d.pop(k) for k in list(d) if k in names})
+      options(**{k: v for k, v in own.items() if k in names})  # Checked now.
+    check_known(cls, d)
+    d["task_options"] = own
     if "profile_steps" in d and d["profile_steps"] is not None:
       d["profile_steps"] = tuple(int(v) for v in d["profile_steps"])
     return cls(**d)

@@ -7,9 +7,11 @@ the exported tf.Transform graph, the same one the serving model carries, then
 concatenates the declared model inputs in declared order. No Python runs per
 example: parsing, transform and augmentation are graph ops.
 
-A record holds one object with all its click variants; the Decoder picks one
-variant per record and step in the graph (or, on eval, keeps each), then
-decompresses what the record stores compressed.
+A record holds one object with all its click variants; the Decoder
+(`beam_prep.record_decoder`, the one reader of records, also behind
+`FeatureTable.decode_examples`) picks one variant per record and step in the
+graph (or, on eval, keeps each), then decompresses what the record stores
+compressed.
 
 Segmentation keeps the data compact as long as possible: the reader yields the
 parsed raw features (bytes), and the Parser (decode, cast, normalize) runs
@@ -25,7 +27,7 @@ Parser output per batch, `(inputs, labels)`:
           classification: {"label": int64 [B]}
 """
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 import tensorflow_transform as tft
@@ -33,99 +35,9 @@ import tensorflow_transform as tft
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.prep_output import PrepOutput
-from beam_prep.preprocessing import raw_bytes
+from beam_prep.record_decoder import Decoder
 from train.serving_inputs import model_inputs
 from train.tasks import make_task
-
-
-class Decoder:
-  """Serialized records -> raw feature tensors of examples, for the given keys.
-
-  A record holds one unit with its variants stacked (`beam_prep.features`,
-  format 3). The Decoder parses a batch of records, then either picks one
-  variant per record, uniformly at random in the graph (`pick`: training;
-  only string tensors are gathered, so one variant is decompressed, not all),
-  or keeps every variant as an example of its own (`expand`: evaluation),
-  and gives the example view (`raw`): the very tensors a record of one
-  example parsed with `FeatureTable.raw_feature_spec` gives, which the
-  exported tf.Transform graph takes.
-
-  Args:
-    table: the records' FeatureTable.
-    keys_to_parse: the features to parse (default: all).
-    seed: seed of the variant picked per record.
-  """
-
-  def __init__(self, table: FeatureTable, keys_to_parse: Optional[Sequence[str]] = None,
-               seed: int = 0):
-    self._table = table
-    parsed = table.keys() if keys_to_parse is None else list(keys_to_parse)
-    self._spec = table.record_feature_spec(parsed)
-    self._stacked = [k for k in parsed if table[k].stacked]
-    self._seed = seed
-
-  def parse(self, serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
-    """[B] serialized records -> their features; stacked ones ragged [B, variants held]."""
-    return tf.io.parse_example(serialized, self._spec)
-
-  def pick(self, parsed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-    """One variant per record, each of those it holds equally likely: [B] per feature."""
-    if not self._stacked:
-      return parsed
-    first = parsed[self._stacked[0]]
-    held = first.row_lengths()
-    u = tf.random.uniform(tf.shape(held), seed=self._seed)
-    chosen = tf.minimum(tf.cast(u * tf.cast(held, tf.float32), tf.int64), held - 1)
-    index = first.row_starts() + chosen
-    return {k: tf.gather(v.values, index) if k in self._stacked else v
-            for k, v in parsed.items()}
-
-  def expand(self, parsed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-    """Every variant of every record, in order: [variants held in the batch] per feature."""
-    if not self._stacked:
-      return parsed
-    owner = parsed[self._stacked[0]].value_rowids()
-    out = {}
-    for k, v in parsed.items():
-      if k in self._stacked:
-        out[k] = v.values
-      elif isinstance(v, tf.SparseTensor):
-        out[k] = tf.gather(tf.RaggedTensor.from_sparse(v), owner).to_sparse()
-      else:
-        out[k] = tf.gather(v, owner)
-    return out
-
-  def raw(self, view: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-    """Picked or expanded features -> the example view: per-pixel features as
-    raw bytes, stacked numbers as the lists or arrays their spec parses to."""
-    out = {}
-    for k, v in view.items():
-      e = self._table[k]
-      if e.feature.per_pixel:
-        out[k] = raw_bytes(v, e)
-      elif e.stacked and e.feature.dtype != "string":
-        out[k] = _stacked_numbers(v, e)
-      else:
-        out[k] = v
-    return out
-
-  def decode(self, serialized: tf.Tensor, training: bool = True) -> Dict[str, tf.Tensor]:
-    """[B] serialized records -> the example view of one picked variant per
-    record (training) or of every variant (else)."""
-    parsed = self.parse(serialized)
-    return self.raw(self.pick(parsed) if training else self.expand(parsed))
-
-
-def _stacked_numbers(values: tf.Tensor, e) -> tf.Tensor:
-  """[N] little-endian bytes of each example's values -> what the example
-  view's spec parses them to: a SparseTensor [N, values] for a variable length,
-  else [N, *shape]."""
-  dtype, size = (tf.int64, 8) if e.feature.dtype == "int64" else (tf.float32, 4)
-  flat = tf.io.decode_raw(tf.strings.reduce_join(values), dtype, little_endian=True)
-  if e.variable_length:
-    lengths = tf.strings.length(values) // size
-    return tf.RaggedTensor.from_row_lengths(flat, tf.cast(lengths, tf.int64)).to_sparse()
-  return tf.reshape(flat, [-1, *e.feature.shape])
 
 
 class Parser:

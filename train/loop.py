@@ -29,10 +29,10 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.features import FEATURES_FILE
 from beam_prep.prep_output import PrepOutput, RecordsError
-from train import devices, export, logs, models, noc
+from train import devices, export, logs, models
 from train.config import TrainConfig
 from train.data import InputReader
-from train.serving_inputs import ServingPlanError, serving_plan
+from train.serving_inputs import serving_plan
 from train.tasks import make_task
 
 # Above this share of step time spent waiting for the next batch, training
@@ -224,7 +224,7 @@ def _setup(config: TrainConfig) -> _Run:
   """Devices, data, task, strategy, input, model, optimizer, checkpoints."""
   devices.configure(config)
   prep = _open_data(config)
-  task = make_task(prep.table, prep.tft_output)
+  task = make_task(prep.table, prep.tft_output, config.task_options)
   strategy = devices.choose_strategy(config)
   chief = devices.is_chief(strategy)
   model_dir = config.model_dir if chief else os.path.join(
@@ -518,48 +518,30 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
 
 
 def _evaluation(run: _Run, config: TrainConfig, step: int) -> Dict[str, Any]:
-  """{"eval": the task's metrics}, with {"noc": ...} for segmentation.
+  """{"eval": the task's metrics}, and those of the task's `end_evaluations` ({"noc": ...}).
 
   With no eval record, both are skipped, saying why on the log and in
   {"eval": {"examples": 0, "skipped": why}, "noc_skipped": why}.
   """
   log = logs.get()
-  noc_asked = bool(config.noc_clicks) and "noc" in run.task.evaluators and run.chief
+  more = run.task.end_evaluations() if run.chief else {}
   if not run.records.has_eval:
     why = (f"{run.prep.no_records(keys.EVAL_SPLIT)}; evaluation needs images held out of "
            f"training: run beam-prep with --eval-percent N (N > 0, e.g. 20"
            f"{_ran_with_eval_percent(run.prep)})")
-    log.info("eval: skipped %s: %s", "evaluation and NoC" if noc_asked else "evaluation", why)
+    log.info("eval: skipped %s: %s", " and ".join(["evaluation", *more.values()]),
+             why)
     return dict({"eval": {"examples": 0, "skipped": why}},
-                **({"noc_skipped": why} if noc_asked else {}))
+                **{f"{m}_skipped": why for m in more})
   out = {"eval": evaluate(run.model, run.reader, run.task, config.eval_batches)}
-  if noc_asked and out["eval"].get("examples"):
-    out.update(_noc(run, config, step))
+  if more and out["eval"].get("examples"):
+    out.update(run.task.evaluate_end(run.model, run.prep, config.model_dir, run.model_dir, step))
   return out
 
 
 def _ran_with_eval_percent(prep: PrepOutput) -> str:
   percent = prep.manifest.get("config", {}).get("eval_percent")
   return "" if percent is None else f"; this output was made with --eval-percent {percent}"
-
-
-def _noc(run: _Run, config: TrainConfig, step: int) -> Dict[str, Any]:
-  """{"noc": headline numbers} of the NoC evaluation, or {"noc_skipped": why}.
-
-  NoC recomputes the click encodings with the ops' twins; without them (a run
-  with --no-export may have an op without one) it is skipped, saying why.
-  """
-  logs.get().info("eval: NoC with up to %d simulated clicks per eval object", config.noc_clicks)
-  try:
-    report = noc.evaluate(run.model, run.prep, os.path.join(config.model_dir, "eval"),
-                          config.noc_clicks, max_objects=config.noc_objects,
-                          summary_dir=os.path.join(run.model_dir, "tensorboard", "eval"),
-                          step=step)
-  except ServingPlanError as e:
-    why = f"the clicks' model inputs cannot be recomputed ({e})"
-    logs.get().info("eval: NoC skipped: %s", why)
-    return {"noc_skipped": why}
-  return {"noc": noc.brief(report)}
 
 
 def _check_records(config: TrainConfig, prep: PrepOutput) -> _Records:

@@ -33,7 +33,7 @@ from PIL import Image, ImageDraw
 
 from beam_prep import drawing, keys
 from beam_prep.prep_output import PrepOutput
-from train import clicker, tasks
+from train import clicker
 from train.servers import SegmentationServer
 
 IOU_AT = (1, 2, 3, 5, 10, 20)
@@ -219,8 +219,6 @@ def evaluate(model, prep: PrepOutput, out_dir: str, max_clicks: int = keys.NOC_M
   """
   trained_on = trained_on or prep
   table = trained_on.table
-  if "noc" not in tasks.task_class(table.task).evaluators:
-    raise ValueError(f"NoC evaluation is for segmentation; these records are {table.task}")
   images, labels, names = eval_objects(prep, max_objects)
   predictors = {"model": ModelPredictor(model, trained_on.tft_output, table),
                 "baseline": clicker.baseline_logits}
@@ -296,6 +294,22 @@ def brief(report: Dict[str, Any]) -> Dict[str, Any]:
     if name in report:
       out[name] = {k: v for k, v in report[name].items()
                    if k.startswith(("noc@", "never_reached@", ">="))}
+  return out
+
+
+def lines(brief: Dict[str, Any]) -> List[str]:
+  """NoC of the model beside the baseline's, from `brief`: what the commands print."""
+  out = []
+  b = brief["baseline"]
+  for key in sorted(k for k in b if k.startswith("noc@")):
+    t = key.split("@")[1]
+    over = f">={brief['max_clicks']}@{t}"
+    said = {name: f"{r[key]:.2f} ({over} {r[over]}, never reached "
+                  f"{100 * r['never_reached@' + t]:.0f}%)"
+            for name, r in brief.items() if name in ("model", "baseline")}
+    text = (f"NoC@{t} {said['model']} vs nearest-click baseline {said['baseline']}"
+            if "model" in said else f"NoC@{t} of the nearest-click baseline {said['baseline']}")
+    out.append(f"{text}, {brief['objects']} objects, up to {brief['max_clicks']} clicks")
   return out
 
 

@@ -135,7 +135,7 @@ class SegmentationServer(_Server):
       image, pos, neg = args
       ex = {keys.IMAGE: image, keys.POSITIVE_CLICKS: tf.reshape(pos, [-1, 2]),
             keys.NEGATIVE_CLICKS: tf.reshape(neg, [-1, 2])}
-      ex.update(self._side.frame(*self._table.image_size))
+      ex.update(self._side.frame())
       return self.raw_model_input(ex)
 
     raw = self.batched_raw((images, tf.RaggedTensor.from_sparse(parsed[keys.POSITIVE_CLICKS]),

@@ -289,7 +289,8 @@ class CropServing(ServingSide):
   def __init__(self, size: int, context: float = DEFAULT_CONTEXT,
                min_side: int = DEFAULT_MIN_SIDE, jitter: float = 0.0, seed: int = 0,
                max_objects: int = 0):
-    del size, jitter, seed, max_objects  # The twin crops; a request's box is derived exactly.
+    del jitter, seed, max_objects  # The twin crops; a request's box is derived exactly.
+    self.size = (int(size), int(size))
     self.ratio, self.least = context_ratio(context), int(min_side)
 
   def prepare(self, ex, probabilities):
@@ -326,9 +327,9 @@ class CropServing(ServingSide):
         (tf.constant(0, tf.int64), none, tf.constant(False)))
     return mask
 
-  def frame(self, height, width):
+  def frame(self):
     """A record is a crop already: its whole frame is the box."""
-    return {keys.CROP_BOX: whole_image_box(height, width)}
+    return {keys.CROP_BOX: whole_image_box(*self.size)}
 
   def to_request(self, prob, out, height, width):
     return place_back(prob, out[keys.CROP_BOX], height, width)

@@ -412,6 +412,7 @@ class ResizeServing(ServingSide):
 
   def __init__(self, size: int, width: int = None):
     self.height, self.width = int(size), int(width or size)
+    self.size = (self.height, self.width)
 
   def to_request(self, prob, out, height, width):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

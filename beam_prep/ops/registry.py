@@ -184,6 +184,17 @@ def op_entry(name: str) -> OpEntry:
         "before building the pipeline (--ops-module).") from None
 
 
+def default_arg(name: str, arg: str) -> Any:
+  """The default of argument `arg` of op `name` (its factory's signature)."""
+  try:
+    default = inspect.signature(op_entry(name).factory).parameters[arg].default
+  except KeyError:
+    raise ValueError(f"op {name!r} takes no argument {arg!r}") from None
+  if default is inspect.Parameter.empty:
+    raise ValueError(f"argument {arg!r} of op {name!r} has no default")
+  return default
+
+
 @contextlib.contextmanager
 def temporary_ops() -> Iterator[None]:
   """Ops registered inside the block are forgotten after it (for tests)."""
@@ -297,6 +308,13 @@ def build_twin(spec: OpSpec) -> Optional[Callable[[Dict[str, Any]], Dict[str, An
                      f"the op's arguments, and {_qualname(entry.twin)} does not accept "
                      f"them: {e}") from None
   return lambda ex: entry.twin(ex, *spec.args, **kwargs)
+
+
+def image_size(specs: Sequence[OpSpec]) -> Optional[Tuple[int, int]]:
+  """(height, width) the chain gives its images: the size its last op with a
+  geometric serving side makes them (None: no op changes the size)."""
+  sizes = [side.size for side in map(build_serving, specs) if side is not None and side.size]
+  return sizes[-1] if sizes else None
 
 
 def build_serving(spec: OpSpec):

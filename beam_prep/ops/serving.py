@@ -10,7 +10,10 @@ serving graph goes between the two, with `register_op(..., serving=Cls)`:
                                a mask to cut around: without a previous mask it
                                finds one with `probabilities`, the serving
                                graph's own: request example -> [H, W])
-  frame(height, width)         what a records-sized image already is, to score
+  size                         (height, width) the op gives the image: the
+                               records' size (`FeatureTable.image_size` is
+                               read from it)
+  frame()                      what a records-sized image already is, to score
                                records as they are (`serve_examples`)
   to_request(prob, out, height, width)
                                the model's [S, S] output -> [height, width] of
@@ -20,20 +23,20 @@ The serving graph asks the chain's op for its side (`train.serving_inputs`)
 and never names an op. A chain holds at most one such op.
 """
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional, Tuple
 
 Example = Dict[str, Any]
 
 
 class ServingSide:
   """The serving side of an op that leaves the geometry as it is: nothing to do."""
+  size: Optional[Tuple[int, int]] = None
 
   def prepare(self, ex: Example, probabilities: Callable[[Example], Any]) -> Example:
     del probabilities
     return ex
 
-  def frame(self, height: int, width: int) -> Example:
-    del height, width
+  def frame(self) -> Example:
     return {}
 
   def to_request(self, prob, out: Example, height, width):

@@ -17,7 +17,7 @@ themselves when `beam_prep.tasks` is imported.
 """
 
 import dataclasses
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List
 
 # Levels of the job's stages, in order: a stage's level is what its input
 # example is. Failures are counted at the level of the stage they happen in.
@@ -45,6 +45,17 @@ class Stage:
       raise ValueError(f"stage {self.label}: level must be one of {LEVELS}, got {self.level!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+  """The options of a task that has none of its own."""
+
+  @classmethod
+  def from_dict(cls, d: Dict[str, object]) -> "NoOptions":
+    if d:
+      raise ValueError(f"unknown settings of this task: {sorted(d)}")
+    return cls()
+
+
 class Task:
   """What a task module declares (subclass it and register an instance).
 
@@ -53,16 +64,17 @@ class Task:
     summary: one line for `--help`.
     labels: what an input must give: "instances" (an instance mask) or
       "classes" (a class name); input layouts that give it are offered.
-    own_fields: `PrepConfig` fields only this task uses (its command alone
-      offers their options).
-    trainer: "module:Class", its training side: labels, loss and metrics,
+    options: the frozen dataclass of the settings only this task has
+      (`PrepConfig.options` holds one; each of its `option` fields is a flag
+      of the task's command alone).
+    trainer: "module:Class", its training side (`train.tasks`): labels, loss and metrics,
       serving signatures and evaluators (`beam-train` imports it; the Beam
       job never does).
   """
   name = ""
   summary = ""
   labels = ""
-  own_fields: Tuple[str, ...] = ()
+  options = NoOptions
   trainer = ""
 
   def stages(self, config) -> List[Stage]:
@@ -112,9 +124,3 @@ def get_task(name: str) -> Task:
 
 def task_names() -> List[str]:
   return sorted(_TASKS)
-
-
-def fields_of_other_tasks(task: Task) -> Set[str]:
-  """`PrepConfig` fields that only other tasks use."""
-  return {f for t in _TASKS.values() if t is not task for f in t.own_fields} - set(
-      task.own_fields)

@@ -29,7 +29,8 @@ def test_feature_validation_says_what_is_wrong():
 
 
 def test_default_chain_table_in_declared_order():
-  config = PrepConfig(input="x", output="y", image_size=32, click_encoding="both")
+  config = PrepConfig.from_dict(dict(input="x", output="y", image_size=32,
+                                     click_encoding="both"))
   table = config.features()
   assert table.keys("model_input") == [keys.IMAGE, keys.DISTANCE_MAPS, keys.CLICK_DISKS]
   assert table.input_channels == 7
@@ -112,3 +113,18 @@ def test_encoding_is_deterministic_whatever_the_key_order():
   table, ex = _table(), _example()
   reordered = dict(reversed(list(ex.items())))
   assert table.encode(ex) == table.encode(reordered)
+
+
+def test_the_records_size_is_the_one_the_chains_geometric_op_makes():
+  """features.json's image size is read from the chain's op that sets it (its
+  serving side), not declared beside it: a user op that resizes again wins."""
+  chain = registry.parse_chain("decode|resize(40, width=24)|split_objects")
+  assert registry.image_size(chain) == (40, 24)
+  assert registry.image_size(registry.parse_chain("decode|split_objects")) is None
+  config = PrepConfig.from_dict(dict(input="x", output="y", image_size=32, crop="none",
+                                     task="segmentation"))
+  assert config.features().image_size == (32, 32)
+  crop = PrepConfig(input="x", output="y", image_size=48)
+  assert crop.features().image_size == (48, 48)
+  again = PrepConfig(input="x", output="y", image_size=48, ops="resize(20)")
+  assert again.features().image_size == (20, 20)

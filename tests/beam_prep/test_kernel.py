@@ -9,8 +9,8 @@ from tests.helpers import png, scene
 
 
 def _kernel(tmp_path, **kw):
-  config = PrepConfig(input=str(tmp_path), output="unused", layout="folders", image_size=48,
-                      variants=2, **kw)
+  config = PrepConfig.from_dict(dict(input=str(tmp_path), output="unused", layout="folders",
+                                     image_size=48, variants=2, **kw))
   registry.import_ops_modules(config.ops_module)
   return Kernel(config.layout, config.stages, config.ops_module, config.features())
 

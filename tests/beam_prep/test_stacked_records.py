@@ -1,14 +1,17 @@
 """Records that hold an object once with its click variants stacked (format 3)."""
 
+import zlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from beam_prep import keys
 from beam_prep.config import PrepConfig
-from beam_prep.features import FeatureTable
+from beam_prep.features import FeatureError, FeatureTable
 from beam_prep.kernel import Kernel
 from beam_prep.ops import registry
+from beam_prep.preprocessing import decode_feature
 from tests.helpers import png, scene
 from train.data import Decoder
 
@@ -16,8 +19,8 @@ SIZE, VARIANTS = 48, 3
 
 
 def _kernel(tmp_path, **kw):
-  config = PrepConfig(input=str(tmp_path), output="unused", layout="folders", image_size=SIZE,
-                      variants=VARIANTS, **kw)
+  config = PrepConfig.from_dict(dict(input=str(tmp_path), output="unused", layout="folders",
+                                     image_size=SIZE, variants=VARIANTS, **kw))
   registry.import_ops_modules(config.ops_module)
   table = config.features()
   return Kernel(config.layout, config.stages, config.ops_module, table), table
@@ -101,6 +104,85 @@ def test_the_reader_picks_each_variant_as_the_layout_before_gives_it(tmp_path):
         np.testing.assert_array_equal(got[k], want[i][k], err_msg=k)
   assert sorted(set(seen)) == list(range(VARIANTS))
   assert len(set(tuple(seen[i:i + 16]) for i in range(0, 64, 16))) > 1  # Steps differ.
+
+
+def _trainer_values(table, record):
+  """Every feature of every variant of a record as the trainer's Decoder
+  gives it (example view), in numpy: per-pixel ones decoded by the graph."""
+  raw = Decoder(table).decode(tf.constant([record]), training=False)
+  out = {}
+  for e in table:
+    v = raw[e.key]
+    if e.feature.per_pixel:
+      out[e.key] = decode_feature(v, e, table.image_size).numpy()
+    elif isinstance(v, tf.SparseTensor):
+      rows = tf.RaggedTensor.from_sparse(v)
+      out[e.key] = [rows[i].numpy().reshape([-1, *e.feature.shape[1:]])
+                    for i in range(rows.shape[0])]
+    else:
+      out[e.key] = v.numpy()
+  return out
+
+
+def test_the_numpy_reader_gives_what_the_trainer_reads(tmp_path):
+  kernel, table = _kernel(tmp_path)
+  # Stacked and not, raw and compressed per-pixel features, numbers and strings.
+  assert {(e.stacked, e.feature.encoding) for e in table if e.feature.per_pixel} == {
+      (False, "raw"), (False, "zlib"), (True, "zlib")}
+  [record] = kernel.process(_pointer(tmp_path)).records
+  [other] = kernel.process(_pointer(tmp_path, boxes=((10, 12, 40, 44),))).records
+  examples = table.decode_examples(record)
+  trainer = _trainer_values(table, record)
+  assert len(examples) == VARIANTS
+  for i, ex in enumerate(examples):
+    assert list(ex) == [e.key for e in table if not e.stacked] + [e.key for e in table.stacked]
+    for e in table:
+      want = trainer[e.key][i]
+      if e.feature.dtype == "string":
+        assert ex[e.key] == want.decode(), e.key
+        continue
+      assert isinstance(ex[e.key], np.ndarray), e.key
+      assert ex[e.key].dtype == (e.feature.stored_dtype if e.feature.per_pixel
+                                 else np.dtype(e.feature.dtype)), e.key
+      assert ex[e.key].shape == tuple(
+          e.shape(table.image_size) if e.feature.per_pixel else np.shape(want)), e.key
+      np.testing.assert_array_equal(ex[e.key], want, err_msg=e.key)
+  # Many records in one call: the same examples as one call each.
+  for batch, single in zip(table.decode_records([record, other]),
+                           [examples, table.decode_examples(other)]):
+    assert len(batch) == len(single)
+    for a, b in zip(batch, single):
+      assert list(a) == list(b)
+      for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_a_record_that_does_not_match_its_declarations_is_refused(tmp_path):
+  kernel, table = _kernel(tmp_path)
+  [record] = kernel.process(_pointer(tmp_path)).records
+
+  def changed(change):
+    example = tf.train.Example.FromString(record)
+    change(example.features.feature)
+    return example.SerializeToString()
+
+  def short_map(f):
+    f[keys.DISTANCE_MAPS].bytes_list.value[1] = zlib.compress(b"\0" * 10)
+
+  with pytest.raises(FeatureError, match=r"feature 'distance_maps' holds 10 bytes, but "
+                     r"features.json declares \[48, 48, 2\] uint8 \(4608 bytes\) at 48x48"):
+    table.decode_examples(changed(short_map))
+
+  def long_image(f):
+    f[keys.IMAGE].bytes_list.value[0] += b"\0"
+
+  with pytest.raises(FeatureError, match=r"feature 'image' holds 6913 bytes"):
+    table.decode_examples(changed(long_image))
+  def no_mask(f):
+    del f[keys.MASK]
+
+  with pytest.raises(ValueError, match=r"the record has no feature 'mask' \(declared by op "):
+    table.decode_examples(changed(no_mask))
 
 
 def test_classification_records_are_one_example_each(tmp_path):

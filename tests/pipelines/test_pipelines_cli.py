@@ -27,9 +27,9 @@ def test_settings_resolve_defaults_preset_file_flags(tmp_path):
        "--seed", "3", "--runner=DirectRunner", "--direct_num_workers=2"])
   config = cli.build_config(known)
   assert config.image_size == 96          # preset
-  assert config.variants == 5             # file over preset
-  assert config.seed == 3                 # flag over file
-  assert config.clicks.d == 30 and config.clicks.d_margin == 5
+  assert config.options.variants == 5     # file over preset
+  assert config.options.seed == 3         # flag over file
+  assert config.options.clicks.d == 30 and config.options.clicks.d_margin == 5
   assert beam_args == ["--runner=DirectRunner", "--direct_num_workers=2"]
   # The user's --direct_* options win: none of ours is added.
   assert cli.pipeline_args(beam_args) == ["--runner=DirectRunner", "--direct_num_workers=2"]
@@ -269,3 +269,16 @@ def test_dataflow_dry_run_with_a_custom_worker_image():
   spec.loader.exec_module(worker_requirements)
   assert {canonicalize_name(Requirement(r).name) for r in worker_requirements.required()} <= names
   assert not names & {"matplotlib", "tensorboard", "build", "pytest"}
+
+
+def test_each_preset_has_both_halves_and_both_are_valid():
+  """A preset is one name for a pair: the prep and train tables name the same presets,
+  and each half builds its config."""
+  from beam_prep import kit
+  from train.config import TrainConfig
+  assert set(PrepConfig.PRESETS) == set(TrainConfig.PRESETS)
+  for name in PrepConfig.PRESETS:
+    PrepConfig.from_dict({"input": "x", "output": "y", **kit.preset(PrepConfig, name)})
+    TrainConfig.from_dict({"data": "x", "model_dir": "y", **kit.preset(TrainConfig, name)})
+  with pytest.raises(ValueError, match="unknown preset 'tiny'; choose from"):
+    kit.preset(TrainConfig, "tiny")

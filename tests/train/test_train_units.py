@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from train.loop import FinalizedFunction, RetraceError
-from train.tasks import SegmentationTask, _mask_counts
+from train.tasks.segmentation import SegmentationTask, _mask_counts
 from tests.helpers import ROOT
 
 
@@ -88,3 +88,24 @@ def test_one_overlay_for_masks_and_clicks_needs_neither_tensorflow_nor_matplotli
   assert at(15, 7) == drawing.POSITIVE and at(1, 1) == drawing.NEGATIVE
   assert at(5, 3) == tuple(int(0.5 * 100 + 0.5 * c) for c in drawing.MASK_TINT)
   assert at(10, 8) == (100, 100, 100) and at(10, 9) == (50, 50, 50)
+
+
+def test_noc_options_are_the_segmentation_tasks_own():
+  """TrainConfig names no NoC setting: `--noc-clicks`/`--noc-objects` come from the
+  segmentation training side's options, and land in `task_options`, checked there."""
+  import dataclasses
+  from train import cli
+  from train.config import TrainConfig
+  from train.tasks.segmentation import SegmentationFitOptions
+  assert not {f.name for f in dataclasses.fields(TrainConfig)} & {
+      f.name for f in dataclasses.fields(SegmentationFitOptions)}
+  args = cli.fit_parser().parse_args(["--data", "d", "--model-dir", "m", "--preset", "demo",
+                                      "--noc-clicks", "5"])
+  config = cli.build_config(args)
+  assert config.task_options == {"noc_clicks": 5, "noc_objects": 24}  # flag; preset
+  task = SegmentationTask.__new__(SegmentationTask)
+  task.settings = SegmentationFitOptions(**config.task_options)
+  assert task.end_evaluations() == {"noc": "NoC"}
+  assert TrainConfig.from_dict(dataclasses.asdict(config)) == config  # config.json read back
+  with pytest.raises(ValueError, match="--noc-clicks must be >= 0, got -1"):
+    TrainConfig.from_dict({"data": "d", "model_dir": "m", "noc_clicks": -1})

@@ -4,7 +4,7 @@ so the command can say what is missing before importing one."""
 
 import dataclasses
 
-from beam_prep.config import CommandConfig, option
+from beam_prep.kit import CommandConfig, option
 
 
 @dataclasses.dataclass(frozen=True)

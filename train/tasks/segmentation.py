@@ -1,0 +1,158 @@
+"""The training side of interactive segmentation: mask logits, their loss and
+IoU, the serving module, NoC at the end of `fit`, and the lines `fit` prints."""
+
+import dataclasses
+import os
+from typing import Any, Dict, List
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_transform as tft
+
+from beam_prep import keys
+from beam_prep.kit import option
+from beam_prep.features import FeatureTable
+from train import clicker, logs, noc, servers
+from train.config import TrainConfig
+from train.serving_inputs import ServingPlanError
+from train.tasks.base import TrainingTask, check_output, fit_options, model_spec
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentationFitOptions:
+  """segmentation's own `beam-train fit` settings."""
+  noc_clicks: int = option(keys.NOC_MAX_CLICKS, "segmentation: NoC evaluation at the end with "
+                           "up to N simulated clicks per eval object (0: skip it)")
+  noc_objects: int = option(0, "segmentation: NoC on the first N eval objects only (0: all)")
+
+  def __post_init__(self):
+    if self.noc_clicks < 0:
+      raise ValueError(f"--noc-clicks must be >= 0, got {self.noc_clicks}")
+    if self.noc_objects < 0:
+      raise ValueError(f"--noc-objects must be >= 0, got {self.noc_objects}")
+
+
+class SegmentationTask(TrainingTask):
+  """Mask logits [B, H, W, 1]; weighted sigmoid cross-entropy; IoU (`clicker.iou`)."""
+  default_model = "segmentation_fcn"
+  transform_in_step = True  # uint8 bytes to the device, transformed there
+  server = servers.SegmentationServer  # the serving signatures
+  evaluators = ("noc",)  # what `fit` runs at the end besides the eval metrics
+  options = SegmentationFitOptions
+
+  def __init__(self, table: FeatureTable, tft_output: tft.TFTransformOutput,
+               settings: Dict[str, Any] = None):
+    del tft_output
+    self.settings = fit_options(type(self), settings or {})
+    self.name = table.task
+    self.table = table
+    self.image_size = table.image_size
+    self.transform_keys: List[str] = table.keys("model_input") + table.keys("label")
+    # The nearest-click baseline needs the clicks (declared by sample_clicks).
+    self.eval_keys: List[str] = [k for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
+                                 if k in table]
+
+  def model_spec(self, config: TrainConfig) -> Dict[str, Any]:
+    """The arguments of `models.build_model` for this run."""
+    return model_spec(self, config)
+
+  def check_model(self, model, name: str) -> None:
+    """Raises ValueError unless `model` maps the records' inputs to [B, H, W, 1] logits."""
+    h, w = self.image_size
+    check_output(model, name, self.table.input_channels, (h, w), (h, w, 1),
+                  "mask logits [B, H, W, 1]")
+
+  def labels(self, transformed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    return {keys.LABEL: transformed[keys.LABEL], keys.LABEL_WEIGHT: transformed[keys.LABEL_WEIGHT]}
+
+  def flip_labels(self, labels: Dict[str, tf.Tensor], flip: tf.Tensor) -> Dict[str, tf.Tensor]:
+    return {k: tf.where(flip, tf.reverse(v, axis=[2]), v) for k, v in labels.items()}
+
+  def keras_form(self, inputs, labels):
+    """(inputs, label, per-pixel sample weight): what Keras `fit` takes."""
+    return inputs, labels[keys.LABEL], labels[keys.LABEL_WEIGHT]
+
+  def loss(self, labels: Dict[str, tf.Tensor], logits: tf.Tensor) -> tf.Tensor:
+    """Per example, over non-ignored pixels: cross-entropy + soft-IoU loss, [B].
+
+    The soft-IoU (Jaccard) term optimizes the metric itself; cross-entropy
+    alone is dominated by the background when objects are small.
+    """
+    logits = tf.cast(logits, tf.float32)
+    y, w = labels[keys.LABEL], labels[keys.LABEL_WEIGHT]
+    per_pixel = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)
+    bce = tf.reduce_sum(per_pixel * w, axis=[1, 2, 3]) / tf.maximum(
+        tf.reduce_sum(w, axis=[1, 2, 3]), 1.0)
+    p = tf.sigmoid(logits) * w
+    inter = tf.reduce_sum(p * y, axis=[1, 2, 3])
+    union = tf.reduce_sum(p + y * w, axis=[1, 2, 3]) - inter
+    return bce + 1.0 - (inter + 1.0) / (union + 1.0)
+
+  def counts(self, inputs: tf.Tensor, labels, logits: tf.Tensor) -> tf.Tensor:
+    """Per example [B, 4]: the model's IoU, its correct and counted pixels, and
+    the IoU of the nearest-click baseline on the records' clicks (0 without clicks)."""
+    del inputs
+    model = _mask_counts(labels, logits)
+    if not self.eval_keys:
+      return tf.concat([model, tf.zeros_like(model[:, :1])], axis=1)
+    clicks, kinds = clicker.dense_clicks(labels[keys.POSITIVE_CLICKS],
+                                         labels[keys.NEGATIVE_CLICKS])
+    h, w = self.image_size
+    base = _mask_counts(labels, clicker.nearest_click_logits(clicks, kinds, h, w)[..., None])
+    return tf.concat([model, base[:, :1]], axis=1)
+
+  def summarize(self, c: np.ndarray) -> Dict[str, Any]:
+    out = {"examples": int(c.shape[0]), "mean_iou": float(c[:, 0].mean()),
+           "pixel_accuracy": float(c[:, 1].sum() / max(c[:, 2].sum(), 1))}
+    if self.eval_keys:
+      out["baseline_nearest_click_mean_iou"] = float(c[:, 3].mean())
+    return out
+
+  def end_evaluations(self) -> Dict[str, str]:
+    return {"noc": "NoC"} if self.settings.noc_clicks else {}
+
+  def evaluate_end(self, model, prep, model_dir: str, log_dir: str, step: int) -> Dict[str, Any]:
+    """{"noc": headline numbers} of the NoC evaluation, or {"noc_skipped": why}.
+
+    NoC recomputes the click encodings with the ops' twins; without them (a
+    run with --no-export may have an op without one) it is skipped, saying why.
+    """
+    o = self.settings
+    logs.get().info("eval: NoC with up to %d simulated clicks per eval object", o.noc_clicks)
+    try:
+      report = noc.evaluate(model, prep, os.path.join(model_dir, "eval"), o.noc_clicks,
+                            max_objects=o.noc_objects,
+                            summary_dir=os.path.join(log_dir, "tensorboard", "eval"), step=step)
+    except ServingPlanError as e:
+      why = f"the clicks' model inputs cannot be recomputed ({e})"
+      logs.get().info("eval: NoC skipped: %s", why)
+      return {"noc_skipped": why}
+    return {"noc": noc.brief(report)}
+
+  @staticmethod
+  def eval_line(ev: Dict[str, Any]) -> str:
+    """What `beam-train fit` says of `summarize`'s figures."""
+    baseline = ev.get("baseline_nearest_click_mean_iou")
+    return (f"{ev['examples']} examples, mean IoU {ev['mean_iou']:.3f}"
+            + ("" if baseline is None else f" (nearest-click baseline {baseline:.3f})")
+            + f", pixel accuracy {ev['pixel_accuracy']:.3f}")
+
+  @staticmethod
+  def summary_lines(metrics: Dict[str, Any], model_dir: str) -> List[str]:
+    """The eval line, NoC beside the baseline's, and where the NoC report is."""
+    lines = [SegmentationTask.eval_line(metrics["eval"])] if metrics["eval"].get("examples") \
+        else []
+    if "noc" in metrics:
+      lines += noc.lines(metrics["noc"])
+      lines.append(f"NoC report, plot and contact sheet -> {os.path.join(model_dir, 'eval')}")
+    return lines
+
+
+def _mask_counts(labels, logits) -> tf.Tensor:
+  """Per example [B, 3]: IoU, correct pixels, counted pixels (label_weight > 0)."""
+  pred = logits > 0
+  y, w = labels[keys.LABEL], labels[keys.LABEL_WEIGHT]
+  score = clicker.iou(pred, y > 0.5, w > 0)
+  correct = tf.reduce_sum(tf.cast(tf.equal(tf.cast(pred, tf.float32), y), tf.float32) * w,
+                          axis=[1, 2, 3])
+  return tf.stack([score, correct, tf.reduce_sum(w, axis=[1, 2, 3])], axis=1)
