@@ -59,6 +59,7 @@ NEGATIVE_CLICKS = "negative_clicks"
 NEGATIVE_STRATEGY = "negative_strategy"
 FLIPPED = "flipped"
 CLICK_DISKS = "click_disks"
+PREV_MASK = "prev_mask"  # The previous prediction as a model input (`ops.previous`).
 CROP_BOX = "crop_box"
 LABEL = "label"
 
@@ -66,8 +67,12 @@ LABEL = "label"
 IMAGE_BYTES = "image_bytes"
 INSTANCE_MASK = "instance_mask"
 SOURCE_AREAS = "source_areas"  # int64 [256]: pixels of each instance id at the source
-# Serving: the mask of the previous prediction, from which the crop is derived.
+# Serving: the mask of the previous prediction, at the request's size (the
+# crop is derived from it; the geometric op's twin moves it into the records'
+# frame for `prev_mask`).
 PREVIOUS_MASK = "previous_mask"
+# Serving: the mask a crop is cut around when there is no previous one yet.
+CROP_MASK = "crop_mask"
 
 # Transformed feature keys (outputs of the tf.Transform graph).
 LABEL_WEIGHT = "label_weight"

@@ -157,6 +157,36 @@ def next_click(pred: tf.Tensor, label: tf.Tensor, clicked: tf.Tensor):
   return xy, tf.where(positive, POSITIVE, NEGATIVE)
 
 
+def training_click(pred: tf.Tensor, truth: tf.Tensor, care: tf.Tensor, seed=None):
+  """RITM's corrective click while training (`get_next_points`), in the graph.
+
+  Of the false negatives and false positives, the region holding the pixel
+  farthest from its boundary (exact distance transform, the image border
+  counting as boundary) gets the click, at a random pixel of its inner half
+  (distance above half its largest).
+
+  Args:
+    pred, truth, care: bool [B, H, W]: the mask, the object, the pixels that count.
+    seed: seed of the random pixel.
+
+  Returns:
+    (xy int64 [B, 2] as (x, y), positive bool [B], valid bool [B]: False
+    where no error is left, and no click is given).
+  """
+  fn = truth & tf.logical_not(pred) & care
+  fp = tf.logical_not(truth) & pred & care
+  fn_d, fp_d = edt_squared_graph(fn), edt_squared_graph(fp)
+  positive = tf.reduce_max(fn_d, axis=[1, 2]) > tf.reduce_max(fp_d, axis=[1, 2])
+  d = tf.where(positive[:, None, None], fn_d, fp_d)
+  top = tf.reduce_max(d, axis=[1, 2])
+  inner = 4 * d > top[:, None, None]  # distance > max / 2, on squared distances
+  score = tf.random.uniform(tf.shape(d), 0.5, 1.0, seed=seed) * tf.cast(inner, tf.float32)
+  w = tf.shape(d)[2]
+  flat = tf.argmax(tf.reshape(score, [tf.shape(d)[0], -1]), axis=1, output_type=tf.int32)
+  xy = tf.cast(tf.stack([flat % w, flat // w], axis=1), tf.int64)
+  return xy, positive, top > 0
+
+
 def has_error(pred: tf.Tensor, label: tf.Tensor) -> tf.Tensor:
   """bool [B]: whether the mask `pred` [B, H, W] differs from `label` outside ignore."""
   care = tf.not_equal(label, keys.IGNORE)

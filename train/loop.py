@@ -317,6 +317,7 @@ def _make_step(config, strategy, reader, task, model, optimizer, global_step,
       inputs, labels = parser(batch[0], training=True)
     else:
       inputs, labels = batch
+    inputs = task.iterate(model, inputs, labels)  # No gradient: the task's own rounds.
     with tf.GradientTape() as tape:
       logits = model(inputs, training=True)
       loss = tf.nn.compute_average_loss(task.loss(labels, logits), global_batch_size=global_batch)

@@ -148,6 +148,22 @@ def crop_image_tf(image, y0, x0, side, size: int):
   return out
 
 
+def crop_mask_tf(mask, y0, x0, side, size: int):
+  """bool [size, size]: the box of a bool mask [H, W], nearest resize (half-
+  pixel centres, as `crop_labels`), False outside the image."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  shape = tf.shape(mask, out_type=tf.int64)
+  scale = tf.cast(side, tf.float32) / float(size)
+  idx = tf.cast(tf.floor((tf.range(size, dtype=tf.float32) + 0.5) * scale), tf.int64)
+  idx = tf.minimum(idx, tf.cast(side, tf.int64) - 1)
+  ys, xs = idx + y0, idx + x0
+  inside = (((ys >= 0) & (ys < shape[0]))[:, None] & ((xs >= 0) & (xs < shape[1]))[None, :])
+  rows = tf.gather(mask, tf.clip_by_value(ys, 0, shape[0] - 1), axis=0)
+  out = tf.gather(rows, tf.clip_by_value(xs, 0, shape[1] - 1), axis=1) & inside
+  out.set_shape([size, size])
+  return out
+
+
 def derived_box(mask, positive_clicks, ratio: int, min_side: int):
   """(y0, x0, side) of the pixels of `mask` (bool [H, W]) and the positive
   clicks (int64 [P, 2], (x, y)), in TensorFlow."""
@@ -228,10 +244,11 @@ def crop_objects_twin(ex, size: int, context: float = DEFAULT_CONTEXT,
                       min_side: int = DEFAULT_MIN_SIDE, jitter: float = 0.0, seed: int = 0,
                       max_objects: int = 0):
   """`crop_objects` in TensorFlow, on one request: the box is `crop_box`
-  when the request holds one, else derived from `previous_mask` (when given)
-  and the positive clicks (clamped into the image first). The image is
-  cropped as the job crops it, the clicks move into the crop (negative
-  clicks outside the box are dropped: the crop does not show them), and
+  when the request holds one, else derived from `crop_mask` or
+  `previous_mask` (when given) and the positive clicks (clamped into the
+  image first). The image is cropped as the job crops it, the clicks move
+  into the crop (negative clicks outside the box are dropped: the crop does
+  not show them), `previous_mask` (when given) is cut to the crop, and
   `crop_box` is set for `place_back`."""
   del jitter, seed, max_objects  # A request is one object, its box derived exactly.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -243,10 +260,13 @@ def crop_objects_twin(ex, size: int, context: float = DEFAULT_CONTEXT,
     box = tf.cast(ex[keys.CROP_BOX], tf.int64)
     y0, x0, side = box[1], box[0], box[2] - box[0]
   else:
-    mask = ex.get(keys.PREVIOUS_MASK)
+    mask = ex.get(keys.CROP_MASK, ex.get(keys.PREVIOUS_MASK))
     mask = tf.zeros(tf.cast(shape[:2], tf.int32), tf.bool) if mask is None else (
         tf.cast(mask, tf.bool))
     y0, x0, side = derived_box(mask, positive, context_ratio(context), int(min_side))
+  if keys.PREVIOUS_MASK in ex:
+    out[keys.PREVIOUS_MASK] = crop_mask_tf(tf.cast(ex[keys.PREVIOUS_MASK], tf.bool), y0, x0,
+                                           side, int(size))
   out[keys.IMAGE] = crop_image_tf(image, y0, x0, side, int(size))
   out[keys.POSITIVE_CLICKS] = clicks_to_crop(positive, x0, y0, side, int(size), True)
   if keys.NEGATIVE_CLICKS in ex:
@@ -294,10 +314,12 @@ class CropServing(ServingSide):
     self.ratio, self.least = context_ratio(context), int(min_side)
 
   def prepare(self, ex, probabilities):
-    """`previous_mask` (bool [H, W], all False: none) kept, or found (`first_mask`)."""
+    """`crop_mask`: the mask to crop around, `previous_mask` (bool [H, W],
+    all False: none) or, without one, a first mask found (`first_mask`).
+    `previous_mask` stays what the request gave (the model's input)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     previous = tf.cast(ex[keys.PREVIOUS_MASK], tf.bool)
-    return dict(ex, **{keys.PREVIOUS_MASK: tf.cond(
+    return dict(ex, **{keys.CROP_MASK: tf.cond(
         tf.reduce_any(previous), lambda: previous,
         lambda: self.first_mask(ex, probabilities))})
 

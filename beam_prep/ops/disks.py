@@ -52,10 +52,23 @@ def click_disks_twin(ex, radius: float = 5):
   return out
 
 
+def click_disks_add_click(value, click_xy, positive, radius: float = 5):
+  """One more click in disks [B, H, W, 2] (float32 0/1): its kind's channel
+  is OR-ed (the maximum) with the click's disk."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  shape = tf.shape(value)
+  one = tf.map_fn(lambda xy: tf_disk_map(xy[None], shape[1], shape[2], radius),
+                  tf.cast(click_xy, tf.int64), fn_output_signature=tf.uint8)
+  one = tf.cast(one, value.dtype)
+  pos = tf.reshape(positive, [-1, 1, 1])
+  return tf.stack([tf.where(pos, tf.maximum(value[..., 0], one), value[..., 0]),
+                   tf.where(pos, value[..., 1], tf.maximum(value[..., 1], one))], axis=-1)
+
+
 @register_op("click_disks", reads=(keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS),
              produces={keys.CLICK_DISKS: Feature("uint8", channels=2, role="model_input",
                                                      encoding="zlib")},
-             twin=click_disks_twin)
+             twin=click_disks_twin, add_click=click_disks_add_click)
 def click_disks(radius: float = 5):
   """Adds `click_disks`: binary disks of `radius` pixels around each click."""
   if not radius > 0:

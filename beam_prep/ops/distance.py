@@ -91,12 +91,28 @@ def distance_maps_twin(ex):
   return out
 
 
+def distance_maps_add_click(value, click_xy, positive, cap: int = keys.MAX_DISTANCE):
+  """One more click in distance maps [B, H, W, 2] (float32 of the stored
+  values): its kind's channel becomes the minimum with the click's own
+  distance map, which is what the maps of all clicks are (the rounding and
+  the cap are monotone, so they commute with the minimum)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  shape = tf.shape(value)
+  one = tf.map_fn(lambda xy: tf_distance_map(xy[None], shape[1], shape[2], cap),
+                  tf.cast(click_xy, tf.int64), fn_output_signature=tf.uint8)
+  one = tf.cast(one, value.dtype)  # [B, H, W]
+  pos = tf.reshape(positive, [-1, 1, 1])
+  channels = [tf.where(pos, tf.minimum(value[..., 0], one), value[..., 0]),
+              tf.where(pos, value[..., 1], tf.minimum(value[..., 1], one))]
+  return tf.stack(channels, axis=-1)
+
+
 @register_op("distance_maps",
              reads=(keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS),
              produces={keys.DISTANCE_MAPS: Feature("uint8", channels=2, role="model_input",
                                                    normalize=keys.MAX_DISTANCE,
                                                    encoding="zlib")},
-             twin=distance_maps_twin)
+             twin=distance_maps_twin, add_click=distance_maps_add_click)
 def distance_maps_op():
   """Adds `distance_maps` (Xu et al. 2016) from `positive_clicks` and `negative_clicks`."""
 

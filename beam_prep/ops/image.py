@@ -389,6 +389,10 @@ def resize_twin(ex, size: int, width: int = None):
   for key in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS):
     if key in ex:
       out[key] = scale_clicks(ex[key], in_h, in_w, fit_h, fit_w)
+  if keys.PREVIOUS_MASK in ex:  # Into the records' frame, nearest, padded with none.
+    previous = tf.image.resize(tf.cast(ex[keys.PREVIOUS_MASK], tf.uint8)[..., None],
+                               tf.cast(tf.stack([fit_h, fit_w]), tf.int32), method="nearest")
+    out[keys.PREVIOUS_MASK] = tf.pad(previous[..., 0], padding[:2]) > 0
   return out
 
 

@@ -75,6 +75,7 @@ class OpEntry:
   intermediate: Tuple[str, ...] = ()
   reads: Optional[Tuple[str, ...]] = None  # None: not declared (checked at run time)
   serving: Optional[Callable[..., Any]] = None  # The serving side of a geometric op.
+  add_click: Optional[Callable[..., Any]] = None  # A click encoding's update by one click.
 
   @property
   def provides(self) -> Tuple[str, ...]:
@@ -109,7 +110,8 @@ def register_op(name: str, produces: Optional[Mapping[str, Feature]] = None,
                 twin: Optional[Callable[..., Any]] = None,
                 intermediate: Sequence[str] = (),
                 reads: Optional[Sequence[str]] = None,
-                serving: Optional[Callable[..., Any]] = None
+                serving: Optional[Callable[..., Any]] = None,
+                add_click: Optional[Callable[..., Any]] = None
                 ) -> Callable[[OpFactory], OpFactory]:
   """Registers an op factory under `name`, with what it reads and produces.
 
@@ -126,6 +128,11 @@ def register_op(name: str, produces: Optional[Mapping[str, Feature]] = None,
       its serving side: a class built with the op's chain arguments, a
       `beam_prep.ops.serving.ServingSide` (what a request needs before the
       twins run, and how a prediction goes back to the request's image).
+    add_click: a click encoding's update by one more click, in TensorFlow on
+      a batch (the trainer's corrective clicks): `add_click(value, click_xy,
+      positive, *args, **kwargs)`, `value` float32 [B, H, W, C] of stored
+      values, `click_xy` int [B, 2], `positive` bool [B] -> the feature of
+      the clicks so far plus that one.
 
   Returns:
     A decorator that registers the factory and returns it unchanged.
@@ -154,7 +161,7 @@ def register_op(name: str, produces: Optional[Mapping[str, Feature]] = None,
       raise ValueError(
           f"op {name!r} is already registered by {_qualname(existing.factory)}")
     _REGISTRY[name] = OpEntry(name, factory, produces, twin, tuple(intermediate),
-                              None if reads is None else tuple(reads), serving)
+                              None if reads is None else tuple(reads), serving, add_click)
     return factory
 
   return decorator
@@ -315,6 +322,16 @@ def image_size(specs: Sequence[OpSpec]) -> Optional[Tuple[int, int]]:
   geometric serving side makes them (None: no op changes the size)."""
   sizes = [side.size for side in map(build_serving, specs) if side is not None and side.size]
   return sizes[-1] if sizes else None
+
+
+def build_add_click(spec: OpSpec) -> Optional[Callable[..., Any]]:
+  """`add_click(value, click_xy, positive)` of one op call, with its chain
+  arguments (None: the op declares none)."""
+  entry = op_entry(spec.name)
+  if entry.add_click is None:
+    return None
+  return lambda value, xy, positive: entry.add_click(value, xy, positive, *spec.args,
+                                                     **dict(spec.kwargs))
 
 
 def build_serving(spec: OpSpec):

@@ -71,6 +71,10 @@ class SegmentationOptions(CommandConfig):
   seed: int = option(_clicks("seed"), "seed of the crops and the click sampling")
   click_encoding: str = option("distance", "how clicks reach the model: distance maps (Xu et "
                                "al. 2016), binary disks (RITM), or both", choices=CLICK_ENCODINGS)
+  previous_mask: bool = option(False, "the previous prediction is a model input (mask "
+                               "guidance, RITM): zeros in the records, the model's own "
+                               "prediction in the training step (beam-train fit --mask-rounds) "
+                               "and at serving")
   clicks: ClickConfig = ClickConfig()
 
   def __post_init__(self):
@@ -158,7 +162,8 @@ class Segmentation(Task):
                                    clicks_chain(o.variants, o.seed, o.clicks)), OBJECT),
         Stage("EncodeClicks", join("flip_variants" if o.clicks.flip else "",
                                    encoding_chain(o.click_encoding, o.clicks.disk_radius),
-                                   config.ops), EXAMPLE),
+                                   "prev_mask" if o.previous_mask else "", config.ops),
+              EXAMPLE),
     ]
 
   def examples_per_unit(self, config) -> int:

@@ -5,8 +5,9 @@ Two real runs besides the session's default one (distance maps):
   disks+edges  --click-encoding disks and the README's extension module
                (`tests/fixtures/edge_ops.py`, a gradient-magnitude map): 6
                input channels
-  both+cap     --click-encoding both and a user op that changes a model
-               input (`cap_distance(64)`): 7 input channels
+  both+cap     --click-encoding both, the previous mask as an input, and a
+               user op that changes a model input (`cap_distance(64)`), on
+               whole images (--crop none): 8 input channels
 The serving parity test is parametrized over every op that has a twin.
 """
 
@@ -28,14 +29,15 @@ from tests.helpers import ROOT, assert_serving_parity, run_cli
 RUNS = {
     "disks+edges": (["--click-encoding", "disks", "--ops-module", "tests.fixtures.edge_ops",
                      "--ops", "edges"], 6),
-    "both+cap": (["--click-encoding", "both", "--flip-variants", "--ops-module",
-                  "tests.fixtures.user_ops", "--ops", "cap_distance(64)", "--crop", "none"], 7),
+    "both+cap": (["--click-encoding", "both", "--flip-variants", "--previous-mask",
+                  "--ops-module", "tests.fixtures.user_ops", "--ops", "cap_distance(64)",
+                  "--crop", "none"], 8),
 }
 # Each op with a twin, and a run whose chain holds it.
 OP_RUNS = {"decode": "disks+edges", "crop_objects": "disks+edges", "resize": "both+cap",
            "flip_variants": "both+cap",
            "click_disks": "disks+edges", "edges": "disks+edges", "distance_maps": "both+cap",
-           "cap_distance": "both+cap"}
+           "cap_distance": "both+cap", "prev_mask": "both+cap"}
 SIZE = 48
 
 

@@ -61,6 +61,7 @@ CASES = {
     "cap_distance(64)": (lambda: registry.build_op(registry.parse_chain("distance_maps")[0])(
         _object_example()), 0),
     "edges": (_object_example, 0),
+    "prev_mask": (_object_example, 0),
 }
 
 

@@ -29,6 +29,11 @@ class TrainingTask:
   evaluators = ()
   default_model = ""
 
+  def iterate(self, model, inputs, labels):
+    """The training step's inputs after the task's no-gradient rounds (none: as they are)."""
+    del model, labels
+    return inputs
+
   def end_evaluations(self) -> Dict[str, str]:
     """{metrics key: name} of what `evaluate_end` runs after `fit`'s eval metrics
     (as this run's options ask)."""

@@ -10,6 +10,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep import keys
+from beam_prep.ops import registry
 from beam_prep.kit import option
 from beam_prep.features import FeatureTable
 from train import clicker, logs, noc, servers
@@ -24,12 +25,22 @@ class SegmentationFitOptions:
   noc_clicks: int = option(keys.NOC_MAX_CLICKS, "segmentation: NoC evaluation at the end with "
                            "up to N simulated clicks per eval object (0: skip it)")
   noc_objects: int = option(0, "segmentation: NoC on the first N eval objects only (0: all)")
+  mask_rounds: int = option(3, "segmentation: each step draws 0 to N rounds in which the "
+                            "model, without gradients, predicts; its mask becomes the previous "
+                            "mask (records with beam-prep --previous-mask) and, with "
+                            "--corrective-clicks, its largest error gets a click (RITM's "
+                            "iterative training)")
+  corrective_clicks: bool = option(False, "segmentation: each round of --mask-rounds adds "
+                                   "a click in the larger error region, and the click "
+                                   "encodings are updated in the step")
 
   def __post_init__(self):
     if self.noc_clicks < 0:
       raise ValueError(f"--noc-clicks must be >= 0, got {self.noc_clicks}")
     if self.noc_objects < 0:
       raise ValueError(f"--noc-objects must be >= 0, got {self.noc_objects}")
+    if self.mask_rounds < 0:
+      raise ValueError(f"--mask-rounds must be >= 0, got {self.mask_rounds}")
 
 
 class SegmentationTask(TrainingTask):
@@ -51,6 +62,8 @@ class SegmentationTask(TrainingTask):
     # The nearest-click baseline needs the clicks (declared by sample_clicks).
     self.eval_keys: List[str] = [k for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
                                  if k in table]
+    self._prev_channel = _channel_of(table, keys.PREV_MASK)
+    self._click_updates = _click_updates(table) if self.settings.corrective_clicks else []
 
   def model_spec(self, config: TrainConfig) -> Dict[str, Any]:
     """The arguments of `models.build_model` for this run."""
@@ -108,6 +121,33 @@ class SegmentationTask(TrainingTask):
       out["baseline_nearest_click_mean_iou"] = float(c[:, 3].mean())
     return out
 
+  def iterate(self, model, inputs, labels):
+    """RITM's iterative training: 0 to --mask-rounds rounds (drawn per step) of
+    predicting without gradients. Each prediction (thresholded as served)
+    becomes the previous mask of the next round when the records have that
+    input (they hold zeros: no click yet), and with --corrective-clicks its
+    larger error region gets a click (`clicker.training_click`), added to
+    the click encodings by their ops' `add_click`."""
+    rounds = self.settings.mask_rounds
+    if not rounds or (self._prev_channel is None and not self._click_updates):
+      return inputs
+    threshold = clicker.logit_threshold()
+    if self._click_updates:
+      truth, care = labels[keys.LABEL][..., 0] > 0.5, labels[keys.LABEL_WEIGHT][..., 0] > 0
+
+    def one_round(i, x):
+      pred = tf.cast(model(x, training=False), tf.float32) > threshold
+      if self._prev_channel is not None:
+        x = _put(x, self._prev_channel, 1, tf.cast(pred, x.dtype))
+      if self._click_updates:
+        x = _add_click(x, self._click_updates, *clicker.training_click(pred[..., 0], truth, care))
+      return i + 1, x
+
+    n = tf.random.uniform([], 0, rounds + 1, dtype=tf.int32)
+    _, out = tf.while_loop(lambda i, x: i < n, one_round, (tf.constant(0), inputs),
+                           maximum_iterations=rounds)
+    return tf.stop_gradient(out)
+
   def end_evaluations(self) -> Dict[str, str]:
     return {"noc": "NoC"} if self.settings.noc_clicks else {}
 
@@ -146,6 +186,63 @@ class SegmentationTask(TrainingTask):
       lines += noc.lines(metrics["noc"])
       lines.append(f"NoC report, plot and contact sheet -> {os.path.join(model_dir, 'eval')}")
     return lines
+
+
+def _put(x: tf.Tensor, offset: int, channels: int, value: tf.Tensor) -> tf.Tensor:
+  """`x` [B, H, W, C] with channels offset:offset + channels replaced by `value`."""
+  return tf.concat([x[..., :offset], value, x[..., offset + channels:]], axis=-1)
+
+
+def _add_click(x, updates, xy, positive, valid):
+  """The model input `x` with one more click in every click encoding
+  (`_click_updates`), where `valid` (an error was left)."""
+  for offset, channels, scale, add in updates:
+    value = x[..., offset:offset + channels]
+    new = tf.cast(add(tf.cast(value, tf.float32) * scale, xy, positive) / scale, x.dtype)
+    x = _put(x, offset, channels, tf.where(valid[:, None, None, None], new, value))
+  return x
+
+
+def _click_updates(table: FeatureTable):
+  """[(channel offset, channels, scale, add_click)] of the model inputs made
+  from the clicks, for corrective clicks in the step.
+
+  Raises:
+    ValueError: a model input made from the clicks has no `add_click`, or is
+      standardized (its update is exact only through a fixed scale).
+  """
+  registry.import_ops_modules(table.ops_module)
+  specs = {s.name: s for s in registry.parse_chain(table.chain)}
+  updates, offset = [], 0
+  for e in table.model_inputs:
+    reads = registry.op_entry(e.op).reads or ()
+    if keys.POSITIVE_CLICKS in reads or keys.NEGATIVE_CLICKS in reads:
+      add = registry.build_add_click(specs[e.op])
+      norm = e.feature.normalize
+      if add is None or norm == "standardize":
+        raise ValueError(f"--corrective-clicks: model input {e.key!r} is made from the clicks "
+                         f"by op {e.op!r}, which " + ("declares no add_click" if add is None
+                                                      else "is standardized"))
+      scale = 1.0 if norm == "none" else float(norm[len("scale("):-1])
+      updates.append((offset, e.feature.channels, scale, add))
+    offset += e.feature.channels
+  return updates
+
+
+def _channel_of(table: FeatureTable, key: str):
+  """The channel of one-channel model input `key` in the model's input (None: not an input).
+
+  Raises:
+    ValueError: it is normalized (the step writes the model's 0/1 mask into it as is).
+  """
+  offset = 0
+  for e in table.model_inputs:
+    if e.key == key:
+      if e.feature.channels != 1 or e.feature.normalize != "none":
+        raise ValueError(f"model input {key!r} must be one channel, not normalized")
+      return offset
+    offset += e.feature.channels
+  return None
 
 
 def _mask_counts(labels, logits) -> tf.Tensor:
