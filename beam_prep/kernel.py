@@ -32,6 +32,12 @@ failed one absent). `examples/SPLIT` counts the examples written, as
 their boxes ignore pixels. They are not objects to train on and did not
 fail, so they are outside `objects_found`.
 
+`OBJECT_NOTES` are counts of used objects that an op marks on their examples:
+`objects_margin_reduced` counts the objects with no pixel `d_margin` from
+their boundary, whose positive clicks keep the largest margin they allow
+(`beam_prep.ops.clicks`). Each object is counted once, when it fans out into
+its examples.
+
 An op that raises the same unexpected exception on each of the first
 `OP_BUG_AFTER` examples it meets, before any record was made, has a bug (a
 key it reads that nothing provides, say): the kernel raises `OpBugError`,
@@ -44,6 +50,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from beam_prep import keys, layouts, source_records
 from beam_prep.dead_letters import READ_STAGE, error_record
 from beam_prep.ops import registry
+from beam_prep.ops.clicks import MARGIN_REDUCED
 from beam_prep.ops.registry import ExampleError, OpBugError
 from beam_prep.tasks.registry import EXAMPLE, INPUT, OBJECT, Stage
 
@@ -51,8 +58,11 @@ OP_BUG_AFTER = 8
 OP_ERROR = "op_error"
 _FOUND = {OBJECT: "objects_found", EXAMPLE: "examples_made"}
 _FAILED = {INPUT: "images_failed", OBJECT: "objects_failed", EXAMPLE: "example_errors"}
+# {example key: count}: objects whose examples hold a true value under the key.
+OBJECT_NOTES = {MARGIN_REDUCED: "objects_margin_reduced"}
 COUNTS = ("inputs_read", "images_failed", "objects_found", "objects_failed",
-          "objects_of_failed_images", "objects_box_only", "examples_made", "example_errors")
+          "objects_of_failed_images", "objects_box_only", *OBJECT_NOTES.values(),
+          "examples_made", "example_errors")
 
 
 def _sample_order(error: Dict[str, Any]) -> Tuple:
@@ -119,6 +129,7 @@ class Tally:
         "objects_failed": c["objects_failed"],
         "objects_of_failed_images": c["objects_of_failed_images"],
         "objects_box_only": c["objects_box_only"],
+        **{k: c[k] for k in OBJECT_NOTES.values()},
         "examples_made": c["examples_made"], "example_errors": c["example_errors"],
         "examples_written": written,
         "records_written": {s: self.counts.get(f"records/{s}", 0)
@@ -256,6 +267,8 @@ class Kernel:
       nxt = self.stages[i + 1].level if i + 1 < len(self.stages) else EXAMPLE
       if nxt != stage.level:
         tally.add(_FOUND[nxt], len(current))
+        for key, count in OBJECT_NOTES.items():
+          tally.add(count, len({unit for unit, item in current if item.get(key)}))
     if level == INPUT:  # Nothing past the input level: each example its own unit.
       current = list(enumerate(item for _, item in current))
     units: Dict[int, List[Dict[str, Any]]] = {}

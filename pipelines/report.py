@@ -94,6 +94,9 @@ def summary_lines(m: Dict[str, Any]) -> List[str]:
                f"{c['objects_failed']} failed)")
     if c.get("objects_box_only"):
       inputs += f"; {c['objects_box_only']} box-only annotations (ignore regions)"
+    if c.get("objects_margin_reduced"):
+      inputs += (f"; {c['objects_margin_reduced']} thinner than the click margin "
+                 "(clicked at their most interior pixels)")
   source = (f"; eval images at their own size {c['source_records']}"
             if c.get("source_records") else "")
   lines = [

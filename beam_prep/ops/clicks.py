@@ -4,7 +4,11 @@
 For one object (`mask` == 1) of a scene, one *variant* is one independent
 sampling of:
 - positive clicks: 1..5 pixels inside the object, at least `d_margin` from its
-  boundary and at least `d_step` apart;
+  boundary and at least `d_step` apart. An object with no pixel that far
+  from its boundary (a thin one: a ski, a knife, a tie at the records' size)
+  gets its clicks on its most interior pixels instead, those at the largest
+  distance from its boundary it has, and its examples are marked
+  `MARGIN_REDUCED` (the job counts such objects as `objects_margin_reduced`);
 - negative clicks, by one strategy drawn at random from those that apply:
   1. background pixels within distance [`d_margin`, `d`] of the object,
      `d_step` apart (10 clicks);
@@ -19,6 +23,10 @@ sampling of:
      `protocol_clicks` clicks in all. Such variants teach a model the click
      patterns it is measured with (one click alone; clicks on its errors).
 
+Negative clicks keep `d_margin` from the object whatever its width. An object
+is dropped (`object_too_small`) only when no pixel of it is left at the
+records' size.
+
 Clicks are int64 arrays [N, 2] of (x, y) = (column, row).
 
 Randomness comes only from a generator seeded with (seed, image id, object id,
@@ -29,7 +37,7 @@ its variants.
 """
 
 import zlib
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 from scipy import ndimage
@@ -40,6 +48,9 @@ from beam_prep.ops.registry import ExampleError, register_op
 
 CLICKS = Feature("int64", shape=(None, 2), role="metadata")
 PROTOCOL = 4  # The strategy whose clicks follow the evaluation protocol.
+# On each example of an object: True when the object has no pixel `d_margin`
+# from its boundary and its positive clicks keep the largest margin it allows.
+MARGIN_REDUCED = "click_margin_reduced"
 _INT = Feature("int64", shape=(), role="metadata")
 
 
@@ -181,7 +192,10 @@ class ObjectGeometry:
     obj = mask == 1
     ys, xs = np.nonzero(obj)
     if ys.size == 0:
-      raise ExampleError("object_empty", "the object has no pixel")
+      raise ExampleError(
+          "object_too_small",
+          f"no pixel of the object is left at the records' size ({h}x{w}): it is smaller "
+          "or thinner than one pixel there; a larger --image-size keeps it")
     # Window: the object's box grown by d + 1, so every distance <= d from the
     # object is computed exactly inside it; everything outside is farther.
     pad = int(np.ceil(d)) + 1
@@ -194,14 +208,16 @@ class ObjectGeometry:
     # Positive clicks need distance >= d_margin from every non-object pixel
     # (the image border counts as one). Checking a drawn pixel's disk is
     # far cheaper than a distance transform of the object; the exact
-    # candidate set is computed only when drawing stalls (thin objects).
+    # candidate set is computed only when drawing stalls (thin objects),
+    # and an object with none falls back to its most interior pixels.
     self._obj, self._ys, self._xs = obj, ys, xs
-    self._d_margin = d_margin
+    self.d_margin = d_margin
     r = int(np.ceil(d_margin))
     dy, dx = np.mgrid[-r:r + 1, -r:r + 1]
     near = dy * dy + dx * dx < d_margin * d_margin
     self._disk = (dy[near], dx[near])
     self._positive_pool = None
+    self._inside = None
 
     valid = mask[y0:y1, x0:x1] != keys.IGNORE
     others_win = np.zeros_like(win)
@@ -233,27 +249,42 @@ class ObjectGeometry:
       return False
     return bool(self._obj[yy, xx].all())
 
-  def positive_pool(self) -> np.ndarray:
-    """Every valid positive pixel, (y, x); exact, by a distance transform."""
-    if self._positive_pool is None:
+  def inside(self) -> Tuple[np.ndarray, np.ndarray]:
+    """Distance of each pixel of the object's box to the nearest non-object
+    pixel (the image border counting as one), and the box's (y, x) origin."""
+    if self._inside is None:
       ys, xs = self._ys, self._xs
       by0, bx0 = ys.min(), xs.min()
       box = self._obj[by0:ys.max() + 1, bx0:xs.max() + 1]
-      inside = ndimage.distance_transform_edt(np.pad(box, 1))[1:-1, 1:-1]
-      self._positive_pool = np.argwhere(inside >= self._d_margin) + np.array([by0, bx0])
+      self._inside = (_edt_outside_padded(box), np.array([by0, bx0]))
+    return self._inside
+
+  def positive_pool(self) -> np.ndarray:
+    """Every valid positive pixel, (y, x); exact, by a distance transform."""
+    if self._positive_pool is None:
+      inside, origin = self.inside()
+      self._positive_pool = np.argwhere(inside >= self.d_margin) + origin
     return self._positive_pool
 
-  def sample_positive(self, n: int, d_step: float, rng: np.random.Generator) -> np.ndarray:
-    """Up to `n` interior pixels, d_step apart; raises if the object has none."""
+  def deepest_pixels(self) -> Tuple[np.ndarray, float]:
+    """The object's most interior pixels, (y, x), and their distance from its
+    boundary: the largest margin any of its pixels keeps."""
+    inside, origin = self.inside()
+    margin = inside.max()
+    return np.argwhere(inside == margin) + origin, float(margin)
+
+  def sample_positive(self, n: int, d_step: float, rng: np.random.Generator
+                      ) -> Tuple[np.ndarray, float]:
+    """Up to `n` (at least one) interior pixels, d_step apart, and the margin
+    they keep from the boundary: `d_margin`, or for an object with no pixel
+    that far, the largest it allows (its most interior pixels)."""
     pixels = np.stack([self._ys, self._xs], axis=1)
     pos = _spaced_sample(pixels, n, d_step, rng, accept=self.interior,
                          exact_pool=self.positive_pool)
-    if pos.shape[0] == 0:
-      raise ExampleError(
-          "object_too_small",
-          f"no pixel of the object is {self._d_margin} px from its boundary "
-          f"(object has {self._ys.size} px); lower d_margin or drop the object")
-    return pos
+    if pos.shape[0]:
+      return pos, self.d_margin
+    deepest, margin = self.deepest_pixels()
+    return _spaced_sample(deepest, n, d_step, rng), margin
 
 
 def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
@@ -262,17 +293,21 @@ def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
   """Samples one variant's clicks from an object's candidates.
 
   Returns:
-    dict with `positive_clicks`, `negative_clicks` (int64 [N, 2] as (x, y))
-    and `negative_strategy` (1, 2, 3, 4, or 0 if no strategy had candidates).
+    dict with `positive_clicks`, `negative_clicks` (int64 [N, 2] as (x, y)),
+    `negative_strategy` (1, 2, 3, 4, or 0 if no strategy had candidates) and
+    `MARGIN_REDUCED` (the object is thinner than the margin: see the module
+    docstring).
   """
   n_pos = int(rng.integers(min_positive, max_positive + 1))
-  pos = geometry.sample_positive(n_pos, d_step, rng)
+  pos, margin = geometry.sample_positive(n_pos, d_step, rng)
+  reduced = {MARGIN_REDUCED: bool(margin < geometry.d_margin)}
   pools = {1: geometry.strategy1, 2: geometry.strategy2, 3: geometry.strategy3}
   usable = [s for s in strategies if s == PROTOCOL or pools[s].shape[0] > 0]
   if PROTOCOL in usable and int(usable[rng.integers(len(usable))]) == PROTOCOL:
     n = int(rng.integers(1, protocol_clicks_max + 1))
     pos, neg = protocol_clicks(geometry.mask, n)
-    return {"positive_clicks": pos, "negative_clicks": neg, "negative_strategy": PROTOCOL}
+    return {"positive_clicks": pos, "negative_clicks": neg, "negative_strategy": PROTOCOL,
+            **reduced}
   usable = [s for s in usable if s != PROTOCOL]
   if usable:
     strategy = int(usable[rng.integers(len(usable))])
@@ -287,12 +322,14 @@ def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
       "positive_clicks": pos[:, ::-1].copy(),  # (y, x) -> (x, y)
       "negative_clicks": neg[:, ::-1].copy(),
       "negative_strategy": strategy,
+      **reduced,
   }
 
 
 @register_op("sample_clicks", reads=(keys.IMAGE_ID, keys.OBJECT_ID, keys.MASK),
              produces={keys.POSITIVE_CLICKS: CLICKS, keys.NEGATIVE_CLICKS: CLICKS,
-                       keys.NEGATIVE_STRATEGY: _INT, keys.VARIANT: _INT})
+                       keys.NEGATIVE_STRATEGY: _INT, keys.VARIANT: _INT},
+             intermediate=(MARGIN_REDUCED,))
 def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
                   max_positive: int = 5, negatives=(10, 5, 10), d: float = 40,
                   d_margin: float = 5, d_step: float = 10, strategies=(1, 2, 3),
@@ -306,7 +343,8 @@ def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
     max_positive: most positive clicks.
     negatives: clicks for strategies 1, 2 and 3.
     d: strategy-1 outer distance from the object.
-    d_margin: margin from the object boundary (all clicks).
+    d_margin: margin from the object boundary (all clicks; an object with no
+      pixel that far gets its positive clicks on its most interior pixels).
     d_step: least distance between two clicks of one kind.
     strategies: which strategies may be drawn (4: the evaluation protocol's
       clicks, see the module docstring).

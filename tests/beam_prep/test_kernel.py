@@ -27,17 +27,20 @@ def _pointer(tmp_path, name="a", boxes=((4, 4, 30, 30), (36, 36, 38, 38)), mask=
 
 
 def test_one_input_counts_at_each_level(tmp_path):
-  result = _kernel(tmp_path).process(_pointer(tmp_path))  # the 2x2 object is too small
+  # The 2x2 object is under the minimum area; the 3x3 one is thinner than the click margin.
+  boxes = ((4, 4, 30, 30), (36, 36, 38, 38), (40, 4, 43, 7))
+  result = _kernel(tmp_path, min_object_area=5).process(_pointer(tmp_path, boxes=boxes))
   c = result.tally.counts
   assert (c["inputs_read"], c.get("images_failed", 0)) == (1, 0)
-  assert (c["objects_found"], c["objects_failed"]) == (2, 1)
-  assert (c["examples_made"], c.get("example_errors", 0)) == (2, 0)
-  # One record: the object once, with its two click variants.
-  assert len(result.records) == 1 and result.row is not None
-  assert (c["examples/train"], c["records/train"]) == (2, 1)
-  assert result.tally.accounting(per_unit=2, splits_objects=True)["accounted"]
-  assert [e["reason"] for e in result.errors] == ["object_too_small"]
-  assert result.tally.samples["object_too_small"]["object_id"] == 2
+  assert (c["objects_found"], c["objects_failed"], c["objects_margin_reduced"]) == (3, 1, 1)
+  assert (c["examples_made"], c.get("example_errors", 0)) == (4, 0)
+  # One record per object: the object once, with its two click variants.
+  assert len(result.records) == 2 and result.row is not None
+  assert (c["examples/train"], c["records/train"]) == (4, 2)
+  acc = result.tally.accounting(per_unit=2, splits_objects=True)
+  assert acc["accounted"] and acc["objects_margin_reduced"] == 1
+  assert [e["reason"] for e in result.errors] == ["object_below_min_area"]
+  assert result.tally.samples["object_below_min_area"]["object_id"] == 2
 
 
 def test_image_failures_and_listed_objects_are_counted_once(tmp_path):

@@ -91,10 +91,13 @@ def test_sample_clicks_is_deterministic_and_variants_differ():
 
 def test_object_too_small_is_an_example_error():
   mask = np.zeros((50, 50), np.uint8)
-  mask[10:14, 10:14] = 1
-  geometry = ObjectGeometry(mask, None, 40, 5)
+  mask[10:14, 10:14] = 1  # Thinner than the margin: clicked at its deepest pixels.
+  pos, margin = ObjectGeometry(mask, None, 40, 5).sample_positive(
+      3, 10, np.random.default_rng(0))
+  assert margin == 2.0 and pos.shape == (1, 2)
+  mask[10:14, 10:14] = 0  # No pixel left at the records' size.
   with pytest.raises(registry.ExampleError) as e:
-    geometry.sample_positive(3, 10, np.random.default_rng(0))
+    ObjectGeometry(mask, None, 40, 5)
   assert e.value.reason == "object_too_small"
 
 
@@ -130,13 +133,16 @@ def test_chain_parsing_fanout_and_failures():
 
   inst = np.zeros((64, 64), np.uint8)
   inst[5:45, 5:45] = 1
-  inst[50:53, 50:53] = 2  # too small for a positive click
+  inst[50:53, 50:53] = 2  # thinner than the click margin: clicked at its centre
+  areas = np.zeros(256, np.int64)
+  areas[[1, 2, 3]] = (1600, 9, 1)  # 3 was measured at the source; no pixel of it is left
   apply = registry.build_chain("split_objects|sample_clicks(variants=2)|distance_maps")
   outputs, failures = apply({"image_id": "a", "image": np.zeros((64, 64, 3), np.uint8),
-                             "instance_mask": inst})
-  assert [(o["object_id"], o["variant"]) for o in outputs] == [(1, 0), (1, 1)]
+                             "instance_mask": inst, "source_areas": areas})
+  assert [(o["object_id"], o["variant"]) for o in outputs] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+  assert outputs[2]["positive_clicks"].tolist() == [[51, 51]]
   assert [(f.stage, f.reason, f.example["object_id"]) for f in failures] == [
-      ("sample_clicks", "object_too_small", 2)]
+      ("sample_clicks", "object_too_small", 3)]
   assert outputs[0]["distance_maps"].shape == (64, 64, 2)
 
 

@@ -155,7 +155,7 @@ def test_bad_input_corpus_exit_code_summary_and_dead_letters_agree(tmp_path, cap
   root = tmp_path / "d"
   (root / "images").mkdir(parents=True)
   (root / "masks").mkdir()
-  img, inst = scene(48, ((4, 4, 30, 30), (40, 40, 43, 43)))  # the second is too small
+  img, inst = scene(48, ((4, 4, 30, 30), (40, 40, 43, 43)))  # the second is thin
   (root / "images" / "ok.png").write_bytes(png(img))
   (root / "masks" / "ok.png").write_bytes(png(inst, "L"))
   (root / "images" / "nomask.png").write_bytes(png(img))
@@ -167,17 +167,18 @@ def test_bad_input_corpus_exit_code_summary_and_dead_letters_agree(tmp_path, cap
   printed = capsys.readouterr().out
   m = manifest(out)["counts"]
   letters = dead_letters(out)
-  # 3 images + 2 objects of the one decoded image: 3 of 5 units failed.
+  # 3 images, 2 failed; the 2 objects of the one decoded image used, the thin one
+  # clicked at its most interior pixels.
   assert code == 1 and "over --max-error-fraction" in printed
-  assert m["inputs_read"] == 3 and m["images_failed"] == 2 and m["objects_failed"] == 1
-  assert m["errors_total"] == len(letters) == 3
-  assert "errors           3 (" in printed and "-> " + os.path.join(out, "errors") in printed
-  assert m["examples_written"]["train"] + m["examples_written"]["eval"] == 2  # 1 object x 2
+  assert m["inputs_read"] == 3 and m["images_failed"] == 2 and m["objects_failed"] == 0
+  assert m["objects_margin_reduced"] == 1 and "1 thinner than the click margin" in printed
+  assert m["errors_total"] == len(letters) == 2
+  assert "errors           2 (" in printed and "-> " + os.path.join(out, "errors") in printed
+  assert m["examples_written"]["train"] + m["examples_written"]["eval"] == 4  # 2 objects x 2
   by_reason = {}
   for e in letters:
     by_reason[e["reason"]] = by_reason.get(e["reason"], 0) + 1
-  assert by_reason == m["errors_by_reason"] == {"missing_mask": 1, "not_an_image": 1,
-                                                "object_too_small": 1}
+  assert by_reason == m["errors_by_reason"] == {"missing_mask": 1, "not_an_image": 1}
 
 
 def test_config_files_and_op_chains_are_parsed_safely(tmp_path, capsys):
