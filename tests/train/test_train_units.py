@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 from train.loop import FinalizedFunction, RetraceError
-from train.tasks.segmentation import SegmentationTask, _mask_counts
+from train.tasks.segmentation import (LOSSES, SegmentationFitOptions, SegmentationTask,
+                                      _mask_counts, normalized_focal_loss)
 from tests.helpers import ROOT
 
 
@@ -26,10 +27,13 @@ def test_loss_ignores_weighted_out_pixels_and_counts_iou():
   logits = np.where(label > 0, 5.0, -5.0).astype(np.float32)
   logits[0, 3] = 5.0  # wrong, but ignored
   labels = {"label": tf.constant(label), "label_weight": tf.constant(weight)}
-  loss = SegmentationTask.loss(None, labels, tf.constant(logits)).numpy()
-  assert loss.shape == (1,) and loss[0] < 0.05
-  logits_bad = np.where(label > 0, -5.0, 5.0).astype(np.float32)
-  assert SegmentationTask.loss(None, labels, tf.constant(logits_bad)).numpy()[0] > 1.0
+  for name in LOSSES:
+    task = SegmentationTask.__new__(SegmentationTask)
+    task.settings = SegmentationFitOptions(loss=name)
+    loss = task.loss(labels, tf.constant(logits)).numpy()
+    assert loss.shape == (1,) and loss[0] < 0.05, name
+    logits_bad = np.where(label > 0, -5.0, 5.0).astype(np.float32)
+    assert task.loss(labels, tf.constant(logits_bad)).numpy()[0] > 1.0, name
   c = _mask_counts(labels, tf.constant(logits)).numpy()[0]
   assert c.tolist() == [1.0, 12.0, 12.0]  # IoU 8/8 over the counted pixels; 12 of 12 right
 
@@ -109,3 +113,20 @@ def test_noc_options_are_the_segmentation_tasks_own():
   assert TrainConfig.from_dict(dataclasses.asdict(config)) == config  # config.json read back
   with pytest.raises(ValueError, match="--noc-clicks must be >= 0, got -1"):
     TrainConfig.from_dict({"data": "d", "model_dir": "m", "noc_clicks": -1})
+
+
+def test_normalized_focal_loss_is_ritms():
+  """Against the formula of RITM's NormalizedFocalLossSigmoid (alpha 0.5, gamma 2),
+  written out in numpy: focal weights renormalized to sum to the counted pixels."""
+  rng = np.random.default_rng(3)
+  y = (rng.random((2, 6, 5, 1)) > 0.6).astype(np.float32)
+  w = (rng.random((2, 6, 5, 1)) > 0.2).astype(np.float32)
+  logits = rng.normal(size=(2, 6, 5, 1)).astype(np.float32)
+  p = 1 / (1 + np.exp(-logits))
+  pt = np.where(w > 0, np.where(y > 0.5, p, 1 - p), 1.0)
+  beta = (1 - pt) ** 2
+  beta = beta * w.sum(axis=(1, 2, 3), keepdims=True) / beta.sum(axis=(1, 2, 3), keepdims=True)
+  alpha = np.where(y > 0.5, 0.5, 0.5) * w
+  want = (-alpha * beta * np.log(pt) * w).sum(axis=(1, 2, 3)) / w.sum(axis=(1, 2, 3))
+  got = normalized_focal_loss(tf.constant(y), tf.constant(w), tf.constant(logits)).numpy()
+  np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -19,6 +19,9 @@ from train.serving_inputs import ServingPlanError
 from train.tasks.base import TrainingTask, check_output, fit_options, model_spec
 
 
+LOSSES = ("bce_iou", "normalized_focal")
+
+
 @dataclasses.dataclass(frozen=True)
 class SegmentationFitOptions:
   """segmentation's own `beam-train fit` settings."""
@@ -30,6 +33,9 @@ class SegmentationFitOptions:
                             "mask (records with beam-prep --previous-mask) and, with "
                             "--corrective-clicks, its largest error gets a click (RITM's "
                             "iterative training)")
+  loss: str = option("bce_iou", "segmentation: bce_iou (cross-entropy + soft IoU) or "
+                     "normalized_focal (RITM's normalized focal loss, alpha 0.5, gamma 2)",
+                     choices=LOSSES)
   corrective_clicks: bool = option(False, "segmentation: each round of --mask-rounds adds "
                                    "a click in the larger error region, and the click "
                                    "encodings are updated in the step")
@@ -41,6 +47,8 @@ class SegmentationFitOptions:
       raise ValueError(f"--noc-objects must be >= 0, got {self.noc_objects}")
     if self.mask_rounds < 0:
       raise ValueError(f"--mask-rounds must be >= 0, got {self.mask_rounds}")
+    if self.loss not in LOSSES:
+      raise ValueError(f"--loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
 
 
 class SegmentationTask(TrainingTask):
@@ -86,20 +94,13 @@ class SegmentationTask(TrainingTask):
     return inputs, labels[keys.LABEL], labels[keys.LABEL_WEIGHT]
 
   def loss(self, labels: Dict[str, tf.Tensor], logits: tf.Tensor) -> tf.Tensor:
-    """Per example, over non-ignored pixels: cross-entropy + soft-IoU loss, [B].
-
-    The soft-IoU (Jaccard) term optimizes the metric itself; cross-entropy
-    alone is dominated by the background when objects are small.
-    """
-    logits = tf.cast(logits, tf.float32)
+    """Per example, over non-ignored pixels, [B]: --loss."""
     y, w = labels[keys.LABEL], labels[keys.LABEL_WEIGHT]
-    per_pixel = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)
-    bce = tf.reduce_sum(per_pixel * w, axis=[1, 2, 3]) / tf.maximum(
-        tf.reduce_sum(w, axis=[1, 2, 3]), 1.0)
-    p = tf.sigmoid(logits) * w
-    inter = tf.reduce_sum(p * y, axis=[1, 2, 3])
-    union = tf.reduce_sum(p + y * w, axis=[1, 2, 3]) - inter
-    return bce + 1.0 - (inter + 1.0) / (union + 1.0)
+    logits = tf.cast(logits, tf.float32)
+    if self.settings.loss == "normalized_focal":
+      return normalized_focal_loss(y, w, logits)
+    return bce_iou_loss(y, w, logits)
+
 
   def counts(self, inputs: tf.Tensor, labels, logits: tf.Tensor) -> tf.Tensor:
     """Per example [B, 4]: the model's IoU, its correct and counted pixels, and
@@ -186,6 +187,38 @@ class SegmentationTask(TrainingTask):
       lines += noc.lines(metrics["noc"])
       lines.append(f"NoC report, plot and contact sheet -> {os.path.join(model_dir, 'eval')}")
     return lines
+
+
+def bce_iou_loss(y: tf.Tensor, w: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+  """Cross-entropy + soft-IoU loss per example [B], over the pixels of weight `w`.
+
+  The soft-IoU (Jaccard) term optimizes the metric itself; cross-entropy
+  alone is dominated by the background when objects are small.
+  """
+  per_pixel = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)
+  bce = tf.reduce_sum(per_pixel * w, axis=[1, 2, 3]) / tf.maximum(
+      tf.reduce_sum(w, axis=[1, 2, 3]), 1.0)
+  p = tf.sigmoid(logits) * w
+  inter = tf.reduce_sum(p * y, axis=[1, 2, 3])
+  union = tf.reduce_sum(p + y * w, axis=[1, 2, 3]) - inter
+  return bce + 1.0 - (inter + 1.0) / (union + 1.0)
+
+
+def normalized_focal_loss(y: tf.Tensor, w: tf.Tensor, logits: tf.Tensor, alpha: float = 0.5,
+                          gamma: float = 2.0, eps: float = 1e-8) -> tf.Tensor:
+  """RITM's normalized focal loss per example [B] (`NormalizedFocalLossSigmoid`):
+  the focal weights (1 - p_t)^gamma rescaled to sum to the counted pixels (the
+  factor without gradient), the sum over pixels divided by their count."""
+  p = tf.sigmoid(logits)
+  obj, care = y > 0.5, w > 0
+  alpha_t = tf.where(obj, alpha, 1.0 - alpha) * w
+  pt = tf.where(care, tf.where(obj, p, 1.0 - p), tf.ones_like(p))
+  beta = tf.pow(1.0 - pt, gamma)
+  counted = tf.reduce_sum(w, axis=[1, 2, 3], keepdims=True)
+  beta = beta * tf.stop_gradient(counted / (tf.reduce_sum(beta, axis=[1, 2, 3], keepdims=True)
+                                            + eps))
+  loss = -alpha_t * beta * tf.math.log(tf.clip_by_value(pt, eps, 1.0)) * w
+  return tf.reduce_sum(loss, axis=[1, 2, 3]) / (counted[:, 0, 0, 0] + eps)
 
 
 def _put(x: tf.Tensor, offset: int, channels: int, value: tf.Tensor) -> tf.Tensor:
