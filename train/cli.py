@@ -183,7 +183,8 @@ def _evaluate_source(config, prep, log):
            "%d clicks", config.model or "the nearest-click baseline", prep.path,
            config.max_clicks)
   report = source_eval.evaluate(prep, out, config.model, config.max_clicks, config.thresholds,
-                                config.pred_thr, config.max_objects, config.min_area)
+                                config.pred_thr, config.max_objects, config.min_area,
+                                config.flip)
   if report["skipped_objects"]:
     log.info("evaluate: %d object(s) under --min-area %d pixels left out (noc.json's "
              "skipped_objects)", len(report["skipped_objects"]), config.min_area)

@@ -169,6 +169,8 @@ class EvalConfig(CommandConfig):
                            "exceeds this (RITM's)")
   output: str = option("", "report folder (default: MODEL/eval; required without --model)",
                        show_default=False)
+  flip: bool = option(False, "source resolution: average each prediction with the mirrored "
+                      "image's (noc.json's extras say so)")
 
   @property
   def thresholds(self) -> Tuple[float, ...]:
@@ -188,7 +190,9 @@ class EvalConfig(CommandConfig):
               (self.model or self.resolution != "records",
                "--resolution records needs --model (a model dir)"),
               (not self.min_area or self.resolution != "records",
-               "--min-area is for the images' own size, not --resolution records")]
+               "--min-area is for the images' own size, not --resolution records"),
+              (not self.flip or self.resolution != "records",
+               "--flip is for the images' own size, not --resolution records")]
     for ok, message in checks:
       if not ok:
         raise ValueError(message)

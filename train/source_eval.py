@@ -39,16 +39,59 @@ PIXELS_PER_BATCH = 8_000_000
 class ServedPredictor:
   """An exported segmentation model as a loop predictor (`train.served`): its
   `serve_iterative` (image, clicks and the previous mask), or
-  `serving_default` for an export without it."""
+  `serving_default` for an export without it. With `flip`, each prediction
+  is the mean of the image's and its mirror's (clicks and previous mask
+  mirrored too), mirrored back."""
   uses_previous_mask = True
 
-  def __init__(self, model: str):
+  def __init__(self, model: str, flip: bool = False):
     self.model = ServedModel(model)
     self.model.require_segmentation()
     self.path = self.model.path
+    self.flip = flip
 
   def __call__(self, images, clicks, kinds, previous):
-    return noc.logits_per_image(self.model.probabilities, images, clicks, kinds, previous)
+    probabilities = flip_averaged(self.model.probabilities) if self.flip else (
+        self.model.probabilities)
+    return noc.logits_per_image(probabilities, images, clicks, kinds, previous)
+
+  def extras(self) -> Dict[str, Any]:
+    """What the evaluation used besides image and clicks: the previous mask as a
+    model input and object crops (zoom-in) when the export's model dir says so
+    (its features.json; None: a bare export), and flip averaging."""
+    table = _trained_table(self.path)
+    inputs = None if table is None else table.keys("model_input")
+    return {"previous_mask_input": None if table is None else keys.PREV_MASK in inputs,
+            "zoom_in": None if table is None else "crop_objects" in table.chain,
+            "flip_averaging": self.flip}
+
+
+def flip_averaged(probabilities):
+  """`probabilities(image, positive, negative, previous)` -> [H, W], averaged
+  with the mirrored image's (x -> W - 1 - x), mirrored back."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def mirror_clicks(xy, w):
+    xy = tf.cast(xy, tf.int64)
+    return tf.stack([tf.cast(w, tf.int64) - 1 - xy[:, 0], xy[:, 1]], axis=1)
+
+  def averaged(image, positive, negative, previous):
+    w = tf.shape(image)[1]
+    mirrored = probabilities(tf.reverse(image, [1]), mirror_clicks(positive, w),
+                             mirror_clicks(negative, w), tf.reverse(previous, [1]))
+    return (probabilities(image, positive, negative, previous) + tf.reverse(mirrored, [1])) / 2
+
+  return averaged
+
+
+def _trained_table(export_path: str):
+  """The FeatureTable of the model dir an export sits in (MODEL/export/<version>), or None."""
+  import os  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import FEATURES_FILE, FeatureTable  # pylint: disable=g-import-not-at-top
+  model_dir = os.path.dirname(os.path.dirname(os.path.abspath(export_path)))
+  if not os.path.exists(os.path.join(model_dir, FEATURES_FILE)):
+    return None
+  return FeatureTable.load(model_dir)
 
 
 def source_images(prep: PrepOutput) -> Iterator[Dict[str, Any]]:
@@ -125,18 +168,20 @@ def evaluate(prep: PrepOutput, out_dir: str, model: Optional[str] = None,
              max_clicks: int = keys.NOC_MAX_CLICKS,
              thresholds: Sequence[float] = keys.NOC_IOU_THRESHOLDS,
              pred_thr: float = clicker.PRED_THR, max_objects: int = 0,
-             min_area: int = 0) -> Dict[str, Any]:
+             min_area: int = 0, flip: bool = False) -> Dict[str, Any]:
   """NoC at source resolution of `model` (an export or a model dir; None: the
   baseline alone) and of the nearest-click baseline; writes OUT_DIR/noc.json
   and the IoU-by-clicks plot. Returns the report.
 
   Every object is evaluated unless `min_area` (pixels) is given: smaller
   objects are then left out and listed in the report's `skipped_objects`.
+  `flip`: the model's predictions are averaged with the mirrored image's;
+  the report's `extras` name what the model used besides image and clicks.
   """
   prep.check_complete()
   predictors = {}
   if model:
-    served = ServedPredictor(model)
+    served = ServedPredictor(model, flip)
     predictors["model"] = served
   predictors["baseline"] = clicker.baseline_logits
   skipped: List[Dict[str, Any]] = []
@@ -149,6 +194,7 @@ def evaluate(prep: PrepOutput, out_dir: str, model: Optional[str] = None,
       "protocol": noc.PROTOCOL, "pred_thr": pred_thr, "thresholds": list(thresholds),
       "resolution": "source", "data": prep.path,
       "model_path": served.path if model else None, "versions": library_versions(),
+      "extras": served.extras() if model else {},
       "min_area": min_area, "skipped_objects": skipped}
   for name, s in scores.items():
     report[name] = noc.summarize(s, thresholds)

@@ -99,6 +99,12 @@ def test_serving_parity_with_a_previous_mask_input(guided_prep, tmp_path):
               "--noc-clicks", "2", "--noc-objects", "2", "--mask-rounds", "2"])
   assert e.value.code == 0
   assert_serving_parity(guided_prep, model_dir, n=3)
+  # noc.json names what the model used besides image and clicks.
+  from train import source_eval  # pylint: disable=g-import-not-at-top
+  report = source_eval.evaluate(PrepOutput(guided_prep), str(tmp_path / "eval"), model_dir,
+                                max_clicks=2, max_objects=2, flip=True)
+  assert report["extras"] == {"previous_mask_input": True, "zoom_in": True,
+                              "flip_averaging": True}
 
 
 @pytest.mark.parametrize("op", ["distance_maps", "click_disks"])

@@ -180,3 +180,29 @@ def test_a_1536_pixel_image_is_evaluated_in_bounded_memory(tmp_path):
   assert peak < 3000, peak
   report = json.load(open(tmp_path / "noc" / "noc.json"))
   assert [(r["height"], r["width"]) for r in report["objects"]] == [(1536, 1536)]
+
+
+def test_flip_averaging_mirrors_image_clicks_and_previous_mask():
+  """--flip: the mean of the prediction and the mirrored image's, mirrored back."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from train.source_eval import flip_averaged  # pylint: disable=g-import-not-at-top
+  h, w = 5, 7
+  calls = []
+
+  def probabilities(image, positive, negative, previous):
+    calls.append((int(image[0, 0, 0]), positive.numpy().tolist(), negative.numpy().tolist(),
+                  previous.numpy()))
+    ramp = tf.cast(tf.range(w), tf.float32) / (w - 1)  # left 0 .. right 1
+    return tf.tile(ramp[None], [h, 1]) * tf.cast(tf.reduce_max(image), tf.float32) / 255
+
+  image = np.zeros((h, w, 3), np.uint8)
+  image[:, -1] = 255  # the right column is bright, so the mirror's first pixel is
+  previous = np.zeros((h, w), np.uint8)
+  previous[:, :2] = 1
+  out = flip_averaged(probabilities)(tf.constant(image), tf.constant([[1, 2]]),
+                                     tf.constant([[6, 0]]), tf.constant(previous))
+  np.testing.assert_allclose(out.numpy(), 0.5)  # a ramp and its mirror average out
+  (first, pos, neg, prev), (mirror, mpos, mneg, mprev) = sorted(calls, key=lambda c: c[0])
+  assert (first, mirror) == (0, 255)
+  assert (pos, neg, mpos, mneg) == ([[1, 2]], [[6, 0]], [[5, 2]], [[0, 0]])
+  np.testing.assert_array_equal(mprev, prev[:, ::-1])
