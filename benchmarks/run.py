@@ -1,6 +1,7 @@
 """Measures every claim of the product as ratios within one run.
 
     python -m benchmarks [--quick] [--json PATH] [--plot PATH] [--workdir DIR]
+    python -m benchmarks --real DIR [--json PATH] [--workdir DIR] [...]   (`benchmarks.real`)
 
 Figures (each the median of several timed repetitions after a warm-up):
 
@@ -38,10 +39,12 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from typing import Any, Dict
 
+from benchmarks import real
 from benchmarks.clicks import bench_clicks
 from benchmarks.common import environment, log, make_data, pipeline_in_fresh_process
 from benchmarks.input import bench_input
@@ -104,7 +107,10 @@ def main(argv=None) -> None:
   parser.add_argument("--json", help="write the results here")
   parser.add_argument("--plot", help="write the input-pipeline plot (PNG) here")
   parser.add_argument("--workdir", help="keep the data and outputs here (default: a temp dir)")
+  real.add_arguments(parser)
   args = parser.parse_args(argv)
+  if args.real is not None:
+    sys.exit(real.main(args))
   from pipelines import logs  # pylint: disable=g-import-not-at-top
   logs.quiet()
   mode = "tiny" if args.tiny else "quick" if args.quick else "full"
