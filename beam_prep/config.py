@@ -17,6 +17,16 @@ PREP_PRESETS: Dict[str, Dict[str, Any]] = {
     # with the evaluation protocol's clicks.
     "demo": {"image_size": 96, "variants": 2, "target_shard_mb": 4, "click_encoding": "disks",
              "clicks": {"strategies": [1, 2, 3, 4]}},
+    # Real photographs on 2 CPU cores (`--preset real` on both commands): click
+    # disks, the previous mask as an input, the protocol's clicks among the
+    # variants.
+    "real": {"image_size": 128, "variants": 2, "click_encoding": "disks",
+             "previous_mask": True, "clicks": {"strategies": [1, 2, 3, 4]}},
+    # The field's scale (RITM's recipe) on a GPU: 320 px crops, objects of
+    # 1000 source pixels or more.
+    "field": {"image_size": 320, "variants": 4, "click_encoding": "disks",
+              "previous_mask": True, "min_object_area": 1000,
+              "clicks": {"strategies": [1, 2, 3, 4]}},
     "default": {},
 }
 
