@@ -27,9 +27,9 @@ Segmentation, signature `serving_default` (one image per request):
   outputs  probabilities    float32 [H, W], object probability
            mask             uint8 [H, W], 1 object (probability > 0.49, the NoC
                             protocol's threshold: train.clicker.PRED_THR), 0 background
-Crop records: without a previous mask the graph first finds one, on windows
-around the clicks growing from the least crop side until the mask fits
-(`beam_prep.ops.crop.CropServing`, the op's serving side), and crops that mask; the crop's
+Crop records: without a previous mask (the first click) the crop is cut around
+the whole image (`beam_prep.ops.crop.CropServing`, the op's serving side),
+else around the previous mask and the positive clicks; the crop's
 probabilities are placed back in its box, 0 outside. Whole-image records: the
 model's output at the records' size is cropped to the region the image fills
 there (`beam_prep.ops.image.fitted_size`; the padding is dropped), then

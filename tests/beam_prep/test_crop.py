@@ -254,16 +254,21 @@ def test_a_model_trained_on_crops_is_served_on_the_crop_of_its_object(tmp_path):
   assert outside.any() and (prob[outside] == 0).all() and prob[~outside].max() > 0
 
 
-def test_a_first_click_on_a_small_object_finds_it_and_not_a_far_larger_one(tmp_path):
-  """No previous mask: the first window around the click is the records'
-  least crop side, and it grows only while the mask reaches its edge, so a
-  small object is segmented alone, and a large one whole."""
+def test_the_first_click_sees_the_whole_image_and_the_next_zoom_in(tmp_path):
+  """No previous mask: the crop is cut around the whole image (RITM's first
+  prediction), so an object far from the click's neighbourhood is still in
+  view; with a previous mask the crop zooms in on it."""
   image, instances = _red_disks(300, 400, [(100, 80, 6), (290, 190, 70)])
   server = _colour_model(tmp_path, image, instances, 48)
   none = tf.zeros([0, 2], tf.int32)
-  for object_id, (cx, cy) in ((1, (100, 80)), (2, (290, 190))):
-    mask = server.serve(tf.constant(image), tf.constant([[cx, cy]], tf.int32),
-                        none)["mask"].numpy().astype(bool)
-    obj = instances == object_id
-    assert (mask & obj).sum() / (mask | obj).sum() > 0.8, object_id
-    assert not (mask & (instances == 3 - object_id)).any(), object_id
+  click = tf.constant([[290, 190]], tf.int32)
+  mask = server.serve(tf.constant(image), click, none)["mask"].numpy().astype(bool)
+  assert (mask & (instances == 2)).sum() / (instances == 2).sum() > 0.8  # the large disk
+  assert (mask & (instances == 1)).any()  # the colour model sees the small one too
+  zoomed = server.serve_iterative(tf.constant(image), click, none,
+                                  tf.constant((instances == 2).astype(np.uint8)))
+  prob = zoomed["probabilities"].numpy()
+  assert (prob[instances == 1] == 0).all()  # outside the crop around the previous mask
+  obj = instances == 2
+  got = zoomed["mask"].numpy().astype(bool)
+  assert (got & obj).sum() / (got | obj).sum() > 0.9
