@@ -233,9 +233,10 @@ def _red_disks(h, w, disks):
 
 def test_a_model_trained_on_crops_is_served_on_the_crop_of_its_object(tmp_path):
   """A wide image, crop records, and a model that marks the object's colour:
-  the served mask (a first mask, then the crop of that mask, placed back)
-  covers the object at the source's size; given a previous mask elsewhere,
-  the crop is the box of both and nothing is predicted outside it."""
+  the first click's mask (the whole image seen at the records' size) covers
+  the object, the next one (the crop of the previous mask, placed back) fits
+  it at the source's size; given a previous mask elsewhere, the crop is the
+  box of both and nothing is predicted outside it."""
   h, w, (cx, cy, r) = 90, 270, (200, 45, 14)
   image, instances = _red_disks(h, w, [(cx, cy, r)])
   obj = instances == 1
@@ -243,7 +244,10 @@ def test_a_model_trained_on_crops_is_served_on_the_crop_of_its_object(tmp_path):
   click, none = tf.constant([[cx, cy]], tf.int32), tf.zeros([0, 2], tf.int32)
   served = server.serve(tf.constant(image), click, none)["mask"].numpy().astype(bool)
   assert served.shape == (h, w)
-  assert (served & obj).sum() / (served | obj).sum() > 0.9
+  assert (served & obj).sum() / (served | obj).sum() > 0.7  # 378 px seen in 48
+  zoomed = server.serve_iterative(tf.constant(image), click, none,
+                                  tf.constant(served.astype(np.uint8)))["mask"].numpy() > 0
+  assert (zoomed & obj).sum() / (zoomed | obj).sum() > 0.9
   previous = np.zeros((h, w), np.uint8)
   previous[5:15, 5:15] = 1
   prob = server.serve_iterative(tf.constant(image), click, none,
