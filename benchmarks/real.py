@@ -299,18 +299,27 @@ def _run_arm(s: Settings, arm: Dict[str, Any], preps: Dict[tuple, Dict[str, Any]
   return out
 
 
+def _timed(main, argv, log_path: str, what: str, command: str):
+  """Runs one command in-process, its output to `log_path` -> (seconds, why it
+  failed or None), saying so on a failure."""
+  t = time.time()
+  code = run_command(main, argv, log_path)
+  seconds = time.time() - t
+  if not code:
+    return seconds, None
+  reason = _failure(command, code, log_path)
+  log(f"real: {what} FAILED: {reason}")
+  return seconds, reason
+
+
 def _fit(s: Settings, arm: Dict[str, Any], prep: str, model: str, arm_dir: str
          ) -> Dict[str, Any]:
   from train import cli  # pylint: disable=g-import-not-at-top
   log_path = os.path.join(arm_dir, "fit.log")
   argv = ["fit", "--data", prep, "--model-dir", model] + s.fit_flags() + list(arm["fit"])
   log(f"real: {arm['name']}: fit {s.steps} steps ({' '.join(arm['fit']) or 'default flags'}) ...")
-  t = time.time()
-  code = run_command(cli.main, argv, log_path)
-  seconds = time.time() - t
-  if code:
-    reason = _failure("beam-train fit", code, log_path)
-    log(f"real: {arm['name']}: fit FAILED: {reason}")
+  seconds, reason = _timed(cli.main, argv, log_path, f"{arm['name']}: fit", "beam-train fit")
+  if reason:
     return {"fit_seconds": seconds, "reason": reason}
   with open(os.path.join(model, "metrics.json")) as f:
     m = json.load(f)
@@ -331,12 +340,9 @@ def _evaluate(s: Settings, name: str, prep: str, model: str, arm_dir: str) -> Di
   argv = ["evaluate", "--data", prep, "--resolution", "source", "--max-clicks",
           str(s.max_clicks), "--output", out_dir] + (["--model", model] if model else [])
   log(f"real: {name}: NoC at source resolution, up to {s.max_clicks} clicks ...")
-  t = time.time()
-  code = run_command(cli.main, argv, log_path)
-  seconds = time.time() - t
-  if code:
-    reason = _failure("beam-train evaluate", code, log_path)
-    log(f"real: {name}: evaluation FAILED: {reason}")
+  seconds, reason = _timed(cli.main, argv, log_path, f"{name}: evaluation",
+                           "beam-train evaluate")
+  if reason:
     return {"eval_seconds": seconds, "reason": reason}
   with open(os.path.join(out_dir, "noc.json")) as f:
     report = json.load(f)
