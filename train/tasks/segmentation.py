@@ -101,7 +101,6 @@ class SegmentationTask(TrainingTask):
       return normalized_focal_loss(y, w, logits)
     return bce_iou_loss(y, w, logits)
 
-
   def counts(self, inputs: tf.Tensor, labels, logits: tf.Tensor) -> tf.Tensor:
     """Per example [B, 4]: the model's IoU, its correct and counted pixels, and
     the IoU of the nearest-click baseline on the records' clicks (0 without clicks)."""
