@@ -85,7 +85,7 @@ class SegmentationServer(_Server):
           keys.POSITIVE_CLICKS: tf.cast(positive_clicks, tf.int64),
           keys.NEGATIVE_CLICKS: tf.cast(negative_clicks, tf.int64),
           keys.PREVIOUS_MASK: previous_mask}
-    return self._source_probabilities(self._side.prepare(ex, self._source_probabilities))
+    return self._source_probabilities(self._side.prepare(ex))
 
   def _source_probabilities(self, ex):
     """One request example through the twins, the transform and the model ->

@@ -292,11 +292,11 @@ class CropServing(ServingSide):
   def __init__(self, size: int, context: float = DEFAULT_CONTEXT,
                min_side: int = DEFAULT_MIN_SIDE, jitter: float = 0.0, seed: int = 0,
                max_objects: int = 0):
-    del jitter, seed, max_objects  # The twin crops; a request's box is derived exactly.
+    # The twin crops with the same arguments; a request's box is derived exactly.
+    del context, min_side, jitter, seed, max_objects
     self.size = (int(size), int(size))
-    self.ratio, self.least = context_ratio(context), int(min_side)
 
-  def prepare(self, ex, probabilities):
+  def prepare(self, ex):
     """`crop_mask`: the mask to crop around: `previous_mask` (bool [H, W], all
     False: none) or, at the first click, the whole image, so the first
     prediction sees the whole photograph (RITM's, whose zoom-in starts after
@@ -304,7 +304,6 @@ class CropServing(ServingSide):
     a mean IoU of 0.195 after one click this way, against 0.045 through
     growing windows around the click and 0.130 for the nearest-click
     baseline). `previous_mask` stays what the request gave (the model's input)."""
-    del probabilities
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     previous = tf.cast(ex[keys.PREVIOUS_MASK], tf.bool)
     whole = tf.ones_like(previous)

@@ -6,10 +6,8 @@ object's crop, the whole image fitted into a square) declares how the
 serving graph goes between the two, with `register_op(..., serving=Cls)`:
 `Cls(*op_args, **op_kwargs)` is a `ServingSide`,
 
-  prepare(ex, probabilities)   the request before the twins run (a crop needs
-                               a mask to cut around); `probabilities`, the
-                               serving graph's own (request example -> [H, W]),
-                               is there for a side that must predict first
+  prepare(ex)                  the request before the twins run (a crop needs
+                               a mask to cut around)
   size                         (height, width) the op gives the image: the
                                records' size (`FeatureTable.image_size` is
                                read from it)
@@ -23,7 +21,7 @@ The serving graph asks the chain's op for its side (`train.serving_inputs`)
 and never names an op. A chain holds at most one such op.
 """
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 Example = Dict[str, Any]
 
@@ -32,8 +30,7 @@ class ServingSide:
   """The serving side of an op that leaves the geometry as it is: nothing to do."""
   size: Optional[Tuple[int, int]] = None
 
-  def prepare(self, ex: Example, probabilities: Callable[[Example], Any]) -> Example:
-    del probabilities
+  def prepare(self, ex: Example) -> Example:
     return ex
 
   def frame(self) -> Example:
