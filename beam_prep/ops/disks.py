@@ -12,7 +12,7 @@ import numpy as np
 
 from beam_prep import keys
 from beam_prep.features import Feature
-from beam_prep.ops.registry import register_op
+from beam_prep.ops.registry import combine_click, register_op
 
 
 def disk_map(clicks_xy: np.ndarray, height: int, width: int, radius: float) -> np.ndarray:
@@ -56,13 +56,8 @@ def click_disks_add_click(value, click_xy, positive, radius: float = 5):
   """One more click in disks [B, H, W, 2] (float32 0/1): its kind's channel
   is OR-ed (the maximum) with the click's disk."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  shape = tf.shape(value)
-  one = tf.map_fn(lambda xy: tf_disk_map(xy[None], shape[1], shape[2], radius),
-                  tf.cast(click_xy, tf.int64), fn_output_signature=tf.uint8)
-  one = tf.cast(one, value.dtype)
-  pos = tf.reshape(positive, [-1, 1, 1])
-  return tf.stack([tf.where(pos, tf.maximum(value[..., 0], one), value[..., 0]),
-                   tf.where(pos, value[..., 1], tf.maximum(value[..., 1], one))], axis=-1)
+  return combine_click(value, click_xy, positive,
+                       lambda xy, h, w: tf_disk_map(xy, h, w, radius), tf.maximum)
 
 
 @register_op("click_disks", reads=(keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS),

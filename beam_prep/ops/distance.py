@@ -17,7 +17,7 @@ import numpy as np
 
 from beam_prep import keys
 from beam_prep.features import Feature
-from beam_prep.ops.registry import register_op
+from beam_prep.ops.registry import combine_click, register_op
 
 
 def distance_map(clicks_xy: np.ndarray, height: int, width: int,
@@ -97,14 +97,8 @@ def distance_maps_add_click(value, click_xy, positive, cap: int = keys.MAX_DISTA
   distance map, which is what the maps of all clicks are (the rounding and
   the cap are monotone, so they commute with the minimum)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  shape = tf.shape(value)
-  one = tf.map_fn(lambda xy: tf_distance_map(xy[None], shape[1], shape[2], cap),
-                  tf.cast(click_xy, tf.int64), fn_output_signature=tf.uint8)
-  one = tf.cast(one, value.dtype)  # [B, H, W]
-  pos = tf.reshape(positive, [-1, 1, 1])
-  channels = [tf.where(pos, tf.minimum(value[..., 0], one), value[..., 0]),
-              tf.where(pos, value[..., 1], tf.minimum(value[..., 1], one))]
-  return tf.stack(channels, axis=-1)
+  return combine_click(value, click_xy, positive,
+                       lambda xy, h, w: tf_distance_map(xy, h, w, cap), tf.minimum)
 
 
 @register_op("distance_maps",

@@ -324,6 +324,21 @@ def image_size(specs: Sequence[OpSpec]) -> Optional[Tuple[int, int]]:
   return sizes[-1] if sizes else None
 
 
+def combine_click(value, click_xy, positive, click_map, combine):
+  """A two-channel click encoding (positive, negative) [B, H, W, 2], float32,
+  with one more click per example: its kind's channel `combine`d (e.g.
+  tf.minimum) with `click_map(xy [1, 2], height, width)`, that click's own
+  uint8 [H, W] map. What an op's `add_click` is made of."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  shape = tf.shape(value)
+  one = tf.map_fn(lambda xy: click_map(xy[None], shape[1], shape[2]),
+                  tf.cast(click_xy, tf.int64), fn_output_signature=tf.uint8)
+  one = tf.cast(one, value.dtype)  # [B, H, W]
+  pos = tf.reshape(positive, [-1, 1, 1])
+  return tf.stack([tf.where(pos, combine(value[..., 0], one), value[..., 0]),
+                   tf.where(pos, value[..., 1], combine(value[..., 1], one))], axis=-1)
+
+
 def build_add_click(spec: OpSpec) -> Optional[Callable[..., Any]]:
   """`add_click(value, click_xy, positive)` of one op call, with its chain
   arguments (None: the op declares none)."""
