@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Dict, Tuple
 
 from beam_prep import keys
 from beam_prep.kit import CommandConfig, check_known, option
+from train import augment
 
 
 # The training half of each preset (`beam_prep.config.PREP_PRESETS` holds the
@@ -77,6 +78,9 @@ class TrainConfig:
                             "over --steps", choices=("constant", "cosine"))
   scale_learning_rate: bool = option(False, "multiply the learning rate by the replica count")
   shuffle_buffer: int = option(256, "examples in the shuffle buffer")
+  augment: str = option(augment.DEFAULT, "the step's augmentation, comma-separated: flip "
+                        "(left-right), colour (the field's brightness/contrast and RGB shift "
+                        "of the image), or none")
   checkpoint_every: int = option(100, "a checkpoint every N steps (and at the end)")
   log_every: int = option(25, "progress and TensorBoard scalars every N steps")
   histogram_every: int = option(100, "weight/gradient histograms and predicted masks every N "
@@ -113,6 +117,7 @@ class TrainConfig:
         raise ValueError(f"{_flag(name)} must be one of {allowed}, got {getattr(self, name)!r}")
     if not isinstance(self.model_args, dict):
       raise ValueError(f"--model-args must be a JSON object, got {self.model_args!r}")
+    augment.parse(self.augment)
     if self.learning_rate <= 0:
       raise ValueError(f"--learning-rate must be positive, got {self.learning_rate}")
     if self.profile_steps:

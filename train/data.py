@@ -27,7 +27,7 @@ Parser output per batch, `(inputs, labels)`:
           classification: {"label": int64 [B]}
 """
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
 import tensorflow_transform as tft
@@ -36,6 +36,8 @@ from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.prep_output import PrepOutput
 from beam_prep.record_decoder import Decoder
+from train import augment as augment_
+from train import logs
 from train.serving_inputs import model_inputs
 from train.tasks import make_task
 
@@ -43,29 +45,37 @@ from train.tasks import make_task
 class Parser:
   """Raw features -> `(inputs, labels)`, with a train and an eval branch.
 
-  The train branch adds the only augmentation cheap enough to do on the fly: a
-  random left-right flip (of the inputs and the task's per-pixel labels
-  together). The heavy augmentation (click variants) was precomputed by the
+  The train branch adds the augmentation cheap enough to do on the fly
+  (`train.augment`: a left-right flip of the inputs and the task's per-pixel
+  labels together, and the image's colour jitter), as `augment` names. The
+  heavy augmentation (crop jitter, click variants) was precomputed by the
   Beam job. Raw features the transform does not read (e.g. clicks on eval
   batches) pass through into `labels`.
   """
 
   def __init__(self, tft_output: tft.TFTransformOutput, table: FeatureTable, task,
-               seed: int = 0):
+               seed: int = 0, augment: Sequence[str] = ()):
     self._transform = tft_output.transform_features_layer()
     self._table = table
     self._task = task
     self._seed = seed
     self._transform_inputs = set(task.transform_keys)
+    self._flip = "flip" in augment
+    self._colour = None
+    if "colour" in augment:
+      try:
+        self._colour = augment_.Colour(table, self._transform, task.transform_keys, seed=seed)
+      except ValueError as e:  # Trains on, without it, and says so.
+        logs.get().warning("train: %s", e)
 
   def __call__(self, raw: Dict[str, tf.Tensor], training: bool):
     t = self._transform({k: v for k, v in raw.items() if k in self._transform_inputs})
+    if training and self._colour:
+      t = self._colour(t)
     inputs = model_inputs(self._table, t)
     labels = self._task.labels(t)
-    if training:
-      flip = tf.random.uniform([tf.shape(inputs)[0], 1, 1, 1], seed=self._seed) < 0.5
-      inputs = tf.where(flip, tf.reverse(inputs, axis=[2]), inputs)
-      labels = self._task.flip_labels(labels, flip)
+    if training and self._flip:
+      inputs, labels = augment_.flip(inputs, labels, self._task, self._seed)
     for k, v in raw.items():
       if k not in self._transform_inputs:
         labels[k] = v
@@ -83,15 +93,17 @@ class InputReader:
     seed: shuffle seed.
     skip_corrupt_records: drop records that fail to read or parse instead of
       stopping.
+    augment: the training batches' augmentation (`train.augment`).
   """
 
   def __init__(self, prep: PrepOutput, task, batch_size: int, shuffle_buffer: int = 256,
-               seed: int = 0, skip_corrupt_records: bool = False):
+               seed: int = 0, skip_corrupt_records: bool = False,
+               augment: Sequence[str] = augment_.parse(augment_.DEFAULT)):
     self.prep = prep
     table = prep.table
     self._decoders = {True: Decoder(table, task.transform_keys, seed),
                       False: Decoder(table, task.transform_keys + task.eval_keys, seed)}
-    self.parser = Parser(prep.tft_output, table, task, seed)
+    self.parser = Parser(prep.tft_output, table, task, seed, augment)
     # Segmentation: transform on the device (see the module docstring).
     self.transform_in_step = task.transform_in_step
     self._batch_size = batch_size
@@ -163,14 +175,13 @@ class InputReader:
 
 def dataset(data_dir: str, split: str = keys.TRAIN_SPLIT, batch_size: int = 8,
             training: bool = True, shuffle_buffer: int = 256, seed: int = 0,
-            keras_form: bool = True) -> tf.data.Dataset:
+            keras_form: bool = True, augment: str = augment_.DEFAULT) -> tf.data.Dataset:
   """The records of a beam-prep output, as the trainer's step receives them.
 
   Reads `data_dir`'s records with its `features.json` and exported
   tf.Transform graph (the very graph the serving model carries), stacks the
   declared model inputs in declared order, and, when `training`, shuffles,
-  repeats (give Keras `steps_per_epoch`) and flips left-right as the trainer
-  does.
+  repeats (give Keras `steps_per_epoch`) and augments as the trainer does.
 
   Args:
     data_dir: a complete beam-prep output (with `_SUCCESS`).
@@ -178,7 +189,8 @@ def dataset(data_dir: str, split: str = keys.TRAIN_SPLIT, batch_size: int = 8,
     batch_size: examples per batch (training drops the last partial batch).
     training: shuffle, repeat and augment; else one pass in file order.
     shuffle_buffer: examples in the shuffle buffer.
-    seed: shuffle (and flip) seed.
+    seed: shuffle (and augmentation) seed.
+    augment: `beam-train fit --augment`: flip, colour, both or none.
     keras_form: elements for Keras `model.fit`:
       segmentation `(inputs, label, label_weight)`: label_weight is 0 on
       ignore pixels and is Keras's per-pixel sample weight;
@@ -193,7 +205,8 @@ def dataset(data_dir: str, split: str = keys.TRAIN_SPLIT, batch_size: int = 8,
   prep = PrepOutput(data_dir)
   prep.check_trainable()
   task = make_task(prep.table, prep.tft_output)
-  reader = InputReader(prep, task, batch_size, shuffle_buffer, seed)
+  reader = InputReader(prep, task, batch_size, shuffle_buffer, seed,
+                       augment=augment_.parse(augment))
   ds = reader.model_batches(split, training)
   if keras_form:
     ds = ds.map(task.keras_form, num_parallel_calls=tf.data.AUTOTUNE)

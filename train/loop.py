@@ -29,7 +29,7 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.features import FEATURES_FILE
 from beam_prep.prep_output import PrepOutput, RecordsError
-from train import devices, export, logs, models
+from train import augment, devices, export, logs, models
 from train.config import TrainConfig
 from train.data import InputReader
 from train.serving_inputs import serving_plan
@@ -236,7 +236,7 @@ def _setup(config: TrainConfig) -> _Run:
   global_batch = config.batch_size * replicas
   lr = config.learning_rate * (replicas if config.scale_learning_rate else 1)
   reader = InputReader(prep, task, config.batch_size, config.shuffle_buffer, config.seed,
-                       config.skip_corrupt_records)
+                       config.skip_corrupt_records, augment.parse(config.augment))
   records = _check_records(config, prep)
 
   module_files = models.import_model_modules(config.model_module)
