@@ -38,8 +38,9 @@ REQUIRED = [
 EXTRAS = {
     # beam-train: tf.summary needs tensorboard (TensorFlow 2.21 no longer
     # installs it); plots of the trainer and the benchmarks use matplotlib;
-    # `beam-train serve` runs on Flask (Werkzeug) and writes JSON with orjson.
-    "train": ["tensorboard", "matplotlib", "flask>=3", "orjson"],
+    # `beam-train serve` is a Flask app served by waitress (pure Python, a
+    # fixed pool of threads) and writes JSON with orjson.
+    "train": ["tensorboard", "matplotlib", "flask>=3", "waitress>=3", "orjson"],
     # Launching on Dataflow: Beam builds the package it stages with
     # `python -m build` (without it, with the deprecated `setup.py sdist`).
     "dataflow": ["build"],

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import warnings
-from typing import Any, Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 
 class _StdoutHandler(logging.StreamHandler):
@@ -23,20 +23,28 @@ class _StdoutHandler(logging.StreamHandler):
     pass
 
 
+# TensorFlow's C++ log level when the user has set none: fatal errors only.
+TF_QUIET_LEVEL = "3"
+
+
 def quiet(verbose: bool, name: str) -> logging.Logger:
   """Silences TensorFlow/absl start-up noise unless `verbose`; returns logger `name`.
 
-  Must run before TensorFlow is imported: its C++ side logs through absl
-  before any Python setting reaches it, so it is imported here once with
-  stderr pointed at /dev/null (a Python exception still surfaces).
+  Must run before TensorFlow is imported (each command calls it first): its
+  C++ side logs through absl before it reads TF_CPP_MIN_LOG_LEVEL (CUDA
+  probes, cpu_feature_guard), so it is imported here once with stderr
+  pointed at /dev/null (a Python exception still surfaces). A
+  TF_CPP_MIN_LOG_LEVEL the user set below 3 is theirs: TensorFlow then logs
+  as it would (its start-up lines included). Child processes inherit the
+  level, so the commands a command runs are quiet too.
   """
   if not verbose:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    level = os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", TF_QUIET_LEVEL)
     warnings.filterwarnings("ignore")
     logging.getLogger().setLevel(logging.ERROR)
     for lib in ("apache_beam", "tensorflow", "absl", "tensorflow_transform", "tfx_bsl"):
       logging.getLogger(lib).setLevel(logging.ERROR)
-    if "tensorflow" not in sys.modules:
+    if "tensorflow" not in sys.modules and level == TF_QUIET_LEVEL:
       sys.stderr.flush()
       saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
       try:

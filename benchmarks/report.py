@@ -18,6 +18,8 @@ TARGETS = {
     "clicks.ms_per_sample": ("<=", 20.0),
     "clicks.speedup_vs_reference": (">=", 15.0),
     "prep.peak_rss_16n_vs_n": ("<=", 1.1),
+    "serve.bad_5xx": ("<=", 0),
+    "serve.bad_rss_after_vs_before": ("<=", 1.1),
     "storage.object_vs_variant_bytes": ("<=", 0.4),
     "storage.object_vs_variant_reader": (">=", 1.0),
 }
@@ -44,6 +46,8 @@ def ratios(figures: Figures) -> Dict[str, float]:
       "clicks.speedup_vs_reference":
           figures["clicks.reference_ms_per_sample"] / figures["clicks.ms_per_sample"],
       "prep.peak_rss_16n_vs_n": figures["prep.peak_rss_mb.16N"] / figures["prep.peak_rss_mb.N"],
+      "serve.bad_5xx": figures["serve.bad_5xx"],
+      "serve.bad_rss_after_vs_before": figures["serve.bad_rss_after_vs_before"],
   }
 
 
@@ -123,8 +127,14 @@ def _serve_rows(f: Figures, _: Dict[str, Any]) -> List[Row]:
       ("serve.rest_vs_saved_model", f"{f['serve.rest_vs_saved_model']:.2f}",
        "REST p50 / SavedModel p50"),
       ("serve.page_latency_ms_p50", f"{f['serve.page_latency_ms_p50']:.1f}",
-       "the page's endpoint: image sent once, then clicks; mask and overlay as PNG"),
+       "the page's endpoint: image sent once, then clicks; probabilities and mask as PNG"),
       ("serve.page_latency_ms_p95", f"{f['serve.page_latency_ms_p95']:.1f}", ""),
+      ("serve.bad_5xx", f"{f['serve.bad_5xx']}",
+       f"of {f['serve.bad_requests']} requests meant to bring the server down (100,000 "
+       "clicks, 100,000-deep JSON, bodies over the limit chunked or not, broken HTTP)"),
+      ("serve.bad_max_ms", f"{f['serve.bad_max_ms']:.0f}", "their slowest answer"),
+      ("serve.bad_rss_after_vs_before", f"{f['serve.bad_rss_after_vs_before']:.3f}",
+       "the server's memory after them / before"),
   ]
 
 

@@ -5,6 +5,9 @@
                              REST endpoint (JSON both ways), and its ratio to the
                              SavedModel's p50 (serve.rest_vs_saved_model)
   serve.page_latency_ms_p50/p95  a click through the page's own endpoint
+  serve.bad_*                requests meant to bring the server down
+                             (`benchmarks.bad_requests`): answers of 500, the
+                             slowest answer, the server's RSS after / before
 """
 
 import time
@@ -12,6 +15,7 @@ from typing import Dict
 
 import numpy as np
 
+from benchmarks.bad_requests import bench_bad_requests
 from benchmarks.common import log, timed
 
 
@@ -25,6 +29,10 @@ def bench_serve(model_dir: str, repeats: int) -> Dict[str, float]:
   log(f"serving over REST: p50 {out['serve.rest_latency_ms_p50']:.1f} ms "
       f"({out['serve.rest_vs_saved_model']:.2f}x the SavedModel's); the page's endpoint "
       f"p50 {out['serve.page_latency_ms_p50']:.1f} ms")
+  out.update(bench_bad_requests(model_dir))
+  log(f"bad requests: {out['serve.bad_5xx']} of {out['serve.bad_requests']} answered 500 or "
+      f"not at all, the slowest in {out['serve.bad_max_ms']:.0f} ms, RSS after / before "
+      f"{out['serve.bad_rss_after_vs_before']:.3f}")
   return out
 
 
@@ -53,7 +61,7 @@ def bench_rest(model_dir: str, repeats: int, saved_model_p50: float) -> Dict[str
   """Click to mask through `beam-train serve` on a local port, the same
   512x512 image and 5+5 clicks as `bench_serving`: TF Serving's JSON predict
   (request text made once; the answer read into numpy arrays, as a client
-  must) and the page's endpoint (image sent once, then clicks; mask as PNG)."""
+  must) and the page's endpoint (image sent once, then clicks; probabilities and mask as PNG)."""
   import threading  # pylint: disable=g-import-not-at-top
   import urllib.request  # pylint: disable=g-import-not-at-top
   import orjson  # pylint: disable=g-import-not-at-top
@@ -83,8 +91,8 @@ def bench_rest(model_dir: str, repeats: int, saved_model_p50: float) -> Dict[str
         "Content-Type": "multipart/form-data; boundary=bench"})
     with urllib.request.urlopen(form) as r:
       key = orjson.loads(r.read())["id"]
-    # Two click sets in turn: the page keeps the last mask, and a repeated
-    # request would not run the model.
+    # Two click sets in turn, each a first request (no previous mask): the
+    # server keeps no click state, so each runs the model.
     clicks = [orjson.dumps({"id": key, "positive": [[x + i, y] for x, y in pos],
                             "negative": neg}) for i in (0, 1)]
     turn = iter(range(10**9))

@@ -1,12 +1,14 @@
 """The demo: every stage of the product on the bundled sample data.
 
-    python -m pipelines.demo [--workdir out/demo]
+    python -m pipelines.demo [--workdir out/demo] [--count 32] [--verbose]
 
 Runs, as a user would type them, `beam-prep sample-data`, `beam-prep
 segmentation` (DirectRunner), `beam-train fit` (which exports the serving
 model) and `beam-train predict` on an eval image with the clicks its record
 was built from, then prints what was written where and the `beam-train
 serve` command that opens the demo's model and eval objects in a browser.
+Library logs (TensorFlow's start-up lines among them) are hidden, as in each
+command, unless --verbose is given (it is passed on to every command).
 """
 
 import argparse
@@ -34,9 +36,6 @@ def _run(cmd, log):
 
 def _eval_clicks(prep_dir: str):
   """image_id and clicks (in the source image's pixels) of the first eval record."""
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  from pipelines import logs  # pylint: disable=g-import-not-at-top
-  logs.quiet()
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   prep = PrepOutput(prep_dir)
@@ -60,7 +59,7 @@ def _to_source(ex, clicks, size, width, height):
   return np.floor((clicks + 0.5) * scale).astype(int)
 
 
-def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, log):
+def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, run):
   """`beam-train predict` on an eval object with its record's clicks, moved to
   the source image -> (what was predicted, for the summary, and its seconds)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
@@ -75,7 +74,7 @@ def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, log):
               for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS))
   cmd = [beam_train, "predict", "--model", model, "--image", image_path, "--output", pred]
   cmd += [f"--positive={x},{y}" for x, y in pos] + [f"--negative={x},{y}" for x, y in neg]
-  seconds = _run(cmd, log)
+  seconds = run(cmd)
   truth = np.asarray(Image.open(os.path.join(data, "masks", image_id + ".png")))
   got = np.asarray(Image.open(pred)) > 0
   label = object_label(truth, object_id)
@@ -141,8 +140,12 @@ def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m pipelines.demo")
   parser.add_argument("--workdir", default="out/demo", help="where everything is written")
   parser.add_argument("--count", type=int, default=32, help="sample scenes")
+  parser.add_argument("--verbose", action="store_true", help="show library logs")
   args = parser.parse_args(argv)
+  from pipelines import logs  # pylint: disable=g-import-not-at-top
+  logs.quiet(args.verbose)  # Before this process imports TensorFlow (the summary reads records).
   log = lambda s: print(s, flush=True)  # pylint: disable=unnecessary-lambda-assignment
+  run = lambda cmd: _run(cmd + ["--verbose"] * args.verbose, log)  # pylint: disable=unnecessary-lambda-assignment
   wd = args.workdir
   data, prep, model = (os.path.join(wd, d) for d in ("data", "prep", "model"))
   pred = os.path.join(wd, "prediction", "mask.png")
@@ -154,15 +157,15 @@ def main(argv=None):
   for stale in (model, os.path.dirname(pred)):
     shutil.rmtree(stale, ignore_errors=True)
   times = {}
-  times["sample data"] = _run([beam_prep, "sample-data", "--output", data,
-                               "--count", str(args.count)], log)
-  times["preprocess"] = _run([beam_prep, "segmentation", "--input", data, "--output", prep,
-                              "--preset", "demo", "--overwrite"], log)
-  times["train+export"] = _run([beam_train, "fit", "--data", prep, "--model-dir", model,
-                                "--preset", "demo"], log)
-  times["evaluate"] = _run([beam_train, "evaluate", "--data", prep, "--model", model,
-                            "--output", os.path.join(model, SOURCE_EVAL)], log)
-  predicted, times["predict"] = _predict(beam_train, data, prep, model, pred, log)
+  times["sample data"] = run([beam_prep, "sample-data", "--output", data,
+                             "--count", str(args.count)])
+  times["preprocess"] = run([beam_prep, "segmentation", "--input", data, "--output", prep,
+                            "--preset", "demo", "--overwrite"])
+  times["train+export"] = run([beam_train, "fit", "--data", prep, "--model-dir", model,
+                              "--preset", "demo"])
+  times["evaluate"] = run([beam_train, "evaluate", "--data", prep, "--model", model,
+                          "--output", os.path.join(model, SOURCE_EVAL)])
+  predicted, times["predict"] = _predict(beam_train, data, prep, model, pred, run)
   times["total"] = time.time() - total
   _summary(data, prep, model, pred, predicted, times, log)
 

@@ -8,7 +8,7 @@
     beam-train export --data PREP_OUTPUT (--model-file MODEL.keras | --model-dir DIR)
                       [--output EXPORT_DIR] [--model-module M]
     beam-train serve --model MODEL_DIR|EXPORT_DIR [--model-name NAME] [--host 127.0.0.1]
-                     [--port 8501] [--images DIR] [--data PREP_OUTPUT]
+                     [--port 8501] [--images DIR] [--data PREP_OUTPUT] [--save-dir DIR]
 """
 
 import argparse
@@ -281,7 +281,7 @@ def _export(argv: List[str]) -> int:
 def _serve(argv: List[str]) -> int:
   p = kit.command_parser("beam-train serve", SERVE, ServeConfig)
   log = logs.quiet("--verbose" in argv)
-  missing = [m for m in ("flask",) if importlib.util.find_spec(m) is None]
+  missing = [m for m in ("flask", "waitress") if importlib.util.find_spec(m) is None]
   if missing:
     log.error("beam-train serve: %s not installed: pip install 'beam-prep[train]'",
               ", ".join(missing))

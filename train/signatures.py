@@ -47,8 +47,11 @@ _SPECS = {
     IMAGE_BYTES: tf.TensorSpec([None], tf.string, name=IMAGE_BYTES),
 }
 
+# The inputs that carry clicks, one [x, y] row each (the server caps their
+# rows per request, `beam-train serve --max-clicks`).
+CLICKS = (POSITIVE_CLICKS, NEGATIVE_CLICKS)
 # The inputs of a segmentation request: one image and its clicks.
-CLICK_INPUTS = (IMAGE, POSITIVE_CLICKS, NEGATIVE_CLICKS)
+CLICK_INPUTS = (IMAGE,) + CLICKS
 
 
 def specs(*names: str):

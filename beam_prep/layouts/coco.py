@@ -405,6 +405,16 @@ def _region(seg, height: int, width: int) -> np.ndarray:
   return region
 
 
+def paint_objects(regions: List[np.ndarray], mask: np.ndarray) -> np.ndarray:
+  """Paints objects 1..N (bool regions, in order) into `mask`, in place:
+  largest first, so a small object on a large one stays visible (equal
+  areas in order). Returns `mask`."""
+  areas = [int(region.sum()) for region in regions]
+  for i in sorted(range(len(regions)), key=lambda i: (-areas[i], i)):
+    mask[regions[i]] = i + 1
+  return mask
+
+
 class ImageEntryError(ValueError):
   """An images entry whose size cannot be used (an image-level error)."""
 
@@ -451,10 +461,8 @@ def instance_mask(coco: Dict[str, Any], image_id: str) -> Tuple[np.ndarray, List
     fail(ann, "too_many_objects", f"an instance mask holds at most {MAX_OBJECTS} objects")
     ignore |= region
   objects = objects[:MAX_OBJECTS]
-  mask = np.where(ignore, keys.IGNORE, keys.BACKGROUND).astype(np.uint8)
-  areas = [int(region.sum()) for _, region in objects]
-  for i in sorted(range(len(objects)), key=lambda i: (-areas[i], i)):
-    mask[objects[i][1]] = i + 1
+  mask = paint_objects([region for _, region in objects],
+                       np.where(ignore, keys.IGNORE, keys.BACKGROUND).astype(np.uint8))
   for i, (ann, _) in enumerate(objects):
     if not (mask == i + 1).any():
       fail(ann, "hidden_object", "other objects painted over every pixel of this one")

@@ -9,6 +9,10 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.layouts import common
 from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register_layout
 
+# The folders beside each other under ROOT, and the mask file's suffix (the
+# labels the page of `beam-train serve` saves are written in this layout).
+IMAGES_DIR, MASKS_DIR, MASK_SUFFIX = "images", "masks", ".png"
+
 
 @register_layout
 class Folders(Layout):
@@ -22,24 +26,24 @@ class Folders(Layout):
   def detect(self, root: str, offline: bool = False) -> bool:
     if offline:
       return not root.lower().endswith((".json", ".jsonl", ".csv"))
-    return common.exists(FileSystems.join(root, "images"))
+    return common.exists(FileSystems.join(root, IMAGES_DIR))
 
   def check_input(self, options: ReadOptions) -> None:
-    pattern = FileSystems.join(options.root, "images", "*")
+    pattern = self.pattern(options.root)
     if not common.any_match(pattern):
       raise InputError(f"no image matches {pattern}")
 
   @staticmethod
   def pattern(root: str) -> str:
     """What each input's image file matches."""
-    return FileSystems.join(root.rstrip("/"), "images", "*")
+    return FileSystems.join(root.rstrip("/"), IMAGES_DIR, "*")
 
   @staticmethod
   def pointer(root: str, path: str):
     """The pointer of the image file `path` under `root`."""
     return {"image_id": common.stem(path), "source": path,
-            "mask_source": FileSystems.join(root.rstrip("/"), "masks",
-                                            common.stem(path) + ".png")}
+            "mask_source": FileSystems.join(root.rstrip("/"), MASKS_DIR,
+                                            common.stem(path) + MASK_SUFFIX)}
 
   def list_inputs(self, options: ReadOptions):
     root = options.root

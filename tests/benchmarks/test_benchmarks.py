@@ -16,6 +16,7 @@ FIGURES = ("input.on_the_fly_img_s", "input.precomputed_img_s", "input.read_ceil
            "prep.kernel_objects_s.16N", "prep.two_workers_speedup", "serve.latency_ms_p50",
            "serve.latency_ms_p95", "serve.rest_latency_ms_p50", "serve.rest_latency_ms_p95",
            "serve.rest_vs_saved_model", "serve.page_latency_ms_p50", "serve.page_latency_ms_p95",
+           "serve.bad_5xx", "serve.bad_max_ms", "serve.bad_rss_after_vs_before",
            "noc.baseline_object_clicks_s", "noc.model_object_clicks_s")
 
 

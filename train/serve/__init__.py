@@ -4,11 +4,13 @@ and a page where a person segments by clicking.
 Modules, each importing only those on the lines below it:
 
   app          the Flask app, its routes and errors; start
+  server       the HTTP server: waitress on --threads threads; its refusals as JSON
   config       ServeConfig: the command's options (no web framework imported)
-  page         the page's endpoints: images by id, masks as PNG, IoU, next click
+  page         the page's endpoints: images by id, probabilities as PNG, IoU, next click
+  exports      the labels saved: instance PNG and COCO, in beam-prep's layouts
   model        RestModel: one loaded export, its status, metadata, predict
   rest         TF Serving's JSON predict format <-> tensors
-  json_arrays  JSON whose large integer arrays are parsed by numpy
+  json_arrays  JSON whose large integer arrays are parsed by numpy; its depth capped
 
 static/ holds the page (plain HTML, JavaScript and CSS, no build step).
 """

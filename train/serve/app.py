@@ -1,5 +1,6 @@
 """`beam-train serve`: the exported model behind TF Serving's REST API, and
-the click-and-see page, on Flask (Werkzeug's threaded server).
+the click-and-see page, on Flask, served by waitress on a fixed pool of
+threads (`train.serve.server`).
 
   GET  /v1/models/NAME[/versions/V]            status (TF Serving's JSON)
   GET  /v1/models/NAME[/versions/V]/metadata   the signatures (TF Serving's JSON)
@@ -8,10 +9,13 @@ the click-and-see page, on Flask (Werkzeug's threaded server).
   /page/...                                    the page's own endpoints (`train.serve.page`)
 
 Every refused request is answered `{"error": "..."}` with a 4xx status:
-400 for a wrong request (the message names the field), 403 for a path
+400 for a wrong request (the message names the field, or the limit and
+its flag: --max-clicks, --max-pixels, the JSON's nesting), 403 for a path
 outside --images, 404 for an unknown model, version, route or image id,
-413 for a body over --max-request-mb. Requests are served on threads; the
-model's concrete functions are safe to call concurrently.
+413 for a body over --max-request-mb, however it is sent. The limits are
+checked before the model runs, and no request is answered 500 but a bug.
+Requests are served on --threads threads; the model's concrete functions
+are safe to call concurrently.
 """
 
 import logging
@@ -21,13 +25,14 @@ from typing import Optional
 import orjson
 from flask import Flask, Response, request, send_from_directory
 from werkzeug.exceptions import HTTPException
-from werkzeug.serving import make_server
 
 from train.serve import rest
 from train.serve.config import ServeConfig
+from train.serve.exports import COCO_FILE, Labels
 from train.serve.model import RestModel
 from train.serve.page import ImageStore, Page, Sources
 from train.serve.rest import RequestError
+from train.serve.server import Server, too_large
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 
@@ -38,13 +43,14 @@ def _json(body, status: int = 200) -> Response:
 
 
 def _page_body() -> dict:
-  body = request.get_json(silent=True)
+  """The request's JSON object, whatever its Content-Type says (as TF Serving reads bodies)."""
+  body = rest.load_json(request.get_data(cache=False), arrays=False)
   if not isinstance(body, dict):
     raise RequestError("the request body must be a JSON object")
   return body
 
 
-def _rest_routes(app: Flask, model: RestModel) -> None:
+def _rest_routes(app: Flask, model: RestModel, config: ServeConfig) -> None:
   """TF Serving's URLs."""
 
   @app.get("/v1/models/<name>")
@@ -63,12 +69,13 @@ def _rest_routes(app: Flask, model: RestModel) -> None:
   @app.post("/v1/models/<name>/versions/<int:version>:predict")
   def predict(name, version=None):
     model.check(name, version)
-    signature, inputs, row = rest.parse_predict(request.get_data(cache=False), model.signatures)
+    signature, inputs, row = rest.parse_predict(request.get_data(cache=False), model.signatures,
+                                                config.max_clicks, config.max_pixels)
     return _json(rest.encode_outputs(model.predict(signature, inputs), row))
 
 
 def _page_routes(app: Flask, page: Page) -> None:
-  """The page and its endpoints."""
+  """The page and its endpoints (`train.serve.page`)."""
 
   @app.get("/")
   def index():
@@ -76,9 +83,7 @@ def _page_routes(app: Flask, page: Page) -> None:
 
   @app.get("/page/sources")
   def sources():
-    return _json({"model": page.model.name, "version": page.model.version,
-                  "segments": page.model.segments, "files": page.sources.files(),
-                  "eval": page.sources.eval_names})
+    return _json(page.describe())
 
   @app.post("/page/upload")
   def upload():
@@ -87,29 +92,33 @@ def _page_routes(app: Flask, page: Page) -> None:
       raise RequestError("file: a multipart upload with a 'file' part is expected")
     return _json(page.upload(f.read(), f.filename or ""))
 
-  @app.post("/page/open")
-  def open_():
-    return _json(page.open(_page_body()))
-
   @app.get("/page/image/<key>.png")
   def image(key):
     return Response(page.image_png(key), mimetype="image/png")
 
-  @app.post("/page/segment")
-  def segment():
-    return _json(page.segment(_page_body()))
+  @app.get("/page/truth/<key>.png")
+  def truth(key):
+    return Response(page.truth_png(key), mimetype="image/png")
 
-  @app.post("/page/next_click")
-  def next_click():
-    return _json(page.next_click(_page_body()))
+  @app.get("/page/coco")
+  def coco():
+    return Response(orjson.dumps(page.labels.document()), mimetype="application/json",
+                    headers={"Content-Disposition": f"attachment; filename={COCO_FILE}"})
+
+  posts = {"open": page.open, "segment": page.segment, "iou": page.iou,
+           "next_click": page.next_click, "save": page.save}
+  for name, handle in posts.items():
+    app.add_url_rule(f"/page/{name}", f"page_{name}", methods=["POST"],
+                     view_func=lambda handle=handle: _json(handle(_page_body())))
 
 
 def make_app(config: ServeConfig, model: RestModel, sources: Sources) -> Flask:
   """The Flask app of one loaded model."""
   app = Flask(__name__, static_folder=STATIC, static_url_path="/static")
   app.config["MAX_CONTENT_LENGTH"] = int(config.max_request_mb * 1024 * 1024)
-  page = Page(model, sources, ImageStore(int(config.cache_mb * 1024 * 1024)), config.max_pixels)
-  _rest_routes(app, model)
+  page = Page(model, sources, ImageStore(int(config.cache_mb * 1024 * 1024)), config.max_pixels,
+              Labels(config.save_dir))
+  _rest_routes(app, model, config)
   _page_routes(app, page)
 
   @app.errorhandler(RequestError)
@@ -119,9 +128,11 @@ def make_app(config: ServeConfig, model: RestModel, sources: Sources) -> Flask:
   @app.errorhandler(HTTPException)
   def http_error(e: HTTPException):
     message = e.description
-    if e.code == 413:
-      message = (f"the request is over the server's limit of {config.max_request_mb:g} MB "
-                 "(--max-request-mb)")
+    if e.code == 413 and (request.content_length or 0) > app.config["MAX_CONTENT_LENGTH"]:
+      message = too_large(config.max_request_mb)
+    elif e.code == 413:  # Werkzeug's limits of a multipart form (Flask's defaults).
+      message = (f"the form is over the server's limits: {app.config['MAX_FORM_PARTS']} parts, "
+                 f"{app.config['MAX_FORM_MEMORY_SIZE'] // 1000} kB of fields besides files")
     return _json(rest.error_body(message), e.code or 500)
 
   @app.errorhandler(Exception)
@@ -151,21 +162,19 @@ def _dims(shape) -> list:
 
 def build(config: ServeConfig):
   """(app, model): the model loaded once, the sources opened."""
-  model = RestModel(config.model, config.name)
+  model = RestModel(config.model, config.name, config.max_clicks)
   sources = Sources(config.images, config.data, config.max_eval_objects)
   return make_app(config, model, sources), model
 
 
 def start(config: ServeConfig, log: Optional[logging.Logger] = None):
-  """Builds the app and binds its threaded server; returns (server, model).
-  `server.serve_forever()` serves; `server.port` is the bound port (0 asks
-  the system for a free one)."""
+  """Builds the app and binds its server (`train.serve.server.Server`);
+  returns (server, model). `server.serve_forever()` serves; `server.port` is
+  the bound port (0 asks the system for a free one)."""
   if config.images and not os.path.isdir(config.images):
     raise FileNotFoundError(f"--images {config.images}: no such folder")
   app, model = build(config)
-  # One line per request is Werkzeug's default; TF Serving logs none.
-  logging.getLogger("werkzeug").setLevel(logging.WARNING)
-  server = make_server(config.host, config.port, app, threaded=True)
+  server = Server(app, config.host, config.port, config.threads, config.max_request_mb)
   if log:
     log.info("serve: model %r version %d from %s", model.name, model.version, model.path)
     for line in describe(model).splitlines():

@@ -18,12 +18,30 @@ class ServeConfig(CommandConfig):
   images: str = option("", "a folder whose images the page may open")
   data: str = option("", "a beam-prep output: the page opens its eval objects with their "
                      "true mask")
+  save_dir: str = option("", "a folder the page saves its labels into, as beam-prep reads "
+                         "them: --layout folders --input DIR, or --layout coco --input "
+                         "DIR/instances.json ('': kept in memory only)", show_default=False)
   max_request_mb: float = option(64.0, "larger request bodies are refused (413)")
   # The Beam job's limit is 64M pixels for offline work; a click-to-mask
   # server keeps interactive sizes (16M = 4096 x 4096).
   max_pixels: int = option(16_777_216, "images with more pixels are refused")
+  # A person clicks a few times, the NoC protocol at most 20; each click
+  # costs the model a map of the image, so thousands would take it seconds
+  # and gigabytes.
+  max_clicks: int = option(256, "requests with more clicks (positive and negative together) "
+                           "are refused")
+  # Requests run on this many threads; more wait in a queue (the memory of a
+  # burst stays that of this many requests at once).
+  threads: int = option(4, "requests served at once; more wait their turn")
   cache_mb: float = option(512.0, "memory for the page's open images, in MB")
   max_eval_objects: int = option(100, "eval objects of --data the page lists")
+
+  def __post_init__(self):
+    for flag, value in (("--max-request-mb", self.max_request_mb),
+                        ("--max-pixels", self.max_pixels), ("--max-clicks", self.max_clicks),
+                        ("--threads", self.threads)):
+      if not value > 0:
+        raise ValueError(f"{flag} must be above 0, got {value}")
 
   @property
   def name(self) -> str:

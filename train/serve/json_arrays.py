@@ -25,8 +25,35 @@ import numpy as np
 # Arrays of at least this many bytes take the fast path; smaller ones are
 # cheaper to parse with json.
 MIN_BYTES = 2048
-_SPAN = re.compile(rb"\[[\[\]0-9,\- \n\r\t]{%d,}\]" % (MIN_BYTES - 2))
+_ARRAY_CHAR = rb"[\[\]0-9,\- \n\r\t]"
+# A run of the characters of an integer array, matched from its first
+# character only: each byte is looked at once (a pattern starting at every
+# "[" would scan the same run again from each).
+_RUN = re.compile(rb"(?<!%s)%s{%d,}" % (_ARRAY_CHAR, _ARRAY_CHAR, MIN_BYTES))
 _SPACE = b" \n\r\t"
+# The deepest nesting of lists and objects taken: a request's tensors nest a
+# few levels (an image three, inside "inputs" and the body two more).
+MAX_DEPTH = 32
+# A JSON string, escapes included (JSON has no brackets outside strings that
+# are not structure).
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+
+
+class TooDeep(ValueError):
+  """JSON text nested deeper than MAX_DEPTH."""
+
+
+def depth(text: bytes) -> int:
+  """How deep lists and objects nest in JSON text (0: a bare value), in
+  linear time: strings removed, then a running count of the brackets."""
+  brackets = _STRING.sub(b"", text).translate(None, _NOT_BRACKETS)
+  if not brackets:
+    return 0
+  b = np.frombuffer(brackets, np.uint8)
+  opens = (b == ord("[")) | (b == ord("{"))
+  steps = opens.view(np.int8) * np.int8(2) - np.int8(1)  # +1 opens, -1 closes
+  return int(np.cumsum(steps, dtype=np.int32).max())
 
 
 def _skeleton_shape(skeleton: bytes) -> Optional[tuple]:
@@ -34,6 +61,8 @@ def _skeleton_shape(skeleton: bytes) -> Optional[tuple]:
   ("[[,],[,]]" -> (2, 2)), or None when the nesting is not that of a dense
   tensor."""
   rank = len(skeleton) - len(skeleton.lstrip(b"["))
+  if rank > MAX_DEPTH:
+    return None  # Each level below scans the text once.
   dims, block = [], b""
   for j in range(1, rank + 1):
     end = skeleton.find(b"]" * j)  # closes the first list j levels up from the numbers
@@ -70,32 +99,53 @@ def int_array(text: bytes) -> Optional[np.ndarray]:
   return values.reshape(shape)
 
 
-def loads(body: bytes) -> Any:
-  """`json.loads` of `body`, large integer arrays parsed by numpy (module docstring).
+def _spans(body: bytes):
+  """(start, end) of each candidate array: in each long run of array
+  characters, from its first "[" to its last "]"."""
+  for m in _RUN.finditer(body):
+    start, end = body.find(b"[", *m.span()), body.rfind(b"]", *m.span()) + 1
+    if 0 <= start and end - start >= MIN_BYTES:
+      yield start, end
+
+
+def check_depth(text: bytes) -> None:
+  """Raises TooDeep when `text` nests deeper than MAX_DEPTH."""
+  levels = depth(text)
+  if levels > MAX_DEPTH:
+    raise TooDeep(f"the JSON nests {levels} levels deep; this server takes at most {MAX_DEPTH}")
+
+
+def loads(body: bytes, arrays: bool = True) -> Any:
+  """`json.loads` of `body`, its depth checked first; with `arrays`, large
+  integer arrays parsed by numpy (module docstring).
 
   Raises:
+    TooDeep: `body` nests deeper than MAX_DEPTH.
     ValueError: `body` is not JSON (json's own message).
   """
-  arrays: Dict[str, np.ndarray] = {}
+  check_depth(body)
+  if not arrays:
+    return json.loads(body)
+  found: Dict[str, np.ndarray] = {}
   parts, last = [], 0
-  for m in _SPAN.finditer(body):
-    array = int_array(m.group())
+  for start, end in _spans(body):
+    array = int_array(body[start:end])
     if array is None:
       continue
-    key = f"\x00array{len(arrays)}"
-    arrays[key] = array
-    parts += [body[last:m.start()], json.dumps(key).encode()]
-    last = m.end()
-  if not arrays:
+    key = f"\x00array{len(found)}"
+    found[key] = array
+    parts += [body[last:start], json.dumps(key).encode()]
+    last = end
+  if not found:
     return json.loads(body)
   parts.append(body[last:])
   try:
     doc = json.loads(b"".join(parts))
   except ValueError:
     return json.loads(body)  # A span was inside a string: the plain parse decides.
-  found = []
-  doc = _put_back(doc, arrays, found)
-  if len(found) != len(arrays):
+  put = []
+  doc = _put_back(doc, found, put)
+  if len(put) != len(found):
     return json.loads(body)
   return doc
 

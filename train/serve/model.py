@@ -2,8 +2,9 @@
 
 `RestModel` is the one client of an export (`train.served.ServedModel`) with
 what TF Serving's REST API adds: a name and a version, the status and
-metadata JSON, and `predict`, which turns the graph refusing a request's
-inputs into a 400 with its reason.
+metadata JSON, and `predict`, which refuses more clicks than the server's
+limit (--max-clicks) before running the graph, REST's and the page's alike,
+and turns the graph refusing a request's inputs into a 400 with its reason.
 
 The version is the export folder's name, a number, as TF Serving reads
 versions; a folder named otherwise is served as version 1.
@@ -19,7 +20,7 @@ from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
 
 from train.served import InvalidInput, ServedModel
-from train.serve.rest import RequestError
+from train.serve.rest import RequestError, check_clicks
 
 
 def default_name(model: str) -> str:
@@ -37,17 +38,18 @@ class RestModel(ServedModel):
   Args:
     model: a model dir (its newest export) or one export folder.
     name: the model's name in URLs, TF Serving's MODEL_NAME.
+    max_clicks: the most clicks a call may hold (`rest.check_clicks`; 0: any).
 
   Raises:
     FileNotFoundError: no SavedModel there (`latest_export`'s message).
     ValueError: a name TF Serving's URLs cannot hold.
   """
 
-  def __init__(self, model: str, name: str):
+  def __init__(self, model: str, name: str, max_clicks: int = 0):
     if not re.fullmatch(r"[^/:\s]+", name):
       raise ValueError(f"--model-name {name!r}: a model name has no '/', ':' or spaces")
     super().__init__(model)
-    self.name = name
+    self.name, self.max_clicks = name, max_clicks
     base = os.path.basename(os.path.normpath(self.path))
     self.version = int(base) if base.isdigit() else 1
     self._signature_defs = self._read_signature_defs()
@@ -81,7 +83,9 @@ class RestModel(ServedModel):
             "metadata": {"signature_def": {"signature_def": self._signature_defs}}}
 
   def predict(self, signature: str, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """Runs one signature; the graph refusing the inputs is a 400 with its reason."""
+    """Runs one signature; too many clicks, or the graph refusing the inputs,
+    is a 400 with its reason."""
+    check_clicks({k: [v] for k, v in inputs.items()}, self.max_clicks)
     try:
       return super().predict(signature, inputs)
     except InvalidInput as e:

@@ -1,22 +1,49 @@
-"""The click-and-see page's server side: images held by id, masks as PNG,
-the IoU with a true mask and the simulated user's next click.
+"""The click-and-see page's server side: images held by id, probabilities
+as PNG, the IoU with a true mask, the simulated user's next click, and the
+labels saved (`train.serve.exports`).
 
 The page sends an image once and then only clicks, so a click costs one
-model call and two small PNGs instead of a 3 MB JSON image each time. These
-endpoints are the page's own (JSON, not TF Serving's; `train.serve.app`):
+model call and small PNGs instead of a 3 MB JSON image each time. The server
+keeps no state of the clicks: the page holds each object's history and sends
+the previous mask with a click, so undo is the page's own (nothing is
+predicted again) and the same clicks from the same state give the same mask.
+These endpoints are the page's own (JSON, not TF Serving's; `train.serve.app`):
 
-  GET  /page/sources          {"files": [paths under --images], "eval": [names]}
+  GET  /page/sources          {"files": [paths under --images], "eval": [names],
+                               "saved": [file names under --save-dir], "level",
+                               "levels", "max_clicks", "iou_target", ...}
   POST /page/upload           multipart "file" -> an opened image (below)
   POST /page/open             {"file": path under --images} or {"eval": index}
-                              -> {"id", "name", "width", "height", "truth": bool}
+                              or {"saved": file name}
+                              -> {"id", "name", "width", "height", "truth": bool,
+                                  "saved_as": file name or null,
+                                  "objects": [the saved objects of these pixels:
+                                              {"probabilities", "level",
+                                               "positive", "negative"}]}
   GET  /page/image/<id>.png   the decoded image the clicks refer to (EXIF
                               orientation applied, as everywhere)
-  POST /page/segment          {"id", "positive": [[x, y], ...], "negative": [...]}
-                              -> {"mask": PNG data URL (255 object, 0 else),
-                                  "overlay": PNG data URL (the tint, alpha = mask),
+  GET  /page/truth/<id>.png   its true mask (0 background, 1 object, 255 ignore)
+  POST /page/segment          {"id", "positive": [[x, y], ...], "negative": [...],
+                               "level": L, "previous": probabilities PNG data
+                               URL (the object's mask before this click) or absent}
+                              -> {"probabilities": PNG data URL (levels, below),
+                                  "mask": PNG data URL (255 object at L, 0 else),
                                   "pixels": mask pixels, "iou": IoU or null}
-  POST /page/next_click       the same body -> {"click": [x, y] or null,
-                              "kind": "positive" | "negative" | null}
+  POST /page/iou              {"id", "probabilities", "level"} -> {"iou", "pixels"}
+  POST /page/next_click       {"id", "positive", "negative", "probabilities",
+                               "level"} -> {"click": [x, y] or null,
+                                            "kind": "positive" | "negative" | null}
+  POST /page/save             {"id", "objects": [{"probabilities", "level",
+                               "positive", "negative"}, ...]} -> {"file_name",
+                               "saved": bool, "instance": PNG data URL or null,
+                               "hidden": [object numbers painted over]}
+  GET  /page/coco             every saved image's objects, COCO instances JSON
+
+Probabilities travel as levels, one uint8 per pixel in a grey PNG: a pixel's
+level is the number of thresholds 1/100 .. 99/100 its probability exceeds, so
+the mask at threshold L/100 is `levels >= L`, and at the default level (49,
+the protocol's 0.49: `beam-train evaluate`'s mask) it is the served mask
+exactly. The page thresholds them itself as its slider moves.
 
 Clicks are (x, y) = (column, row) in the image's own pixels. The next click
 is `train.clicker.next_click` on the current mask, the true mask and the
@@ -25,10 +52,12 @@ click yet, the current mask is empty, so the first click is positive at the
 object's innermost pixel).
 
 Images are held in a cache bounded in bytes (least recently used first out);
-an id that has left it is a 404, and the page opens the image again.
+an id that has left it is a 404, and the page opens the image again (from
+the file it kept, for an upload) and repeats the request.
 """
 
 import base64
+import binascii
 import collections
 import io
 import os
@@ -40,18 +69,24 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
-from beam_prep import drawing, keys
+from beam_prep import keys
 from train import clicker, predict
 from train import signatures as sig
+from train.serve import exports
 from train.serve.model import RestModel
 from train.serve.rest import RequestError
 
 # Files listed from --images at most (the page's picker stays usable).
 MAX_FILES = 2000
+# Probabilities as levels: the mask at level L is `levels >= L` (threshold L / LEVELS).
+LEVELS = 100
+DEFAULT_LEVEL = int(round(clicker.PRED_THR * LEVELS))
 
 
 class ImageStore:
-  """Images by id, at most `max_bytes` of pixels, least recently used out first."""
+  """Images by id, at most `max_bytes` (pixels, true mask, file bytes), least
+  recently used out first. An item holds the image, its `digest`, its name,
+  the true mask or None, and the file's bytes when it came from a file."""
 
   def __init__(self, max_bytes: int):
     self.max_bytes = max_bytes
@@ -59,15 +94,17 @@ class ImageStore:
     self._bytes = 0
     self._lock = threading.Lock()
 
-  def add(self, image: np.ndarray, name: str, truth: Optional[np.ndarray] = None) -> str:
+  def add(self, image: np.ndarray, name: str, truth: Optional[np.ndarray] = None,
+          data: bytes = b"") -> str:
     key = secrets.token_hex(8)
-    size = image.nbytes + (truth.nbytes if truth is not None else 0)
+    size = image.nbytes + (truth.nbytes if truth is not None else 0) + len(data)
+    item = {"image": image, "truth": truth, "name": name, "data": data, "bytes": size,
+            "digest": exports.digest(image)}
     with self._lock:
       while self._items and self._bytes + size > self.max_bytes:
         _, old = self._items.popitem(last=False)
         self._bytes -= old["bytes"]
-      self._items[key] = {"image": image, "truth": truth, "name": name, "bytes": size,
-                          "last": None}
+      self._items[key] = item
       self._bytes += size
     return key
 
@@ -122,24 +159,51 @@ class Sources:
     return path
 
 
-def _clicks(body: Dict[str, Any], field: str) -> np.ndarray:
-  """int32 [N, 2] from a list of [x, y] integer pairs, or a RequestError naming `field`."""
+def _clicks(body: Dict[str, Any], field: str, where: str = "") -> np.ndarray:
+  """int32 [N, 2] from a list of [x, y] integer pairs, or a RequestError
+  naming `where` + `field`."""
   value = body.get(field, [])
   ok = isinstance(value, list) and all(
       isinstance(p, list) and len(p) == 2 and all(
           isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**31 for v in p)
       for p in value)
   if not ok:
-    raise RequestError(f"{field}: expected a list of [x, y] integer pairs")
+    raise RequestError(f"{where}{field}: expected a list of [x, y] integer pairs")
   return np.asarray(value, np.int32).reshape(-1, 2)
 
 
-def _clamped_clicks(item: Dict[str, Any], body: Dict[str, Any]):
+def _clamped_clicks(item: Dict[str, Any], body: Dict[str, Any], max_clicks: int):
   """(positive, negative) int32 [N, 2] of a page request, clamped into the
-  image as the serving signature would clamp them."""
+  image as the serving signature would clamp them; more than `max_clicks`
+  together (0: any) are refused before any is read."""
+  fields = ("positive", "negative")
+  count = sum(len(v) for v in (body.get(f) for f in fields) if isinstance(v, list))
+  if max_clicks and count > max_clicks:
+    raise RequestError(f"positive, negative: {count} clicks in one request; this server takes "
+                       f"at most {max_clicks} (--max-clicks)")
   h, w = item["image"].shape[:2]
   return tuple(np.asarray(predict.clamp(_clicks(body, f).tolist(), w, h)[0],
-                          np.int32).reshape(-1, 2) for f in ("positive", "negative"))
+                          np.int32).reshape(-1, 2) for f in fields)
+
+
+def _level(body: Dict[str, Any], where: str = "") -> int:
+  """The body's threshold `level` (DEFAULT_LEVEL when absent), or a
+  RequestError naming `where` + "level"."""
+  value = body.get("level", DEFAULT_LEVEL)
+  if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < LEVELS:
+    raise RequestError(f"{where}level: a threshold level in 1..{LEVELS - 1} (level / {LEVELS}), "
+                       f"got {value!r}")
+  return value
+
+
+def probability_levels(probabilities: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """uint8 levels of float probabilities: how many thresholds k / LEVELS
+  (k = 1 .. LEVELS - 1) each exceeds; at DEFAULT_LEVEL they are the served
+  `mask` exactly (the graph's own comparison, not one redone in float64)."""
+  levels = np.clip(np.ceil(probabilities.astype(np.float64) * LEVELS) - 1, 0, LEVELS - 1)
+  levels = levels.astype(np.uint8)
+  return np.where(mask, np.maximum(levels, DEFAULT_LEVEL),
+                  np.minimum(levels, DEFAULT_LEVEL - 1)).astype(np.uint8)
 
 
 def _png_data_url(array: np.ndarray, mode: str) -> str:
@@ -148,26 +212,65 @@ def _png_data_url(array: np.ndarray, mode: str) -> str:
   return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _levels_of(value: Any, field: str, shape) -> np.ndarray:
+  """uint8 [H, W] levels from a grey PNG data URL of the image's size, or a RequestError."""
+  try:
+    if not isinstance(value, str) or not value.startswith("data:image/png;base64,"):
+      raise ValueError("not a PNG data URL")
+    im = Image.open(io.BytesIO(base64.b64decode(value.split(",", 1)[1], validate=True)))
+    if im.size != (shape[1], shape[0]) or im.mode != "L":
+      raise ValueError(f"a {im.size[0]}x{im.size[1]} {im.mode} PNG, not the image's "
+                       f"{shape[1]}x{shape[0]} grey levels")
+    return np.asarray(im, np.uint8)
+  except (ValueError, OSError, binascii.Error, Image.DecompressionBombError) as e:
+    raise RequestError(f"{field}: expected the probabilities PNG data URL the server sent "
+                       f"({e})") from None
+
+
+def _object_levels(mask: np.ndarray) -> np.ndarray:
+  """The levels of a saved (binary) mask: object at every level, background at none."""
+  return np.where(mask, LEVELS - 1, 0).astype(np.uint8)
+
+
 class Page:
   """The page's operations on one loaded model."""
 
   def __init__(self, model: RestModel, sources: Sources, store: ImageStore,
-               max_pixels: int):
+               max_pixels: int, labels: Optional[exports.Labels] = None):
     self.model, self.sources, self.store = model, sources, store
     self.max_pixels = max_pixels
+    self.labels = labels or exports.Labels()
+
+  def describe(self) -> Dict[str, Any]:
+    """What the page lists and the protocol's numbers (GET /page/sources)."""
+    return {"model": self.model.name, "version": self.model.version,
+            "segments": self.model.segments, "files": self.sources.files(),
+            "eval": self.sources.eval_names, "saved": self.labels.saved(),
+            "level": DEFAULT_LEVEL, "levels": LEVELS,
+            "max_clicks": keys.NOC_MAX_CLICKS, "iou_target": max(keys.NOC_IOU_THRESHOLDS)}
 
   def _opened(self, key: str) -> Dict[str, Any]:
     item = self.store.get(key)
     h, w = item["image"].shape[:2]
+    entry = self.labels.find(item["digest"])
+    objects = [{"probabilities": _png_data_url(_object_levels(exports.object_mask(a)), "L"),
+                "level": DEFAULT_LEVEL, "positive": [], "negative": [],
+                **a.get(exports.CLICKS, {})}
+               for a in (entry["annotations"] if entry else [])]
     return {"id": key, "name": item["name"], "width": w, "height": h,
-            "truth": item["truth"] is not None}
+            "truth": item["truth"] is not None, "objects": objects,
+            "saved_as": entry["file_name"] if entry else None}
+
+  def _decoded(self, data: bytes, name: str, field: str) -> str:
+    """Decodes a file's bytes into the store (their id), or a RequestError naming `field`."""
+    try:
+      image = predict.decode_image(data, name, self.max_pixels)
+    except ValueError as e:
+      raise RequestError(f"{field}: {e}") from None
+    return self.store.add(image, name, data=data)
 
   def upload(self, data: bytes, filename: str) -> Dict[str, Any]:
-    try:
-      image = predict.decode_image(data, filename or "the upload", self.max_pixels)
-    except ValueError as e:
-      raise RequestError(f"file: {e}") from None
-    return self._opened(self.store.add(image, filename or "upload"))
+    return self._opened(self._decoded(data, filename or "upload", "file"))
 
   def open(self, body: Dict[str, Any]) -> Dict[str, Any]:
     if "eval" in body:
@@ -177,56 +280,83 @@ class Page:
                            "objects of --data), got " + repr(i))
       return self._opened(self.store.add(self.sources.eval_images[i], self.sources.eval_names[i],
                                          self.sources.eval_labels[i]))
-    if "file" not in body:
-      raise RequestError("the body must hold 'file' (a path under --images) or 'eval'")
-    path = self.sources.resolve(body["file"])
+    if "saved" in body:
+      try:
+        path, field, name = self.labels.path(str(body["saved"])), "saved", str(body["saved"])
+      except KeyError:
+        raise RequestError(f"saved: no saved image {body['saved']!r} (under --save-dir)",
+                           status=404) from None
+    elif "file" in body:
+      path, field, name = self.sources.resolve(body["file"]), "file", str(body["file"])
+    else:
+      raise RequestError("the body must hold 'file' (a path under --images), 'eval' or 'saved'")
     try:
-      image = predict.load_image(path, self.max_pixels)
-    except (ValueError, OSError) as e:
-      raise RequestError(f"file: {e}") from None
-    return self._opened(self.store.add(image, str(body["file"])))
+      with open(path, "rb") as f:
+        data = f.read()
+    except OSError as e:
+      raise RequestError(f"{field}: {e}") from None
+    return self._opened(self._decoded(data, name, field))
 
   def image_png(self, key: str) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(self.store.get(key)["image"]).save(buf, format="PNG", compress_level=1)
-    return buf.getvalue()
+    return exports.png(self.store.get(key)["image"])
 
-  def _mask(self, item: Dict[str, Any], pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
-    """The model's mask for these clicks (kept for the next-click request)."""
+  def truth_png(self, key: str) -> bytes:
+    item = self.store.get(key)
+    if item["truth"] is None:
+      raise RequestError("id: this image has no true mask (open an eval object of --data)",
+                         status=404)
+    return exports.png(item["truth"])
+
+  def _iou(self, item: Dict[str, Any], mask: np.ndarray) -> Optional[float]:
+    if item["truth"] is None:
+      return None
+    return float(clicker.label_iou(tf.constant(mask[None]), tf.constant(item["truth"][None]))[0])
+
+  def _predict(self, item: Dict[str, Any], pos: np.ndarray, neg: np.ndarray,
+               previous: Optional[np.ndarray]) -> np.ndarray:
+    """The levels of the model's probabilities for these clicks (and the
+    object's previous mask: the model refines its crop, as in evaluation)."""
     if not self.model.segments:
       raise RequestError("this model's serving_default does not take image and clicks "
                          "(not a segmentation model): the page cannot use it")
-    key = (pos.tobytes(), neg.tobytes())
-    last = item["last"]
-    if last is not None and last[0] == key:
-      return last[1]
-    # One more click: the model refines the crop of its last mask, as in evaluation.
-    more = last is not None and all(new.startswith(old) for new, old in zip(key, last[0]))
     out = self.model.predict(*self.model.segment_inputs(
-        item["image"], pos, neg, last[1].astype(np.uint8) if more else None))
-    # The served mask is the protocol's (`beam-train evaluate`): probability above 0.49.
-    mask = out[sig.MASK] > 0
-    item["last"] = (key, mask)
-    return mask
+        item["image"], pos, neg, None if previous is None else previous.astype(np.uint8)))
+    return probability_levels(out[sig.PROBABILITIES], out[sig.MASK] > 0)
 
   def segment(self, body: Dict[str, Any]) -> Dict[str, Any]:
     item = self.store.get(str(body.get("id")))
-    mask = self._mask(item, *_clamped_clicks(item, body)) > 0
-    tint = np.zeros(mask.shape + (4,), np.uint8)
-    tint[mask] = drawing.MASK_TINT + (255,)
-    iou = None
-    if item["truth"] is not None:
-      iou = float(clicker.label_iou(tf.constant(mask[None]), tf.constant(item["truth"][None]))[0])
-    return {"mask": _png_data_url(mask.astype(np.uint8) * 255, "L"),
-            "overlay": _png_data_url(tint, "RGBA"), "pixels": int(mask.sum()), "iou": iou}
+    level = _level(body)
+    previous = None
+    if body.get("previous") is not None:
+      previous = _levels_of(body["previous"], "previous", item["image"].shape) >= level
+    levels = self._predict(item, *_clamped_clicks(item, body, self.model.max_clicks), previous)
+    mask = levels >= level
+    return {"probabilities": _png_data_url(levels, "L"),
+            "mask": _png_data_url(mask.astype(np.uint8) * 255, "L"),
+            "pixels": int(mask.sum()), "iou": self._iou(item, mask)}
+
+  def iou(self, body: Dict[str, Any]) -> Dict[str, Any]:
+    item = self.store.get(str(body.get("id")))
+    mask = _levels_of(body.get("probabilities"), "probabilities",
+                      item["image"].shape) >= _level(body)
+    return {"iou": self._iou(item, mask), "pixels": int(mask.sum())}
 
   def next_click(self, body: Dict[str, Any]) -> Dict[str, Any]:
+    """The protocol's next click on the current mask: the body's
+    `probabilities` at `level`; without them, none before the first click
+    and the clicks' own prediction after it."""
     item = self.store.get(str(body.get("id")))
     if item["truth"] is None:
       raise RequestError("id: this image has no true mask (open an eval object of --data)")
-    pos, neg = _clamped_clicks(item, body)
+    pos, neg = _clamped_clicks(item, body, self.model.max_clicks)
     h, w = item["truth"].shape
-    pred = self._mask(item, pos, neg) > 0 if len(pos) else np.zeros((h, w), bool)
+    level = _level(body)
+    if body.get("probabilities") is not None:
+      pred = _levels_of(body["probabilities"], "probabilities", item["image"].shape) >= level
+    elif len(pos):
+      pred = self._predict(item, pos, neg, None) >= level
+    else:
+      pred = np.zeros((h, w), bool)
     truth = tf.constant(item["truth"][None])
     if not bool(clicker.has_error(tf.constant(pred[None]), truth)[0]):
       return {"click": None, "kind": None}  # The protocol would click (0, 0): the page stops.
@@ -238,3 +368,32 @@ class Page:
     kind = int(kind[0])
     return {"click": [int(v) for v in xy[0].numpy()],
             "kind": "positive" if kind == clicker.POSITIVE else "negative"}
+
+  def save(self, body: Dict[str, Any]) -> Dict[str, Any]:
+    """Keeps the image's objects as they are now (`exports.Labels`): an
+    instance mask PNG, COCO annotations, files under --save-dir."""
+    item = self.store.get(str(body.get("id")))
+    objects = body.get("objects")
+    if not isinstance(objects, list) or not all(isinstance(o, dict) for o in objects):
+      raise RequestError("objects: expected a list of objects {probabilities, level, positive, "
+                         "negative}")
+    kept = []
+    for i, obj in enumerate(objects):
+      where = f"objects[{i}]."
+      mask = _levels_of(obj.get("probabilities"), where + "probabilities",
+                        item["image"].shape) >= _level(obj, where)
+      if not mask.any():
+        raise RequestError(f"{where}probabilities: the object's mask is empty")
+      pos, neg = (_clicks(obj, f, where).tolist() for f in ("positive", "negative"))
+      kept.append({"mask": mask, "clicks": {"positive": pos, "negative": neg}})
+    try:
+      out = self.labels.save(item, kept)
+    except ValueError as e:
+      raise RequestError(str(e)) from None
+    except OSError as e:
+      raise RequestError(f"save: cannot write under --save-dir {self.labels.dir}: {e}",
+                         status=500) from None
+    instance = out.pop("instance")
+    return dict(out, saved=bool(self.labels.dir and out["file_name"]),
+                instance=None if instance is None else
+                "data:image/png;base64," + base64.b64encode(instance).decode("ascii"))

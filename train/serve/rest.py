@@ -33,6 +33,12 @@ signature does not take, and integers outside the dtype's range (TF Serving
 wraps those silently). One leniency copied from TF Serving: `[]` for an input
 of rank 2 or more is an empty tensor of the signature's inner dimensions
 (`"negative_clicks": []`, zero rows), which TF Serving's graph accepts too.
+
+Limits of this server, checked before the values are converted or the model
+runs, each a 400 naming its flag: JSON nested deeper than
+`json_arrays.MAX_DEPTH`, more clicks in a request (the rows of the inputs
+`train.signatures.CLICKS` names, over all instances) than --max-clicks, an
+image of more pixels than --max-pixels.
 """
 
 import base64
@@ -45,7 +51,7 @@ import orjson
 import tensorflow as tf
 
 from train import signatures as sig
-from train.serve.json_arrays import loads
+from train.serve.json_arrays import TooDeep, loads
 
 
 class RequestError(Exception):
@@ -144,16 +150,18 @@ def _columnar(inputs: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, Any]
   return dict(inputs)
 
 
-def _rows(instances: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, np.ndarray]:
-  """The "instances" value -> {input name: tensor with instances stacked in front}."""
-  if isinstance(instances, np.ndarray):
-    instances = list(instances)
-  if not isinstance(instances, list) or not instances:
+def _columns(instances: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, Any]:
+  """The "instances" value -> {input name: its value in each instance, a list,
+  or an ndarray of them stacked (integers the fast parser read)}."""
+  plain = isinstance(instances, np.ndarray) and instances.ndim > 0
+  if not plain and (not isinstance(instances, list) or not instances):
     raise RequestError("instances: expected a non-empty list")
-  named = isinstance(instances[0], dict) and set(instances[0]) != {"b64"}
+  named = not plain and isinstance(instances[0], dict) and set(instances[0]) != {"b64"}
   if not named and len(specs) > 1:
     raise RequestError(f"instances: plain values, but the signature takes {len(specs)} named "
                        f"inputs ({', '.join(sorted(specs))}): send a list of objects")
+  if plain:
+    return {next(iter(specs)): instances}
   columns: Dict[str, list] = {k: [] for k in specs}
   for i, inst in enumerate(instances):
     if named != (isinstance(inst, dict) and set(inst) != {"b64"}):
@@ -163,14 +171,27 @@ def _rows(instances: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, np.nd
                          f"{sorted(specs)}")
     for k in specs:
       columns[k].append(inst[k] if named else inst)
-  out = {}
-  for k in sorted(specs):
-    any_shape = tf.TensorSpec(None, specs[k].dtype)
-    rows = [to_tensor(f"instances[{i}].{k}", v, any_shape) for i, v in enumerate(columns[k])]
-    if len({r.shape for r in rows}) > 1:
-      raise RequestError(f"{k}: instances hold different shapes "
-                         f"({', '.join(str(list(r.shape)) for r in rows[:3])}...)")
-    out[k] = np.stack(rows)
+  return columns
+
+
+def _stacked(name: str, column: Any, dtype: tf.DType) -> np.ndarray:
+  """One input's values of every instance -> one tensor, instances in front."""
+  any_shape = tf.TensorSpec(None, dtype)
+  if isinstance(column, np.ndarray):
+    return to_tensor(name, column, any_shape)
+  rows = [to_tensor(f"instances[{i}].{name}", v, any_shape) for i, v in enumerate(column)]
+  if len({r.shape for r in rows}) > 1:
+    raise RequestError(f"{name}: instances hold different shapes "
+                       f"({', '.join(str(list(r.shape)) for r in rows[:3])}...)")
+  return np.stack(rows)
+
+
+def _rows(instances: Any, specs: Mapping[str, tf.TensorSpec],
+          max_clicks: int = 0) -> Dict[str, np.ndarray]:
+  """The "instances" value -> {input name: tensor with instances stacked in front}."""
+  columns = _columns(instances, specs)
+  check_clicks(columns, max_clicks)
+  out = {k: _stacked(k, columns[k], specs[k].dtype) for k in sorted(specs)}
   # An unbatched signature first (what the whole request did wrong), then each input.
   for k in sorted(specs):
     if specs[k].shape.rank is not None and out[k].ndim != specs[k].shape.rank:
@@ -190,17 +211,64 @@ def _unbatched(name: str, shape, spec: tf.TensorSpec) -> str:
           "it in the columnar form, {\"inputs\": {...}}")
 
 
-def parse_predict(body: bytes, signatures: Mapping[str, Mapping[str, tf.TensorSpec]]
+def _rows_of(value: Any) -> int:
+  """How many rows (clicks) a click input's value holds: JSON lists, arrays, tensors."""
+  if isinstance(value, list):
+    return len(value)
+  shape = getattr(value, "shape", ())
+  return int(shape[0]) if len(shape) else 1
+
+
+def _clicks_in(column: Any) -> int:
+  """The clicks of a `_columns` column: a list of values or stacked instances."""
+  if isinstance(column, np.ndarray):
+    return int(np.prod(column.shape[:2]))
+  return sum(_rows_of(v) for v in column)
+
+
+def check_clicks(columns: Mapping[str, Any], max_clicks: int) -> None:
+  """Refuses a request whose click inputs (`sig.CLICKS`) hold more than
+  `max_clicks` rows together (0: no limit); `columns` is {input name: its
+  value in each instance} (`_columns`; columnar: a list of one)."""
+  names = [k for k in sig.CLICKS if k in columns]
+  count = sum(_clicks_in(columns[k]) for k in names)
+  if max_clicks and count > max_clicks:
+    raise RequestError(f"{', '.join(names)}: {count} clicks in one request; this server takes "
+                       f"at most {max_clicks} (--max-clicks)")
+
+
+def check_pixels(inputs: Mapping[str, np.ndarray], max_pixels: int) -> None:
+  """Refuses an image input of more than `max_pixels` pixels (0: no limit)."""
+  image = inputs.get(sig.IMAGE)
+  pixels = image.size // image.shape[-1] if image is not None and image.ndim else 0
+  if max_pixels and pixels > max_pixels:
+    raise RequestError(f"{sig.IMAGE}: {pixels} pixels; this server takes at most {max_pixels} "
+                       "(--max-pixels)")
+
+
+def load_json(body: bytes, arrays: bool = True) -> Any:
+  """The request body's JSON (`json_arrays.loads`; with `arrays`, large
+  integer arrays as ndarrays), or a RequestError: too deep (the limit named)
+  or not JSON."""
+  try:
+    return loads(body, arrays)
+  except TooDeep as e:
+    raise RequestError(f"the request body: {e}") from None
+  except (ValueError, RecursionError) as e:
+    raise RequestError(f"the request body is not JSON: {e}") from None
+
+
+def parse_predict(body: bytes, signatures: Mapping[str, Mapping[str, tf.TensorSpec]],
+                  max_clicks: int = 0, max_pixels: int = 0
                   ) -> Tuple[str, Dict[str, np.ndarray], bool]:
   """A predict request body -> (signature name, inputs, whether it was row format).
 
   Args:
     signatures: {signature name: {input name: TensorSpec}}.
+    max_clicks: the most clicks a request may hold (`check_clicks`; 0: any).
+    max_pixels: the most pixels of an image input (`check_pixels`; 0: any).
   """
-  try:
-    doc = loads(body)
-  except (ValueError, RecursionError) as e:
-    raise RequestError(f"the request body is not JSON: {e}") from None
+  doc = load_json(body)
   if not isinstance(doc, dict):
     raise RequestError("the request body must be a JSON object")
   name = doc.get("signature_name", sig.SERVING_DEFAULT) or sig.SERVING_DEFAULT
@@ -213,9 +281,13 @@ def parse_predict(body: bytes, signatures: Mapping[str, Mapping[str, tf.TensorSp
   if ("inputs" in doc) == ("instances" in doc):
     raise RequestError("the request must hold one of 'inputs' (columnar) or 'instances' (row)")
   if "instances" in doc:
-    return name, _rows(doc["instances"], specs), True
-  values = _columnar(doc["inputs"], specs)
-  return name, {k: to_tensor(k, v, specs[k]) for k, v in values.items()}, False
+    inputs, row = _rows(doc["instances"], specs, max_clicks), True
+  else:
+    values = _columnar(doc["inputs"], specs)
+    check_clicks({k: [v] for k, v in values.items()}, max_clicks)
+    inputs, row = {k: to_tensor(k, v, specs[k]) for k, v in values.items()}, False
+  check_pixels(inputs, max_pixels)
+  return name, inputs, row
 
 
 def _jsonable(name: str, arr: np.ndarray):
