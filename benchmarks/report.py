@@ -20,6 +20,7 @@ TARGETS = {
     "prep.peak_rss_16n_vs_n": ("<=", 1.1),
     "serve.bad_5xx": ("<=", 0),
     "serve.bad_rss_after_vs_before": ("<=", 1.1),
+    "serve.encoded_rest_vs_saved_model": ("<=", 1.3),
     "storage.object_vs_variant_bytes": ("<=", 0.4),
     "storage.object_vs_variant_reader": (">=", 1.0),
 }
@@ -48,6 +49,7 @@ def ratios(figures: Figures) -> Dict[str, float]:
       "prep.peak_rss_16n_vs_n": figures["prep.peak_rss_mb.16N"] / figures["prep.peak_rss_mb.N"],
       "serve.bad_5xx": figures["serve.bad_5xx"],
       "serve.bad_rss_after_vs_before": figures["serve.bad_rss_after_vs_before"],
+      "serve.encoded_rest_vs_saved_model": figures["serve.encoded_rest_vs_saved_model"],
   }
 
 
@@ -129,6 +131,14 @@ def _serve_rows(f: Figures, _: Dict[str, Any]) -> List[Row]:
       ("serve.page_latency_ms_p50", f"{f['serve.page_latency_ms_p50']:.1f}",
        "the page's endpoint: image sent once, then clicks; probabilities and mask as PNG"),
       ("serve.page_latency_ms_p95", f"{f['serve.page_latency_ms_p95']:.1f}", ""),
+      ("serve.encoded_latency_ms_p50", f"{f['serve.encoded_latency_ms_p50']:.1f}",
+       "a 512x600 JPEG, 5+5 clicks: the SavedModel's serve_encoded (decoded in the graph)"),
+      ("serve.encoded_rest_latency_ms_p50", f"{f['serve.encoded_rest_latency_ms_p50']:.1f}",
+       f"the same through beam-train serve, the file as {{\"b64\": ...}} "
+       f"({f['serve.encoded_request_kb']:.0f} kB request), timed in turn with the SavedModel"),
+      ("serve.encoded_rest_latency_ms_p95", f"{f['serve.encoded_rest_latency_ms_p95']:.1f}", ""),
+      ("serve.encoded_rest_vs_saved_model", f"{f['serve.encoded_rest_vs_saved_model']:.2f}",
+       "REST p50 / SavedModel p50, the encoded file"),
       ("serve.bad_5xx", f"{f['serve.bad_5xx']}",
        f"of {f['serve.bad_requests']} requests meant to bring the server down (100,000 "
        "clicks, 100,000-deep JSON, bodies over the limit chunked or not, broken HTTP)"),

@@ -26,6 +26,9 @@ Figures (each the median of several timed repetitions after a warm-up):
                              REST endpoint (JSON both ways), and its ratio to the
                              SavedModel's p50 (serve.rest_vs_saved_model)
   serve.page_latency_ms_p50/p95  a click through the page's own endpoint
+  serve.encoded_*            a 512x600 JPEG as the encoded file: the SavedModel's
+                             `serve_encoded` and REST with {"b64": ...}, timed in
+                             turn (serve.encoded_rest_vs_saved_model)
   serve.bad_5xx / bad_max_ms / bad_rss_after_vs_before  requests meant to bring
                              the server down (`benchmarks.bad_requests`): answers
                              of 500, the slowest answer, RSS after / before

@@ -5,6 +5,9 @@
                              REST endpoint (JSON both ways), and its ratio to the
                              SavedModel's p50 (serve.rest_vs_saved_model)
   serve.page_latency_ms_p50/p95  a click through the page's own endpoint
+  serve.encoded_*            a 512x600 JPEG sent as the encoded file: the
+                             SavedModel's `serve_encoded` and the same through
+                             REST (b64), timed in turn (serve.encoded_rest_vs_saved_model)
   serve.bad_*                requests meant to bring the server down
                              (`benchmarks.bad_requests`): answers of 500, the
                              slowest answer, the server's RSS after / before
@@ -29,6 +32,10 @@ def bench_serve(model_dir: str, repeats: int) -> Dict[str, float]:
   log(f"serving over REST: p50 {out['serve.rest_latency_ms_p50']:.1f} ms "
       f"({out['serve.rest_vs_saved_model']:.2f}x the SavedModel's); the page's endpoint "
       f"p50 {out['serve.page_latency_ms_p50']:.1f} ms")
+  out.update(bench_rest_encoded(model_dir, repeats))
+  log(f"an encoded JPEG: SavedModel p50 {out['serve.encoded_latency_ms_p50']:.1f} ms, REST "
+      f"{out['serve.encoded_rest_latency_ms_p50']:.1f} ms "
+      f"({out['serve.encoded_rest_vs_saved_model']:.2f}x)")
   out.update(bench_bad_requests(model_dir))
   log(f"bad requests: {out['serve.bad_5xx']} of {out['serve.bad_requests']} answered 500 or "
       f"not at all, the slowest in {out['serve.bad_max_ms']:.0f} ms, RSS after / before "
@@ -106,6 +113,70 @@ def bench_rest(model_dir: str, repeats: int, saved_model_p50: float) -> Dict[str
           "serve.rest_request_mb": len(body) / 1e6,
           "serve.page_latency_ms_p50": float(np.percentile(page_times, 50)),
           "serve.page_latency_ms_p95": float(np.percentile(page_times, 95))}
+
+
+def _photo_jpeg(height: int = 512, width: int = 600) -> bytes:
+  """A photograph-like JPEG: a sample scene (smooth background, clutter,
+  objects) at quality 90, as a camera or a browser would send it."""
+  import io  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from beam_prep.sample_data import make_scene  # pylint: disable=g-import-not-at-top
+  buf = io.BytesIO()
+  Image.fromarray(make_scene(0, 0, (width, height))[0]).save(buf, format="JPEG", quality=90)
+  return buf.getvalue()
+
+
+def bench_rest_encoded(model_dir: str, repeats: int) -> Dict[str, float]:
+  """Click to mask with the image sent as its file: a 512x600 JPEG and 5+5
+  clicks, through `beam-train serve`'s REST `serve_encoded` (TF Serving's
+  {"b64": ...}, one instance; the answer read into numpy arrays of the
+  signature's dtypes) against the
+  same loaded SavedModel's `serve_encoded` called on the same bytes. The two
+  are timed in turn, one call of each per round, so both see the machine's
+  load alike."""
+  import base64  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  import urllib.request  # pylint: disable=g-import-not-at-top
+  import orjson  # pylint: disable=g-import-not-at-top
+  from train import signatures as sig  # pylint: disable=g-import-not-at-top
+  from train.serve import app  # pylint: disable=g-import-not-at-top
+  from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
+  server, model = app.start(ServeConfig(model=model_dir, model_name="bench", port=0))
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  rng = np.random.default_rng(0)
+  jpeg = _photo_jpeg()
+  pos, neg = rng.integers(0, 512, (5, 2)).tolist(), rng.integers(0, 512, (5, 2)).tolist()
+  body = orjson.dumps({"signature_name": sig.SERVE_ENCODED, "instances": [
+      {sig.IMAGE_BYTES: {"b64": base64.b64encode(jpeg).decode()}, sig.POSITIVE_CLICKS: pos,
+       sig.NEGATIVE_CLICKS: neg}]})
+  request = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/models/{model.name}:predict",
+                                   data=body, headers={"Content-Type": "application/json"})
+
+  dtypes = {sig.PROBABILITIES: np.float32, sig.MASK: np.uint8}  # The signature's.
+
+  def rest():
+    with urllib.request.urlopen(request) as r:
+      return {k: np.asarray(v, dtypes[k])
+              for k, v in orjson.loads(r.read())["predictions"][0].items()}
+
+  inputs = model.encoded_inputs(jpeg, pos, neg)
+  calls = {"saved": lambda: model.call(*inputs)[sig.MASK].numpy(), "rest": rest}
+  times = {k: [] for k in calls}
+  try:
+    for i in range(repeats + 3):  # 3 rounds of warm-up
+      for k, fn in calls.items():
+        t = time.perf_counter()
+        fn()
+        if i >= 3:
+          times[k].append(1000 * (time.perf_counter() - t))
+  finally:
+    server.shutdown()
+  saved, rest_p50 = (float(np.percentile(times[k], 50)) for k in ("saved", "rest"))
+  return {"serve.encoded_latency_ms_p50": saved,
+          "serve.encoded_rest_latency_ms_p50": rest_p50,
+          "serve.encoded_rest_latency_ms_p95": float(np.percentile(times["rest"], 95)),
+          "serve.encoded_rest_vs_saved_model": rest_p50 / saved,
+          "serve.encoded_request_kb": len(body) / 1e3}
 
 
 def _multipart(image: np.ndarray) -> bytes:

@@ -34,15 +34,27 @@ probabilities are placed back in its box, 0 outside. Whole-image records: the
 model's output at the records' size is cropped to the region the image fills
 there (`beam_prep.ops.image.fitted_size`; the padding is dropped), then
 resized to H x W.
-The image is a decoded uint8 array rather than PNG/JPEG bytes so that the
-graph sees exactly the pixels the Beam job saw (no second JPEG decoder that
-may round differently); `beam-train predict` decodes files for you. Clicks
-outside the image are clamped to its border; no positive click, or an empty
-image, is an InvalidArgument error for that request.
+The image is the decoded pixels as shown (EXIF orientation applied, as the
+Beam job and `beam-train predict` decode files); `serve_encoded` takes the
+file instead. Clicks outside the image are clamped to its border; no
+positive click, or an empty image, is an InvalidArgument error for that
+request.
 
 Segmentation, signature `serve_iterative`: the inputs of `serving_default`
 plus `previous_mask` uint8 [H, W] (the previous click's mask; all 0: none),
 the same outputs.
+
+Segmentation, signatures `serve_encoded` and `serve_iterative_encoded`
+(batched, TF Serving's convention for files: REST sends `{"b64": ...}`):
+  inputs   image_bytes      string [B]: encoded PNG/JPEG/GIF/BMP/WebP files
+           positive_clicks  int32 [B, P, 2]; negative_clicks int32 [B, N, 2]
+           previous_mask    uint8 [B, H, W] (`serve_iterative_encoded` only)
+  outputs  probabilities    float32 [B, H, W]; mask uint8 [B, H, W]
+Each file is decoded in the graph (`beam_prep.ops.image.decode_image_tf`:
+EXIF orientation applied; JPEGs with libjpeg's accurate DCT, the pixels PIL
+gives the Beam job) and given to `serving_default`'s (`serve_iterative`'s)
+own function, so each answer is that signature's on the decoded pixels. The
+images of one batch must decode to one size.
 
 Segmentation, signature `serve_examples` (batch scoring, TFX convention):
   inputs   examples         string [B]: serialized tf.Examples in the raw
@@ -54,9 +66,13 @@ Segmentation, signature `serve_examples` (batch scoring, TFX convention):
                             `negative_clicks` are read, anything else is ignored
   outputs  probabilities    float32 [B, S, S]; mask uint8 [B, S, S], at the
                             records' size, padding included
+An example without those features, of an image of other bytes than S x S x 3,
+or with no positive click is refused with a message naming the feature; the
+job's records themselves are too (their clicks are bytes lists, one per
+variant: `train.served.parse_message` says so).
 
 Classification, signature `serving_default`:
-  inputs   image_bytes      string [B]: encoded PNG/JPEG/BMP/GIF files
+  inputs   image_bytes      string [B]: encoded PNG/JPEG/GIF/BMP/WebP files
   outputs  probabilities    float32 [B, C]; label string [B]; classes string [C]
 """
 

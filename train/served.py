@@ -24,13 +24,58 @@ class InvalidInput(ValueError):
 
 
 def graph_message(e: Exception) -> str:
-  """The reason in a graph error: an assertion's message, or its first line."""
+  """The reason in a graph error, in one line: an assertion's message, a
+  tf.Example parse error naming its feature (`parse_message`), or the
+  error's own line (not where it was detected)."""
   message = getattr(e, "message", str(e)).strip()
-  asserted = re.search(r"assertion failed: \[([^\]]*)\]", message)
+  # An assertion's data items print as "[...]": the message, then the condition.
+  asserted = re.search(r"assertion failed: \[(.*?)\](?: \[|\n|$)", message)
   if asserted:
-    return asserted.group(1).strip()
-  lines = [l for l in message.splitlines() if l.strip() and "Graph execution" not in l]
-  return lines[0].strip() if lines else message
+    return re.sub(r"\\(['\"\\])", r"\1", asserted.group(1)).strip()  # C-escaped
+  parsed = parse_message(message)
+  if parsed:
+    return parsed
+  # Not the frame: "Detected at node ...", its stack (indented), "[[{{node ...}}]]".
+  lines = [re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", l).strip()
+           for l in message.splitlines()
+           if l.strip() and not l[0].isspace()
+           and not l.startswith(("Graph execution error", "Detected at node", "<stack traces"))]
+  return lines[0] if lines else message
+
+
+# ParseExample's reasons (`serve_examples` parses its input with it).
+_TYPE = re.compile(r"Key: (\w+), Index: (\d+)\.\s+Data types don't match\. "
+                   r"Expected type: (\w+), Actual type: (\w+)")
+_MISSING = re.compile(r"Feature: (\w+) \(data type: (\w+)\) is required but could not be found")
+
+
+def parse_message(message: str) -> Optional[str]:
+  """A tf.Example parse error of `serve_examples` said in one line naming the
+  feature and why, or None for another error. Bytes where numbers are read
+  is what beam-prep's own records give (their per-variant features stacked
+  as one bytes value per variant)."""
+  wrong = _TYPE.search(message)
+  if wrong:
+    key, index, want, got = wrong.groups()
+    where = f"{sig.EXAMPLES}[{index}]: feature {key!r} holds {got} values where " \
+            f"{sig.SERVE_EXAMPLES} reads {want}"
+    if got != "string":
+      return where
+    return (f"{where}: beam-prep's records stack an object's click variants, one bytes value "
+            f"each; {sig.SERVE_EXAMPLES} takes one (object, variant) per tf.Example, as "
+            "FeatureTable.encode writes it (FeatureTable.decode_examples gives a record's "
+            "examples)")
+  missing = _MISSING.search(message)
+  if missing:
+    return (f"{sig.EXAMPLES}: an example has no feature {missing.group(1)!r} "
+            f"({missing.group(2)}), which {sig.SERVE_EXAMPLES} reads (is it a serialized "
+            "tf.Example in the records' schema?)")
+  if "Could not parse example input" in message:
+    return _NOT_AN_EXAMPLE
+  return None
+
+
+_NOT_AN_EXAMPLE = f"{sig.EXAMPLES}: a value is not a serialized tf.Example"
 
 
 def _clicks(points):
@@ -86,6 +131,11 @@ class ServedModel:
       return self._functions[signature](**{k: tf.cast(v, specs[k].dtype) if tf.is_tensor(v)
                                            else tf.constant(v, dtype=specs[k].dtype)
                                            for k, v in inputs.items()})
+    except UnicodeDecodeError:
+      # TensorFlow cannot make text of an error that echoes an input's bytes:
+      # of the graph's errors, only the parser of `examples` does.
+      raise InvalidInput(_NOT_AN_EXAMPLE if sig.EXAMPLES in specs else
+                         "the graph refused the inputs (its reason is not text)") from None
     except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
       raise InvalidInput(graph_message(e)) from None
 
@@ -102,6 +152,16 @@ class ServedModel:
     if previous is not None and self.takes(sig.SERVE_ITERATIVE, sig.PREVIOUS_MASK):
       return sig.SERVE_ITERATIVE, dict(inputs, **{sig.PREVIOUS_MASK: previous})
     return sig.SERVING_DEFAULT, inputs
+
+  def encoded_inputs(self, image_bytes: bytes, positive, negative, previous=None):
+    """(signature, inputs) for one encoded image file (PNG, JPEG, ...) and its
+    clicks, a batch of one: `serve_iterative_encoded` with the previous mask,
+    `serve_encoded` otherwise. The outputs are [1, H, W]."""
+    inputs = {sig.IMAGE_BYTES: [image_bytes], sig.POSITIVE_CLICKS: _clicks(positive)[None],
+              sig.NEGATIVE_CLICKS: _clicks(negative)[None]}
+    if previous is not None:
+      return sig.SERVE_ITERATIVE_ENCODED, dict(inputs, **{sig.PREVIOUS_MASK: previous[None]})
+    return sig.SERVE_ENCODED, inputs
 
   def segment(self, image, positive, negative,
               previous: Optional[object] = None) -> Dict[str, np.ndarray]:

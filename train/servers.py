@@ -12,6 +12,7 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
+from beam_prep.ops.image import decode_image_tf
 from beam_prep.preprocessing import decode_feature
 from train import clicker
 from train import signatures as sig
@@ -121,7 +122,45 @@ class SegmentationServer(_Server):
   def serve_iterative(self, image, positive_clicks, negative_clicks, previous_mask):
     return self._serve(image, positive_clicks, negative_clicks, previous_mask)
 
-  @tf.function(input_signature=sig.specs(sig.EXAMPLES))
+  @tf.function(input_signature=sig.specs(*sig.ENCODED_CLICK_INPUTS, batch=True))
+  def serve_encoded(self, image_bytes, positive_clicks, negative_clicks):
+    return self._serve_encoded(image_bytes, positive_clicks, negative_clicks)
+
+  @tf.function(input_signature=sig.specs(*sig.ENCODED_CLICK_INPUTS, sig.PREVIOUS_MASK,
+                                         batch=True))
+  def serve_iterative_encoded(self, image_bytes, positive_clicks, negative_clicks,
+                              previous_mask):
+    return self._serve_encoded(image_bytes, positive_clicks, negative_clicks, previous_mask)
+
+  def _serve_encoded(self, image_bytes, positive_clicks, negative_clicks, previous_mask=None):
+    """[B] encoded files, each decoded (`decode_image_tf`: EXIF orientation
+    applied), then given to `serve` (no previous mask) or `serve_iterative`:
+    the array signatures' own functions, called; the images of one batch
+    must decode to one size."""
+    n = tf.shape(image_bytes)[0]
+    # [B, 0] ("[]" per instance, as TF Serving stacks it) is [B, 0, 2].
+    clicks = [tf.reshape(c, [n, -1, 2]) for c in (positive_clicks, negative_clicks)]
+    elems = (image_bytes, *clicks) + (() if previous_mask is None else (previous_mask,))
+
+    def one(args):
+      image = decode_image_tf(args[0])
+      if previous_mask is None:
+        prob = self.serve(image, args[1], args[2])[sig.PROBABILITIES]
+      else:
+        prob = self.serve_iterative(image, args[1], args[2], args[3])[sig.PROBABILITIES]
+      return tf.reshape(prob, [-1]), tf.shape(image)[:2]
+
+    with tf.control_dependencies([tf.debugging.assert_positive(
+        n, message=f"{sig.IMAGE_BYTES}: at least one image is required")]):
+      flat, sizes = tf.map_fn(one, elems, fn_output_signature=(
+          tf.RaggedTensorSpec([None], tf.float32, ragged_rank=0), tf.TensorSpec([2], tf.int32)))
+    with tf.control_dependencies([tf.debugging.assert_equal(
+        sizes, tf.broadcast_to(sizes[0], tf.shape(sizes)),
+        message=f"{sig.IMAGE_BYTES}: the images of one request must have one size")]):
+      prob = tf.reshape(flat.flat_values, tf.concat([[n], sizes[0]], 0))
+    return _outputs(prob)
+
+  @tf.function(input_signature=sig.specs(sig.EXAMPLES, batch=True))
   def serve_examples(self, examples):
     """[B] serialized tf.Examples of one (object, variant) each, in the example
     view (`FeatureTable.encode`: raw `image` bytes and int64 click lists), not
@@ -129,7 +168,10 @@ class SegmentationServer(_Server):
     spec = self._table.raw_feature_spec(
         [keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS])
     parsed = tf.io.parse_example(examples, spec)
-    images = decode_feature(parsed[keys.IMAGE], self._table[keys.IMAGE], self._table.image_size)
+    clicks = {k: tf.RaggedTensor.from_sparse(parsed[k]) for k in sig.CLICKS}
+    with tf.control_dependencies(self._example_checks(parsed[keys.IMAGE], clicks)):
+      images = decode_feature(parsed[keys.IMAGE], self._table[keys.IMAGE],
+                              self._table.image_size)
 
     def one(args):
       image, pos, neg = args
@@ -138,13 +180,34 @@ class SegmentationServer(_Server):
       ex.update(self._side.frame())
       return self.raw_model_input(ex)
 
-    raw = self.batched_raw((images, tf.RaggedTensor.from_sparse(parsed[keys.POSITIVE_CLICKS]),
-                             tf.RaggedTensor.from_sparse(parsed[keys.NEGATIVE_CLICKS])), one)
+    raw = self.batched_raw((images, clicks[keys.POSITIVE_CLICKS],
+                            clicks[keys.NEGATIVE_CLICKS]), one)
     prob = self._predict(self.model_input(raw))
     return _outputs(prob)
 
+  def _example_checks(self, image, clicks):
+    """Assertions that each parsed example of `serve_examples` holds what it
+    reads, each message naming the feature."""
+    h, w = self._table.image_size
+    size = self._table.example_view[keys.IMAGE].stored_bytes(self._table.image_size)
+    where = f"{sig.EXAMPLES}: feature"
+    checks = [tf.debugging.assert_equal(
+        tf.strings.length(image), size,
+        message=f"{where} '{keys.IMAGE}' must hold the raw bytes of uint8 [{h}, {w}, 3], the "
+        f"records' size ({size} bytes, as FeatureTable.encode writes it)"),
+              tf.debugging.assert_positive(
+        clicks[keys.POSITIVE_CLICKS].row_lengths(),
+        message=f"{where} '{keys.POSITIVE_CLICKS}': each example needs a positive click")]
+    for k, c in clicks.items():
+      checks.append(tf.debugging.assert_equal(
+          c.row_lengths() % 2, tf.constant(0, tf.int64),
+          message=f"{where} '{k}' must hold (x, y) pairs: an even number of values"))
+    return checks
+
   def signatures(self):
     return {sig.SERVING_DEFAULT: self.serve, sig.SERVE_ITERATIVE: self.serve_iterative,
+            sig.SERVE_ENCODED: self.serve_encoded,
+            sig.SERVE_ITERATIVE_ENCODED: self.serve_iterative_encoded,
             sig.SERVE_EXAMPLES: self.serve_examples}
 
 
@@ -155,7 +218,7 @@ class ClassificationServer(_Server):
     super().__init__(model, tft_output, table)
     self.classes = tf.constant(tft_output.vocabulary_by_name(keys.LABEL_VOCABULARY))
 
-  @tf.function(input_signature=sig.specs(sig.IMAGE_BYTES))
+  @tf.function(input_signature=sig.specs(sig.IMAGE_BYTES, batch=True))
   def serve(self, image_bytes):
     raw = self.batched_raw(image_bytes,
                             lambda data: self.raw_model_input({keys.IMAGE_BYTES: data}))

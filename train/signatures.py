@@ -4,16 +4,20 @@ The servers (`train.servers`) trace their `tf.function`s with these specs,
 and every client (`train.served.ServedModel`: predict, evaluate, the page,
 the REST server, the benchmarks) names inputs and outputs from here. An
 input's name is the raw feature it stands for (`beam_prep.keys`), except
-`examples`, TFX's name for serialized tf.Examples.
+`examples`, TFX's name for serialized tf.Examples. `_SPECS` declares one
+example's input; a batched signature takes a batch of them (`specs(...,
+batch=True)`: a first dimension of any size).
 
-Segmentation:
-  serving_default   image, positive_clicks, negative_clicks
-  serve_iterative   the same and previous_mask
-  serve_examples    examples
-  outputs           probabilities float32, mask uint8 (probability > PRED_THR)
+Segmentation (one image per call, or a batch [B]):
+  serving_default          image, positive_clicks, negative_clicks
+  serve_iterative          the same and previous_mask
+  serve_encoded            [B] image_bytes, positive_clicks, negative_clicks
+  serve_iterative_encoded  [B] the same and previous_mask
+  serve_examples           [B] examples
+  outputs                  probabilities float32, mask uint8 (probability > PRED_THR)
 Classification:
-  serving_default   image_bytes
-  outputs           probabilities, label, classes
+  serving_default          [B] image_bytes
+  outputs                  probabilities, label, classes
 """
 
 import tensorflow as tf
@@ -23,6 +27,8 @@ from beam_prep import keys
 SERVING_DEFAULT = "serving_default"
 SERVE_ITERATIVE = "serve_iterative"
 SERVE_EXAMPLES = "serve_examples"
+SERVE_ENCODED = "serve_encoded"
+SERVE_ITERATIVE_ENCODED = "serve_iterative_encoded"
 
 # Inputs.
 IMAGE = keys.IMAGE
@@ -43,8 +49,8 @@ _SPECS = {
     POSITIVE_CLICKS: tf.TensorSpec([None, 2], tf.int32, name=POSITIVE_CLICKS),
     NEGATIVE_CLICKS: tf.TensorSpec([None, 2], tf.int32, name=NEGATIVE_CLICKS),
     PREVIOUS_MASK: tf.TensorSpec([None, None], tf.uint8, name=PREVIOUS_MASK),
-    EXAMPLES: tf.TensorSpec([None], tf.string, name=EXAMPLES),
-    IMAGE_BYTES: tf.TensorSpec([None], tf.string, name=IMAGE_BYTES),
+    EXAMPLES: tf.TensorSpec([], tf.string, name=EXAMPLES),
+    IMAGE_BYTES: tf.TensorSpec([], tf.string, name=IMAGE_BYTES),
 }
 
 # The inputs that carry clicks, one [x, y] row each (the server caps their
@@ -52,11 +58,17 @@ _SPECS = {
 CLICKS = (POSITIVE_CLICKS, NEGATIVE_CLICKS)
 # The inputs of a segmentation request: one image and its clicks.
 CLICK_INPUTS = (IMAGE,) + CLICKS
+# The same with the image as an encoded file (PNG, JPEG, ...).
+ENCODED_CLICK_INPUTS = (IMAGE_BYTES,) + CLICKS
 
 
-def specs(*names: str):
-  """The input signature of a tf.function taking inputs `names`, in order."""
-  return [_SPECS[n] for n in names]
+def specs(*names: str, batch: bool = False):
+  """The input signature of a tf.function taking inputs `names`, in order;
+  with `batch`, each with a first dimension of any size in front."""
+  if not batch:
+    return [_SPECS[n] for n in names]
+  return [tf.TensorSpec([None] + _SPECS[n].shape.as_list(), _SPECS[n].dtype, name=n)
+          for n in names]
 
 
 def takes(inputs, *names: str) -> bool:

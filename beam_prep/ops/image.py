@@ -155,9 +155,48 @@ def decode_file(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray
   return image_to_rgb(displayed(_open(data, "image", max_pixels)))
 
 
+# The formats the serving graph's decoder (`decode_image_tf`) reads, as PIL
+# names them (`Image.format`).
+SERVED_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
+
+
+def declared_pixels(data: bytes) -> int:
+  """The pixels an encoded image declares in its header (nothing decoded), or
+  ValueError: not an image, or a format the serving graph does not decode."""
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+      im = Image.open(io.BytesIO(data))
+  except Image.DecompressionBombError as e:
+    raise ValueError(f"a decompression bomb: {e}") from None
+  except (Image.UnidentifiedImageError, OSError, SyntaxError, ValueError):
+    raise ValueError("not an image file (PNG, JPEG, GIF, BMP or WebP)") from None
+  if im.format not in SERVED_FORMATS:
+    raise ValueError(f"a {im.format} file; the serving graph decodes "
+                     f"{', '.join(SERVED_FORMATS)}")
+  return im.size[0] * im.size[1]
+
+
+def decode_image_tf(data):
+  """`decode_file` in TensorFlow: a scalar string, an encoded file -> uint8
+  RGB [H, W, 3] as viewers show it, the file's EXIF orientation applied.
+
+  JPEGs are decoded with libjpeg's accurate integer DCT, as PIL decodes them,
+  so both decoders give the same pixels (TensorFlow's default, the fast DCT,
+  differs by a few levels); other formats are lossless.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  image = tf.cond(
+      tf.io.is_jpeg(data),
+      lambda: tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE"),
+      lambda: tf.io.decode_image(data, channels=3, expand_animations=False))
+  image.set_shape([None, None, 3])
+  return _orient(image, _exif_orientation(data))
+
+
 def decode_twin(ex, max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
-  """`decode` in TensorFlow: `image_bytes` (an encoded file) -> `image`, with
-  the file's EXIF orientation applied as `decode` applies it.
+  """`decode` in TensorFlow: `image_bytes` (an encoded file) -> `image`
+  (`decode_image_tf`: the same pixels, EXIF orientation applied).
 
   A request that already holds decoded pixels (`image`) passes unchanged.
   """
@@ -165,9 +204,7 @@ def decode_twin(ex, max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = T
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   out = dict(ex)
   if keys.IMAGE_BYTES in ex:
-    data = ex[keys.IMAGE_BYTES]
-    image = tf.io.decode_image(data, channels=3, expand_animations=False)
-    out[keys.IMAGE] = _orient(image, _exif_orientation(data))
+    out[keys.IMAGE] = decode_image_tf(ex[keys.IMAGE_BYTES])
     del out[keys.IMAGE_BYTES]
   shape = tf.shape(out[keys.IMAGE])
   out[keys.HEIGHT], out[keys.WIDTH] = tf.cast(shape[0], tf.int64), tf.cast(shape[1], tf.int64)
@@ -185,42 +222,40 @@ def _exif_orientation(data):
   """The EXIF orientation (1..8) of an encoded image, in TensorFlow; 1 when
   the file has none. Reads IFD0 of the first EXIF block, as PIL does."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  head = tf.io.decode_raw(tf.strings.substr(data, 0, _EXIF_SEARCH_BYTES), tf.uint8)
-  head = tf.cast(tf.concat([head, tf.zeros([16], tf.uint8)], 0), tf.int32)
-  n = tf.shape(head)[0] - 16
-  starts = [_find(head, n, m) + len(m) for m in _EXIF_MARKERS]
-  tiff = tf.reduce_min(tf.stack(starts))
+  head = tf.strings.substr(data, 0, _EXIF_SEARCH_BYTES)
+  n = tf.strings.length(head)
+  tiff = tf.reduce_min(tf.stack([_find(head, m) + len(m) for m in _EXIF_MARKERS]))
   found = tiff < n
   tiff = tf.minimum(tiff, n)
-  body = tf.concat([head[tiff:], tf.zeros([12 * 64 + 16], tf.int32)], 0)
+  body = tf.cast(tf.io.decode_raw(tf.strings.substr(head, tiff, n - tiff), tf.uint8), tf.int32)
+  body = tf.concat([body, tf.zeros([12 * 64 + 16], tf.int32)], 0)
   little = tf.equal(body[0], ord("I"))
   found &= (little | tf.equal(body[0], ord("M"))) & tf.equal(body[0], body[1])
+  weights = {size: tf.where(little, tf.constant([1 << (8 * i) for i in range(size)]),
+                            tf.constant([1 << (8 * i) for i in reversed(range(size))]))
+             for size in (2, 4)}
 
   def uint(at, size):
-    b = body[at:at + size]
-    b = tf.cond(little, lambda: tf.reverse(b, [0]), lambda: b)
-    return tf.reduce_sum(b * tf.bitwise.left_shift(1, 8 * tf.range(size - 1, -1, -1)))
+    """The unsigned integers of `size` bytes at offsets `at` (any shape) of the block."""
+    at = tf.minimum(at[..., None] + tf.range(size), tf.shape(body)[0] - 1)
+    return tf.reduce_sum(tf.gather(body, at) * weights[size], -1)
 
   # An offset past the block (or over 2**31, read negative) reads nothing.
-  ifd = tf.clip_by_value(uint(4, 4), 0, tf.shape(body)[0] - 2)
-  entries = tf.range(tf.minimum(uint(ifd, 2), 64))
-  tags = tf.map_fn(lambda i: uint(ifd + 2 + 12 * i, 2), entries)
-  hit = tf.where(tf.equal(tags, _ORIENTATION_TAG))[:, 0]
-  value = tf.cond(tf.size(hit) > 0,
-                  lambda: uint(ifd + 2 + 12 * tf.cast(hit[0], tf.int32) + 8, 2),
-                  lambda: tf.constant(1))
+  ifd = tf.clip_by_value(uint(tf.constant(4), 4), 0, tf.shape(body)[0] - 2)
+  entries = ifd + 2 + 12 * tf.range(tf.minimum(uint(ifd, 2), 64))
+  hits = tf.cast(tf.equal(uint(entries, 2), _ORIENTATION_TAG), tf.int32)
+  # The first entry of the tag, else the value 1 after the entries.
+  first = tf.argmax(tf.concat([hits, [1]], 0), output_type=tf.int32)
+  value = tf.concat([uint(entries + 8, 2), [1]], 0)[first]
   ok = found & (value >= 1) & (value <= 8)
   return tf.where(ok, value, 1)
 
 
-def _find(head, n, marker: bytes):
-  """Index of the first `marker` in `head[:n]`, or n."""
+def _find(head, marker: bytes):
+  """Index of the first `marker` in the string `head`, or its length."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  match = tf.ones([n], tf.bool)
-  for i, byte in enumerate(marker):
-    match &= tf.equal(head[i:i + n], byte)
-  hits = tf.where(match)[:, 0]
-  return tf.cond(tf.size(hits) > 0, lambda: tf.cast(hits[0], tf.int32), lambda: n)
+  before = tf.strings.split(head, sep=marker, maxsplit=1)
+  return tf.strings.length(tf.concat([before, [""]], 0)[0])
 
 
 def _orient(image, orientation):

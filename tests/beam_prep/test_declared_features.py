@@ -111,6 +111,28 @@ def test_serving_graph_model_input_equals_the_records(runs, op):
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
+def test_the_encoded_signatures_answer_as_the_array_ones(runs, name, sample_dir):
+  """User ops, whole-image records and the previous mask as an input: the
+  file sent to serve_encoded (serve_iterative_encoded) is answered as its
+  decoded pixels are by serving_default (serve_iterative)."""
+  from beam_prep.ops.image import decode_file  # pylint: disable=g-import-not-at-top
+  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  model = ServedModel(runs[name][1])
+  folder = os.path.join(sample_dir, "images")
+  data = open(os.path.join(folder, sorted(os.listdir(folder))[0]), "rb").read()
+  pixels = decode_file(data)
+  h, w = pixels.shape[:2]
+  pos, neg = [[w // 2, h // 2]], [[1, 1]]
+  previous = None
+  for _ in range(2):  # The first click, then the next with the previous mask.
+    want = model.segment(pixels, pos, neg, previous)
+    got = model.predict(*model.encoded_inputs(data, pos, neg, previous))
+    for k in want:
+      np.testing.assert_array_equal(got[k][0], want[k])
+    previous = want["mask"]
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
 def test_export_serves_without_the_prep_output_or_the_ops_module(runs, name, sample_dir,
                                                                  tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top

@@ -17,6 +17,8 @@ FIGURES = ("input.on_the_fly_img_s", "input.precomputed_img_s", "input.read_ceil
            "serve.latency_ms_p95", "serve.rest_latency_ms_p50", "serve.rest_latency_ms_p95",
            "serve.rest_vs_saved_model", "serve.page_latency_ms_p50", "serve.page_latency_ms_p95",
            "serve.bad_5xx", "serve.bad_max_ms", "serve.bad_rss_after_vs_before",
+           "serve.encoded_latency_ms_p50", "serve.encoded_rest_latency_ms_p50",
+           "serve.encoded_rest_latency_ms_p95", "serve.encoded_rest_vs_saved_model",
            "noc.baseline_object_clicks_s", "noc.model_object_clicks_s")
 
 

@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -183,3 +184,115 @@ def test_classification_end_to_end(tmp_path, capsys):
   assert out["label"].numpy().tolist() == [b"red", b"blue"]
   with pytest.raises(tf.errors.InvalidArgumentError):
     serving(image_bytes=tf.constant([b"not an image"]))
+
+
+def _encoded(arr, fmt="PNG", **save):
+  buf = io.BytesIO()
+  Image.fromarray(arr).save(buf, format=fmt, **save)
+  return buf.getvalue()
+
+
+def test_encoded_signatures_answer_as_the_array_ones_on_the_decoded_pixels(trained):
+  from beam_prep.ops.image import decode_file  # pylint: disable=g-import-not-at-top
+  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  model = ServedModel(trained)
+  rng = np.random.default_rng(4)
+  image = rng.integers(0, 256, (41, 57, 3), dtype=np.uint8)
+  pos, neg = [[10, 12], [30, 20]], [[50, 3]]
+  jpeg = _encoded(image, "JPEG", quality=85)
+  # The PNG's pixels are the image; the JPEG's those the Beam job's decoder
+  # gives (PIL), which the graph's decoder reproduces exactly.
+  for data, pixels in ((_encoded(image), image), (jpeg, decode_file(jpeg))):
+    want = model.segment(pixels, pos, neg)
+    got = model.predict(*model.encoded_inputs(data, pos, neg))
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k][None])
+    previous = want["mask"]
+    want = model.segment(pixels, pos, neg, previous)
+    got = model.predict(*model.encoded_inputs(data, pos, neg, previous))
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k][None])
+  # A batch is each image alone; a batch of two sizes is refused, naming the input.
+  batch = model.predict("serve_encoded", {"image_bytes": [jpeg, _encoded(image)],
+                                          "positive_clicks": [pos, pos],
+                                          "negative_clicks": np.zeros([2, 0, 2])})
+  alone = model.predict(*model.encoded_inputs(_encoded(image), pos, []))
+  np.testing.assert_array_equal(batch["probabilities"][1], alone["probabilities"][0])
+  from train.served import InvalidInput  # pylint: disable=g-import-not-at-top
+  with pytest.raises(InvalidInput, match="image_bytes: the images of one request must have "
+                     "one size"):
+    model.predict("serve_encoded", {"image_bytes": [jpeg, _encoded(image[:20])],
+                                    "positive_clicks": [pos, pos], "negative_clicks": [neg, neg]})
+  with pytest.raises(InvalidInput, match="positive_clicks: at least one positive click"):
+    model.predict(*model.encoded_inputs(jpeg, np.zeros([0, 2]), neg))
+
+
+def test_an_exif_rotated_jpeg_is_served_as_displayed(trained):
+  """A phone photo: pixels stored as the sensor saw them (24 x 48) and EXIF
+  orientation 6 (turned 90 degrees clockwise to show: 48 x 24). The encoded
+  signature answers for the picture as shown, as the array signature does
+  for the shown pixels; clicks are in the shown picture."""
+  from beam_prep.ops.image import decode_file  # pylint: disable=g-import-not-at-top
+  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  model = ServedModel(trained)
+  stored = np.random.default_rng(5).integers(0, 256, (24, 48, 3), dtype=np.uint8)
+  exif = Image.Exif()
+  exif[0x0112] = 6
+  jpeg = _encoded(stored, "JPEG", quality=90, exif=exif.tobytes())
+  shown = decode_file(jpeg)
+  assert shown.shape == (48, 24, 3)
+  as_stored = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))  # No EXIF applied.
+  np.testing.assert_array_equal(shown, np.rot90(as_stored, k=-1))
+  pos, neg = [[5, 40]], [[20, 3]]
+  got = model.predict(*model.encoded_inputs(jpeg, pos, neg))
+  want = model.segment(shown, pos, neg)
+  assert got["probabilities"].shape == (1, 48, 24)
+  for k in want:
+    np.testing.assert_array_equal(got[k][0], want[k])
+
+
+def test_serve_examples_says_in_one_line_what_an_example_lacks(prep_dir, trained):
+  """The job's own records (an object with its variants stacked) and other
+  wrong examples are refused with one line naming the feature and why."""
+  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+  from tests.helpers import records  # pylint: disable=g-import-not-at-top
+  from train.served import InvalidInput, ServedModel  # pylint: disable=g-import-not-at-top
+  model = ServedModel(trained)
+  job = [r.SerializeToString() for r in records(prep_dir, keys.EVAL_SPLIT)][:2]
+  good = tf.train.Example.FromString(_eval_examples(prep_dir, 1)[0])
+
+  def changed(key, values=None):
+    ex = tf.train.Example()
+    ex.CopyFrom(good)
+    del ex.features.feature[key]
+    if values is not None:
+      ex.features.feature[key].CopyFrom(values)
+    return ex.SerializeToString()
+
+  odd = tf.train.Feature(int64_list=tf.train.Int64List(value=[1, 2, 3]))
+  short = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"abc"]))
+  floats = tf.train.Feature(float_list=tf.train.FloatList(value=[1.0, 2.0]))
+  cases = [
+      # Either click list is found first.
+      (job, "examples[0]: feature '(positive|negative)_clicks' holds string values where "
+       "serve_examples reads int64: beam-prep's records stack an object's click variants"),
+      ([changed("image")], "examples: an example has no feature 'image' (string)"),
+      ([b"\xff not a tf.Example"], "examples: a value is not a serialized tf.Example"),
+      ([changed("image", short)], "examples: feature 'image' must hold the raw bytes of uint8 "
+       "[64, 64, 3]"),
+      ([changed("negative_clicks", odd)], "examples: feature 'negative_clicks' must hold (x, y) "
+       "pairs"),
+      ([changed("positive_clicks")], "examples: feature 'positive_clicks': each example needs "
+       "a positive click"),
+      ([changed("positive_clicks", floats)], "examples[0]: feature 'positive_clicks' holds float "
+       "values where serve_examples reads int64"),
+  ]
+  for examples, message in cases:
+    with pytest.raises(InvalidInput) as e:
+      model.predict("serve_examples", {"examples": examples})
+    assert re.match(re.escape(message).replace(r"\(positive\|negative\)", "(positive|negative)"),
+                    str(e.value)) and "\n" not in str(e.value), str(e.value)
+  # What it asks for: the records' examples, as FeatureTable.encode writes them.
+  table = FeatureTable.load(prep_dir)
+  examples = [table.encode(ex) for ex in table.decode_examples(job[0])]
+  assert model.predict("serve_examples", {"examples": examples})["mask"].shape[0] == len(examples)

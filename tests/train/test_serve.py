@@ -21,7 +21,7 @@ from PIL import Image
 from scipy import ndimage
 
 from beam_prep import keys
-from tests.helpers import ROOT, png
+from tests.helpers import ROOT, encoded, png
 from train.export import latest_export
 from train.noc import eval_objects
 from beam_prep.prep_output import PrepOutput
@@ -153,6 +153,92 @@ def test_row_predict_of_the_batch_signature(client, direct, prep_dir):
   _same_outputs(r.get_json()["outputs"], want)
 
 
+def _b64(data: bytes):
+  return {"b64": base64.b64encode(data).decode()}
+
+
+def _png_header(w, h):
+  """A PNG that declares w x h pixels and holds none."""
+  import struct  # pylint: disable=g-import-not-at-top
+  import zlib  # pylint: disable=g-import-not-at-top
+
+  def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+  return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+          + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+def test_encoded_images_over_rest_as_tf_serving_takes_them(client, served, direct, images_dir):
+  sigs = client.get(f"/v1/models/{NAME}/metadata").get_json()[
+      "metadata"]["signature_def"]["signature_def"]
+  for name in ("serve_encoded", "serve_iterative_encoded"):
+    assert sigs[name]["inputs"]["image_bytes"]["dtype"] == "DT_STRING"
+    assert [d["size"] for d in sigs[name]["inputs"]["positive_clicks"]["tensor_shape"]["dim"]] == [
+        "-1", "-1", "2"]
+  # A phone photo (EXIF: turned to show it 24 wide, 48 high), sent as b64.
+  jpeg = open(os.path.join(images_dir, "phone.jpg"), "rb").read()
+  pos, neg = [[5, 40], [12, 30]], [[20, 3]]
+  url = f"/v1/models/{NAME}:predict"
+
+  def want(negative):
+    out = direct["serve_encoded"](
+        image_bytes=tf.constant([jpeg]), positive_clicks=tf.constant([pos], tf.int32),
+        negative_clicks=tf.constant(np.reshape(negative, (1, -1, 2)), tf.int32))
+    return {k: v.numpy()[0] for k, v in out.items()}
+
+  # Columnar: a batch of one in each input ("[[]]": no negative click).
+  for negative in (neg, []):
+    r = client.post(url, json={"signature_name": "serve_encoded", "inputs": {
+        "image_bytes": [_b64(jpeg)], "positive_clicks": [pos], "negative_clicks": [negative]}})
+    assert r.status_code == 200, r.get_json()
+    answer = {k: np.asarray(v)[0] for k, v in r.get_json()["outputs"].items()}
+    assert answer["mask"].shape == (48, 24)
+    _same_outputs(answer, want(negative))
+  # Rows, through the port: one instance per image, "[]" for no negative click.
+  body = {"signature_name": "serve_encoded", "instances": [
+      {"image_bytes": _b64(jpeg), "positive_clicks": pos, "negative_clicks": []}]}
+  [answer] = _post(f"{served[0]}{url}", json.dumps(body).encode())["predictions"]
+  _same_outputs(answer, want([]))
+  # The next click, with the previous mask.
+  previous = want([])["mask"]
+  r = client.post(url, json={"signature_name": "serve_iterative_encoded", "instances": [
+      {"image_bytes": _b64(jpeg), "positive_clicks": pos, "negative_clicks": neg,
+       "previous_mask": previous.tolist()}]})
+  assert r.status_code == 200, r.get_json()
+  out = direct["serve_iterative_encoded"](
+      image_bytes=tf.constant([jpeg]), positive_clicks=tf.constant([pos], tf.int32),
+      negative_clicks=tf.constant([neg], tf.int32), previous_mask=tf.constant(previous[None]))
+  _same_outputs(r.get_json()["predictions"][0], {k: v.numpy()[0] for k, v in out.items()})
+
+
+def test_string_outputs_in_rows_and_clicks_counted_in_batches():
+  from train.serve import rest  # pylint: disable=g-import-not-at-top
+  # A row of a string output is one bytes object (classification's label).
+  body = rest.encode_outputs({"label": np.array([b"red", b"blue"], object),
+                              "probabilities": np.array([[0.25, 0.75], [1, 0]], np.float32)},
+                             row=True)
+  assert json.loads(body)["predictions"] == [{"label": "red", "probabilities": [0.25, 0.75]},
+                                             {"label": "blue", "probabilities": [1.0, 0.0]}]
+  # --max-clicks counts [x, y] pairs, batched ([B, N, 2]) or not, lists or arrays.
+  batched = {"positive_clicks": [[[[1, 2], [3, 4]]]], "negative_clicks": [np.zeros((1, 1, 2))]}
+  rest.check_clicks(batched, 3)
+  with pytest.raises(rest.RequestError, match="3 clicks in one request.*at most 2"):
+    rest.check_clicks(batched, 2)
+
+
+def test_the_jobs_records_sent_to_serve_examples_are_refused_in_one_line(client, prep_dir):
+  from tests.helpers import records  # pylint: disable=g-import-not-at-top
+  job = [r.SerializeToString() for r in records(prep_dir, keys.EVAL_SPLIT)][:2]
+  r = client.post(f"/v1/models/{NAME}:predict", json={
+      "signature_name": "serve_examples", "instances": [_b64(e) for e in job]})
+  assert r.status_code == 400
+  error = r.get_json()["error"]
+  assert "\n" not in error and error.startswith("examples[0]: feature '"), error
+  assert ("holds string values where serve_examples reads int64: beam-prep's records stack an "
+          "object's click variants") in error, error
+
+
 def test_row_format_on_the_unbatched_signature_is_refused_as_tf_serving_does(client):
   # TF Serving stacks instances into a batch dimension the signature does not
   # have; its graph then refuses the request. Here: a 400 saying what to send.
@@ -192,6 +278,24 @@ BAD = {
                                       "negative_clicks": []}}, "positive_clicks"),
     "empty image": ({"inputs": {"image": np.zeros((0, 4, 3), int).tolist(),
                                 "positive_clicks": [[0, 0]], "negative_clicks": []}}, "image"),
+    "not an image file": ({"signature_name": "serve_encoded", "instances": [
+        {"image_bytes": _b64(b"junk"), "positive_clicks": [[0, 0]], "negative_clicks": []}]},
+                          "image_bytes[0]: not an image file"),
+    "a TIFF file": ({"signature_name": "serve_encoded", "inputs": {
+        "image_bytes": [_b64(encoded(Image.new("RGB", (4, 4)), "TIFF"))],
+        "positive_clicks": [[[0, 0]]], "negative_clicks": [[]]}}, "image_bytes[0]: a TIFF file"),
+    "over --max-pixels": ({"signature_name": "serve_encoded", "instances": [
+        {"image_bytes": _b64(_png_header(5000, 5000)), "positive_clicks": [[0, 0]],
+         "negative_clicks": []}]}, "image_bytes[0]: 25000000 pixels"),
+    "a decompression bomb": ({"signature_name": "serve_encoded", "instances": [
+        {"image_bytes": _b64(_png_header(20000, 20000)), "positive_clicks": [[0, 0]],
+         "negative_clicks": []}]}, "image_bytes[0]: a decompression bomb"),
+    "not base64": ({"signature_name": "serve_encoded", "instances": [
+        {"image_bytes": {"b64": "@@"}, "positive_clicks": [[0, 0]], "negative_clicks": []}]},
+                   "image_bytes"),
+    "encoded, no positive click": ({"signature_name": "serve_encoded", "instances": [
+        {"image_bytes": _b64(png(np.zeros((4, 4, 3), np.uint8))), "positive_clicks": [],
+         "negative_clicks": []}]}, "positive_clicks"),
 }
 
 
@@ -259,6 +363,12 @@ def test_the_page_opens_uploads_with_exif_applied_and_the_limits_hold(client, tr
   assert r.status_code == 400 and "1000" in r.get_json()["error"], r.get_json()
   r = small.post(f"/v1/models/{NAME}:predict", data=_predict_body(_image(64, 64), [[1, 1]], []))
   assert r.status_code == 413 and "--max-request-mb" in r.get_json()["error"]
+  # An encoded image, by the size its header declares, before it is decoded.
+  r = small.post(f"/v1/models/{NAME}:predict", json={
+      "signature_name": "serve_encoded", "instances": [{
+          "image_bytes": _b64(png(_image(40, 40))), "positive_clicks": [[1, 1]],
+          "negative_clicks": []}]})
+  assert r.status_code == 400 and "image_bytes[0]: 1600 pixels" in r.get_json()["error"]
 
 
 def _model_and_sources(trained):

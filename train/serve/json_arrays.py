@@ -25,11 +25,12 @@ import numpy as np
 # Arrays of at least this many bytes take the fast path; smaller ones are
 # cheaper to parse with json.
 MIN_BYTES = 2048
-_ARRAY_CHAR = rb"[\[\]0-9,\- \n\r\t]"
-# A run of the characters of an integer array, matched from its first
-# character only: each byte is looked at once (a pattern starting at every
-# "[" would scan the same run again from each).
-_RUN = re.compile(rb"(?<!%s)%s{%d,}" % (_ARRAY_CHAR, _ARRAY_CHAR, MIN_BYTES))
+# The characters of an integer array's text marked 1, every other byte 0: a
+# run of MIN_BYTES ones is then found by `bytes.find`, in linear time and at
+# memchr speed across text that holds none (a b64 string of an image).
+_ARRAY_CHARS = b"[]0123456789,- \n\r\t"
+_MARK = bytes(1 if i in _ARRAY_CHARS else 0 for i in range(256))
+_LONG_RUN = b"\x01" * MIN_BYTES
 _SPACE = b" \n\r\t"
 # The deepest nesting of lists and objects taken: a request's tensors nest a
 # few levels (an image three, inside "inputs" and the body two more).
@@ -99,11 +100,22 @@ def int_array(text: bytes) -> Optional[np.ndarray]:
   return values.reshape(shape)
 
 
+def _runs(body: bytes):
+  """(start, end) of each run of at least MIN_BYTES array characters."""
+  marked = body.translate(_MARK)
+  start = marked.find(_LONG_RUN)
+  while start >= 0:  # The first long run from here starts where it is found.
+    end = marked.find(b"\x00", start)
+    end = len(body) if end < 0 else end
+    yield start, end
+    start = marked.find(_LONG_RUN, end)
+
+
 def _spans(body: bytes):
   """(start, end) of each candidate array: in each long run of array
   characters, from its first "[" to its last "]"."""
-  for m in _RUN.finditer(body):
-    start, end = body.find(b"[", *m.span()), body.rfind(b"]", *m.span()) + 1
+  for run in _runs(body):
+    start, end = body.find(b"[", *run), body.rfind(b"]", *run) + 1
     if 0 <= start and end - start >= MIN_BYTES:
       yield start, end
 

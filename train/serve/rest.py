@@ -6,7 +6,9 @@ Request (`POST /v1/models/NAME[/versions/V]:predict`), as TF Serving reads it
   {"signature_name": "serving_default",        optional
    "inputs": {"image": [[[r, g, b], ...], ...], "positive_clicks": [[x, y]],
               "negative_clicks": []}}         columnar: one tensor per input
-  {"instances": [{"examples": {"b64": "..."}}, ...]}
+  {"signature_name": "serve_encoded",
+   "instances": [{"image_bytes": {"b64": "<a PNG or JPEG file>"},
+                  "positive_clicks": [[x, y]], "negative_clicks": []}]}
                                                row: instance i is row i of
                                                every input (a batch dimension
                                                is added in front)
@@ -23,22 +25,26 @@ image [1, H, W, 3] that the graph refuses ("input must be 4-dimensional"):
 that signature takes the columnar form only, on TF Serving and here. This
 server refuses such a request before running the model, with a 400 that
 names the input and says to send "inputs". The row format is for the batched
-signature, `serve_examples`.
+signatures, `serve_encoded`, `serve_iterative_encoded` and `serve_examples`
+(which take the columnar form too, a batch in each input).
 
 Checked before the model runs, each a 400 `{"error": ...}` naming the field:
 not JSON, not an object, both or neither of "inputs"/"instances", an unknown
 signature, a missing or unknown input, a value of the wrong type (a float or
 a bool for an integer tensor), ragged lists, a rank or fixed dimension the
 signature does not take, and integers outside the dtype's range (TF Serving
-wraps those silently). One leniency copied from TF Serving: `[]` for an input
-of rank 2 or more is an empty tensor of the signature's inner dimensions
-(`"negative_clicks": []`, zero rows), which TF Serving's graph accepts too.
+wraps those silently). One leniency copied from TF Serving: an empty list
+(`[]`, `[[]]`) for an input of higher rank is an empty tensor of the
+signature's inner dimensions (`"negative_clicks": []`, zero rows; in an
+instance, zero rows of that instance), which TF Serving's graph accepts too.
 
 Limits of this server, checked before the values are converted or the model
 runs, each a 400 naming its flag: JSON nested deeper than
 `json_arrays.MAX_DEPTH`, more clicks in a request (the rows of the inputs
 `train.signatures.CLICKS` names, over all instances) than --max-clicks, an
-image of more pixels than --max-pixels.
+image of more pixels than --max-pixels (an encoded `image_bytes` by the size
+its header declares, before it is decoded; a file of a format the graph does
+not decode is refused there too).
 """
 
 import base64
@@ -50,6 +56,7 @@ import numpy as np
 import orjson
 import tensorflow as tf
 
+from beam_prep.ops.image import declared_pixels
 from train import signatures as sig
 from train.serve.json_arrays import TooDeep, loads
 
@@ -122,13 +129,22 @@ def to_tensor(name: str, value: Any, spec: tf.TensorSpec) -> np.ndarray:
     arr = _as_string_tensor(name, value)
   else:
     arr = _as_numeric_tensor(name, value, spec.dtype)
+  arr = _empty_as(arr, spec)
   dims = spec.shape.as_list() if spec.shape.rank is not None else None
-  if dims is not None and arr.shape == (0,) and len(dims) >= 2:
-    arr = arr.reshape([0] + [d or 0 for d in dims[1:]])  # "[]": zero rows
   if dims is not None and not spec.shape.is_compatible_with(arr.shape):
     raise RequestError(f"{name}: shape {list(arr.shape)} does not fit the signature's "
                        f"{[-1 if d is None else d for d in dims]} ({spec.dtype.name})")
   return arr
+
+
+def _empty_as(arr: np.ndarray, spec: tf.TensorSpec) -> np.ndarray:
+  """An empty array of fewer dimensions than the spec ("[]", "[[]]") as the
+  spec's: the missing inner dimensions are the spec's (0 where it has none),
+  so `"negative_clicks": []` is zero clicks [0, 2]."""
+  rank = spec.shape.rank
+  if arr.size or rank is None or arr.ndim >= rank:
+    return arr
+  return arr.reshape(list(arr.shape) + [d or 0 for d in spec.shape.as_list()[arr.ndim:]])
 
 
 def _columnar(inputs: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, Any]:
@@ -174,12 +190,15 @@ def _columns(instances: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, An
   return columns
 
 
-def _stacked(name: str, column: Any, dtype: tf.DType) -> np.ndarray:
+def _stacked(name: str, column: Any, spec: tf.TensorSpec) -> np.ndarray:
   """One input's values of every instance -> one tensor, instances in front."""
-  any_shape = tf.TensorSpec(None, dtype)
+  any_shape = tf.TensorSpec(None, spec.dtype)
   if isinstance(column, np.ndarray):
     return to_tensor(name, column, any_shape)
-  rows = [to_tensor(f"instances[{i}].{name}", v, any_shape) for i, v in enumerate(column)]
+  # An instance's "[]" is empty in the signature's inner dimensions (zero clicks [0, 2]).
+  inner = tf.TensorSpec(spec.shape[1:] if spec.shape.rank else None, spec.dtype)
+  rows = [_empty_as(to_tensor(f"instances[{i}].{name}", v, any_shape), inner)
+          for i, v in enumerate(column)]
   if len({r.shape for r in rows}) > 1:
     raise RequestError(f"{name}: instances hold different shapes "
                        f"({', '.join(str(list(r.shape)) for r in rows[:3])}...)")
@@ -191,7 +210,7 @@ def _rows(instances: Any, specs: Mapping[str, tf.TensorSpec],
   """The "instances" value -> {input name: tensor with instances stacked in front}."""
   columns = _columns(instances, specs)
   check_clicks(columns, max_clicks)
-  out = {k: _stacked(k, columns[k], specs[k].dtype) for k in sorted(specs)}
+  out = {k: _stacked(k, columns[k], specs[k]) for k in sorted(specs)}
   # An unbatched signature first (what the whole request did wrong), then each input.
   for k in sorted(specs):
     if specs[k].shape.rank is not None and out[k].ndim != specs[k].shape.rank:
@@ -211,19 +230,12 @@ def _unbatched(name: str, shape, spec: tf.TensorSpec) -> str:
           "it in the columnar form, {\"inputs\": {...}}")
 
 
-def _rows_of(value: Any) -> int:
-  """How many rows (clicks) a click input's value holds: JSON lists, arrays, tensors."""
+def _numbers_in(value: Any) -> int:
+  """How many numbers a value holds: JSON lists, arrays, tensors."""
   if isinstance(value, list):
-    return len(value)
-  shape = getattr(value, "shape", ())
-  return int(shape[0]) if len(shape) else 1
-
-
-def _clicks_in(column: Any) -> int:
-  """The clicks of a `_columns` column: a list of values or stacked instances."""
-  if isinstance(column, np.ndarray):
-    return int(np.prod(column.shape[:2]))
-  return sum(_rows_of(v) for v in column)
+    return sum(_numbers_in(v) for v in value)
+  shape = getattr(value, "shape", None)
+  return int(np.prod(shape)) if shape is not None else 1
 
 
 def check_clicks(columns: Mapping[str, Any], max_clicks: int) -> None:
@@ -231,19 +243,30 @@ def check_clicks(columns: Mapping[str, Any], max_clicks: int) -> None:
   `max_clicks` rows together (0: no limit); `columns` is {input name: its
   value in each instance} (`_columns`; columnar: a list of one)."""
   names = [k for k in sig.CLICKS if k in columns]
-  count = sum(_clicks_in(columns[k]) for k in names)
+  count = sum(_numbers_in(columns[k]) for k in names) // 2  # [x, y] each
   if max_clicks and count > max_clicks:
     raise RequestError(f"{', '.join(names)}: {count} clicks in one request; this server takes "
                        f"at most {max_clicks} (--max-clicks)")
 
 
 def check_pixels(inputs: Mapping[str, np.ndarray], max_pixels: int) -> None:
-  """Refuses an image input of more than `max_pixels` pixels (0: no limit)."""
+  """Refuses an image input of more than `max_pixels` pixels (0: no limit),
+  an encoded one (`image_bytes`) by the size its header declares, before
+  anything is decoded, and an encoded file the graph does not decode."""
   image = inputs.get(sig.IMAGE)
   pixels = image.size // image.shape[-1] if image is not None and image.ndim else 0
   if max_pixels and pixels > max_pixels:
     raise RequestError(f"{sig.IMAGE}: {pixels} pixels; this server takes at most {max_pixels} "
                        "(--max-pixels)")
+  files = inputs.get(sig.IMAGE_BYTES)
+  for i, data in enumerate(np.ravel(files) if files is not None else []):
+    try:
+      pixels = declared_pixels(data)
+    except ValueError as e:
+      raise RequestError(f"{sig.IMAGE_BYTES}[{i}]: {e}") from None
+    if max_pixels and pixels > max_pixels:
+      raise RequestError(f"{sig.IMAGE_BYTES}[{i}]: {pixels} pixels; this server takes at most "
+                         f"{max_pixels} (--max-pixels)")
 
 
 def load_json(body: bytes, arrays: bool = True) -> Any:
@@ -292,6 +315,7 @@ def parse_predict(body: bytes, signatures: Mapping[str, Mapping[str, tf.TensorSp
 
 def _jsonable(name: str, arr: np.ndarray):
   """A string tensor as text (or {"b64"} for names ending in _bytes); others as is."""
+  arr = np.asarray(arr)  # A row of a string output is one bytes object.
   if arr.dtype != object and arr.dtype.kind != "S":
     return np.ascontiguousarray(arr)
   if name.endswith("_bytes"):
