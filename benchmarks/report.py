@@ -135,7 +135,8 @@ def _serve_rows(f: Figures, _: Dict[str, Any]) -> List[Row]:
        "a 512x600 JPEG, 5+5 clicks: the SavedModel's serve_encoded (decoded in the graph)"),
       ("serve.encoded_rest_latency_ms_p50", f"{f['serve.encoded_rest_latency_ms_p50']:.1f}",
        f"the same through beam-train serve, the file as {{\"b64\": ...}} "
-       f"({f['serve.encoded_request_kb']:.0f} kB request), timed in turn with the SavedModel"),
+       f"({f['serve.encoded_request_kb']:.0f} kB request, {f['serve.encoded_answer_kb']:.0f} kB "
+       "answer: PNG mask and probabilities), timed in turn with the SavedModel"),
       ("serve.encoded_rest_latency_ms_p95", f"{f['serve.encoded_rest_latency_ms_p95']:.1f}", ""),
       ("serve.encoded_rest_vs_saved_model", f"{f['serve.encoded_rest_vs_saved_model']:.2f}",
        "REST p50 / SavedModel p50, the encoded file"),

@@ -129,11 +129,10 @@ def _photo_jpeg(height: int = 512, width: int = 600) -> bytes:
 def bench_rest_encoded(model_dir: str, repeats: int) -> Dict[str, float]:
   """Click to mask with the image sent as its file: a 512x600 JPEG and 5+5
   clicks, through `beam-train serve`'s REST `serve_encoded` (TF Serving's
-  {"b64": ...}, one instance; the answer read into numpy arrays of the
-  signature's dtypes) against the
-  same loaded SavedModel's `serve_encoded` called on the same bytes. The two
-  are timed in turn, one call of each per round, so both see the machine's
-  load alike."""
+  {"b64": ...}, one instance; the client decodes the answer's PNG mask into a
+  numpy array, as a client would, within the REST time) against the same
+  loaded SavedModel's `serve_encoded` called on the same bytes (its PNG
+  files as bytes). Timed in turn (`_in_turn`)."""
   import base64  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
   import urllib.request  # pylint: disable=g-import-not-at-top
@@ -151,24 +150,18 @@ def bench_rest_encoded(model_dir: str, repeats: int) -> Dict[str, float]:
        sig.NEGATIVE_CLICKS: neg}]})
   request = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/models/{model.name}:predict",
                                    data=body, headers={"Content-Type": "application/json"})
-
-  dtypes = {sig.PROBABILITIES: np.float32, sig.MASK: np.uint8}  # The signature's.
+  answer_bytes = []
 
   def rest():
     with urllib.request.urlopen(request) as r:
-      return {k: np.asarray(v, dtypes[k])
-              for k, v in orjson.loads(r.read())["predictions"][0].items()}
+      answer = r.read()
+    answer_bytes.append(len(answer))
+    return _png_array(orjson.loads(answer)["predictions"][0][sig.MASK_BYTES]["b64"])
 
   inputs = model.encoded_inputs(jpeg, pos, neg)
-  calls = {"saved": lambda: model.call(*inputs)[sig.MASK].numpy(), "rest": rest}
-  times = {k: [] for k in calls}
   try:
-    for i in range(repeats + 3):  # 3 rounds of warm-up
-      for k, fn in calls.items():
-        t = time.perf_counter()
-        fn()
-        if i >= 3:
-          times[k].append(1000 * (time.perf_counter() - t))
+    times = _in_turn({"saved": lambda: model.call(*inputs)[sig.MASK_BYTES].numpy(),
+                      "rest": rest}, repeats)
   finally:
     server.shutdown()
   saved, rest_p50 = (float(np.percentile(times[k], 50)) for k in ("saved", "rest"))
@@ -176,7 +169,29 @@ def bench_rest_encoded(model_dir: str, repeats: int) -> Dict[str, float]:
           "serve.encoded_rest_latency_ms_p50": rest_p50,
           "serve.encoded_rest_latency_ms_p95": float(np.percentile(times["rest"], 95)),
           "serve.encoded_rest_vs_saved_model": rest_p50 / saved,
-          "serve.encoded_request_kb": len(body) / 1e3}
+          "serve.encoded_request_kb": len(body) / 1e3,
+          "serve.encoded_answer_kb": answer_bytes[-1] / 1e3}
+
+
+def _png_array(b64: str) -> np.ndarray:
+  """A PNG file sent as base64 -> its pixels (uint8), as a client reads them."""
+  import base64  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))))
+
+
+def _in_turn(calls, repeats: int, warmup: int = 3):
+  """{name: [ms per call]}: one call of each per round, in turn, so all see
+  the machine's load alike; the first `warmup` rounds are not timed."""
+  times = {k: [] for k in calls}
+  for i in range(repeats + warmup):
+    for k, fn in calls.items():
+      t = time.perf_counter()
+      fn()
+      if i >= warmup:
+        times[k].append(1000 * (time.perf_counter() - t))
+  return times
 
 
 def _multipart(image: np.ndarray) -> bytes:

@@ -24,6 +24,24 @@ def encoded(im: Image.Image, fmt: str = "PNG") -> bytes:
   return buf.getvalue()
 
 
+def unpng(data: bytes) -> np.ndarray:
+  """A PNG file's pixels, as a client decodes them."""
+  return np.asarray(Image.open(io.BytesIO(data)))
+
+
+def assert_encoded_answer(got, want):
+  """One image's answer from an encoded signature (`got`: its PNG files)
+  against the array signature's outputs (`want`): the mask exactly (0 / 255
+  greyscale), the probabilities' grey levels within 1 of round(p * 255)."""
+  from train import signatures as sig  # pylint: disable=g-import-not-at-top
+  mask, grey = unpng(got[sig.MASK_BYTES]), unpng(got[sig.PROBABILITIES_BYTES])
+  assert mask.dtype == grey.dtype == np.uint8, (mask.dtype, grey.dtype)
+  np.testing.assert_array_equal(mask, want[sig.MASK] * 255)
+  assert grey.shape == want[sig.PROBABILITIES].shape, grey.shape
+  levels = np.round(want[sig.PROBABILITIES].astype(np.float64) * 255)
+  assert np.abs(grey - levels).max() <= 1, np.abs(grey - levels).max()
+
+
 def scene(size=48, boxes=((6, 6, 30, 30),)):
   """(RGB image, instance mask) with one box-shaped object per entry."""
   img = np.full((size, size, 3), 80, np.uint8)

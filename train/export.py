@@ -49,12 +49,16 @@ Segmentation, signatures `serve_encoded` and `serve_iterative_encoded`
   inputs   image_bytes      string [B]: encoded PNG/JPEG/GIF/BMP/WebP files
            positive_clicks  int32 [B, P, 2]; negative_clicks int32 [B, N, 2]
            previous_mask    uint8 [B, H, W] (`serve_iterative_encoded` only)
-  outputs  probabilities    float32 [B, H, W]; mask uint8 [B, H, W]
+  outputs  mask_bytes       string [B]: PNG files, greyscale uint8 0 / 255, the
+                            protocol's mask (exactly `serving_default`'s mask)
+           probabilities_bytes  string [B]: PNG files, greyscale uint8
+                            round(p * 255) of the probabilities (the float
+                            probabilities are the array signatures')
 Each file is decoded in the graph (`beam_prep.ops.image.decode_image_tf`:
 EXIF orientation applied; JPEGs with libjpeg's accurate DCT, the pixels PIL
 gives the Beam job) and given to `serving_default`'s (`serve_iterative`'s)
-own function, so each answer is that signature's on the decoded pixels. The
-images of one batch must decode to one size.
+own function, so each answer is that signature's on the decoded pixels,
+encoded. Each image keeps its own size.
 
 Segmentation, signature `serve_examples` (batch scoring, TFX convention):
   inputs   examples         string [B]: serialized tf.Examples in the raw

@@ -156,7 +156,8 @@ class ServedModel:
   def encoded_inputs(self, image_bytes: bytes, positive, negative, previous=None):
     """(signature, inputs) for one encoded image file (PNG, JPEG, ...) and its
     clicks, a batch of one: `serve_iterative_encoded` with the previous mask,
-    `serve_encoded` otherwise. The outputs are [1, H, W]."""
+    `serve_encoded` otherwise. The outputs are PNG files [1] (`mask_bytes`,
+    `probabilities_bytes`)."""
     inputs = {sig.IMAGE_BYTES: [image_bytes], sig.POSITIVE_CLICKS: _clicks(positive)[None],
               sig.NEGATIVE_CLICKS: _clicks(negative)[None]}
     if previous is not None:

@@ -14,7 +14,9 @@ Segmentation (one image per call, or a batch [B]):
   serve_encoded            [B] image_bytes, positive_clicks, negative_clicks
   serve_iterative_encoded  [B] the same and previous_mask
   serve_examples           [B] examples
-  outputs                  probabilities float32, mask uint8 (probability > PRED_THR)
+  outputs                  probabilities float32, mask uint8 (probability > PRED_THR);
+                           the encoded signatures: mask_bytes and
+                           probabilities_bytes, string [B], one PNG each
 Classification:
   serving_default          [B] image_bytes
   outputs                  probabilities, label, classes
@@ -41,6 +43,12 @@ IMAGE_BYTES = keys.IMAGE_BYTES
 # Outputs.
 PROBABILITIES = "probabilities"
 MASK = "mask"
+# The encoded signatures' outputs, one PNG file per image (greyscale uint8):
+# the mask as 0 / 255, the probabilities as grey levels round(p * 255). Their
+# names end in "_bytes", so TF Serving's REST writes them as {"b64": ...}.
+MASK_BYTES = "mask_bytes"
+PROBABILITIES_BYTES = "probabilities_bytes"
+ENCODED_OUTPUTS = (MASK_BYTES, PROBABILITIES_BYTES)
 LABEL = "label"
 CLASSES = "classes"
 

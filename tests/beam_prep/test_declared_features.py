@@ -24,7 +24,7 @@ from PIL import Image
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.ops import registry
-from tests.helpers import ROOT, assert_serving_parity, run_cli
+from tests.helpers import ROOT, assert_encoded_answer, assert_serving_parity, run_cli
 
 RUNS = {
     "disks+edges": (["--click-encoding", "disks", "--ops-module", "tests.fixtures.edge_ops",
@@ -113,8 +113,8 @@ def test_serving_graph_model_input_equals_the_records(runs, op):
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_the_encoded_signatures_answer_as_the_array_ones(runs, name, sample_dir):
   """User ops, whole-image records and the previous mask as an input: the
-  file sent to serve_encoded (serve_iterative_encoded) is answered as its
-  decoded pixels are by serving_default (serve_iterative)."""
+  file sent to serve_encoded (serve_iterative_encoded) is answered, as PNG
+  files, as its decoded pixels are by serving_default (serve_iterative)."""
   from beam_prep.ops.image import decode_file  # pylint: disable=g-import-not-at-top
   from train.served import ServedModel  # pylint: disable=g-import-not-at-top
   model = ServedModel(runs[name][1])
@@ -127,8 +127,7 @@ def test_the_encoded_signatures_answer_as_the_array_ones(runs, name, sample_dir)
   for _ in range(2):  # The first click, then the next with the previous mask.
     want = model.segment(pixels, pos, neg, previous)
     got = model.predict(*model.encoded_inputs(data, pos, neg, previous))
-    for k in want:
-      np.testing.assert_array_equal(got[k][0], want[k])
+    assert_encoded_answer({k: v[0] for k, v in got.items()}, want)  # PNG files.
     previous = want["mask"]
 
 

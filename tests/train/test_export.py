@@ -13,7 +13,7 @@ import tensorflow as tf
 from PIL import Image
 
 from beam_prep import keys
-from tests.helpers import assert_serving_parity, png, run_cli
+from tests.helpers import assert_encoded_answer, assert_serving_parity, png, run_cli, unpng
 from train import models
 from train.export import latest_export
 from beam_prep.prep_output import PrepOutput
@@ -201,28 +201,32 @@ def test_encoded_signatures_answer_as_the_array_ones_on_the_decoded_pixels(train
   pos, neg = [[10, 12], [30, 20]], [[50, 3]]
   jpeg = _encoded(image, "JPEG", quality=85)
   # The PNG's pixels are the image; the JPEG's those the Beam job's decoder
-  # gives (PIL), which the graph's decoder reproduces exactly.
+  # gives (PIL), which the graph's decoder reproduces exactly. The answer is
+  # PNG files: the array signature's mask exactly, its probabilities' grey levels.
   for data, pixels in ((_encoded(image), image), (jpeg, decode_file(jpeg))):
     want = model.segment(pixels, pos, neg)
     got = model.predict(*model.encoded_inputs(data, pos, neg))
-    for k in want:
-      np.testing.assert_array_equal(got[k], want[k][None])
-    previous = want["mask"]
-    want = model.segment(pixels, pos, neg, previous)
+    assert sorted(got) == ["mask_bytes", "probabilities_bytes"], sorted(got)
+    assert_encoded_answer({k: v[0] for k, v in got.items()}, want)
+    # The next click: the decoded PNG (0 / 255) is the previous mask as is.
+    previous = unpng(got["mask_bytes"][0])
+    want = model.segment(pixels, pos, neg, want["mask"])
     got = model.predict(*model.encoded_inputs(data, pos, neg, previous))
-    for k in want:
-      np.testing.assert_array_equal(got[k], want[k][None])
-  # A batch is each image alone; a batch of two sizes is refused, naming the input.
-  batch = model.predict("serve_encoded", {"image_bytes": [jpeg, _encoded(image)],
+    assert_encoded_answer({k: v[0] for k, v in got.items()}, want)
+  # A batch is each image alone, each at its own size.
+  small = _encoded(image[:20])
+  batch = model.predict("serve_encoded", {"image_bytes": [jpeg, small],
                                           "positive_clicks": [pos, pos],
                                           "negative_clicks": np.zeros([2, 0, 2])})
-  alone = model.predict(*model.encoded_inputs(_encoded(image), pos, []))
-  np.testing.assert_array_equal(batch["probabilities"][1], alone["probabilities"][0])
+  alone = model.predict(*model.encoded_inputs(small, pos, []))
+  for k in alone:
+    assert batch[k][1] == alone[k][0], k
+  assert [unpng(m).shape for m in batch["mask_bytes"]] == [(41, 57), (20, 57)]
   from train.served import InvalidInput  # pylint: disable=g-import-not-at-top
-  with pytest.raises(InvalidInput, match="image_bytes: the images of one request must have "
-                     "one size"):
-    model.predict("serve_encoded", {"image_bytes": [jpeg, _encoded(image[:20])],
-                                    "positive_clicks": [pos, pos], "negative_clicks": [neg, neg]})
+  with pytest.raises(InvalidInput, match="previous_mask: must have the image's height"):
+    model.predict("serve_iterative_encoded", {
+        "image_bytes": [jpeg, small], "positive_clicks": [pos, pos],
+        "negative_clicks": [neg, neg], "previous_mask": np.zeros([2, 41, 57], np.uint8)})
   with pytest.raises(InvalidInput, match="positive_clicks: at least one positive click"):
     model.predict(*model.encoded_inputs(jpeg, np.zeros([0, 2]), neg))
 
@@ -246,9 +250,8 @@ def test_an_exif_rotated_jpeg_is_served_as_displayed(trained):
   pos, neg = [[5, 40]], [[20, 3]]
   got = model.predict(*model.encoded_inputs(jpeg, pos, neg))
   want = model.segment(shown, pos, neg)
-  assert got["probabilities"].shape == (1, 48, 24)
-  for k in want:
-    np.testing.assert_array_equal(got[k][0], want[k])
+  assert unpng(got["mask_bytes"][0]).shape == (48, 24)
+  assert_encoded_answer({k: v[0] for k, v in got.items()}, want)
 
 
 def test_serve_examples_says_in_one_line_what_an_example_lacks(prep_dir, trained):

@@ -21,7 +21,8 @@ from PIL import Image
 from scipy import ndimage
 
 from beam_prep import keys
-from tests.helpers import ROOT, encoded, png
+from beam_prep.ops.image import decode_file
+from tests.helpers import ROOT, assert_encoded_answer, encoded, png, unpng
 from train.export import latest_export
 from train.noc import eval_objects
 from beam_prep.prep_output import PrepOutput
@@ -169,6 +170,13 @@ def _png_header(w, h):
           + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
 
 
+def _png_answer(answer):
+  """An answer of an encoded signature, {name: {"b64": ...}} -> {name: the PNG file}."""
+  assert {k: set(v) for k, v in answer.items()} == {
+      "mask_bytes": {"b64"}, "probabilities_bytes": {"b64"}}, answer
+  return {k: base64.b64decode(v["b64"]) for k, v in answer.items()}
+
+
 def test_encoded_images_over_rest_as_tf_serving_takes_them(client, served, direct, images_dir):
   sigs = client.get(f"/v1/models/{NAME}/metadata").get_json()[
       "metadata"]["signature_def"]["signature_def"]
@@ -176,40 +184,50 @@ def test_encoded_images_over_rest_as_tf_serving_takes_them(client, served, direc
     assert sigs[name]["inputs"]["image_bytes"]["dtype"] == "DT_STRING"
     assert [d["size"] for d in sigs[name]["inputs"]["positive_clicks"]["tensor_shape"]["dim"]] == [
         "-1", "-1", "2"]
+    assert {k: v["dtype"] for k, v in sigs[name]["outputs"].items()} == {
+        "mask_bytes": "DT_STRING", "probabilities_bytes": "DT_STRING"}
   # A phone photo (EXIF: turned to show it 24 wide, 48 high), sent as b64.
   jpeg = open(os.path.join(images_dir, "phone.jpg"), "rb").read()
   pos, neg = [[5, 40], [12, 30]], [[20, 3]]
   url = f"/v1/models/{NAME}:predict"
 
-  def want(negative):
-    out = direct["serve_encoded"](
-        image_bytes=tf.constant([jpeg]), positive_clicks=tf.constant([pos], tf.int32),
-        negative_clicks=tf.constant(np.reshape(negative, (1, -1, 2)), tf.int32))
-    return {k: v.numpy()[0] for k, v in out.items()}
+  def want(negative, previous=None):
+    """The SavedModel's PNG files, checked against the array signature's arrays."""
+    inputs = {"image_bytes": tf.constant([jpeg]), "positive_clicks": tf.constant([pos], tf.int32),
+              "negative_clicks": tf.constant(np.reshape(negative, (1, -1, 2)), tf.int32)}
+    if previous is None:
+      out = direct["serve_encoded"](**inputs)
+      arrays = _direct_call(direct, decode_file(jpeg), pos, negative)
+    else:
+      out = direct["serve_iterative_encoded"](**inputs, previous_mask=tf.constant(previous[None]))
+      arrays = {k: v.numpy() for k, v in direct["serve_iterative"](
+          image=tf.constant(decode_file(jpeg)), positive_clicks=tf.constant(pos, tf.int32),
+          negative_clicks=tf.constant(np.reshape(negative, (-1, 2)), tf.int32),
+          previous_mask=tf.constant(previous)).items()}
+    files = {k: v.numpy()[0] for k, v in out.items()}
+    assert_encoded_answer(files, arrays)
+    return files
 
   # Columnar: a batch of one in each input ("[[]]": no negative click).
   for negative in (neg, []):
     r = client.post(url, json={"signature_name": "serve_encoded", "inputs": {
         "image_bytes": [_b64(jpeg)], "positive_clicks": [pos], "negative_clicks": [negative]}})
     assert r.status_code == 200, r.get_json()
-    answer = {k: np.asarray(v)[0] for k, v in r.get_json()["outputs"].items()}
-    assert answer["mask"].shape == (48, 24)
-    _same_outputs(answer, want(negative))
+    answer = _png_answer({k: v[0] for k, v in r.get_json()["outputs"].items()})
+    assert unpng(answer["mask_bytes"]).shape == (48, 24)
+    assert answer == want(negative)
   # Rows, through the port: one instance per image, "[]" for no negative click.
   body = {"signature_name": "serve_encoded", "instances": [
       {"image_bytes": _b64(jpeg), "positive_clicks": pos, "negative_clicks": []}]}
   [answer] = _post(f"{served[0]}{url}", json.dumps(body).encode())["predictions"]
-  _same_outputs(answer, want([]))
-  # The next click, with the previous mask.
-  previous = want([])["mask"]
+  assert _png_answer(answer) == want([])
+  # The next click, with the previous mask: the decoded PNG (0 / 255) as is.
+  previous = unpng(_png_answer(answer)["mask_bytes"])
   r = client.post(url, json={"signature_name": "serve_iterative_encoded", "instances": [
       {"image_bytes": _b64(jpeg), "positive_clicks": pos, "negative_clicks": neg,
        "previous_mask": previous.tolist()}]})
   assert r.status_code == 200, r.get_json()
-  out = direct["serve_iterative_encoded"](
-      image_bytes=tf.constant([jpeg]), positive_clicks=tf.constant([pos], tf.int32),
-      negative_clicks=tf.constant([neg], tf.int32), previous_mask=tf.constant(previous[None]))
-  _same_outputs(r.get_json()["predictions"][0], {k: v.numpy()[0] for k, v in out.items()})
+  assert _png_answer(r.get_json()["predictions"][0]) == want(neg, previous)
 
 
 def test_string_outputs_in_rows_and_clicks_counted_in_batches():
@@ -220,6 +238,15 @@ def test_string_outputs_in_rows_and_clicks_counted_in_batches():
                              row=True)
   assert json.loads(body)["predictions"] == [{"label": "red", "probabilities": [0.25, 0.75]},
                                              {"label": "blue", "probabilities": [1.0, 0.0]}]
+  # As in TF Serving, a string output whose name ends in "_bytes" is binary:
+  # {"b64": ...} per value, in rows and columns; other names stay text.
+  files = np.array([b"\x89PNG\xff", b""], object)
+  for row, key in ((True, "predictions"), (False, "outputs")):
+    answer = json.loads(rest.encode_outputs({"mask_bytes": files, "label": np.array(
+        [b"a", b"b"], object)}, row=row))[key]
+    if row:
+      answer = {k: [a[k] for a in answer] for k in answer[0]}
+    assert answer == {"mask_bytes": [{"b64": "iVBOR/8="}, {"b64": ""}], "label": ["a", "b"]}
   # --max-clicks counts [x, y] pairs, batched ([B, N, 2]) or not, lists or arrays.
   batched = {"positive_clicks": [[[[1, 2], [3, 4]]]], "negative_clicks": [np.zeros((1, 1, 2))]}
   rest.check_clicks(batched, 3)
