@@ -33,10 +33,11 @@ TRAIN_PRESETS: Dict[str, Dict[str, Any]] = {
              "checkpoint_every": 100, "log_every": 50, "histogram_every": 0},
     # The field's scale (RITM's recipe): a ResNet-50 U-Net from ImageNet
     # weights, batch 28, Adam 5e-4, normalized focal loss, up to 3 corrective
-    # rounds; for a GPU.
+    # rounds, the colour jitter; for a GPU.
     "field": {"model": "unet_resnet50", "backbone_weights": "imagenet", "steps": 60000,
               "batch_size": 28, "learning_rate": 5e-4, "lr_schedule": "cosine",
               "loss": "normalized_focal", "mask_rounds": 3, "corrective_clicks": True,
+              "augment": "flip,colour",
               "checkpoint_every": 2000, "log_every": 100, "histogram_every": 1000},
     "default": {},
 }

@@ -54,9 +54,9 @@ Segmentation, signatures `serve_encoded` and `serve_iterative_encoded`
            probabilities_bytes  string [B]: PNG files, greyscale uint8
                             round(p * 255) of the probabilities (the float
                             probabilities are the array signatures')
-Each file is decoded in the graph (`beam_prep.ops.image.decode_image_tf`:
-EXIF orientation applied; JPEGs with libjpeg's accurate DCT, the pixels PIL
-gives the Beam job) and given to `serving_default`'s (`serve_iterative`'s)
+Each file is decoded in the graph by the twin of the chain's op that reads
+image files (`serving_inputs.image_decoder`: EXIF orientation applied;
+JPEGs with libjpeg's accurate DCT, the pixels PIL gives the Beam job) and given to `serving_default`'s (`serve_iterative`'s)
 own function, so each answer is that signature's on the decoded pixels,
 encoded. Each image keeps its own size.
 

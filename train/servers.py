@@ -12,12 +12,11 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
-from beam_prep.ops.image import decode_image_tf
 from beam_prep.preprocessing import decode_feature
 from train import clicker
 from train import signatures as sig
-from train.serving_inputs import (Example, model_inputs, raw_inputs, run_plan, run_twins,
-                                  serving_plan, serving_side)
+from train.serving_inputs import (Example, image_decoder, model_inputs, raw_inputs, run_plan,
+                                  run_twins, serving_plan, serving_side)
 
 
 def _outputs(prob: tf.Tensor) -> Dict[str, tf.Tensor]:
@@ -148,8 +147,8 @@ class SegmentationServer(_Server):
     return self._serve_encoded(image_bytes, positive_clicks, negative_clicks, previous_mask)
 
   def _serve_encoded(self, image_bytes, positive_clicks, negative_clicks, previous_mask=None):
-    """[B] encoded files, each decoded (`decode_image_tf`: EXIF orientation
-    applied), given to `serve` (no previous mask) or `serve_iterative`, the
+    """[B] encoded files, each decoded as the records' images were (the
+    decode op's twin, `image_decoder`: EXIF orientation applied), given to `serve` (no previous mask) or `serve_iterative`, the
     array signatures' own functions, and its answer encoded as PNG files
     (`_png_outputs`). Each image keeps its own size."""
     n = tf.shape(image_bytes)[0]
@@ -157,8 +156,10 @@ class SegmentationServer(_Server):
     clicks = [tf.reshape(c, [n, -1, 2]) for c in (positive_clicks, negative_clicks)]
     elems = (image_bytes, *clicks) + (() if previous_mask is None else (previous_mask,))
 
+    pixels_of = image_decoder(self._table)
+
     def one(args):
-      image = decode_image_tf(args[0])
+      image = pixels_of(args[0])
       if previous_mask is None:
         prob = self.serve(image, args[1], args[2])[sig.PROBABILITIES]
       else:

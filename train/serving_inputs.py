@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Tuple
 
 import tensorflow as tf
 
+from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.ops import registry
 from beam_prep.ops.serving import ServingSide
@@ -93,6 +94,25 @@ def serving_plan(table: FeatureTable) -> List[Tuple[str, Callable[[Example], Exa
           f"with --no-export, which writes no serving model.")
     plan.append((str(spec), twin))
   return plan
+
+
+def image_decoder(table: FeatureTable) -> Callable[[tf.Tensor], tf.Tensor]:
+  """One encoded file's bytes -> its pixels [H, W, 3], by the twin of the
+  chain's op that reads `image_bytes` (the records' images were decoded by
+  that op): what the encoded-image signatures decode with.
+
+  Raises:
+    ServingPlanError: no op of the chain reads `image_bytes` with a twin.
+  """
+  _import_ops(table)
+  for spec in registry.parse_chain(table.chain):
+    twin = (registry.build_twin(spec)
+            if keys.IMAGE_BYTES in registry.op_entry(spec.name).reads else None)
+    if twin is not None:
+      return lambda data: twin({keys.IMAGE_BYTES: data})[keys.IMAGE]
+  raise ServingPlanError(f"no op of the chain ({table.chain}) decodes {keys.IMAGE_BYTES!r} "
+                         "with a TensorFlow twin, so the encoded-image signatures cannot "
+                         "decode a file")
 
 
 def serving_side(table: FeatureTable) -> ServingSide:

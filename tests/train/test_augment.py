@@ -14,7 +14,8 @@ from train.tasks import make_task
 
 
 def test_augment_names_parse_and_unknown_ones_are_refused():
-  assert augment.parse(augment.DEFAULT) == ("flip", "colour")
+  assert augment.parse(augment.DEFAULT) == ("flip",)
+  assert augment.parse("flip,colour") == ("flip", "colour")
   assert augment.parse("none") == () and augment.parse("") == ()
   assert augment.parse(" colour ") == ("colour",)
   with pytest.raises(ValueError, match=r"--augment: unknown color.*flip, colour"):
