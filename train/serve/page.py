@@ -74,7 +74,7 @@ from train import clicker, predict
 from train import signatures as sig
 from train.serve import exports
 from train.serve.model import RestModel
-from train.serve.rest import RequestError
+from train.serve.rest import RequestError, check_clicks
 
 # Files listed from --images at most (the page's picker stays usable).
 MAX_FILES = 2000
@@ -177,10 +177,7 @@ def _clamped_clicks(item: Dict[str, Any], body: Dict[str, Any], max_clicks: int)
   image as the serving signature would clamp them; more than `max_clicks`
   together (0: any) are refused before any is read."""
   fields = ("positive", "negative")
-  count = sum(len(v) for v in (body.get(f) for f in fields) if isinstance(v, list))
-  if max_clicks and count > max_clicks:
-    raise RequestError(f"positive, negative: {count} clicks in one request; this server takes "
-                       f"at most {max_clicks} (--max-clicks)")
+  check_clicks({f: [body[f]] for f in fields if f in body}, max_clicks, fields)
   h, w = item["image"].shape[:2]
   return tuple(np.asarray(predict.clamp(_clicks(body, f).tolist(), w, h)[0],
                           np.int32).reshape(-1, 2) for f in fields)

@@ -50,7 +50,7 @@ not decode is refused there too).
 import base64
 import binascii
 import json
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 import orjson
@@ -238,11 +238,13 @@ def _numbers_in(value: Any) -> int:
   return int(np.prod(shape)) if shape is not None else 1
 
 
-def check_clicks(columns: Mapping[str, Any], max_clicks: int) -> None:
-  """Refuses a request whose click inputs (`sig.CLICKS`) hold more than
-  `max_clicks` rows together (0: no limit); `columns` is {input name: its
-  value in each instance} (`_columns`; columnar: a list of one)."""
-  names = [k for k in sig.CLICKS if k in columns]
+def check_clicks(columns: Mapping[str, Any], max_clicks: int,
+                 inputs: Sequence[str] = sig.CLICKS) -> None:
+  """Refuses a request whose click inputs (`inputs`: the signatures', or the
+  page's fields) hold more than `max_clicks` rows together (0: no limit);
+  `columns` is {input name: its value in each instance} (`_columns`;
+  columnar: a list of one)."""
+  names = [k for k in inputs if k in columns]
   count = sum(_numbers_in(columns[k]) for k in names) // 2  # [x, y] each
   if max_clicks and count > max_clicks:
     raise RequestError(f"{', '.join(names)}: {count} clicks in one request; this server takes "
