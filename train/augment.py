@@ -11,8 +11,9 @@ Both run in the step's graph on the transformed batch. Scale is not here: it
 is the Beam job's crop jitter. The colour jitter is defined on pixel values
 (0-255), and the image reaches the step transformed (standardized by the
 tf.Transform graph), so `Colour` asks that graph, once, what it does to an
-all-0 and an all-255 image: for a transform affine in the pixel values (the
-default preprocessing is), `pixels = (x - offset) / scale` exactly.
+all-0, an all-128 and an all-255 image: for a transform affine in the pixel
+values (the default preprocessing is; the middle image checks it),
+`pixels = (x - offset) / scale` exactly.
 """
 
 import dataclasses
@@ -83,7 +84,7 @@ def _probe(table, transform_keys, image_value: int) -> Dict[str, Any]:
   for key, spec in table.raw_feature_spec(transform_keys).items():
     e = table[key]
     if e.feature.per_pixel:
-      size = int(np.prod(e.shape(table.image_size))) * np.dtype(e.feature.dtype).itemsize
+      size = e.stored_bytes(table.image_size)
       out[key] = tf.constant([bytes([image_value if key == keys.IMAGE else 0]) * size])
     elif isinstance(spec, tf.io.VarLenFeature):
       out[key] = tf.sparse.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], spec.dtype),
