@@ -49,6 +49,22 @@ def prep_dir(sample_dir, tmp_path_factory):
   return _made_once(tmp_path_factory, "prep", lambda path: _prep(sample_dir, path))
 
 
+def _guided(sample, out):
+  from pipelines import cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    cli.main(["segmentation", "--input", sample, "--output", out, "--preset", "smoke",
+              "--image-size", "48", "--variants", "1", "--eval-percent", "30",
+              "--click-encoding", "disks", "--previous-mask", "--max-error-fraction", "1",
+              "--progress-seconds", "0"])
+  assert e.value.code == 0
+
+
+@pytest.fixture(scope="session")
+def guided_prep(sample_dir, tmp_path_factory):
+  """Records with click disks and a previous mask as model inputs (48 px, one variant)."""
+  return _made_once(tmp_path_factory, "guided", lambda path: _guided(sample_dir, path))
+
+
 def _fit(prep, model_dir):
   from train import cli  # pylint: disable=g-import-not-at-top
   with pytest.raises(SystemExit) as e:

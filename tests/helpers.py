@@ -141,10 +141,14 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
   files = sorted(glob.glob(keys.record_pattern(prep_dir, keys.EVAL_SPLIT)))
   checked = 0
   decoder = Decoder(table, task.transform_keys)
+  parser = Parser(tft_out, table, task)
+  reader = Decoder(table, parser.read_keys(training=False))
   for serialized in [r.numpy() for r in tf.data.TFRecordDataset(files).take(n)]:
-    # Every variant of the record: the example view the trainer decodes.
+    # Every variant of the record: the example view, and what the trainer
+    # reads of it (the step makes the click inputs from the clicks).
     raw = decoder.decode(tf.constant([serialized]), training=False)
-    train_all, _ = Parser(tft_out, table, task)(raw, training=False)
+    train_all, _ = parser(reader.decode(tf.constant([serialized]), training=False),
+                          training=False)
     for i, rec in enumerate(table.decode_examples(serialized)):
       clicks = {k: rec[k] for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
       served = server.raw_model_input({keys.IMAGE: tf.constant(rec[keys.IMAGE]), **frame,

@@ -76,24 +76,6 @@ class ColourJitter:
     return tf.clip_by_value(pixels, 0.0, self.top)
 
 
-def _probe(table, transform_keys, image_value: int) -> Dict[str, Any]:
-  """Raw inputs of the transform for one example whose image is all
-  `image_value` (the others all zeros, empty or blank)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  out = {}
-  for key, spec in table.raw_feature_spec(transform_keys).items():
-    e = table[key]
-    if e.feature.per_pixel:
-      size = e.stored_bytes(table.image_size)
-      out[key] = tf.constant([bytes([image_value if key == keys.IMAGE else 0]) * size])
-    elif isinstance(spec, tf.io.VarLenFeature):
-      out[key] = tf.sparse.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], spec.dtype),
-                                        [1, 0])
-    else:
-      out[key] = tf.zeros([1, *spec.shape], spec.dtype)
-  return out
-
-
 class Colour:
   """`ColourJitter` on the transformed image of a batch.
 
@@ -107,8 +89,9 @@ class Colour:
     if keys.IMAGE not in table.keys("model_input"):
       raise ValueError("--augment colour jitters the 'image' model input, which these "
                        "records do not have; give --augment flip or none")
-    points = {v: transform(_probe(table, transform_keys, v))[keys.IMAGE].numpy()[0]
-              for v in (0, 128, 255)}
+    from train.serving_inputs import probe_inputs  # pylint: disable=g-import-not-at-top
+    points = {v: transform(probe_inputs(table, transform_keys, 1, {keys.IMAGE: [v]}))[keys.IMAGE]
+              .numpy()[0] for v in (0, 128, 255)}
     self.offset = points[0][0, 0].astype(np.float32)
     self.scale = ((points[255][0, 0] - self.offset) / jitter.top).astype(np.float32)
     affine = np.allclose(points[128], self.offset + 128 * self.scale, rtol=1e-3, atol=1e-3)

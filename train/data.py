@@ -11,7 +11,9 @@ A record holds one object with all its click variants; the Decoder
 (`beam_prep.record_decoder`, the one reader of records, also behind
 `FeatureTable.decode_examples`) picks one variant per record and step in the
 graph (or, on eval, keeps each), then decompresses what the record stores
-compressed.
+compressed. The click encodings and the previous mask are not read: the
+step makes them from the clicks (`train.step_inputs`), so the reader parses
+the image, the mask and the clicks.
 
 Segmentation keeps the data compact as long as possible: the reader yields the
 parsed raw features (bytes), and the Parser (decode, cast, normalize) runs
@@ -39,6 +41,7 @@ from beam_prep.record_decoder import Decoder
 from train import augment as augment_
 from train import logs
 from train.serving_inputs import model_inputs
+from train.step_inputs import StepInputs
 from train.tasks import make_task
 
 
@@ -60,6 +63,9 @@ class Parser:
     self._task = task
     self._seed = seed
     self._transform_inputs = set(task.transform_keys)
+    self.step = StepInputs(table, self._transform, task.transform_keys)
+    for key, why in self.step.read_from_records.items():
+      logs.get().info("train: %s is read from the records, not made in the step: %s", key, why)
     self._flip = "flip" in augment
     self._colour = None
     if "colour" in augment:
@@ -68,11 +74,19 @@ class Parser:
       except ValueError as e:  # Trains on, without it, and says so.
         logs.get().warning("train: %s", e)
 
+  def read_keys(self, training: bool) -> List[str]:
+    """The raw features to read: the transform's, but those the step makes
+    (`train.step_inputs`), and what it makes them from; eval: the task's eval keys too."""
+    wanted = [k for k in self._task.transform_keys if k not in self.step.empty]
+    wanted += self.step.reads + ([] if training else self._task.eval_keys)
+    return list(dict.fromkeys(wanted))
+
   def __call__(self, raw: Dict[str, tf.Tensor], training: bool):
-    t = self._transform({k: v for k, v in raw.items() if k in self._transform_inputs})
+    given = {k: v for k, v in raw.items() if k in self._transform_inputs}
+    t = self._transform({**self.step.constants(given), **given})
     if training and self._colour:
       t = self._colour(t)
-    inputs = model_inputs(self._table, t)
+    inputs = self.step(model_inputs(self._table, t), raw)
     labels = self._task.labels(t)
     if training and self._flip:
       inputs, labels = augment_.flip(inputs, labels, self._task, self._seed)
@@ -101,9 +115,8 @@ class InputReader:
                augment: Sequence[str] = augment_.parse(augment_.DEFAULT)):
     self.prep = prep
     table = prep.table
-    self._decoders = {True: Decoder(table, task.transform_keys, seed),
-                      False: Decoder(table, task.transform_keys + task.eval_keys, seed)}
     self.parser = Parser(prep.tft_output, table, task, seed, augment)
+    self._decoders = {t: Decoder(table, self.parser.read_keys(t), seed) for t in (True, False)}
     # Segmentation: transform on the device (see the module docstring).
     self.transform_in_step = task.transform_in_step
     self._batch_size = batch_size

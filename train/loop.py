@@ -56,6 +56,7 @@ class FinalizedFunction:
     self._name = name
     self._first_spec = None
     self._error = None
+    self._jit_compile = jit_compile
     self.traces = 0
 
     def traced(*args):
@@ -71,7 +72,15 @@ class FinalizedFunction:
         raise self._error
       return fn(*args)
 
+    self._traced = traced
     self._function = tf.function(traced, reduce_retracing=False, jit_compile=jit_compile)
+
+  def take(self, *element_spec) -> None:
+    """Traces for inputs of these specs (e.g. a dataset's `element_spec`,
+    whose variable-length features vary from batch to batch), not for the
+    first call's shapes. Before the first call only."""
+    self._function = tf.function(self._traced, input_signature=element_spec,
+                                 reduce_retracing=False, jit_compile=self._jit_compile)
 
   def __call__(self, *args):
     try:
@@ -85,7 +94,9 @@ class FinalizedFunction:
 def _spec_of(x):
   if isinstance(x, (tf.Tensor, tf.Variable)):
     return f"{x.dtype.name}{list(x.shape)}"
-  if hasattr(x, "values") and hasattr(x, "_values"):  # PerReplica
+  if isinstance(x, tf.SparseTensor):
+    return f"sparse {x.dtype.name}{list(x.shape)}"
+  if isinstance(x, tf.distribute.DistributedValues):  # PerReplica
     return [_spec_of(v) for v in x.values]
   return repr(x)
 
@@ -340,6 +351,7 @@ def _loop(run: _Run, config: TrainConfig) -> _LoopState:
   log = logs.get()
   batches = iter(run.strategy.distribute_datasets_from_function(
       lambda ctx: run.reader.dataset(keys.TRAIN_SPLIT, training=True, input_context=ctx)))
+  run.step.take(batches.element_spec)  # Its clicks vary in number from batch to batch.
   tb_dir = os.path.join(run.model_dir, "tensorboard")
   start_step = int(run.global_step.numpy())
   state = _LoopState(start_step, max(config.steps - start_step, 0))

@@ -13,7 +13,7 @@ geometry says how a request is framed and its prediction placed back
 This module imports nothing of `train`.
 """
 
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple, Union
 
 import tensorflow as tf
 
@@ -49,6 +49,28 @@ def to_raw_bytes(x: tf.Tensor) -> tf.Tensor:
     x = tf.bitcast(x, tf.uint8)
   table = tf.constant(_BYTE_TABLE)
   return tf.strings.reduce_join(tf.gather(table, tf.reshape(tf.cast(x, tf.int32), [-1])))
+
+
+def probe_inputs(table: FeatureTable, transform_keys, batch: int,
+                 fill: Dict[str, Sequence[Union[int, bytes]]]) -> Dict[str, tf.Tensor]:
+  """Raw inputs of the transform for `batch` made-up examples, to ask it what
+  it does: example i of each per-pixel feature `key` of `fill` holds
+  `fill[key][i]`, its raw bytes, or an int repeated at every byte; every other
+  feature is zeros, empty or blank."""
+  out = {}
+  for key, spec in table.raw_feature_spec(transform_keys).items():
+    e = table[key]
+    if e.feature.per_pixel:
+      size = e.stored_bytes(table.image_size)
+      values = fill.get(key, [0] * batch)
+      out[key] = tf.constant([v if isinstance(v, bytes) else bytes([int(v)]) * size
+                              for v in values])
+    elif isinstance(spec, tf.io.VarLenFeature):
+      out[key] = tf.sparse.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], spec.dtype),
+                                        [batch, 0])
+    else:
+      out[key] = tf.zeros([batch, *spec.shape], spec.dtype)
+  return out
 
 
 def _import_ops(table: FeatureTable) -> None:

@@ -6,20 +6,10 @@ import tensorflow as tf
 
 from beam_prep import keys
 from beam_prep.prep_output import PrepOutput
-from tests.helpers import assert_serving_parity, examples, run_cli
+from tests.helpers import assert_serving_parity, examples
 from train import clicker, export
 from train.served import ServedModel
 from train.tasks import make_task
-
-
-@pytest.fixture(scope="module")
-def guided_prep(sample_dir, tmp_path_factory):
-  out = str(tmp_path_factory.mktemp("guided") / "prep")
-  assert run_cli(["segmentation", "--input", sample_dir, "--output", out, "--preset", "smoke",
-                  "--image-size", "48", "--variants", "1", "--eval-percent", "30",
-                  "--click-encoding", "disks", "--previous-mask", "--max-error-fraction", "1",
-                  "--progress-seconds", "0"]) == 0
-  return out
 
 
 def _prev_model(table, channel: int) -> tf.keras.Model:

@@ -91,9 +91,10 @@ def test_reader_sharding_is_disjoint_and_eval_is_deterministic(prep_dir):
   assert len(first) == len(second) > 0
   for a, b in zip(first, second):
     np.testing.assert_array_equal(a, b)
-  # Segmentation batches stay raw uint8 bytes until the step (on the device).
+  # Segmentation batches stay raw uint8 bytes until the step (on the device),
+  # which makes the distance maps from the clicks.
   raw = next(iter(reader.dataset(keys.TRAIN_SPLIT, training=True)))
-  assert sorted(raw) == [keys.DISTANCE_MAPS, keys.IMAGE, keys.MASK]
+  assert sorted(raw) == [keys.IMAGE, keys.MASK, keys.NEGATIVE_CLICKS, keys.POSITIVE_CLICKS]
   assert raw[keys.IMAGE].dtype == tf.string and raw[keys.IMAGE].shape == (4,)
   inputs, _ = reader.parser(raw, training=True)
   assert inputs.shape == (4, 64, 64, 5)

@@ -10,10 +10,9 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep import keys
-from beam_prep.ops import registry
 from beam_prep.kit import option
 from beam_prep.features import FeatureTable
-from train import clicker, logs, noc, servers
+from train import clicker, logs, noc, servers, step_inputs
 from train.config import TrainConfig
 from train.serving_inputs import ServingPlanError
 from train.tasks.base import TrainingTask, check_output, fit_options, model_spec
@@ -70,8 +69,9 @@ class SegmentationTask(TrainingTask):
     # The nearest-click baseline needs the clicks (declared by sample_clicks).
     self.eval_keys: List[str] = [k for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
                                  if k in table]
-    self._prev_channel = _channel_of(table, keys.PREV_MASK)
-    self._click_updates = _click_updates(table) if self.settings.corrective_clicks else []
+    self._prev_channel = step_inputs.channel_of(table, keys.PREV_MASK)
+    self._click_updates = (_corrective_inputs(table) if self.settings.corrective_clicks
+                           else [])
 
   def model_spec(self, config: TrainConfig) -> Dict[str, Any]:
     """The arguments of `models.build_model` for this run."""
@@ -138,9 +138,10 @@ class SegmentationTask(TrainingTask):
     def one_round(i, x):
       pred = tf.cast(model(x, training=False), tf.float32) > threshold
       if self._prev_channel is not None:
-        x = _put(x, self._prev_channel, 1, tf.cast(pred, x.dtype))
+        x = step_inputs.put(x, self._prev_channel, 1, tf.cast(pred, x.dtype))
       if self._click_updates:
-        x = _add_click(x, self._click_updates, *clicker.training_click(pred[..., 0], truth, care))
+        x = step_inputs.add_click(x, self._click_updates,
+                                  *clicker.training_click(pred[..., 0], truth, care))
       return i + 1, x
 
     n = tf.random.uniform([], 0, rounds + 1, dtype=tf.int32)
@@ -220,61 +221,20 @@ def normalized_focal_loss(y: tf.Tensor, w: tf.Tensor, logits: tf.Tensor, alpha: 
   return tf.reduce_sum(loss, axis=[1, 2, 3]) / (counted[:, 0, 0, 0] + eps)
 
 
-def _put(x: tf.Tensor, offset: int, channels: int, value: tf.Tensor) -> tf.Tensor:
-  """`x` [B, H, W, C] with channels offset:offset + channels replaced by `value`."""
-  return tf.concat([x[..., :offset], value, x[..., offset + channels:]], axis=-1)
-
-
-def _add_click(x, updates, xy, positive, valid):
-  """The model input `x` with one more click in every click encoding
-  (`_click_updates`), where `valid` (an error was left)."""
-  for offset, channels, scale, add in updates:
-    value = x[..., offset:offset + channels]
-    new = tf.cast(add(tf.cast(value, tf.float32) * scale, xy, positive) / scale, x.dtype)
-    x = _put(x, offset, channels, tf.where(valid[:, None, None, None], new, value))
-  return x
-
-
-def _click_updates(table: FeatureTable):
-  """[(channel offset, channels, scale, add_click)] of the model inputs made
-  from the clicks, for corrective clicks in the step.
+def _corrective_inputs(table: FeatureTable) -> List[step_inputs.ClickInput]:
+  """The model inputs made from the clicks, for corrective clicks in the step.
 
   Raises:
-    ValueError: a model input made from the clicks has no `add_click`, or is
-      standardized (its update is exact only through a fixed scale).
+    ValueError: one has no `add_click`, or is standardized (its update is
+      exact only through a fixed scale).
   """
-  registry.import_ops_modules(table.ops_module)
-  specs = {s.name: s for s in registry.parse_chain(table.chain)}
-  updates, offset = [], 0
-  for e in table.model_inputs:
-    reads = registry.op_entry(e.op).reads or ()
-    if keys.POSITIVE_CLICKS in reads or keys.NEGATIVE_CLICKS in reads:
-      add = registry.build_add_click(specs[e.op])
-      norm = e.feature.normalize
-      if add is None or norm == "standardize":
-        raise ValueError(f"--corrective-clicks: model input {e.key!r} is made from the clicks "
-                         f"by op {e.op!r}, which " + ("declares no add_click" if add is None
-                                                      else "is standardized"))
-      scale = 1.0 if norm == "none" else float(norm[len("scale("):-1])
-      updates.append((offset, e.feature.channels, scale, add))
-    offset += e.feature.channels
-  return updates
-
-
-def _channel_of(table: FeatureTable, key: str):
-  """The channel of one-channel model input `key` in the model's input (None: not an input).
-
-  Raises:
-    ValueError: it is normalized (the step writes the model's 0/1 mask into it as is).
-  """
-  offset = 0
-  for e in table.model_inputs:
-    if e.key == key:
-      if e.feature.channels != 1 or e.feature.normalize != "none":
-        raise ValueError(f"model input {key!r} must be one channel, not normalized")
-      return offset
-    offset += e.feature.channels
-  return None
+  inputs = step_inputs.click_inputs(table)
+  for c in inputs:
+    if c.add is None or c.scale is None:
+      raise ValueError(f"--corrective-clicks: model input {c.key!r} is made from the clicks "
+                       f"by op {c.op!r}, which " + ("declares no add_click" if c.add is None
+                                                    else "is standardized"))
+  return inputs
 
 
 def _mask_counts(labels, logits) -> tf.Tensor:

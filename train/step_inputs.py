@@ -1,0 +1,226 @@
+"""Model inputs the training step makes itself instead of reading them.
+
+The records hold, per click variant, the click encodings their ops computed
+(what tf.Transform analyzed, and what serving's twins compute again) and a
+previous mask of zeros. The trainer's reader reads neither: inflating those
+maps per example was most of its cost (README "Record layout, measured").
+Instead, the step
+
+1. gives the exported transform each such input's value *with no click*
+   (its op's twin on no click, no previous mask), a constant;
+2. adds the records' clicks to each click encoding one at a time, with its
+   op's `add_click` (a minimum for distance maps, an OR for disks: exact),
+   the very update the corrective clicks of `--mask-rounds` use.
+
+So the reader parses the image, the mask and the clicks, and the model input
+equals the one made from the stored maps, bit for bit
+(`tests/train/test_step_inputs.py`). An input is made this way only when
+that holds by construction: its op has a twin and an `add_click`, it is
+stored as uint8, and the transform maps each pixel by its own value; the
+step then looks the transform's output up in a table of all 256 values,
+made once by asking the transform (`StepInputs` says why any other input is
+read from the records instead).
+
+This module imports `train.clicker` and `train.serving_inputs` only.
+"""
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from beam_prep import keys
+from beam_prep.features import FeatureTable
+from beam_prep.ops import registry
+from train import clicker
+from train.serving_inputs import probe_inputs
+
+CLICK_KEYS = (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClickInput:
+  """A model input made from the clicks, as the step updates it.
+
+  offset, channels: where it sits in the model's input.
+  scale: what the transform divides its raw values by (None: standardized).
+  add: its op's `add_click(raw [B, H, W, C] float32, xy, positive)` (None: none declared).
+  """
+  key: str
+  op: str
+  offset: int
+  channels: int
+  scale: Optional[float]
+  add: Optional[Callable[..., Any]]
+
+
+def click_inputs(table: FeatureTable) -> List[ClickInput]:
+  """The model inputs made from the clicks, in the model's channel order."""
+  registry.import_ops_modules(table.ops_module)
+  specs = {s.name: s for s in registry.parse_chain(table.chain)}
+  out, offset = [], 0
+  for e in table.model_inputs:
+    reads = registry.op_entry(e.op).reads or ()
+    if set(CLICK_KEYS) & set(reads):
+      scale = None if e.feature.normalize == "standardize" else (e.feature.scale or 1.0)
+      out.append(ClickInput(e.key, e.op, offset, e.feature.channels, scale,
+                            registry.build_add_click(specs[e.op])))
+    offset += e.feature.channels
+  return out
+
+
+def put(x: tf.Tensor, offset: int, channels: int, value: tf.Tensor) -> tf.Tensor:
+  """`x` [B, H, W, C] with channels offset:offset + channels replaced by `value`."""
+  return tf.concat([x[..., :offset], value, x[..., offset + channels:]], axis=-1)
+
+
+def add_click(x: tf.Tensor, inputs: List[ClickInput], xy, positive, valid) -> tf.Tensor:
+  """The model input `x` with one more click in each of `inputs`, where
+  `valid` [B] (the others keep theirs)."""
+  for c in inputs:
+    value = x[..., c.offset:c.offset + c.channels]
+    new = tf.cast(c.add(tf.cast(value, tf.float32) * c.scale, xy, positive) / c.scale, x.dtype)
+    x = put(x, c.offset, c.channels, tf.where(valid[:, None, None, None], new, value))
+  return x
+
+
+def channel_of(table: FeatureTable, key: str) -> Optional[int]:
+  """The channel of one-channel model input `key` in the model's input (None: not an input).
+
+  Raises:
+    ValueError: it is normalized (the step writes the model's 0/1 mask into it as is).
+  """
+  offset = 0
+  for e in table.model_inputs:
+    if e.key == key:
+      if e.feature.channels != 1 or e.feature.normalize != "none":
+        raise ValueError(f"model input {key!r} must be one channel, not normalized")
+      return offset
+    offset += e.feature.channels
+  return None
+
+
+class StepInputs:
+  """Which model inputs the step makes (module docstring), and making them.
+
+  Args:
+    table: the records' FeatureTable.
+    transform: the exported transform (raw feature dict -> transformed).
+    transform_keys: the raw features the transform takes.
+
+  Attributes:
+    empty: {key: raw bytes of its value with no click}: what the transform
+      is given for each input the step makes.
+    reads: the raw features the step reads to make them (the clicks).
+    read_from_records: {key: why} of the click inputs read from the records.
+  """
+
+  def __init__(self, table: FeatureTable, transform: Callable, transform_keys: List[str]):
+    self._table = table
+    self.empty: Dict[str, bytes] = {}
+    self.read_from_records: Dict[str, str] = {}
+    self._drawn: List[ClickInput] = []
+    self._start: List[np.ndarray] = []  # Raw float32 [H, W, C] with no click, per drawn input.
+    self._lut: List[np.ndarray] = []  # [256 * C]: the transform of value v, channel c at v * C + c.
+    if keys.PREV_MASK in table.keys("model_input") and self._twin(keys.PREV_MASK) is not None:
+      self.empty[keys.PREV_MASK] = self._no_click(keys.PREV_MASK).tobytes()
+    candidates = self._candidates(table)
+    if candidates:
+      luts = _lookup_tables(table, transform, transform_keys, candidates)
+      for c in candidates:
+        if luts[c.key] is None:
+          self.read_from_records[c.key] = ("the transform does not map each pixel by its "
+                                           "own value")
+          continue
+        value = self._no_click(c.key)
+        self._drawn.append(c)
+        self._start.append(value.astype(np.float32))
+        self._lut.append(luts[c.key].reshape(-1))
+        self.empty[c.key] = value.tobytes()
+    self.reads: List[str] = list(CLICK_KEYS) if self._drawn else []
+
+  def _candidates(self, table: FeatureTable) -> List[ClickInput]:
+    """The click inputs the step can make, noting why each other one is read."""
+    out = []
+    for c in click_inputs(table):
+      e = table[c.key]
+      why = ("the records hold no clicks" if not set(CLICK_KEYS) <= set(table.keys()) else
+             f"op {c.op!r} declares no add_click" if c.add is None else
+             f"it is {e.feature.dtype}, not uint8" if e.feature.dtype != "uint8" else
+             f"op {c.op!r} has no twin" if self._twin(c.key) is None else "")
+      if why:
+        self.read_from_records[c.key] = why
+      else:
+        out.append(c)
+    return out
+
+  def _twin(self, key: str):
+    spec = [s for s in registry.parse_chain(self._table.chain) if s.name == self._table[key].op]
+    return registry.build_twin(spec[-1]) if spec else None
+
+  def _no_click(self, key: str) -> np.ndarray:
+    """The op's value of `key` with no click and no previous mask: [H, W, C] numpy."""
+    h, w = self._table.image_size
+    with tf.init_scope():
+      ex = {keys.IMAGE: tf.zeros([h, w, 3], tf.uint8),
+            keys.POSITIVE_CLICKS: tf.zeros([0, 2], tf.int64),
+            keys.NEGATIVE_CLICKS: tf.zeros([0, 2], tf.int64)}
+      value = np.asarray(self._twin(key)(ex)[key])
+    return value.reshape(self._table[key].shape((h, w)))
+
+  def constants(self, raw: Dict[str, Any]) -> Dict[str, tf.Tensor]:
+    """[B] raw bytes, with no click, of each input the step makes and `raw` lacks."""
+    batch = next(tf.shape(v)[0] for v in raw.values() if isinstance(v, tf.Tensor))
+    return {k: tf.fill([batch], tf.constant(v)) for k, v in self.empty.items() if k not in raw}
+
+  def __call__(self, x: tf.Tensor, raw: Dict[str, Any]) -> tf.Tensor:
+    """The model input `x` [B, H, W, C], made from `constants`, with the
+    records' clicks (in `raw`) added to each input the step makes and `raw`
+    lacks (one read from the records is kept as it is)."""
+    drawn = [i for i, c in enumerate(self._drawn) if c.key not in raw]
+    if not drawn:
+      return x
+    clicks, kinds = clicker.dense_clicks(raw[keys.POSITIVE_CLICKS], raw[keys.NEGATIVE_CLICKS])
+    shape = tf.shape(x)[:1]
+    maps = [tf.broadcast_to(tf.constant(self._start[i]),
+                            tf.concat([shape, tf.constant(self._start[i].shape, tf.int32)], 0))
+            for i in drawn]
+
+    def one_click(k, maps):
+      kind = kinds[:, k]
+      valid = tf.not_equal(kind, clicker.NONE)[:, None, None, None]
+      positive = tf.equal(kind, clicker.POSITIVE)
+      return k + 1, [tf.where(valid, self._drawn[i].add(m, clicks[:, k], positive), m)
+                     for i, m in zip(drawn, maps)]
+
+    _, maps = tf.while_loop(lambda k, _: k < tf.shape(kinds)[1], one_click, (0, maps))
+    for i, m in zip(drawn, maps):
+      c = self._drawn[i]
+      at = tf.cast(m, tf.int32) * c.channels + tf.range(c.channels)
+      x = put(x, c.offset, c.channels, tf.cast(tf.gather(self._lut[i], at), x.dtype))
+    return x
+
+
+def _lookup_tables(table: FeatureTable, transform: Callable, transform_keys: List[str],
+                   inputs: List[ClickInput]) -> Dict[str, Optional[np.ndarray]]:
+  """{key: what the transform gives each uint8 value of each channel,
+  float32 [256, C]; None when it is not a function of the pixel's own value}.
+
+  One batch: example v holds v at every pixel (v = 0..255), the last one
+  every value in turn, pixel after pixel, which must map through the table.
+  """
+  ramp = {c.key: np.arange(table[c.key].stored_bytes(table.image_size)) % 256 for c in inputs}
+  fill = {k: list(range(256)) + [r.astype(np.uint8).tobytes()] for k, r in ramp.items()}
+  with tf.init_scope():
+    out = transform(probe_inputs(table, transform_keys, 257, fill))
+    got = {c.key: np.asarray(out[c.key], np.float32) for c in inputs}
+  tables = {}
+  for c in inputs:
+    g = got[c.key]
+    lut = g[:256, 0, 0, :]  # [256, C]
+    ok = (g.shape[0] == 257 and np.array_equal(g[:256], np.broadcast_to(
+        lut[:, None, None, :], g[:256].shape)) and np.array_equal(
+            g[256], lut[ramp[c.key].reshape(g[256].shape), np.arange(c.channels)]))
+    tables[c.key] = lut if ok else None
+  return tables
