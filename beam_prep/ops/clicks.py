@@ -287,10 +287,24 @@ class ObjectGeometry:
     return _spaced_sample(deepest, n, d_step, rng), margin
 
 
+def click_count(rng: np.random.Generator, low: int, high: int, gamma: float) -> int:
+  """A number of clicks in low..high: uniform when `gamma` is 0; else, as
+  RITM's MultiPointSampler draws them (`prob_gamma`), low + k with
+  probability proportional to gamma^k, so few clicks are common and many rare."""
+  if not gamma or high <= low:
+    return int(rng.integers(low, high + 1))
+  p = gamma ** np.arange(high - low + 1, dtype=np.float64)
+  return low + int(rng.choice(high - low + 1, p=p / p.sum()))
+
+
 def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
                    min_positive: int, max_positive: int, negatives, d_step: float,
-                   strategies, protocol_clicks_max: int = 10) -> dict:
+                   strategies, protocol_clicks_max: int = 10, prob_gamma: float = 0.0) -> dict:
   """Samples one variant's clicks from an object's candidates.
+
+  With `prob_gamma` 0 the variant has min_positive..max_positive positive
+  clicks (uniform) and its strategy's full number of negative ones; with
+  0 < prob_gamma <= 1 both counts are drawn by `click_count` (negatives from 0).
 
   Returns:
     dict with `positive_clicks`, `negative_clicks` (int64 [N, 2] as (x, y)),
@@ -298,7 +312,7 @@ def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
     `MARGIN_REDUCED` (the object is thinner than the margin: see the module
     docstring).
   """
-  n_pos = int(rng.integers(min_positive, max_positive + 1))
+  n_pos = click_count(rng, min_positive, max_positive, prob_gamma)
   pos, margin = geometry.sample_positive(n_pos, d_step, rng)
   reduced = {MARGIN_REDUCED: bool(margin < geometry.d_margin)}
   pools = {1: geometry.strategy1, 2: geometry.strategy2, 3: geometry.strategy3}
@@ -312,6 +326,8 @@ def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
   if usable:
     strategy = int(usable[rng.integers(len(usable))])
     n_neg = int(negatives[strategy - 1])
+    if prob_gamma:
+      n_neg = click_count(rng, 0, n_neg, prob_gamma)
     if strategy == 3:
       neg = _farthest_points(pools[3], n_neg, rng)
     else:
@@ -333,7 +349,7 @@ def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
 def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
                   max_positive: int = 5, negatives=(10, 5, 10), d: float = 40,
                   d_margin: float = 5, d_step: float = 10, strategies=(1, 2, 3),
-                  protocol_clicks: int = 10):
+                  protocol_clicks: int = 10, prob_gamma: float = 0.0):
   """Fans one object out into `variants` independent click samplings.
 
   Args:
@@ -349,6 +365,9 @@ def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
     strategies: which strategies may be drawn (4: the evaluation protocol's
       clicks, see the module docstring).
     protocol_clicks: strategy 4 gives 1 to this many clicks.
+    prob_gamma: 0: uniform positive counts, all of a strategy's negatives;
+      else RITM's draw of both counts (`click_count`; its recipe: up to 24
+      clicks, 0.8).
   """
   if variants < 1:
     raise ValueError(f"variants must be >= 1, got {variants}")
@@ -359,6 +378,8 @@ def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
     raise ValueError(f"strategies must be a non-empty subset of (1, 2, 3, 4), got {strategies}")
   if protocol_clicks < 1:
     raise ValueError(f"protocol_clicks must be >= 1, got {protocol_clicks}")
+  if not 0 <= prob_gamma <= 1:
+    raise ValueError(f"prob_gamma must be in [0, 1], got {prob_gamma}")
 
   def fn(ex):
     geometry = ObjectGeometry(ex[keys.MASK], ex.get(keys.INSTANCE_MASK), d, d_margin)
@@ -369,7 +390,8 @@ def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
       variant.update(sample_variant(geometry, rng, min_positive=min_positive,
                                     max_positive=max_positive, negatives=negatives,
                                     d_step=d_step, strategies=strategies,
-                                    protocol_clicks_max=protocol_clicks))
+                                    protocol_clicks_max=protocol_clicks,
+                                    prob_gamma=prob_gamma))
       variant[keys.VARIANT] = v
       out.append(variant)
     return out

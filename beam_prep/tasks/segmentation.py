@@ -38,6 +38,7 @@ class ClickConfig:
   flip: bool = False
   disk_radius: float = default_arg("click_disks", "radius")
   protocol_clicks: int = _clicks("protocol_clicks")
+  prob_gamma: float = _clicks("prob_gamma")
 
   @classmethod
   def from_dict(cls, d: Dict[str, Any]) -> "ClickConfig":
@@ -112,7 +113,9 @@ def clicks_chain(variants: int, seed: int, clicks) -> str:
                  min_positive=clicks.min_positive, max_positive=clicks.max_positive,
                  negatives=tuple(clicks.negatives), d=clicks.d, d_margin=clicks.d_margin,
                  d_step=clicks.d_step, strategies=tuple(clicks.strategies),
-                 protocol_clicks=clicks.protocol_clicks)
+                 protocol_clicks=clicks.protocol_clicks,
+                 # Named only when set, so the chains of records made before stay as they were.
+                 **({"prob_gamma": clicks.prob_gamma} if clicks.prob_gamma else {}))
 
 
 def encoding_chain(click_encoding: str, disk_radius: float) -> str:

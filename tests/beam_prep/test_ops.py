@@ -250,3 +250,41 @@ def test_min_area_without_the_measurement_is_refused_before_the_job():
   registry.check_chain(registry.parse_chain(
       "decode|object_areas|resize(64)|split_objects|require_min_area(10)"),
       ["image_id", "image_bytes", "instance_mask"], "the test layout")
+
+
+def test_click_counts_drawn_as_ritm_draws_them():
+  """prob_gamma g: low + k clicks with probability proportional to g^k; 0: uniform."""
+  from beam_prep.ops.clicks import click_count  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  counts = np.bincount([click_count(rng, 1, 24, 0.8) for _ in range(20000)], minlength=25)[1:]
+  want = 0.8 ** np.arange(24)
+  np.testing.assert_allclose(counts / counts.sum(), want / want.sum(), atol=0.01)
+  assert counts[0] > counts[4] > counts[12] > 0
+  # 0 draws exactly what the uniform draw did, so default records are unchanged.
+  a, b = np.random.default_rng(3), np.random.default_rng(3)
+  assert [click_count(a, 1, 5, 0.0) for _ in range(50)] == [int(b.integers(1, 6))
+                                                            for _ in range(50)]
+
+
+def test_prob_gamma_varies_both_click_counts():
+  inst = _scene()
+  mask = (inst == 1).astype(np.uint8)
+  ex = {"image_id": "s", "object_id": 1, "mask": mask, "instance_mask": inst}
+  out = sample_clicks(variants=200, seed=1, max_positive=24, prob_gamma=0.8,
+                      strategies=(1, 3))(ex)
+  pos = [len(o["positive_clicks"]) for o in out]
+  neg = [len(o["negative_clicks"]) for o in out]
+  assert min(pos) == 1 and max(pos) > 5 and min(neg) < 10 and len(set(neg)) > 3
+  assert pos.count(1) > pos.count(5)
+  with pytest.raises(ValueError, match="prob_gamma"):
+    sample_clicks(prob_gamma=1.5)
+
+
+def test_the_field_preset_draws_up_to_24_clicks_and_the_default_chain_is_unchanged():
+  from beam_prep import kit  # pylint: disable=g-import-not-at-top
+  from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
+  field = PrepConfig.from_dict({"input": "x", "output": "y", **kit.preset(PrepConfig, "field")})
+  spec = next(s for s in registry.parse_chain(field.chain) if s.name == "sample_clicks")
+  assert dict(spec.kwargs)["max_positive"] == 24 and dict(spec.kwargs)["prob_gamma"] == 0.8
+  plain = PrepConfig.from_dict({"input": "x", "output": "y"})
+  assert "prob_gamma" not in plain.chain
