@@ -123,50 +123,73 @@ class StepInputs:
     self._drawn: List[ClickInput] = []
     self._start: List[np.ndarray] = []  # Raw float32 [H, W, C] with no click, per drawn input.
     self._lut: List[np.ndarray] = []  # [256 * C]: the transform of value v, channel c at v * C + c.
-    if keys.PREV_MASK in table.keys("model_input") and self._twin(keys.PREV_MASK) is not None:
-      self.empty[keys.PREV_MASK] = self._no_click(keys.PREV_MASK).tobytes()
+    if keys.PREV_MASK in table.keys("model_input"):
+      value = self._no_click(keys.PREV_MASK)
+      if value is not None:
+        self.empty[keys.PREV_MASK] = value.tobytes()
     candidates = self._candidates(table)
     if candidates:
-      luts = _lookup_tables(table, transform, transform_keys, candidates)
-      for c in candidates:
+      luts = _lookup_tables(table, transform, transform_keys, [c for c, _ in candidates])
+      for c, value in candidates:
         if luts[c.key] is None:
           self.read_from_records[c.key] = ("the transform does not map each pixel by its "
                                            "own value")
           continue
-        value = self._no_click(c.key)
         self._drawn.append(c)
         self._start.append(value.astype(np.float32))
         self._lut.append(luts[c.key].reshape(-1))
         self.empty[c.key] = value.tobytes()
     self.reads: List[str] = list(CLICK_KEYS) if self._drawn else []
 
-  def _candidates(self, table: FeatureTable) -> List[ClickInput]:
-    """The click inputs the step can make, noting why each other one is read."""
+  def _candidates(self, table: FeatureTable):
+    """[(click input, its value with no click)] the step can make, noting why
+    each other one is read."""
     out = []
     for c in click_inputs(table):
-      e = table[c.key]
-      why = ("the records hold no clicks" if not set(CLICK_KEYS) <= set(table.keys()) else
-             f"op {c.op!r} declares no add_click" if c.add is None else
-             f"it is {e.feature.dtype}, not uint8" if e.feature.dtype != "uint8" else
-             f"op {c.op!r} has no twin" if self._twin(c.key) is None else "")
+      why = self._unusable(c)
+      value = None if why else self._no_click(c.key)
+      if value is None and not why:
+        why = f"the twin of op {c.op!r} cannot make it with no click"
       if why:
         self.read_from_records[c.key] = why
       else:
-        out.append(c)
+        out.append((c, value))
     return out
+
+  def _unusable(self, c: ClickInput) -> str:
+    """Why click input `c` cannot be made from the records' clicks ("": it can)."""
+    table = self._table
+    if not set(CLICK_KEYS) <= set(table.keys()):
+      return "the records hold no clicks"
+    order = [s.name for s in registry.parse_chain(table.chain)]
+    last = {k: max((i for i, name in enumerate(order) if name == table[k].op), default=-1)
+            for k in (c.key, *CLICK_KEYS)}
+    later = [table[k].op for k in CLICK_KEYS if last[k] > last[c.key]]
+    return (f"op {c.op!r} declares no add_click" if c.add is None else
+            f"it is {table[c.key].feature.dtype}, not uint8"
+            if table[c.key].feature.dtype != "uint8" else
+            f"op {later[0]!r} changes the clicks after op {c.op!r} encoded them" if later else
+            f"op {c.op!r} has no twin" if self._twin(c.key) is None else "")
 
   def _twin(self, key: str):
     spec = [s for s in registry.parse_chain(self._table.chain) if s.name == self._table[key].op]
     return registry.build_twin(spec[-1]) if spec else None
 
-  def _no_click(self, key: str) -> np.ndarray:
-    """The op's value of `key` with no click and no previous mask: [H, W, C] numpy."""
+  def _no_click(self, key: str) -> Optional[np.ndarray]:
+    """The op's value of `key` with no click and no previous mask, [H, W, C]
+    numpy (None: its op has no twin, or the twin needs more than that)."""
     h, w = self._table.image_size
+    twin = self._twin(key)
+    if twin is None:
+      return None
     with tf.init_scope():
       ex = {keys.IMAGE: tf.zeros([h, w, 3], tf.uint8),
             keys.POSITIVE_CLICKS: tf.zeros([0, 2], tf.int64),
             keys.NEGATIVE_CLICKS: tf.zeros([0, 2], tf.int64)}
-      value = np.asarray(self._twin(key)(ex)[key])
+      try:
+        value = np.asarray(twin(ex)[key])
+      except (KeyError, ValueError, TypeError, tf.errors.OpError):
+        return None
     return value.reshape(self._table[key].shape((h, w)))
 
   def constants(self, raw: Dict[str, Any]) -> Dict[str, tf.Tensor]:

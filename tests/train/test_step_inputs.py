@@ -76,3 +76,26 @@ def test_an_input_the_transform_maps_by_more_than_its_pixel_is_read_from_the_rec
       lambda m: m - tf.reduce_mean(m, axis=[1, 2, 3], keepdims=True)), task.transform_keys)
   assert not centred.empty and not centred.reads
   assert "own value" in centred.read_from_records[keys.DISTANCE_MAPS]
+
+
+def test_clicks_changed_after_their_encoding_leave_the_maps_to_the_records(prep_dir):
+  """A user op after the encoding that moves the clicks: the stored maps are
+  not the stored clicks' maps, so nothing is made from them."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+  from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+  table = PrepOutput(prep_dir).table
+  with registry.temporary_ops():
+    @registry.register_op("test_move_clicks", reads=(keys.POSITIVE_CLICKS,),
+                          produces={keys.POSITIVE_CLICKS: table[keys.POSITIVE_CLICKS].feature})
+    def _move():
+      return lambda ex: ex
+
+    entries = [dataclasses.replace(e, op="test_move_clicks") if e.key == keys.POSITIVE_CLICKS
+               else e for e in table]
+    moved = FeatureTable(entries, table.image_size, table.task, table.chain + "|test_move_clicks",
+                         table.ops_module, table.variants)
+    step = StepInputs(moved, None, [])
+  assert not step.empty and not step.reads
+  assert step.read_from_records[keys.DISTANCE_MAPS] == (
+      "op 'test_move_clicks' changes the clicks after op 'distance_maps' encoded them")
