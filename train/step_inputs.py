@@ -8,20 +8,20 @@ Instead, the step
 
 1. gives the exported transform each such input's value *with no click*
    (its op's twin on no click, no previous mask), a constant;
-2. adds the records' clicks to each click encoding one at a time, with its
-   op's `add_click` (a minimum for distance maps, an OR for disks: exact),
-   the very update the corrective clicks of `--mask-rounds` use.
+2. computes each click encoding from the example's clicks with its op's
+   twin (the serving graph's computation, tested equal to the op's), and
+   looks the transform's output for it up in a table of all 256 values,
+   made once by asking the transform.
 
 So the reader parses the image, the mask and the clicks, and the model input
 equals the one made from the stored maps, bit for bit
 (`tests/train/test_step_inputs.py`). An input is made this way only when
-that holds by construction: its op has a twin and an `add_click`, it is
-stored as uint8, and the transform maps each pixel by its own value; the
-step then looks the transform's output up in a table of all 256 values,
-made once by asking the transform (`StepInputs` says why any other input is
-read from the records instead).
+that holds by construction: its op has a twin, it is stored as uint8, no
+later op changes the clicks, and the transform maps each pixel by its own
+value (`StepInputs` says why any other input is read from the records
+instead).
 
-This module imports `train.clicker` and `train.serving_inputs` only.
+This module imports `train.serving_inputs` only.
 """
 
 import dataclasses
@@ -33,7 +33,6 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.ops import registry
-from train import clicker
 from train.serving_inputs import probe_inputs
 
 CLICK_KEYS = (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
@@ -121,7 +120,7 @@ class StepInputs:
     self.empty: Dict[str, bytes] = {}
     self.read_from_records: Dict[str, str] = {}
     self._drawn: List[ClickInput] = []
-    self._start: List[np.ndarray] = []  # Raw float32 [H, W, C] with no click, per drawn input.
+    self._twins: List[Callable] = []  # Per drawn input, its op's twin.
     self._lut: List[np.ndarray] = []  # [256 * C]: the transform of value v, channel c at v * C + c.
     if keys.PREV_MASK in table.keys("model_input"):
       value = self._no_click(keys.PREV_MASK)
@@ -136,7 +135,7 @@ class StepInputs:
                                            "own value")
           continue
         self._drawn.append(c)
-        self._start.append(value.astype(np.float32))
+        self._twins.append(self._twin(c.key))
         self._lut.append(luts[c.key].reshape(-1))
         self.empty[c.key] = value.tobytes()
     self.reads: List[str] = list(CLICK_KEYS) if self._drawn else []
@@ -165,8 +164,7 @@ class StepInputs:
     last = {k: max((i for i, name in enumerate(order) if name == table[k].op), default=-1)
             for k in (c.key, *CLICK_KEYS)}
     later = [table[k].op for k in CLICK_KEYS if last[k] > last[c.key]]
-    return (f"op {c.op!r} declares no add_click" if c.add is None else
-            f"it is {table[c.key].feature.dtype}, not uint8"
+    return (f"it is {table[c.key].feature.dtype}, not uint8"
             if table[c.key].feature.dtype != "uint8" else
             f"op {later[0]!r} changes the clicks after op {c.op!r} encoded them" if later else
             f"op {c.op!r} has no twin" if self._twin(c.key) is None else "")
@@ -198,26 +196,25 @@ class StepInputs:
     return {k: tf.fill([batch], tf.constant(v)) for k, v in self.empty.items() if k not in raw}
 
   def __call__(self, x: tf.Tensor, raw: Dict[str, Any]) -> tf.Tensor:
-    """The model input `x` [B, H, W, C], made from `constants`, with the
-    records' clicks (in `raw`) added to each input the step makes and `raw`
-    lacks (one read from the records is kept as it is)."""
+    """The model input `x` [B, H, W, C], made from `constants`, with each
+    input the step makes and `raw` lacks computed from the example's clicks
+    in `raw` (one read from the records is kept as it is)."""
     drawn = [i for i, c in enumerate(self._drawn) if c.key not in raw]
     if not drawn:
       return x
-    clicks, kinds = clicker.dense_clicks(raw[keys.POSITIVE_CLICKS], raw[keys.NEGATIVE_CLICKS])
-    shape = tf.shape(x)[:1]
-    maps = [tf.broadcast_to(tf.constant(self._start[i]),
-                            tf.concat([shape, tf.constant(self._start[i].shape, tf.int32)], 0))
-            for i in drawn]
+    h, w = self._table.image_size
+    image = tf.zeros([h, w, 3], tf.uint8)  # Its size is all the twins read of it.
+    specs = [tf.TensorSpec(self._table[self._drawn[i].key].shape((h, w)), tf.uint8)
+             for i in drawn]
 
-    def one_click(k, maps):
-      kind = kinds[:, k]
-      valid = tf.not_equal(kind, clicker.NONE)[:, None, None, None]
-      positive = tf.equal(kind, clicker.POSITIVE)
-      return k + 1, [tf.where(valid, self._drawn[i].add(m, clicks[:, k], positive), m)
-                     for i, m in zip(drawn, maps)]
+    def one(clicks):
+      ex = {keys.IMAGE: image, keys.POSITIVE_CLICKS: tf.reshape(clicks[0], [-1, 2]),
+            keys.NEGATIVE_CLICKS: tf.reshape(clicks[1], [-1, 2])}
+      return [tf.reshape(self._twins[i](ex)[self._drawn[i].key], spec.shape)
+              for i, spec in zip(drawn, specs)]
 
-    _, maps = tf.while_loop(lambda k, _: k < tf.shape(kinds)[1], one_click, (0, maps))
+    maps = tf.map_fn(one, tuple(tf.RaggedTensor.from_sparse(raw[k]) for k in CLICK_KEYS),
+                     fn_output_signature=specs)
     for i, m in zip(drawn, maps):
       c = self._drawn[i]
       at = tf.cast(m, tf.int32) * c.channels + tf.range(c.channels)
