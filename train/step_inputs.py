@@ -55,13 +55,15 @@ class ClickInput:
 
 
 def click_inputs(table: FeatureTable) -> List[ClickInput]:
-  """The model inputs made from the clicks, in the model's channel order."""
+  """The model inputs made from the clicks (by an op that reads them and
+  leaves them as they are: not `flip_variants`, which moves the image with
+  them), in the model's channel order."""
   registry.import_ops_modules(table.ops_module)
   specs = {s.name: s for s in registry.parse_chain(table.chain)}
   out, offset = [], 0
   for e in table.model_inputs:
-    reads = registry.op_entry(e.op).reads or ()
-    if set(CLICK_KEYS) & set(reads):
+    op = registry.op_entry(e.op)
+    if set(CLICK_KEYS) & set(op.reads or ()) and not set(CLICK_KEYS) & set(op.produces):
       scale = None if e.feature.normalize == "standardize" else (e.feature.scale or 1.0)
       out.append(ClickInput(e.key, e.op, offset, e.feature.channels, scale,
                             registry.build_add_click(specs[e.op])))
