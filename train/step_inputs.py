@@ -119,6 +119,7 @@ class StepInputs:
 
   def __init__(self, table: FeatureTable, transform: Callable, transform_keys: List[str]):
     self._table = table
+    self._chain = registry.parse_chain(table.chain)  # Parsed once: what each check reads.
     self.empty: Dict[str, bytes] = {}
     self.read_from_records: Dict[str, str] = {}
     self._drawn: List[ClickInput] = []
@@ -162,7 +163,7 @@ class StepInputs:
     table = self._table
     if not set(CLICK_KEYS) <= set(table.keys()):
       return "the records hold no clicks"
-    order = [s.name for s in registry.parse_chain(table.chain)]
+    order = [s.name for s in self._chain]
     last = {k: max((i for i, name in enumerate(order) if name == table[k].op), default=-1)
             for k in (c.key, *CLICK_KEYS)}
     later = [table[k].op for k in CLICK_KEYS if last[k] > last[c.key]]
@@ -172,7 +173,7 @@ class StepInputs:
             f"op {c.op!r} has no twin" if self._twin(c.key) is None else "")
 
   def _twin(self, key: str):
-    spec = [s for s in registry.parse_chain(self._table.chain) if s.name == self._table[key].op]
+    spec = [s for s in self._chain if s.name == self._table[key].op]
     return registry.build_twin(spec[-1]) if spec else None
 
   def _no_click(self, key: str) -> Optional[np.ndarray]:
