@@ -95,26 +95,20 @@ class Decoder:
         out[k] = tf.gather(once[k], owner)
     return out
 
-  def raw(self, view: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-    """Picked, expanded or split features -> the example view: per-pixel
-    features as raw bytes, stacked numbers as the lists or arrays their spec
-    parses to."""
-    out = {}
-    for k, v in view.items():
-      e = self._table[k]
-      if e.feature.per_pixel:
-        out[k] = raw_bytes(v, e)
-      elif e.stacked and e.feature.dtype != "string":
-        out[k] = _stacked_numbers(v, e)
-      else:
-        out[k] = v
-    return out
+  def raw(self, stored: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """Picked, expanded or split features -> the example view (`raw_view`)."""
+    return raw_view(self._table, stored)
+
+  def stored(self, serialized: tf.Tensor, training: bool = True) -> Dict[str, tf.Tensor]:
+    """[B] serialized records -> one picked variant per record (training) or
+    every variant (else), as stored: what `raw` turns into the example view."""
+    parsed = self.parse(serialized)
+    return self.pick(parsed) if training else self.expand(parsed)
 
   def decode(self, serialized: tf.Tensor, training: bool = True) -> Dict[str, tf.Tensor]:
     """[B] serialized records -> the example view of one picked variant per
     record (training) or of every variant (else)."""
-    parsed = self.parse(serialized)
-    return self.raw(self.pick(parsed) if training else self.expand(parsed))
+    return self.raw(self.stored(serialized, training))
 
   def numpy(self, serialized: Sequence[bytes]
             ) -> Tuple[Dict[str, List[Any]], Dict[str, List[Any]], np.ndarray]:
@@ -133,6 +127,23 @@ class Decoder:
     once, each, splits = self.split(self.parse(tf.constant(list(serialized), tf.string)))
     splits = np.arange(len(serialized) + 1) if splits is None else splits.numpy()
     return _rows(self.raw(once)), _rows(self.raw(each)), splits
+
+
+def raw_view(table, stored: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+  """Picked, expanded or split features, as stored -> the example view:
+  per-pixel features as raw bytes, stacked numbers as the lists or arrays
+  their spec parses to. The trainer's step runs it (`train.data.Parser`), so
+  its reader only parses and picks."""
+  out = {}
+  for k, v in stored.items():
+    e = table[k]
+    if e.feature.per_pixel:
+      out[k] = raw_bytes(v, e)
+    elif e.stacked and e.feature.dtype != "string":
+      out[k] = _stacked_numbers(v, e)
+    else:
+      out[k] = v
+  return out
 
 
 def _stacked_numbers(values: tf.Tensor, e) -> tf.Tensor:

@@ -147,7 +147,7 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
     # Every variant of the record: the example view, and what the trainer
     # reads of it (the step makes the click inputs from the clicks).
     raw = decoder.decode(tf.constant([serialized]), training=False)
-    train_all, _ = parser(reader.decode(tf.constant([serialized]), training=False),
+    train_all, _ = parser(reader.stored(tf.constant([serialized]), training=False),
                           training=False)
     for i, rec in enumerate(table.decode_examples(serialized)):
       clicks = {k: rec[k] for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}

@@ -166,7 +166,7 @@ def test_transform_statistics_weigh_every_image_once(small):
   assert np.abs(by_image - by_record).max() > 0.5  # the data tells the two apart
   # Solve out = (x - mean) / std per channel from two pixels of the transformed batch.
   parser = Parser(tft_out, table, task)
-  inputs, _ = parser(Decoder(table, task.transform_keys).decode(tf.constant(serialized[:4]),
+  inputs, _ = parser(Decoder(table, task.transform_keys).stored(tf.constant(serialized[:4]),
                                                                 training=False),
                      training=False)  # Every variant of the first 4 records, in order.
   x = np.stack([ex[keys.IMAGE] for ex in examples[:len(inputs)]]).astype(np.float64)

@@ -41,11 +41,12 @@ def test_jitter_stays_in_the_pixel_range_and_is_the_identity_when_never_drawn():
   assert 0.85 - 1e-6 <= slope <= 1.4 + 1e-6
 
 
-def _raw_batch(prep_dir, task, n=4):
+def _stored_batch(prep_dir, task, n=4):
+  """Every variant of the first `n` train records, as stored, and their decoder."""
   prep = PrepOutput(prep_dir)
   decoder = Decoder(prep.table, task.transform_keys)
   records = next(iter(prep.dataset(keys.TRAIN_SPLIT).batch(n)))
-  return prep, decoder.decode(records, training=False)
+  return decoder, decoder.stored(records, training=False)
 
 
 def test_colour_recovers_the_pixels_through_the_transform_and_jitters_only_the_image(prep_dir):
@@ -53,7 +54,8 @@ def test_colour_recovers_the_pixels_through_the_transform_and_jitters_only_the_i
   task = make_task(prep.table, prep.tft_output)
   transform = prep.tft_output.transform_features_layer()
   colour = augment.Colour(prep.table, transform, task.transform_keys, seed=1)
-  _, raw = _raw_batch(prep_dir, task)
+  decoder, stored = _stored_batch(prep_dir, task)
+  raw = decoder.raw(stored)
   t = transform({k: raw[k] for k in task.transform_keys})
   size = prep.table.image_size
   pixels = tf.io.decode_raw(raw[keys.IMAGE], tf.uint8).numpy().reshape(-1, *size, 3)
@@ -71,13 +73,13 @@ def test_colour_recovers_the_pixels_through_the_transform_and_jitters_only_the_i
 def test_parser_augments_training_batches_only_and_as_asked(prep_dir):
   prep = PrepOutput(prep_dir)
   task = make_task(prep.table, prep.tft_output)
-  _, raw = _raw_batch(prep_dir, task, n=8)
+  _, stored = _stored_batch(prep_dir, task, n=8)
   plain = Parser(prep.tft_output, prep.table, task, augment=())
   jitter = Parser(prep.tft_output, prep.table, task, augment=("colour",))
-  base_inputs, base_labels = plain(raw, training=True)
-  eval_inputs, _ = jitter(raw, training=False)
+  base_inputs, base_labels = plain(stored, training=True)
+  eval_inputs, _ = jitter(stored, training=False)
   np.testing.assert_array_equal(eval_inputs.numpy(), base_inputs.numpy())
-  inputs, labels = jitter(raw, training=True)
+  inputs, labels = jitter(stored, training=True)
   image_channels = prep.table[keys.IMAGE].feature.channels
   assert not np.allclose(inputs[..., :image_channels], base_inputs[..., :image_channels])
   np.testing.assert_array_equal(inputs[..., image_channels:], base_inputs[..., image_channels:])

@@ -55,10 +55,12 @@ def test_decoder_and_parser_on_in_memory_examples(prep_dir):
         "distance_maps": np.full((64, 64, 2), 255, np.uint8), "mask": mask,
         "positive_clicks": np.array([[20, 20]]), "negative_clicks": np.zeros((0, 2), int)}
   ex.update(height=64, width=64, negative_strategy=0, flipped=0, crop_box=np.array([0, 0, 64, 64]))
-  raw = Decoder(table).decode(tf.constant([table.encode_unit([ex])] * 2))
+  decoder = Decoder(table)
+  stored = decoder.stored(tf.constant([table.encode_unit([ex])] * 2))
+  raw = decoder.raw(stored)
   assert raw[keys.IMAGE].shape == (2,) and raw[keys.POSITIVE_CLICKS].values.numpy().tolist() == [
       20, 20, 20, 20]
-  raw = {k: raw[k] for k in task.transform_keys}
+  raw = {k: stored[k] for k in task.transform_keys}
   inputs, labels = Parser(out, table, task)(raw, training=False)
   assert inputs.shape == (2, 64, 64, 5) and inputs.dtype == tf.float32
   np.testing.assert_allclose(inputs[0, ..., 3:].numpy(), 1.0)
@@ -91,12 +93,16 @@ def test_reader_sharding_is_disjoint_and_eval_is_deterministic(prep_dir):
   assert len(first) == len(second) > 0
   for a, b in zip(first, second):
     np.testing.assert_array_equal(a, b)
-  # Segmentation batches stay raw uint8 bytes until the step (on the device),
-  # which makes the distance maps from the clicks.
-  raw = next(iter(reader.dataset(keys.TRAIN_SPLIT, training=True)))
-  assert sorted(raw) == [keys.IMAGE, keys.MASK, keys.NEGATIVE_CLICKS, keys.POSITIVE_CLICKS]
-  assert raw[keys.IMAGE].dtype == tf.string and raw[keys.IMAGE].shape == (4,)
-  inputs, _ = reader.parser(raw, training=True)
+  # Segmentation batches stay bytes as stored until the step, which inflates
+  # the mask, unpacks the clicks and makes the distance maps from them.
+  stored = next(iter(reader.dataset(keys.TRAIN_SPLIT, training=True)))
+  assert sorted(stored) == [keys.IMAGE, keys.MASK, keys.NEGATIVE_CLICKS, keys.POSITIVE_CLICKS]
+  for k, v in stored.items():
+    assert v.dtype == tf.string and v.shape == (4,), k
+  assert reader.prep.table[keys.MASK].feature.encoding == "zlib"
+  masks = tf.io.decode_compressed(stored[keys.MASK], compression_type="ZLIB")
+  assert set(tf.strings.length(masks).numpy()) == {64 * 64}
+  inputs, _ = reader.parser(stored, training=True)
   assert inputs.shape == (4, 64, 64, 5)
 
 
