@@ -85,11 +85,8 @@ def add_options(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) 
   """Adds one option per option field of `cls` (dest = the field's name; None = not given)."""
   for f in option_fields(cls, skip):
     kwargs: Dict[str, Any] = {"dest": f.name, "default": None, "help": _help(f)}
-    if f.type is bool or isinstance(f.default, bool):
-      if f.default:
-        parser.add_argument("--no-" + f.name.replace("_", "-"), action="store_false", **kwargs)
-      else:
-        parser.add_argument(_flag(f.name), action="store_true", **kwargs)
+    if f.type is bool or isinstance(f.default, bool):  # --x and --no-x: a preset's on is undone.
+      parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
       continue
     if isinstance(f.default, tuple):  # A repeated flag, one value each time.
       parser.add_argument(_flag(f.name), action="append", metavar=f.metadata["metavar"], **kwargs)

@@ -6,14 +6,14 @@
 
 DIR is any input `beam-prep segmentation` reads (`--layout auto` unless
 `--real-layout` names one). For each distinct prep setting of the arms below
-the set is prepared once (`beam-prep segmentation`, `--eval-percent 20`: the
-held-out images are fixed by a hash of the image id, or by the layout's own
-split lists), each arm with a model is trained for the same number of steps
-(`beam-train fit`), and every held-out object is evaluated at the images' own
-size through the exported serving graph (`beam-train evaluate --resolution
-source`); the `baseline` arm is the nearest-click baseline alone (no model).
-The commands run in this process, exactly as their command lines run them;
-each one's own output goes to a log file under the workdir.
+the set is prepared once (`beam-prep segmentation --preset real`, with
+`--eval-percent 20`: the held-out images are fixed by a hash of the image id,
+or by the layout's own split lists), each arm with a model is trained for the
+same number of steps (`beam-train fit --preset real`, less what the arm takes
+away), and every held-out object is evaluated at the images' own size through
+the exported serving graph (`beam-train evaluate --resolution source`); the
+`baseline` arm is the nearest-click baseline alone (no model). The commands
+run in this process, exactly as their command lines run them; each one's own output goes to a log file under the workdir.
 
 Per arm: NoC@85, NoC@90, mean IoU after 1, 3 and 5 clicks, objects evaluated,
 training steps/s (`metrics.json`: examples/s over the global batch, the first,
@@ -37,21 +37,23 @@ from typing import Any, Callable, Dict, List, Sequence
 
 from benchmarks.common import environment, log
 
+# Every arm runs both commands with `--preset PRESET`; the corrective arm is
+# the preset itself (mask guidance and corrective clicks), the others take
+# parts of the recipe away.
+PRESET = "real"
 # The arms, in the order of the table. `prep`: extra `beam-prep segmentation`
 # flags; `fit`: extra `beam-train fit` flags, None for no model (the
 # nearest-click baseline). Adding an arm is adding an entry.
 ARMS: List[Dict[str, Any]] = [
-    {"name": "baseline", "prep": [], "fit": None},
-    {"name": "single", "prep": [], "fit": []},
-    {"name": "prev_mask", "prep": ["--previous-mask"], "fit": ["--mask-rounds", "3"]},
-    {"name": "corrective", "prep": ["--previous-mask"],
-     "fit": ["--mask-rounds", "3", "--corrective-clicks"]},
+    {"name": "baseline", "prep": ["--no-previous-mask"], "fit": None},
+    {"name": "single", "prep": ["--no-previous-mask"],
+     "fit": ["--mask-rounds", "0", "--no-corrective-clicks"]},
+    {"name": "prev_mask", "prep": [], "fit": ["--no-corrective-clicks"]},
+    {"name": "corrective", "prep": [], "fit": []},
 ]
 
 EVAL_PERCENT = 20  # The held-out share of images, fixed by a hash of the image id.
 SEED = 0
-VARIANTS = 2
-CLICK_ENCODING = "disks"
 # Training steps of every arm with a model: about 5 minutes of a single-pass
 # `beam-train fit` at 128 px and batch 16 on 2 CPU cores (1.06 steps/s
 # measured on COCO-MVal; README, "Real photographs").
@@ -94,12 +96,12 @@ class Settings:
   max_clicks: int
 
   def prep_flags(self) -> List[str]:
-    return ["--layout", self.layout, "--image-size", str(self.image_size),
-            "--variants", str(VARIANTS), "--click-encoding", CLICK_ENCODING,
+    return ["--preset", PRESET, "--layout", self.layout, "--image-size", str(self.image_size),
             "--eval-percent", str(EVAL_PERCENT), "--seed", str(SEED)]
 
   def fit_flags(self) -> List[str]:
-    return ["--steps", str(self.steps), "--batch-size", str(self.batch), "--seed", str(SEED),
+    return ["--preset", PRESET, "--steps", str(self.steps), "--batch-size", str(self.batch),
+            "--seed", str(SEED),
             "--noc-clicks", "0", "--histogram-every", "0",
             "--checkpoint-every", str(self.steps), "--log-every", str(max(1, self.steps // 10))]
 
@@ -119,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
   preps = _prepare(s, arms)
   results = [_run_arm(s, arm, preps) for arm in arms]
   result = {"data": s.data, "settings": dataclasses.asdict(s), "eval_percent": EVAL_PERCENT,
-            "variants": VARIANTS, "click_encoding": CLICK_ENCODING, "seed": SEED,
+            "preset": PRESET, "seed": SEED,
             "preps": list(preps.values()), "arms": results, "environment": environment(),
             "seconds": time.time() - t0}
   path = args.json or os.path.join(s.workdir, "real.json")
