@@ -13,7 +13,8 @@ same number of steps (`beam-train fit --preset real`, less what the arm takes
 away), and every held-out object is evaluated at the images' own size through
 the exported serving graph (`beam-train evaluate --resolution source`); the
 `baseline` arm is the nearest-click baseline alone (no model). The commands
-run in this process, exactly as their command lines run them; each one's own output goes to a log file under the workdir.
+run in this process, exactly as their command lines run them; each one's own
+output goes to a log file under the workdir.
 
 Per arm: NoC@85, NoC@90, mean IoU after 1, 3 and 5 clicks, objects evaluated,
 training steps/s (`metrics.json`: examples/s over the global batch, the first,

@@ -45,6 +45,8 @@ class ClickInput:
   offset, channels: where it sits in the model's input.
   scale: what the transform divides its raw values by (None: standardized).
   add: its op's `add_click(raw [B, H, W, C] float32, xy, positive)` (None: none declared).
+  lut: the transform's value of each raw value, float32 [256, C]
+    (`lookup_tables`), when `add_click` looks its result up (`exact`).
   """
   key: str
   op: str
@@ -52,6 +54,7 @@ class ClickInput:
   channels: int
   scale: Optional[float]
   add: Optional[Callable[..., Any]]
+  lut: Optional[np.ndarray] = None
 
 
 def click_inputs(table: FeatureTable) -> List[ClickInput]:
@@ -76,12 +79,42 @@ def put(x: tf.Tensor, offset: int, channels: int, value: tf.Tensor) -> tf.Tensor
   return tf.concat([x[..., :offset], value, x[..., offset + channels:]], axis=-1)
 
 
+def exact(inputs: List[ClickInput], transform: Callable, table: FeatureTable,
+          transform_keys: List[str]) -> List[ClickInput]:
+  """`inputs`, each with the table of its transform (`lookup_tables`), so that
+  `add_click` gives the very value the transform gives the op's map of all
+  clicks: the raw value is its model value times `scale`, rounded (checked
+  here for every raw value), the op's `add_click` updates it, and the table
+  gives the transform of the result (`x * (1 / 255)` is not `x / 255`).
+
+  Raises:
+    ValueError: an input's transform is not its raw value over `scale`, to the
+      nearest raw value, pixel by pixel.
+  """
+  luts = lookup_tables(table, transform, transform_keys, inputs)
+  out = []
+  for c in inputs:
+    lut = luts[c.key]
+    if lut is None or not np.array_equal(np.round(lut * c.scale),
+                                         np.repeat(np.arange(256.0)[:, None], c.channels, 1)):
+      raise ValueError(f"model input {c.key!r}: the transform is not its raw value / "
+                       f"{c.scale:g}, pixel by pixel, so one more click cannot update it")
+    out.append(dataclasses.replace(c, lut=lut))
+  return out
+
+
 def add_click(x: tf.Tensor, inputs: List[ClickInput], xy, positive, valid) -> tf.Tensor:
   """The model input `x` with one more click in each of `inputs`, where
-  `valid` [B] (the others keep theirs)."""
+  `valid` [B] (the others keep theirs); exact for inputs with a `lut` (`exact`)."""
   for c in inputs:
     value = x[..., c.offset:c.offset + c.channels]
-    new = tf.cast(c.add(tf.cast(value, tf.float32) * c.scale, xy, positive) / c.scale, x.dtype)
+    if c.lut is None:
+      new = c.add(tf.cast(value, tf.float32) * c.scale, xy, positive) / c.scale
+    else:
+      raw = c.add(tf.round(tf.cast(value, tf.float32) * c.scale), xy, positive)
+      at = tf.cast(raw, tf.int32) * c.channels + tf.range(c.channels)
+      new = tf.gather(c.lut.reshape(-1), at)
+    new = tf.cast(new, x.dtype)
     x = put(x, c.offset, c.channels, tf.where(valid[:, None, None, None], new, value))
   return x
 
@@ -131,7 +164,7 @@ class StepInputs:
         self.empty[keys.PREV_MASK] = value.tobytes()
     candidates = self._candidates(table)
     if candidates:
-      luts = _lookup_tables(table, transform, transform_keys, [c for c, _ in candidates])
+      luts = lookup_tables(table, transform, transform_keys, [c for c, _ in candidates])
       for c, value in candidates:
         if luts[c.key] is None:
           self.read_from_records[c.key] = ("the transform does not map each pixel by its "
@@ -225,7 +258,7 @@ class StepInputs:
     return x
 
 
-def _lookup_tables(table: FeatureTable, transform: Callable, transform_keys: List[str],
+def lookup_tables(table: FeatureTable, transform: Callable, transform_keys: List[str],
                    inputs: List[ClickInput]) -> Dict[str, Optional[np.ndarray]]:
   """{key: what the transform gives each uint8 value of each channel,
   float32 [256, C]; None when it is not a function of the pixel's own value}.

@@ -9,6 +9,7 @@ from beam_prep import keys
 from beam_prep.prep_output import PrepOutput
 from beam_prep.record_decoder import Decoder
 from train.data import InputReader, Parser
+from train import step_inputs
 from train.step_inputs import StepInputs
 from train.tasks import make_task
 
@@ -101,3 +102,30 @@ def test_clicks_changed_after_their_encoding_leave_the_maps_to_the_records(prep_
   assert not step.empty and not step.reads
   assert step.read_from_records[keys.DISTANCE_MAPS] == (
       "op 'test_move_clicks' changes the clicks after op 'distance_maps' encoded them")
+
+
+@pytest.mark.parametrize("which", ["guided_prep", "prep_dir"])
+def test_a_corrective_click_gives_the_model_input_of_all_clicks_exactly(which, request):
+  """`step_inputs.add_click` with the transform's tables (`exact`, what the
+  step's corrective clicks use): a record's model input less its last
+  positive click, plus that click, is its model input, bit for bit."""
+  prep = PrepOutput(request.getfixturevalue(which))
+  task = make_task(prep.table, prep.tft_output)
+  parser = Parser(prep.tft_output, prep.table, task)
+  transform = prep.tft_output.transform_features_layer()
+  inputs = step_inputs.exact(step_inputs.click_inputs(prep.table), transform, prep.table,
+                             task.transform_keys)
+  assert inputs and all(c.lut is not None for c in inputs)
+  decoder = Decoder(prep.table, parser.read_keys(training=False))
+  records = tf.constant([r.numpy() for r in prep.dataset(keys.EVAL_SPLIT).take(4)])
+  stored = decoder.stored(records, training=False)
+  pos = stored[keys.POSITIVE_CLICKS]
+  ends = tf.strings.length(pos) - 16
+  last = tf.io.decode_raw(tf.strings.substr(pos, ends, tf.fill(tf.shape(ends), 16)), tf.int64)
+  less = dict(stored, **{keys.POSITIVE_CLICKS: tf.strings.substr(pos, tf.zeros_like(ends), ends)})
+  want, _ = parser(stored, training=False)
+  before, _ = parser(less, training=False)
+  n = int(tf.shape(last)[0])
+  assert not np.array_equal(before.numpy(), want.numpy())
+  got = step_inputs.add_click(before, inputs, last, tf.ones([n], tf.bool), tf.ones([n], tf.bool))
+  np.testing.assert_array_equal(got.numpy(), want.numpy())

@@ -60,7 +60,6 @@ class SegmentationTask(TrainingTask):
 
   def __init__(self, table: FeatureTable, tft_output: tft.TFTransformOutput,
                settings: Dict[str, Any] = None):
-    del tft_output
     self.settings = fit_options(type(self), settings or {})
     self.name = table.task
     self.table = table
@@ -70,8 +69,8 @@ class SegmentationTask(TrainingTask):
     self.eval_keys: List[str] = [k for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
                                  if k in table]
     self._prev_channel = step_inputs.channel_of(table, keys.PREV_MASK)
-    self._click_updates = (_corrective_inputs(table) if self.settings.corrective_clicks
-                           else [])
+    self._click_updates = (_corrective_inputs(table, tft_output, self.transform_keys)
+                           if self.settings.corrective_clicks else [])
 
   def model_spec(self, config: TrainConfig) -> Dict[str, Any]:
     """The arguments of `models.build_model` for this run."""
@@ -221,12 +220,14 @@ def normalized_focal_loss(y: tf.Tensor, w: tf.Tensor, logits: tf.Tensor, alpha: 
   return tf.reduce_sum(loss, axis=[1, 2, 3]) / (counted[:, 0, 0, 0] + eps)
 
 
-def _corrective_inputs(table: FeatureTable) -> List[step_inputs.ClickInput]:
-  """The model inputs made from the clicks, for corrective clicks in the step.
+def _corrective_inputs(table: FeatureTable, tft_output: tft.TFTransformOutput,
+                       transform_keys: List[str]) -> List[step_inputs.ClickInput]:
+  """The model inputs made from the clicks, for corrective clicks in the step,
+  updated exactly (`step_inputs.exact`).
 
   Raises:
     ValueError: one has no `add_click`, or is standardized (its update is
-      exact only through a fixed scale).
+      exact only through a fixed scale), or its transform is not that scale.
   """
   inputs = step_inputs.click_inputs(table)
   for c in inputs:
@@ -234,7 +235,11 @@ def _corrective_inputs(table: FeatureTable) -> List[step_inputs.ClickInput]:
       raise ValueError(f"--corrective-clicks: model input {c.key!r} is made from the clicks "
                        f"by op {c.op!r}, which " + ("declares no add_click" if c.add is None
                                                     else "is standardized"))
-  return inputs
+  try:
+    return step_inputs.exact(inputs, tft_output.transform_features_layer(), table,
+                             transform_keys)
+  except ValueError as e:
+    raise ValueError(f"--corrective-clicks: {e}") from None
 
 
 def _mask_counts(labels, logits) -> tf.Tensor:
