@@ -12,16 +12,17 @@ A record holds one object with all its click variants; the Decoder
 `FeatureTable.decode_examples`) picks one variant per record and step in the
 graph (or, on eval, keeps each). The Parser decompresses what the record
 stores compressed and unpacks the stacked clicks (`record_decoder.raw_view`).
-The click encodings and the previous mask are not read: the
-step makes them from the clicks (`train.step_inputs`), so the reader parses
-the image, the mask and the clicks.
+The click encodings and the previous mask are not read: the step makes
+them from the clicks (`train.step_inputs`), so the reader parses the image,
+the mask and the clicks.
 
-Segmentation keeps the data compact as long as possible: the reader yields the
-picked records' features as stored (bytes), and the Parser (decompress,
+Segmentation keeps the data compact as long as possible: the reader yields
+the picked records' features as stored (bytes), and the Parser (decompress,
 decode, cast, normalize) runs inside the training step, so the reader only
 parses and copies bytes; the mask's inflation and the clicks' unpacking cost
-about 1 ms a batch of 16 there, where the reader gave half its rate to them. Classification (whose transform holds a vocabulary table) applies the
-Parser in tf.data.
+about 1 ms a batch of 16 there, where the reader gave half its rate to them.
+Classification (whose transform holds a vocabulary table) applies the Parser
+in tf.data.
 
 Parser output per batch, `(inputs, labels)`:
   inputs  float32 [B, H, W, C]: the model inputs of features.json, in order
