@@ -115,6 +115,23 @@ def test_noc_options_are_the_segmentation_tasks_own():
     TrainConfig.from_dict({"data": "d", "model_dir": "m", "noc_clicks": -1})
 
 
+def test_a_presets_on_setting_is_turned_off_by_its_no_flag():
+  """`--preset real` turns the previous mask and corrective clicks on; `--no-X`
+  after it turns them off again (what the benchmark's arms do)."""
+  from pipelines import cli as prep_cli
+  from train import cli
+  base = ["--data", "d", "--model-dir", "m", "--preset", "real"]
+  on = cli.build_config(cli.fit_parser().parse_args(base))
+  off = cli.build_config(cli.fit_parser().parse_args(base + ["--no-corrective-clicks"]))
+  assert on.task_options["corrective_clicks"] is True
+  assert off.task_options["corrective_clicks"] is False
+  parser = prep_cli.prep_parser("segmentation")
+  for flags, want in (([], True), (["--no-previous-mask"], False),
+                      (["--no-previous-mask", "--previous-mask"], True)):
+    args = parser.parse_args(["--input", "i", "--output", "o", "--preset", "real"] + flags)
+    assert prep_cli.build_config(args).options.previous_mask is want, flags
+
+
 def test_normalized_focal_loss_is_ritms():
   """Against the formula of RITM's NormalizedFocalLossSigmoid (alpha 0.5, gamma 2),
   written out in numpy: focal weights renormalized to sum to the counted pixels."""
