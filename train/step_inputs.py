@@ -46,7 +46,8 @@ class ClickInput:
   scale: what the transform divides its raw values by (None: standardized).
   add: its op's `add_click(raw [B, H, W, C] float32, xy, positive)` (None: none declared).
   lut: the transform's value of each raw value, float32 [256, C]
-    (`lookup_tables`), when `add_click` looks its result up (`exact`).
+    (`lookup_tables`), which `add_click` looks its result up in (set by
+    `exact`; None until then).
   """
   key: str
   op: str
@@ -105,16 +106,12 @@ def exact(inputs: List[ClickInput], transform: Callable, table: FeatureTable,
 
 def add_click(x: tf.Tensor, inputs: List[ClickInput], xy, positive, valid) -> tf.Tensor:
   """The model input `x` with one more click in each of `inputs`, where
-  `valid` [B] (the others keep theirs); exact for inputs with a `lut` (`exact`)."""
+  `valid` [B] (the others keep theirs); `inputs` come from `exact`."""
   for c in inputs:
     value = x[..., c.offset:c.offset + c.channels]
-    if c.lut is None:
-      new = c.add(tf.cast(value, tf.float32) * c.scale, xy, positive) / c.scale
-    else:
-      raw = c.add(tf.round(tf.cast(value, tf.float32) * c.scale), xy, positive)
-      at = tf.cast(raw, tf.int32) * c.channels + tf.range(c.channels)
-      new = tf.gather(c.lut.reshape(-1), at)
-    new = tf.cast(new, x.dtype)
+    raw = c.add(tf.round(tf.cast(value, tf.float32) * c.scale), xy, positive)
+    at = tf.cast(raw, tf.int32) * c.channels + tf.range(c.channels)
+    new = tf.cast(tf.gather(c.lut.reshape(-1), at), x.dtype)
     x = put(x, c.offset, c.channels, tf.where(valid[:, None, None, None], new, value))
   return x
 
