@@ -25,6 +25,7 @@ This module imports `train.serving_inputs` only.
 """
 
 import dataclasses
+import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -37,6 +38,10 @@ from train.serving_inputs import probe_inputs
 
 CLICK_KEYS = (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
 PROBE_CHUNK = 16  # Examples per call of the transform in `lookup_tables`.
+# What `lookup_tables` learnt of each transform, kept while the transform lives:
+# {transform: {(key, image size): table or None}}. The trainer's reader and
+# the task's corrective clicks ask the same transform layer.
+_PROBED = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,11 +266,22 @@ def lookup_tables(table: FeatureTable, transform: Callable, transform_keys: List
   """{key: what the transform gives each uint8 value of each channel,
   float32 [256, C]; None when it is not a function of the pixel's own value}.
 
-  One batch: example v holds v at every pixel (v = 0..255), the last one
-  every value in turn, pixel after pixel, which must map through the table.
+  The transform is asked once per input for as long as it lives (`_probe`).
   """
-  if not inputs:
-    return {}
+  known = _PROBED.setdefault(transform, {})
+  todo = [c for c in inputs if (c.key, table.image_size) not in known]
+  if todo:
+    got = _probe(table, transform, transform_keys, todo)
+    known.update({(k, table.image_size): lut for k, lut in got.items()})
+  return {c.key: known[(c.key, table.image_size)] for c in inputs}
+
+
+def _probe(table: FeatureTable, transform: Callable, transform_keys: List[str],
+           inputs: List[ClickInput]) -> Dict[str, Optional[np.ndarray]]:
+  """`lookup_tables` of `inputs`, asking the transform: one batch where
+  example v holds v at every pixel (v = 0..255), the last one every value in
+  turn, pixel after pixel, which must map through the table.
+  """
   ramp = {c.key: np.arange(table[c.key].stored_bytes(table.image_size)) % 256 for c in inputs}
   fill = {k: list(range(256)) + [r.astype(np.uint8).tobytes()] for k, r in ramp.items()}
   parts = {c.key: [] for c in inputs}

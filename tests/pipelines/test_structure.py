@@ -6,7 +6,6 @@ import ast
 import json
 import os
 
-import numpy as np
 import pytest
 from PIL import Image
 

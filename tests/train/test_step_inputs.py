@@ -81,6 +81,27 @@ def test_an_input_the_transform_maps_by_more_than_its_pixel_is_read_from_the_rec
   assert "own value" in centred.read_from_records[keys.DISTANCE_MAPS]
 
 
+def test_the_transform_is_asked_once_per_input_while_it_lives(prep_dir):
+  """The reader's step inputs and the corrective clicks' exact tables ask the
+  same transform layer (each probe costs seconds at fit's start): the second
+  gets the first's tables without asking."""
+  prep = PrepOutput(prep_dir)
+  task = make_task(prep.table, prep.tft_output)
+  layer = prep.tft_output.transform_features_layer()
+  calls = []
+
+  def transform(raw):
+    calls.append(len(next(iter(raw.values()))))
+    return layer(raw)
+
+  assert StepInputs(prep.table, transform, task.transform_keys).empty
+  asked = len(calls)
+  assert sum(calls) == 257, calls  # 256 values and the ramp, once.
+  inputs = step_inputs.exact(step_inputs.click_inputs(prep.table), transform, prep.table,
+                             task.transform_keys)
+  assert inputs and all(c.lut is not None for c in inputs) and len(calls) == asked
+
+
 def test_clicks_changed_after_their_encoding_leave_the_maps_to_the_records(prep_dir):
   """A user op after the encoding that moves the clicks: the stored maps are
   not the stored clicks' maps, so nothing is made from them."""
