@@ -52,11 +52,10 @@ class FinalizedFunction:
   `RetraceError` naming what changed.
   """
 
-  def __init__(self, fn, name: str, jit_compile: bool = False):
+  def __init__(self, fn, name: str):
     self._name = name
     self._first_spec = None
     self._error = None
-    self._jit_compile = jit_compile
     self.traces = 0
 
     def traced(*args):
@@ -73,14 +72,14 @@ class FinalizedFunction:
       return fn(*args)
 
     self._traced = traced
-    self._function = tf.function(traced, reduce_retracing=False, jit_compile=jit_compile)
+    self._function = tf.function(traced, reduce_retracing=False)
 
   def take(self, *element_spec) -> None:
     """Traces for inputs of these specs (e.g. a dataset's `element_spec`,
     whose variable-length features vary from batch to batch), not for the
     first call's shapes. Before the first call only."""
     self._function = tf.function(self._traced, input_signature=element_spec,
-                                 reduce_retracing=False, jit_compile=self._jit_compile)
+                                 reduce_retracing=False)
 
   def __call__(self, *args):
     try:
@@ -321,6 +320,7 @@ def _make_step(config, strategy, reader, task, model, optimizer, global_step,
                global_batch) -> "FinalizedFunction":
   """The finalized, distributed training step."""
   parser = reader.parser
+  learn = _learn_fn(task, model, optimizer, global_batch, config.xla)
 
   def step_fn(*batch):
     if reader.transform_in_step:
@@ -328,14 +328,7 @@ def _make_step(config, strategy, reader, task, model, optimizer, global_step,
       inputs, labels = parser(batch[0], training=True)
     else:
       inputs, labels = batch
-    inputs = task.iterate(model, inputs, labels)  # No gradient: the task's own rounds.
-    with tf.GradientTape() as tape:
-      logits = model(inputs, training=True)
-      loss = tf.nn.compute_average_loss(task.loss(labels, logits), global_batch_size=global_batch)
-      scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
-    grads = tape.gradient(scaled, model.trainable_variables)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
+    return learn(inputs, labels)
 
   def train_step(batch):
     args = (batch,) if reader.transform_in_step else batch
@@ -343,7 +336,48 @@ def _make_step(config, strategy, reader, task, model, optimizer, global_step,
     global_step.assign_add(1)
     return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-  return FinalizedFunction(train_step, "train_step", jit_compile=config.xla)
+  return FinalizedFunction(train_step, "train_step")
+
+
+def _learn_fn(task, model, optimizer, global_batch: int, xla: bool):
+  """(inputs, labels) -> loss: the task's rounds without gradient, the
+  gradient, then the optimizer's step (`_gradient_fn`)."""
+  gradient = _gradient_fn(task, model, optimizer, global_batch, xla)
+
+  def learn(inputs, labels):
+    loss, grads = gradient(inputs, labels)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+  return learn
+
+
+def _gradient_fn(task, model, optimizer, global_batch: int, xla: bool):
+  """(inputs, labels) -> (loss, gradients). With --xla compiled; outside it
+  stay what XLA cannot hold or sync: the parse of the stored bytes and the
+  exported transform (strings), labels the loss does not read (strings,
+  ragged clicks), and the optimizer's step (its all-reduce across replicas
+  is a sync point, which a compiled function inside `strategy.run` cannot hold)."""
+
+  def gradient(inputs, labels):
+    inputs = task.iterate(model, inputs, labels)
+    with tf.GradientTape() as tape:
+      logits = model(inputs, training=True)
+      loss = tf.nn.compute_average_loss(task.loss(labels, logits), global_batch_size=global_batch)
+      scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
+    return loss, tape.gradient(scaled, model.trainable_variables)
+
+  if not xla:
+    return gradient
+  compiled = tf.function(gradient, jit_compile=True, reduce_retracing=False)
+
+  def gradient_xla(inputs, labels):
+    if isinstance(labels, dict):
+      labels = {k: v for k, v in labels.items()
+                if isinstance(v, tf.Tensor) and v.dtype != tf.string}
+    return compiled(inputs, labels)
+
+  return gradient_xla
 
 
 def _loop(run: _Run, config: TrainConfig) -> _LoopState:

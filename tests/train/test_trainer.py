@@ -106,12 +106,18 @@ def test_reader_sharding_is_disjoint_and_eval_is_deterministic(prep_dir):
   assert inputs.shape == (4, 64, 64, 5)
 
 
-def test_two_replicas_on_logical_cpus(prep_dir, tmp_path):
+def test_two_replicas_on_logical_cpus_with_the_full_recipe_compiled_by_xla(guided_prep,
+                                                                            tmp_path):
+  """MirroredStrategy, and --xla compiling the step's rounds (previous mask,
+  corrective clicks), the model and its gradient; the parse of the stored
+  bytes, the exported transform and the optimizer's all-reduce stay outside."""
   model_dir = str(tmp_path / "m")
-  r = _cli(["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "4",
+  r = _cli(["fit", "--data", guided_prep, "--model-dir", model_dir, "--steps", "4",
             "--cpu-replicas", "2", "--scale-learning-rate", "--lr-schedule", "cosine",
-            "--noc-clicks", "2"] + SMALL)
-  assert r.returncode == 0, r.stdout + r.stderr
+            "--noc-clicks", "2", "--mask-rounds", "3", "--corrective-clicks", "--xla"] + SMALL,
+           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))  # XLA says it compiled.
+  assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+  assert "Compiled cluster using XLA" in r.stderr
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert m["replicas"] == 2 and m["global_batch_size"] == 8
   assert m["noc"]["max_clicks"] == 2  # NoC runs on a mirrored model too
