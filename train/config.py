@@ -25,11 +25,12 @@ TRAIN_PRESETS: Dict[str, Dict[str, Any]] = {
     "demo": {"width": 8, "depth": 3, "steps": 300, "batch_size": 8, "learning_rate": 2e-3,
              "lr_schedule": "cosine", "noc_objects": 24, "checkpoint_every": 100,
              "log_every": 50, "histogram_every": 0},
-    # Real photographs in about 15 minutes on 2 CPU cores (0.57 steps/s at
-    # batch 16 with the rounds and corrective clicks, measured on COCO-MVal
+    # Real photographs in about 15 minutes on 2 CPU cores (0.53-0.57 steps/s
+    # at batch 16 with the rounds and corrective clicks, measured on COCO-MVal
     # by `python -m benchmarks --real`): mask guidance and corrective clicks
-    # (RITM's iterative training), normalized focal loss (NoC@90 12.83
-    # against 13.93 with bce_iou, same prep, 800 steps), a cosine learning rate.
+    # (RITM's iterative training), normalized focal loss (NoC@90 12.83 and
+    # 13.18 in two runs against 13.93 with bce_iou, 800 steps), a cosine
+    # learning rate.
     "real": {"steps": 500, "batch_size": 16, "learning_rate": 2e-3, "lr_schedule": "cosine",
              "loss": "normalized_focal",
              "mask_rounds": 3, "corrective_clicks": True, "noc_objects": 40,
