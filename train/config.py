@@ -98,8 +98,10 @@ class TrainConfig:
   freeze: str = option("", "regular expression of layer names not to train")
   mixed_precision: str = option("", "mixed precision policy", none="",
                                 choices=("none", "mixed_float16", "mixed_bfloat16"))
-  xla: bool = option(False, "compile the training step with XLA")
-  memory_growth: bool = option(True, "let TensorFlow take all GPU memory up front")
+  xla: bool = option(False, "compile the training step's rounds, model and gradient with "
+                     "XLA (the parse, the transform and the optimizer's step stay outside)")
+  memory_growth: bool = option(True, "take GPU memory as needed (--no-memory-growth: "
+                               "TensorFlow takes it all up front)")
   gpu_memory_limit_mb: int = option(0, "cap each GPU's memory, in MB (0: no cap)")
   intra_op_threads: int = option(0, "TensorFlow intra-op threads (0: TensorFlow decides)")
   inter_op_threads: int = option(0, "TensorFlow inter-op threads (0: TensorFlow decides)")
