@@ -320,7 +320,7 @@ def _make_step(config, strategy, reader, task, model, optimizer, global_step,
                global_batch) -> "FinalizedFunction":
   """The finalized, distributed training step."""
   parser = reader.parser
-  learn = _learn_fn(task, model, optimizer, global_batch, config.xla)
+  gradient = _gradient_fn(task, model, optimizer, global_batch, config.xla)
 
   def step_fn(*batch):
     if reader.transform_in_step:
@@ -328,7 +328,9 @@ def _make_step(config, strategy, reader, task, model, optimizer, global_step,
       inputs, labels = parser(batch[0], training=True)
     else:
       inputs, labels = batch
-    return learn(inputs, labels)
+    loss, grads = gradient(inputs, labels)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
 
   def train_step(batch):
     args = (batch,) if reader.transform_in_step else batch
@@ -339,21 +341,9 @@ def _make_step(config, strategy, reader, task, model, optimizer, global_step,
   return FinalizedFunction(train_step, "train_step")
 
 
-def _learn_fn(task, model, optimizer, global_batch: int, xla: bool):
-  """(inputs, labels) -> loss: the task's rounds without gradient, the
-  gradient, then the optimizer's step (`_gradient_fn`)."""
-  gradient = _gradient_fn(task, model, optimizer, global_batch, xla)
-
-  def learn(inputs, labels):
-    loss, grads = gradient(inputs, labels)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
-
-  return learn
-
-
 def _gradient_fn(task, model, optimizer, global_batch: int, xla: bool):
-  """(inputs, labels) -> (loss, gradients). With --xla compiled; outside it
+  """(inputs, labels) -> (loss, gradients): the task's rounds without gradient
+  (`task.iterate`), then the gradient of the loss. With --xla compiled; outside it
   stay what XLA cannot hold or sync: the parse of the stored bytes and the
   exported transform (strings), labels the loss does not read (strings,
   ragged clicks), and the optimizer's step (its all-reduce across replicas
