@@ -4,6 +4,7 @@ import dataclasses
 import json
 from typing import Any, ClassVar, Dict
 
+from beam_prep import keys
 from beam_prep.kit import CommandConfig, option
 
 
@@ -90,7 +91,7 @@ class PrepConfig:
                                   "files follows from the data")
   compression: str = option("", "record compression (README: 'Record layout, measured')",
                             choices=("none", "gzip"), none="")
-  max_pixels: int = option(64_000_000, "reject images declaring more pixels (decompression "
+  max_pixels: int = option(keys.MAX_PIXELS, "reject images declaring more pixels (decompression "
                            "bombs)")
   max_error_fraction: float = option(0.5, "the job fails (exit 1, no _SUCCESS) when more than "
                                      "this fraction of its images, objects or examples failed")

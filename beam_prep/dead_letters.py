@@ -2,6 +2,8 @@
 
 from typing import Any, Dict
 
+from beam_prep import keys
+
 # Stage name of failures before any op ran (listing or reading an input).
 READ_STAGE = "read"
 
@@ -9,13 +11,13 @@ READ_STAGE = "read"
 def error_record(stage: str, reason: str, detail: str, ex: Dict[str, Any]) -> Dict[str, Any]:
   """A dead-letter entry: where the input came from, which stage, and why."""
   rec = {
-      "source": ex.get("source", ""),
-      "image_id": ex.get("image_id", ""),
+      keys.SOURCE: ex.get(keys.SOURCE, ""),
+      keys.IMAGE_ID: ex.get(keys.IMAGE_ID, ""),
       "stage": stage,
       "reason": reason,
       "detail": detail,
   }
-  for k in ("object_id", "variant"):
+  for k in (keys.OBJECT_ID, keys.VARIANT):
     if k in ex:
       rec[k] = int(ex[k])
   return rec

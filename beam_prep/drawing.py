@@ -11,6 +11,7 @@ neither matplotlib nor the rest of the train extra.
             POSITIVE green, NEGATIVE red, with a white rim
 """
 
+import io
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -23,6 +24,13 @@ MASK_TINT = (40, 120, 255)
 MIN_RADIUS, PX_PER_RADIUS = 5, 90
 
 Points = Sequence[Tuple[int, int]]
+
+
+def png(array: np.ndarray, mode: Optional[str] = None) -> bytes:
+  """The bytes of a PNG file of a uint8 array ([H, W] or [H, W, 3]), fast to write."""
+  buf = io.BytesIO()
+  Image.fromarray(array, mode).save(buf, format="PNG", compress_level=1)
+  return buf.getvalue()
 
 
 def tinted(image: np.ndarray, mask: Optional[np.ndarray] = None,

@@ -60,6 +60,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+from beam_prep.dead_letters import READ_STAGE  # The stage declaring what every record keeps.
+
 ROLES = ("model_input", "label", "metadata")
 # Per-pixel features are stored as the raw little-endian bytes of the array.
 PIXEL_DTYPES = ("uint8", "uint16", "int32", "float32")
@@ -74,8 +76,6 @@ FEATURES_FILE = "features.json"
 # What records and serving agree on; 2: the whole-image resize keeps the aspect
 # ratio; 3: a record holds a unit once with its variants stacked.
 FORMAT = 3
-# The reader's output that every record keeps: the stage that declares it.
-READ_STAGE = "read"
 # Suffixes of the per-image summaries tf.Transform's default analysis reads.
 SUMMARY_MEAN = "__mean"
 SUMMARY_MEAN_SQUARE = "__mean_square"
@@ -287,6 +287,11 @@ class FeatureTable:
   @property
   def model_inputs(self) -> List[Entry]:
     return self.with_role("model_input")
+
+  @property
+  def transform_keys(self) -> List[str]:
+    """The raw features the exported tf.Transform graph reads: the model inputs and labels."""
+    return self.keys("model_input") + self.keys("label")
 
   @property
   def input_channels(self) -> int:

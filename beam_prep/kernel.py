@@ -66,8 +66,8 @@ COUNTS = ("inputs_read", "images_failed", "objects_found", "objects_failed",
 
 
 def _sample_order(error: Dict[str, Any]) -> Tuple:
-  return (error.get("source", ""), error.get("image_id", ""), error.get("object_id", -1),
-          error.get("variant", -1))
+  return (error.get(keys.SOURCE, ""), error.get(keys.IMAGE_ID, ""), error.get(keys.OBJECT_ID, -1),
+          error.get(keys.VARIANT, -1))
 
 
 class Tally:
@@ -283,8 +283,8 @@ class Kernel:
     key = (failure.stage, failure.detail)
     self._bugs[key] = self._bugs.get(key, 0) + 1
     if self._bugs[key] >= OP_BUG_AFTER:
-      where = error["source"] + "".join(
-          f", {k} {error[k]}" for k in ("object_id", "variant") if k in error)
+      where = error[keys.SOURCE] + "".join(
+          f", {k} {error[k]}" for k in (keys.OBJECT_ID, keys.VARIANT) if k in error)
       raise OpBugError(
           f"op {failure.stage!r} raised {failure.detail} on each of the first "
           f"{self._bugs[key]} examples that reached it (the first: {where}). That is a bug in "

@@ -63,8 +63,14 @@ PREV_MASK = "prev_mask"  # The previous prediction as a model input (`ops.previo
 CROP_BOX = "crop_box"
 LABEL = "label"
 
-# Keys of examples inside the job that records do not keep.
+# Keys of examples inside the job that records do not keep: what a layout's
+# pointer names (the image's and mask's paths or URLs, the split its input
+# list fixes, if any) and the bytes read from them.
+SOURCE = "source"
+MASK_SOURCE = "mask_source"
+SPLIT = "split"
 IMAGE_BYTES = "image_bytes"
+MASK_BYTES = "mask_bytes"
 INSTANCE_MASK = "instance_mask"
 SOURCE_AREAS = "source_areas"  # int64 [256]: pixels of each instance id at the source
 # Serving: the mask of the previous prediction, at the request's size (the
@@ -97,6 +103,11 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 # Distance maps are stored as uint8 and capped here.
 MAX_DISTANCE = 255
 
+# Images declaring more pixels are refused before they are decoded: larger
+# than any photograph a segmentation data set holds (8k x 8k), far below what
+# would exhaust a worker's memory when decoded.
+MAX_PIXELS = 64_000_000
+
 # Layout of a preprocessing output directory.
 RECORDS_DIR = "records"
 ERRORS_DIR = "errors"
@@ -110,6 +121,21 @@ TRAIN_SPLIT = "train"
 EVAL_SPLIT = "eval"
 RECORD_SUFFIX = ".tfrecord"
 GZIP_SUFFIX = ".gz"
+
+# Layout of a model directory (`beam-train fit --model-dir`): the run's
+# settings (its data among them), checkpoints, TensorBoard logs, the serving
+# exports (EXPORT_DIR/<version>/), the evaluation reports and the final metrics.
+MODEL_CONFIG_FILE = "config.json"
+CHECKPOINTS_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"
+EXPORT_DIR = "export"
+EVAL_DIR = "eval"
+METRICS_FILE = "metrics.json"
+
+
+def is_remote(path: str) -> bool:
+  """Whether a path is a URL (gs://, s3://, ...) rather than on this machine's disk."""
+  return "://" in path
 
 
 def record_pattern(output_dir: str, split: str) -> str:

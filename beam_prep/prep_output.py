@@ -32,8 +32,6 @@ from google.protobuf.message import DecodeError
 from beam_prep import keys
 from beam_prep.features import FeatureError, FeatureTable
 
-# The file of a model dir that records the run's settings, its data among them.
-MODEL_CONFIG_FILE = "config.json"
 # Records `read_numpy` decodes in one call (`FeatureTable.decode_records`): a
 # call costs about what 15 records do, so one call per record would be slow.
 READ_BATCH = 64
@@ -41,10 +39,6 @@ READ_BATCH = 64
 
 class RecordsError(Exception):
   """The records cannot be trained on; the message names the folder or shard and why."""
-
-
-def _is_remote(path: str) -> bool:
-  return "://" in path
 
 
 class PrepOutput:
@@ -63,7 +57,7 @@ class PrepOutput:
 
   def __init__(self, path: str, table: Optional[FeatureTable] = None):
     path = path.rstrip("/") or path
-    self.path = path if _is_remote(path) else os.path.abspath(path)
+    self.path = path if keys.is_remote(path) else os.path.abspath(path)
     if table is not None:
       self.table = table  # Fills the cached property.
 
@@ -71,7 +65,7 @@ class PrepOutput:
     return f"PrepOutput({self.path!r})"
 
   def join(self, *parts: str) -> str:
-    return "/".join([self.path, *parts]) if _is_remote(self.path) else os.path.join(
+    return "/".join([self.path, *parts]) if keys.is_remote(self.path) else os.path.join(
         self.path, *parts)
 
   @functools.cached_property
@@ -107,16 +101,16 @@ class PrepOutput:
     Raises:
       FileNotFoundError: no config.json, or the recorded data is not there.
     """
-    path = os.path.join(model_dir, MODEL_CONFIG_FILE)
+    path = os.path.join(model_dir, keys.MODEL_CONFIG_FILE)
     if not tf.io.gfile.exists(path):
       raise FileNotFoundError(f"{path} not found: {model_dir} is not a beam-train fit model "
                               "dir (pass --data PREP_OUTPUT)")
     with tf.io.gfile.GFile(path) as f:
       recorded = json.load(f)
     data = recorded["data"]
-    if not _is_remote(data) and not os.path.isabs(data) and not _is_remote(model_dir):
+    if not keys.is_remote(data) and not os.path.isabs(data) and not keys.is_remote(model_dir):
       data = os.path.join(_fit_folder(model_dir, recorded.get("model_dir", "")), data)
-    prep = cls(os.path.normpath(data) if not _is_remote(data) else data)
+    prep = cls(os.path.normpath(data) if not keys.is_remote(data) else data)
     if not tf.io.gfile.exists(prep.path):
       raise FileNotFoundError(
           f"{model_dir} was trained on {recorded['data']} ({path}), which is not at "

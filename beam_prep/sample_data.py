@@ -20,6 +20,11 @@ from typing import Dict, Tuple
 import numpy as np
 from PIL import Image, ImageDraw
 
+from beam_prep import keys
+from beam_prep.config import SampleDataConfig
+
+SIZE = (SampleDataConfig.width, SampleDataConfig.height)  # A scene's (width, height).
+
 SHAPES = ("ellipse", "box", "triangle", "star", "ring")
 TEXTURES = ("solid", "stripes", "checks", "speckles")
 
@@ -170,7 +175,7 @@ def _ignore_band(instance: np.ndarray) -> np.ndarray:
   return out
 
 
-def make_scene(seed: int, index: int, size: Tuple[int, int] = (160, 128)
+def make_scene(seed: int, index: int, size: Tuple[int, int] = SIZE
                ) -> Tuple[np.ndarray, np.ndarray]:
   """One scene: (uint8 RGB [H, W, 3], uint8 instance mask [H, W]).
 
@@ -187,17 +192,19 @@ def make_scene(seed: int, index: int, size: Tuple[int, int] = (160, 128)
   return np.clip(np.rint(image), 0, 255).astype(np.uint8), instance
 
 
-def write_sample_data(output_dir: str, count: int = 32, seed: int = 0,
-                      size: Tuple[int, int] = (160, 128)) -> Dict[str, int]:
+def write_sample_data(output_dir: str, count: int = SampleDataConfig.count,
+                      seed: int = SampleDataConfig.seed, size: Tuple[int, int] = SIZE
+                      ) -> Dict[str, int]:
   """Writes `count` scenes under `output_dir`; returns counts of what it wrote.
 
   Raises:
     ValueError: if count < 1.
   """
+  from beam_prep.layouts.folders import IMAGES_DIR, MASK_SUFFIX, MASKS_DIR  # pylint: disable=g-import-not-at-top
   if count < 1:
     raise ValueError(f"count must be at least 1, got {count}")
-  img_dir = os.path.join(output_dir, "images")
-  mask_dir = os.path.join(output_dir, "masks")
+  img_dir = os.path.join(output_dir, IMAGES_DIR)
+  mask_dir = os.path.join(output_dir, MASKS_DIR)
   os.makedirs(img_dir, exist_ok=True)
   os.makedirs(mask_dir, exist_ok=True)
   palette = voc_palette()
@@ -211,6 +218,6 @@ def write_sample_data(output_dir: str, count: int = 32, seed: int = 0,
       Image.fromarray(image).save(os.path.join(img_dir, name + ".png"))
     mask = Image.fromarray(instance, mode="P")
     mask.putpalette(palette)
-    mask.save(os.path.join(mask_dir, name + ".png"))
-    objects += len(set(np.unique(instance).tolist()) - {0, 255})
+    mask.save(os.path.join(mask_dir, name + MASK_SUFFIX))
+    objects += len(set(np.unique(instance).tolist()) - {keys.BACKGROUND, keys.IGNORE})
   return {"images": count, "objects": objects}

@@ -25,15 +25,10 @@ import numpy as np
 from PIL import Image
 
 from beam_prep import keys
+from beam_prep.drawing import png
 
 SPLIT = "source"
 IMAGE_PNG, INSTANCE_PNG = "image_png", "instance_png"
-
-
-def _png(array: np.ndarray) -> bytes:
-  buf = io.BytesIO()
-  Image.fromarray(array).save(buf, format="PNG", compress_level=1)
-  return buf.getvalue()
 
 
 def encode(ex: Dict[str, Any]) -> bytes:
@@ -43,7 +38,7 @@ def encode(ex: Dict[str, Any]) -> bytes:
   as_bytes = lambda v: feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[v]))
   as_int = lambda v: feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(v)]))
   features = {keys.IMAGE_ID: as_bytes(str(ex[keys.IMAGE_ID]).encode()),
-              IMAGE_PNG: as_bytes(_png(image)), INSTANCE_PNG: as_bytes(_png(mask)),
+              IMAGE_PNG: as_bytes(png(image)), INSTANCE_PNG: as_bytes(png(mask)),
               keys.HEIGHT: as_int(image.shape[0]), keys.WIDTH: as_int(image.shape[1])}
   return example_pb2.Example(
       features=feature_pb2.Features(feature=features)).SerializeToString(deterministic=True)

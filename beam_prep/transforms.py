@@ -23,7 +23,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_prep import readers
+from beam_prep import keys, readers
 from beam_prep.kernel import Kernel, Tally
 from beam_prep.layouts.common import ERRORS_TAG
 from beam_prep.ops import registry
@@ -83,7 +83,7 @@ class ApplyOps(beam.PTransform):
 class DecodeExamples(ApplyOps):
   """Decodes, resizes to `size`, and splits each scene into its objects."""
 
-  def __init__(self, size: int, max_pixels: int = 64_000_000):
+  def __init__(self, size: int, max_pixels: int = keys.MAX_PIXELS):
     super().__init__(decode_chain(size, max_pixels))
 
 

@@ -22,6 +22,7 @@ def bench_noc_source(workdir: str, model_dir: str, s: Dict[str, Any]) -> Dict[st
   timed alone on masks of the same size)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from train import clicker, source_eval  # pylint: disable=g-import-not-at-top
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   data = make_data(workdir, s["noc_images"], s["noc_size"], seed=2)
   prep = os.path.join(workdir, "noc_prep")
@@ -29,11 +30,10 @@ def bench_noc_source(workdir: str, model_dir: str, s: Dict[str, Any]) -> Dict[st
   out, k = {}, s["noc_clicks"]
   for name, predictor in (("baseline", clicker.baseline_logits),
                           ("model", source_eval.ServedPredictor(model_dir))):
-    source_eval.run(PrepOutput(prep), {name: predictor}, k, (0.85, 0.9), clicker.PRED_THR,
-                    max_objects=1)  # Warm-up: first calls; the timed run traces its loop once.
+    args = (PrepOutput(prep), {name: predictor}, k, keys.NOC_IOU_THRESHOLDS, clicker.PRED_THR)
+    source_eval.run(*args, max_objects=1)  # Warm-up: first calls; the timed run traces once.
     t = time.perf_counter()
-    rows, _ = source_eval.run(PrepOutput(prep), {name: predictor}, k, (0.85, 0.9),
-                              clicker.PRED_THR)
+    rows, _ = source_eval.run(*args)
     seconds = time.perf_counter() - t
     out[f"noc.{name}_object_clicks_s"] = len(rows) * k / seconds
     out[f"noc.{name}_seconds"] = seconds

@@ -69,6 +69,7 @@ class RealError(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   """The `--real` flags of `python -m benchmarks`."""
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
   parser.add_argument("--real", metavar="DIR",
                       help="measure the training arms on a real data set DIR (any layout "
                       "beam-prep segmentation reads); --json and --workdir apply, --quick "
@@ -82,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="--real: records' image size (default: %(default)s)")
   parser.add_argument("--real-batch", type=int, default=16, metavar="B",
                       help="--real: training batch size (default: %(default)s)")
-  parser.add_argument("--real-max-clicks", type=int, default=20, metavar="K",
+  parser.add_argument("--real-max-clicks", type=int, default=keys.NOC_MAX_CLICKS, metavar="K",
                       help="--real: clicks per object at most in NoC (default: %(default)s)")
 
 
@@ -317,6 +318,7 @@ def _timed(main, argv, log_path: str, what: str, command: str):
 
 def _fit(s: Settings, arm: Dict[str, Any], prep: str, model: str, arm_dir: str
          ) -> Dict[str, Any]:
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train import cli  # pylint: disable=g-import-not-at-top
   log_path = os.path.join(arm_dir, "fit.log")
   argv = ["fit", "--data", prep, "--model-dir", model] + s.fit_flags() + list(arm["fit"])
@@ -324,7 +326,7 @@ def _fit(s: Settings, arm: Dict[str, Any], prep: str, model: str, arm_dir: str
   seconds, reason = _timed(cli.main, argv, log_path, f"{arm['name']}: fit", "beam-train fit")
   if reason:
     return {"fit_seconds": seconds, "reason": reason}
-  with open(os.path.join(model, "metrics.json")) as f:
+  with open(os.path.join(model, keys.METRICS_FILE)) as f:
     m = json.load(f)
   rate = m.get("examples_per_second")
   steps_s = rate / m["global_batch_size"] if rate else None
@@ -337,8 +339,9 @@ def _fit(s: Settings, arm: Dict[str, Any], prep: str, model: str, arm_dir: str
 def _evaluate(s: Settings, name: str, prep: str, model: str, arm_dir: str) -> Dict[str, Any]:
   """`beam-train evaluate --resolution source` of the arm's model (or of the
   baseline alone) -> its figures."""
-  from train import cli  # pylint: disable=g-import-not-at-top
-  out_dir = os.path.join(arm_dir, "eval")
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from train import cli, noc  # pylint: disable=g-import-not-at-top
+  out_dir = os.path.join(arm_dir, keys.EVAL_DIR)
   log_path = os.path.join(arm_dir, "evaluate.log")
   argv = ["evaluate", "--data", prep, "--resolution", "source", "--max-clicks",
           str(s.max_clicks), "--output", out_dir] + (["--model", model] if model else [])
@@ -347,16 +350,17 @@ def _evaluate(s: Settings, name: str, prep: str, model: str, arm_dir: str) -> Di
                            "beam-train evaluate")
   if reason:
     return {"eval_seconds": seconds, "reason": reason}
-  with open(os.path.join(out_dir, "noc.json")) as f:
+  with open(os.path.join(out_dir, noc.NOC_FILE)) as f:
     report = json.load(f)
   figures = report["model" if model else "baseline"]
   curve = figures["mean_iou_by_clicks"]
   got = {"eval_seconds": seconds, "objects": figures["objects"],
-         "noc@85": figures.get("noc@85"), "noc@90": figures.get("noc@90"),
-         "report": os.path.join(out_dir, "noc.json"),
+         **{noc.noc_key(t): figures.get(noc.noc_key(t)) for t in keys.NOC_IOU_THRESHOLDS},
+         "report": os.path.join(out_dir, noc.NOC_FILE),
          **{f"iou@{c}": curve.get(str(c)) for c in IOU_AT}}
-  log(f"real: {name}: NoC@85 {got['noc@85']:.2f}, NoC@90 {got['noc@90']:.2f} on "
-      f"{got['objects']} objects in {seconds:.0f} s")
+  said = ", ".join(f"NoC@{noc.threshold_name(t)} {got[noc.noc_key(t)]:.2f}"
+                   for t in keys.NOC_IOU_THRESHOLDS)
+  log(f"real: {name}: {said} on {got['objects']} objects in {seconds:.0f} s")
   return got
 
 
@@ -366,19 +370,23 @@ def _cell(value: Any, fmt: str) -> str:
 
 def table(result: Dict[str, Any]) -> str:
   """The arms as a Markdown table, one row per arm."""
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from train import noc  # pylint: disable=g-import-not-at-top
   s = result["settings"]
+  heads = ([f"NoC@{noc.threshold_name(t)}" for t in keys.NOC_IOU_THRESHOLDS]
+           + [f"IoU@{c}" for c in IOU_AT] + ["objects", "train steps/s", "wall s"])
   lines = [f"Real photographs: {result['data']} ({s['layout']}), {s['image_size']} px, "
            f"batch {s['batch']}, {s['steps']} steps, {result['eval_percent']}% held out, "
            f"NoC up to {s['max_clicks']} clicks", "",
-           "| arm | NoC@85 | NoC@90 | IoU@1 | IoU@3 | IoU@5 | objects | train steps/s | wall s |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| arm | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
   for a in result["arms"]:
     if a["status"] != "ok":
-      lines.append(f"| {a['name']} | {a['status']}: {a['reason']} |  |  |  |  |  |  |  |")
+      lines.append(f"| {a['name']} | {a['status']}: {a['reason']} |" + "  |" * (len(heads) - 1))
       continue
-    lines.append(f"| {a['name']} | {_cell(a['noc@85'], '.2f')} | {_cell(a['noc@90'], '.2f')} | "
-                 + " | ".join(_cell(a[f'iou@{c}'], '.3f') for c in IOU_AT)
-                 + f" | {a['objects']} | {_cell(a.get('train_steps_s'), '.2f')} | "
-                 f"{a['wall_seconds']:.0f} |")
+    cells = ([_cell(a[noc.noc_key(t)], ".2f") for t in keys.NOC_IOU_THRESHOLDS]
+             + [_cell(a[f"iou@{c}"], ".3f") for c in IOU_AT]
+             + [str(a["objects"]), _cell(a.get("train_steps_s"), ".2f"),
+                f"{a['wall_seconds']:.0f}"])
+    lines.append(f"| {a['name']} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 

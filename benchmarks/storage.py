@@ -65,7 +65,7 @@ def reader_rate(files: List[str], table, s: Dict[str, Any]) -> float:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train.data import Decoder  # pylint: disable=g-import-not-at-top
-  decoder = Decoder(table, table.keys("model_input") + table.keys("label"))
+  decoder = Decoder(table, table.transform_keys)
   ds = tf.data.Dataset.from_tensor_slices(files).interleave(
       lambda f: tf.data.TFRecordDataset(f, compression_type=keys.compression_of(files[0])),
       cycle_length=max(len(files), 1), deterministic=False)

@@ -31,7 +31,7 @@ MAX_LOCAL_WORKERS = 8
 def _inputs_at_least(root: str, n: int) -> bool:
   """Whether a local input holds at least `n` images (or manifest rows); stops counting at n."""
   import os  # pylint: disable=g-import-not-at-top
-  if "://" in root or not os.path.exists(root):
+  if keys.is_remote(root) or not os.path.exists(root):
     return False
   if os.path.isfile(root):
     with open(root, "rb") as f:

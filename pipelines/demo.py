@@ -64,18 +64,19 @@ def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, run):
   the source image -> (what was predicted, for the summary, and its seconds)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from beam_prep.layouts.folders import IMAGES_DIR, MASK_SUFFIX, MASKS_DIR  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.image import object_label  # pylint: disable=g-import-not-at-top
   from train.clicker import iou as mask_iou  # pylint: disable=g-import-not-at-top
   ex, size = _eval_clicks(prep)
   image_id, object_id = ex[keys.IMAGE_ID], int(ex[keys.OBJECT_ID])
-  image_path = sorted(glob.glob(os.path.join(data, "images", image_id + ".*")))[0]
+  image_path = sorted(glob.glob(os.path.join(data, IMAGES_DIR, image_id + ".*")))[0]
   width, height = Image.open(image_path).size
   pos, neg = (_to_source(ex, ex[k], size, width, height)
               for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS))
   cmd = [beam_train, "predict", "--model", model, "--image", image_path, "--output", pred]
   cmd += [f"--positive={x},{y}" for x, y in pos] + [f"--negative={x},{y}" for x, y in neg]
   seconds = run(cmd)
-  truth = np.asarray(Image.open(os.path.join(data, "masks", image_id + ".png")))
+  truth = np.asarray(Image.open(os.path.join(data, MASKS_DIR, image_id + MASK_SUFFIX)))
   got = np.asarray(Image.open(pred)) > 0
   label = object_label(truth, object_id)
   iou = float(mask_iou(got[None], (label == 1)[None], (label != keys.IGNORE)[None])[0])
@@ -84,8 +85,9 @@ def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, run):
 
 
 def _summary(data: str, prep: str, model: str, pred: str, predicted, times, log) -> None:
-  manifest = json.load(open(os.path.join(prep, "manifest.json")))
-  metrics = json.load(open(os.path.join(model, "metrics.json")))
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  manifest = json.load(open(os.path.join(prep, keys.MANIFEST_FILE)))
+  metrics = json.load(open(os.path.join(model, keys.METRICS_FILE)))
   c = manifest["counts"]
   log("")
   log("demo summary")
@@ -96,21 +98,22 @@ def _summary(data: str, prep: str, model: str, pred: str, predicted, times, log)
       f"object); "
       f"{c['errors_total']} dead letters in {prep}/errors")
   log(f"  transform    {prep}/transform (tf.Transform: per-channel mean/std)")
-  log(f"  preview      {prep}/preview.png (what the records hold)")
+  log(f"  preview      {prep}/{keys.PREVIEW_FILE} (what the records hold)")
+  from train.noc import NOC_FILE  # pylint: disable=g-import-not-at-top
   from train.tasks import task_class  # pylint: disable=g-import-not-at-top
   ev = metrics["eval"]
   log(f"  model        {model}: {metrics['final_step']} steps, "
       f"{metrics['examples_per_second'] or 0:.1f} examples/s, "
       f"input wait {100 * (metrics['input_wait_fraction'] or 0):.0f}%, eval "
       + (task_class(metrics["task"]).eval_line(ev) if ev.get("examples") else "skipped"))
-  source = json.load(open(os.path.join(model, SOURCE_EVAL, "noc.json")))
+  source = json.load(open(os.path.join(model, SOURCE_EVAL, NOC_FILE)))
   log(_clicks_line("clicks", source["model"], source["baseline"], len(source["objects"]),
                    source["model"]["max_clicks"], f"{model}/{SOURCE_EVAL}/ (each eval image at "
                    "its own size, through the serving graph: the field's protocol)"))
   if "noc" in metrics:
     n = metrics["noc"]
     log(_clicks_line("  on records", n["model"], n["baseline"], n["objects"], n["max_clicks"],
-                     f"{model}/eval/ (the eval records, at the records' size)"))
+                     f"{model}/{keys.EVAL_DIR}/ (the eval records, at the records' size)"))
   log(f"  export       {metrics['export_dir']}")
   p = predicted
   log(f"  prediction   {pred} (+ _overlay.png): {p['image_id']} object {p['object_id']}, "
@@ -123,10 +126,16 @@ def _summary(data: str, prep: str, model: str, pred: str, predicted, times, log)
 
 
 def _clicks_line(what: str, m, b, objects: int, max_clicks: int, where: str) -> str:
-  fewer = 100 * (1 - m["noc@85"] / b["noc@85"]) if b["noc@85"] else float("nan")
-  return (f"  {what:<12} NoC@85 {m['noc@85']:.2f} for the model vs {b['noc@85']:.2f} for the "
-          f"nearest-click baseline ({fewer:.0f}% fewer clicks); NoC@90 {m['noc@90']:.2f} vs "
-          f"{b['noc@90']:.2f}; {objects} objects, up to {max_clicks} clicks -> {where}")
+  """NoC of the model vs the baseline's at each threshold of the protocol."""
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from train.noc import noc_key, threshold_name  # pylint: disable=g-import-not-at-top
+  said = []
+  for t in keys.NOC_IOU_THRESHOLDS:
+    k = noc_key(t)
+    fewer = 100 * (1 - m[k] / b[k]) if b[k] else float("nan")
+    said.append(f"NoC@{threshold_name(t)} {m[k]:.2f} vs {b[k]:.2f} ({fewer:.0f}% fewer clicks)")
+  return (f"  {what:<12} {'; '.join(said)}, the model vs the nearest-click baseline; "
+          f"{objects} objects, up to {max_clicks} clicks -> {where}")
 
 
 def serve_command(model: str, prep: str) -> str:
@@ -137,9 +146,10 @@ def serve_command(model: str, prep: str) -> str:
 
 
 def main(argv=None):
+  from beam_prep.config import SampleDataConfig  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(prog="python -m pipelines.demo")
   parser.add_argument("--workdir", default="out/demo", help="where everything is written")
-  parser.add_argument("--count", type=int, default=32, help="sample scenes")
+  parser.add_argument("--count", type=int, default=SampleDataConfig.count, help="sample scenes")
   parser.add_argument("--verbose", action="store_true", help="show library logs")
   args = parser.parse_args(argv)
   from pipelines import logs  # pylint: disable=g-import-not-at-top

@@ -6,6 +6,7 @@ from typing import Any, List
 
 from apache_beam.io.filesystems import FileSystems
 
+from beam_prep import keys
 
 
 class OutputError(Exception):
@@ -31,9 +32,9 @@ def prepare_output(path: str, overwrite: bool) -> None:
 
   Raises:
     OutputExistsError: the directory has files and `overwrite` is False.
-    OutputError: a gs:// output that cannot be listed.
+    OutputError: a remote (gs://, ...) output that cannot be listed.
   """
-  if path.startswith("gs://"):
+  if keys.is_remote(path):
     existing = _listing(path.rstrip("/") + "/**")
   elif os.path.isdir(path):
     existing = os.listdir(path)
@@ -44,18 +45,18 @@ def prepare_output(path: str, overwrite: bool) -> None:
         f"output directory {path} is not empty ({len(existing)} entries); "
         "pass --overwrite to replace it")
   if existing:
-    if path.startswith("gs://"):
+    if keys.is_remote(path):
       FileSystems.delete([path.rstrip("/") + "/"])
     else:
       import shutil  # pylint: disable=g-import-not-at-top
       shutil.rmtree(path)
-  if not path.startswith("gs://"):
+  if not keys.is_remote(path):
     os.makedirs(path, exist_ok=True)
 
 
 def remove_output(path: str) -> None:
   """Deletes an output directory this run wrote (after it failed for good)."""
-  if path.startswith("gs://"):
+  if keys.is_remote(path):
     if _listing(path.rstrip("/") + "/**"):
       FileSystems.delete([path.rstrip("/") + "/"])
   elif os.path.isdir(path):

@@ -39,7 +39,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep import keys, layouts
-from beam_prep.config import PrepConfig
+from beam_prep.config import PrepConfig, PreviewConfig
 from beam_prep.features import FEATURES_FILE, FeatureError, FeatureTable
 from beam_prep.kernel import Kernel
 from beam_prep.ops import registry
@@ -48,7 +48,7 @@ from beam_prep.shards import commit, plan, write
 from beam_prep.transforms import AnalyzeAndTransform
 from pipelines import logs, outputs, report, runners
 
-PREVIEW_COUNT = 6
+PREVIEW_COUNT = PreviewConfig.count
 TEMP_PREFIX = ".temp-"
 SPLITS = (keys.TRAIN_SPLIT, keys.EVAL_SPLIT)
 InputError = layouts.InputError
@@ -103,7 +103,7 @@ def _list_and_split(p: beam.Pipeline, config: PrepConfig) -> beam.PCollection:
 def _with_split(pointer, eval_percent: int):
   """(split, pointer); the pointer says its split too (what a layout reads by it)."""
   split = plan.pointer_split(pointer, eval_percent)
-  return split, dict(pointer, split=split) if "split" in pointer else pointer
+  return split, {**pointer, keys.SPLIT: split} if keys.SPLIT in pointer else pointer
 
 
 def _analyze(written, config: PrepConfig, table: FeatureTable, kernel: Kernel, temp_dir: str):
@@ -157,12 +157,12 @@ def with_layout(config: PrepConfig, dry_run: bool) -> PrepConfig:
   """The config with `layout="auto"` replaced by the layout that recognises the input
   (a dry run reads nothing from gs://: it judges by the name), and made
   evaluation-only when the input's layout fixes every input as eval."""
-  if "://" not in config.input and not FileSystems.exists(config.input):
+  if not keys.is_remote(config.input) and not FileSystems.exists(config.input):
     raise InputError(f"input {config.input} does not exist")
   layout = resolve_layout(config.input, config.layout, config.task_object.labels,
-                          offline=dry_run and "://" in config.input)
+                          offline=dry_run and keys.is_remote(config.input))
   config = dataclasses.replace(config, layout=layout.name)
-  offline = dry_run and "://" in config.input
+  offline = dry_run and keys.is_remote(config.input)
   if (not config.eval_only and not offline
       and layout.only_split(config.read_options) == keys.EVAL_SPLIT):
     logs.get().info("%s: every input of %s is in the eval split (%s layout): an evaluation-only "
@@ -177,7 +177,7 @@ def check_input(config: PrepConfig) -> None:
   Raises:
     InputError: naming the input and what its layout expects.
   """
-  if "://" in config.input:
+  if keys.is_remote(config.input):
     return  # Checked by the workers; no credentials may be at hand here.
   if not FileSystems.exists(config.input):
     raise InputError(f"input {config.input} does not exist")

@@ -23,6 +23,7 @@ from typing import List, Optional
 import numpy as np
 
 from beam_prep import drawing, keys
+from beam_prep.config import PreviewConfig
 from beam_prep.features import FeatureTable
 
 
@@ -211,7 +212,7 @@ def save(examples: List[dict], table: FeatureTable, output: str) -> str:
   """Renders `examples` and writes the PNG to `output` (local or gs://)."""
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
   png = render(examples, table)
-  if "://" not in output:
+  if not keys.is_remote(output):
     import os  # pylint: disable=g-import-not-at-top
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   with FileSystems.create(output) as f:
@@ -219,7 +220,7 @@ def save(examples: List[dict], table: FeatureTable, output: str) -> str:
   return output
 
 
-def write_preview(records_dir: str, output: str, count: int = 6,
+def write_preview(records_dir: str, output: str, count: int = PreviewConfig.count,
                   table: Optional[FeatureTable] = None) -> str:
   """Reads `count` records and writes the preview PNG to `output` (local or gs://).
 

@@ -119,8 +119,8 @@ def summary_lines(m: Dict[str, Any]) -> List[str]:
 
 
 def _example_line(reason: str, n: int, error: Dict[str, Any]) -> str:
-  where = error.get("source", "")
-  for k in ("object_id", "variant"):
+  where = error.get(keys.SOURCE, "")
+  for k in (keys.OBJECT_ID, keys.VARIANT):
     if k in error:
       where += f", {k.replace('_id', '')} {error[k]}"
   return (f"    {reason} x{n}: {error.get('stage', '?')}: {error.get('detail', '')} "

@@ -17,7 +17,7 @@ import json
 import os
 from typing import List, Optional
 
-from beam_prep import kit
+from beam_prep import keys, kit
 from beam_prep.console import check_unknown, dispatch, option_flags
 from train import logs
 from train.config import EvalConfig, ExportConfig, PredictConfig, TrainConfig
@@ -178,7 +178,7 @@ def _has_export(model: str) -> bool:
 def _evaluate_source(config, prep, log):
   """NoC on the eval images at their own size (`train.source_eval`)."""
   from train import source_eval  # pylint: disable=g-import-not-at-top
-  out = config.output or os.path.join(config.model, "eval")
+  out = config.output or os.path.join(config.model, keys.EVAL_DIR)
   log.info("evaluate: %s on every object of the eval images of %s at their own size, up to "
            "%d clicks", config.model or "the nearest-click baseline", prep.path,
            config.max_clicks)
@@ -201,14 +201,14 @@ def _evaluate_records(config, prep, log):
                      f"own size through the model's export, and {config.model} has none "
                      "(beam-train export --model-dir MODEL_DIR writes one)")
   model = models.rebuild(config.model)
-  ckpt = tf.train.latest_checkpoint(os.path.join(config.model, "checkpoints")) or ""
+  ckpt = tf.train.latest_checkpoint(os.path.join(config.model, keys.CHECKPOINTS_DIR)) or ""
   step = int(ckpt.rsplit("-", 1)[1]) if "-" in os.path.basename(ckpt) else 0
-  out = config.output or os.path.join(config.model, "eval")
+  out = config.output or os.path.join(config.model, keys.EVAL_DIR)
   log.info("evaluate: %s on the eval objects of %s at the records' size, up to %d clicks",
            config.model, prep.path, config.max_clicks)
   return noc.evaluate(model, prep, out, config.max_clicks, config.thresholds, config.batch_size,
                       config.max_objects,
-                      summary_dir=os.path.join(config.model, "tensorboard", "eval"),
+                      summary_dir=os.path.join(config.model, keys.TENSORBOARD_DIR, keys.EVAL_DIR),
                       step=step, pred_thr=config.pred_thr,
                       trained_on=PrepOutput.of_model(config.model)), out
 

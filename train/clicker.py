@@ -78,12 +78,11 @@ def edt_squared(mask: tf.Tensor) -> tf.Tensor:
 
 
 def _edt_squared_scipy(mask: np.ndarray) -> np.ndarray:
-  from scipy import ndimage  # pylint: disable=g-import-not-at-top
+  from beam_prep.ops.clicks import edt_outside_padded  # pylint: disable=g-import-not-at-top
   out = np.zeros(mask.shape, np.int32)
   for i, m in enumerate(mask):
     if m.any():
-      d = ndimage.distance_transform_edt(np.pad(m, 1))[1:-1, 1:-1]
-      out[i] = np.rint(d * d)
+      out[i] = np.rint(edt_outside_padded(m) ** 2)
   return out
 
 

@@ -253,4 +253,4 @@ class ExportConfig(CommandConfig):
 
   @property
   def export_base(self) -> str:
-    return self.output or os.path.join(self.model_dir, "export")
+    return self.output or os.path.join(self.model_dir, keys.EXPORT_DIR)

@@ -43,6 +43,7 @@ from beam_prep.prep_output import PrepOutput
 from beam_prep.record_decoder import Decoder, raw_view
 from train import augment as augment_
 from train import logs
+from train.config import TrainConfig
 from train.serving_inputs import model_inputs
 from train.step_inputs import StepInputs
 from train.tasks import make_task
@@ -115,7 +116,8 @@ class InputReader:
     augment: the training batches' augmentation (`train.augment`).
   """
 
-  def __init__(self, prep: PrepOutput, task, batch_size: int, shuffle_buffer: int = 256,
+  def __init__(self, prep: PrepOutput, task, batch_size: int,
+               shuffle_buffer: int = TrainConfig.shuffle_buffer,
                seed: int = 0, skip_corrupt_records: bool = False,
                augment: Sequence[str] = augment_.parse(augment_.DEFAULT)):
     self.prep = prep
@@ -191,9 +193,10 @@ class InputReader:
     return ds
 
 
-def dataset(data_dir: str, split: str = keys.TRAIN_SPLIT, batch_size: int = 8,
-            training: bool = True, shuffle_buffer: int = 256, seed: int = 0,
-            keras_form: bool = True, augment: str = augment_.DEFAULT) -> tf.data.Dataset:
+def dataset(data_dir: str, split: str = keys.TRAIN_SPLIT,
+            batch_size: int = TrainConfig.batch_size, training: bool = True,
+            shuffle_buffer: int = TrainConfig.shuffle_buffer, seed: int = TrainConfig.seed,
+            keras_form: bool = True, augment: str = TrainConfig.augment) -> tf.data.Dataset:
   """The records of a beam-prep output, as the trainer's step receives them.
 
   Reads `data_dir`'s records with its `features.json` and exported

@@ -151,7 +151,7 @@ def _init_from(model: keras.Model, path: str) -> str:
   """Restores model weights from a checkpoint prefix or a model dir."""
   ckpt = path
   if tf.io.gfile.isdir(path):
-    ckpt = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) or \
+    ckpt = tf.train.latest_checkpoint(os.path.join(path, keys.CHECKPOINTS_DIR)) or \
         tf.train.latest_checkpoint(path)
   if not ckpt:
     raise FileNotFoundError(f"--init-from {path}: no checkpoint found")
@@ -275,7 +275,7 @@ def _write_run_files(config: TrainConfig, prep: PrepOutput, model_dir: str) -> N
   """config.json (the data path absolute: `evaluate` may run from another
   folder) and the records' features.json."""
   tf.io.gfile.makedirs(model_dir)
-  with tf.io.gfile.GFile(os.path.join(model_dir, "config.json"), "w") as f:
+  with tf.io.gfile.GFile(os.path.join(model_dir, keys.MODEL_CONFIG_FILE), "w") as f:
     f.write(dataclasses.replace(config, data=prep.path).to_json())
   with tf.io.gfile.GFile(os.path.join(model_dir, FEATURES_FILE), "w") as f:
     f.write(prep.table.to_json())
@@ -306,7 +306,7 @@ def _restore(config: TrainConfig, model_dir: str, model, optimizer, global_step)
   log = logs.get()
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=global_step)
   manager = tf.train.CheckpointManager(
-      checkpoint, os.path.join(model_dir, "checkpoints"), max_to_keep=3)
+      checkpoint, os.path.join(model_dir, keys.CHECKPOINTS_DIR), max_to_keep=3)
   if manager.latest_checkpoint:
     checkpoint.restore(manager.latest_checkpoint).expect_partial()
     log.info("train: resumed from %s at step %d", manager.latest_checkpoint,
@@ -376,7 +376,7 @@ def _loop(run: _Run, config: TrainConfig) -> _LoopState:
   batches = iter(run.strategy.distribute_datasets_from_function(
       lambda ctx: run.reader.dataset(keys.TRAIN_SPLIT, training=True, input_context=ctx)))
   run.step.take(batches.element_spec)  # Its clicks vary in number from batch to batch.
-  tb_dir = os.path.join(run.model_dir, "tensorboard")
+  tb_dir = os.path.join(run.model_dir, keys.TENSORBOARD_DIR)
   start_step = int(run.global_step.numpy())
   state = _LoopState(start_step, max(config.steps - start_step, 0))
   if not state.remaining:
@@ -546,8 +546,8 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
     metrics.update(_evaluation(run, config, final_step))
     if config.export and run.chief:
       metrics["export_dir"] = export.export_model(run.model, run.prep.tft_output, run.prep.table,
-                                                  os.path.join(config.model_dir, "export"))
-  with tf.io.gfile.GFile(os.path.join(run.model_dir, "metrics.json"), "w") as f:
+                                                  os.path.join(config.model_dir, keys.EXPORT_DIR))
+  with tf.io.gfile.GFile(os.path.join(run.model_dir, keys.METRICS_FILE), "w") as f:
     json.dump(metrics, f, indent=2, sort_keys=True)
   if state.interrupted:
     raise KeyboardInterrupt

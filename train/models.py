@@ -44,12 +44,12 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import keras
 
-from beam_prep import plugins
+from beam_prep import keys, plugins
 
 _MODELS: Dict[str, Callable[..., keras.Model]] = {}
 MODEL_FILE = "model.json"
 # Arguments of the built-in models that come from TrainConfig fields.
-_BUILTIN_ARGS = ("width", "depth", "backbone_weights")
+BUILTIN_ARGS = ("width", "depth", "backbone_weights")
 # The arguments of build_model, as model.json records them.
 BUILD_KEYS = ("name", "input_channels", "num_classes", "image_size", "model_args", "builtin")
 
@@ -95,7 +95,7 @@ def build_model(name: str, input_channels: int, num_classes: Optional[int] = Non
   if image_size is not None and "image_size" in params:
     kwargs.setdefault("image_size", tuple(image_size))
   if factory.__module__ == __name__:
-    for k in _BUILTIN_ARGS:
+    for k in BUILTIN_ARGS:
       if k in params and builtin.get(k) is not None:
         kwargs.setdefault(k, builtin[k])
   where = f"{factory.__module__}.{factory.__qualname__}"
@@ -136,7 +136,7 @@ def rebuild(model_dir: str) -> keras.Model:
   # The checkpoint holds every weight: no pretrained backbone to fetch again.
   args["builtin"] = dict(args.get("builtin") or {}, backbone_weights="none")
   model = build_model(**args)
-  ckpt = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+  ckpt = tf.train.latest_checkpoint(os.path.join(model_dir, keys.CHECKPOINTS_DIR))
   if not ckpt:
     raise FileNotFoundError(f"no checkpoint under {model_dir}/checkpoints")
   tf.train.Checkpoint(model=model).restore(ckpt).expect_partial()

@@ -161,6 +161,16 @@ def object_noc(scores: np.ndarray, t: float) -> np.ndarray:
   return np.where(reached.any(axis=1), reached.argmax(axis=1) + 1, scores.shape[1])
 
 
+def threshold_name(t: float) -> str:
+  """An IoU threshold as the figures' names write it: 0.85 -> "85"."""
+  return f"{round(t * 100):d}"
+
+
+def noc_key(t: float) -> str:
+  """The name of NoC at IoU threshold `t` in noc.json and metrics.json: "noc@85"."""
+  return f"noc@{threshold_name(t)}"
+
+
 def summarize(scores: np.ndarray, thresholds: Sequence[float]) -> Dict[str, Any]:
   """NoC@t, the share never reaching t, and mean IoU by clicks, from [N, K] IoUs."""
   n, k = scores.shape
@@ -168,8 +178,8 @@ def summarize(scores: np.ndarray, thresholds: Sequence[float]) -> Dict[str, Any]
   for t in thresholds:
     reached = scores >= t
     first = object_noc(scores, t)
-    name = f"{round(t * 100):d}"
-    out[f"noc@{name}"] = float(first.mean()) if n else None
+    name = threshold_name(t)
+    out[noc_key(t)] = float(first.mean()) if n else None
     out[f">={k}@{name}"] = int((first >= k).sum())
     out[f"never_reached@{name}"] = float(1 - reached.any(axis=1).mean()) if n else None
   out["mean_iou_by_clicks"] = {str(c): float(scores[:, c - 1].mean())
@@ -281,8 +291,7 @@ def write_report(report: Dict[str, Any], curves: Dict[str, np.ndarray], out_dir:
     with writer.as_default(step=step):
       for name in curves:
         for t in report["thresholds"]:
-          key = f"noc@{round(t * 100):d}"
-          tf.summary.scalar(f"{key}/{name}", report[name][key])
+          tf.summary.scalar(f"{noc_key(t)}/{name}", report[name][noc_key(t)])
     writer.flush()
 
 

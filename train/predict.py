@@ -12,8 +12,8 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
-from beam_prep import drawing
-from beam_prep.ops.image import DEFAULT_MAX_PIXELS, decode_file
+from beam_prep import drawing, keys
+from beam_prep.ops.image import decode_file
 from beam_prep.ops.registry import ExampleError
 from train import signatures as sig
 from train.served import InvalidInput
@@ -28,7 +28,7 @@ def parse_point(text: str) -> Tuple[int, int]:
   return x, y
 
 
-def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+def decode_image(data: bytes, name: str, max_pixels: int = keys.MAX_PIXELS) -> np.ndarray:
   """Decodes an encoded image to uint8 RGB as displayed, by the Beam job's
   decoder (EXIF orientation applied, decompression bombs refused), or raises
   ValueError naming `name` and the reason."""
@@ -38,7 +38,7 @@ def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -
     raise ValueError(f"cannot read image {name}: {e.detail or e.reason}") from None
 
 
-def load_image(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+def load_image(path: str, max_pixels: int = keys.MAX_PIXELS) -> np.ndarray:
   """Reads and decodes an image file (`decode_image`), or raises
   FileNotFoundError / ValueError naming the file."""
   if not tf.io.gfile.exists(path):

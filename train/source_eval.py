@@ -27,7 +27,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from beam_prep import keys, source_records
-from beam_prep.ops.image import object_label
+from beam_prep.ops.image import instance_areas, listed_objects, object_label
+from beam_prep.ops.registry import ExampleError
 from beam_prep.prep_output import PrepOutput
 from beam_prep.version import library_versions
 from train import clicker, noc
@@ -115,8 +116,11 @@ def object_labels(instance_mask: np.ndarray, min_area: int = 0
                   ) -> Tuple[List[int], np.ndarray, List[int]]:
   """(object ids, labels uint8 [N, H, W]: 1 the object, 0 background, IGNORE
   kept, and the ids of objects under `min_area` pixels, left out)."""
-  areas = np.bincount(instance_mask.ravel(), minlength=256)
-  present = [i for i in range(1, keys.IGNORE) if areas[i]]
+  areas = instance_areas(instance_mask)
+  try:
+    present = listed_objects({keys.SOURCE_AREAS: areas})
+  except ExampleError:  # Background and ignore pixels only.
+    present = []
   small = [i for i in present if areas[i] < min_area]
   ids = [i for i in present if areas[i] >= min_area]
   labels = np.stack([object_label(instance_mask, i) for i in ids]) if ids else np.zeros(
@@ -152,7 +156,7 @@ def run(prep: PrepOutput, predictors: Dict[str, Any], max_clicks: int,
     for name in predictors:
       s = np.concatenate(got[name]) if got[name] else np.zeros((0, max_clicks), np.float32)
       scores[name].append(s)
-    nocs = {name: {f"noc@{round(t * 100):d}": noc.object_noc(scores[name][-1], t)
+    nocs = {name: {noc.noc_key(t): noc.object_noc(scores[name][-1], t)
                    for t in thresholds} for name in predictors}
     for i, object_id in enumerate(ids):
       rows.append({"image_id": image[keys.IMAGE_ID], "object_id": object_id, "height": h,

@@ -32,7 +32,7 @@ class Classes(Layout):
 
     def pointer(path):
       label = common.parent(path)
-      return {"image_id": f"{label}/{common.stem(path)}", "source": path, "label": label}
+      return {keys.IMAGE_ID: f"{label}/{common.stem(path)}", keys.SOURCE: path, "label": label}
 
     return common.GlobPointers(FileSystems.join(options.root.rstrip("/"), "*", "*"), pointer)
 

@@ -183,7 +183,7 @@ def _image_id(entry_id: Any) -> str:
 def _error(reason: str, detail: str, source: str, image_id: str = "",
            annotation_id: Any = None) -> Dict[str, Any]:
   stage = READ_STAGE if annotation_id is None else ANNOTATION_STAGE
-  rec = error_record(stage, reason, detail, {"source": source, "image_id": image_id})
+  rec = error_record(stage, reason, detail, {keys.SOURCE: source, keys.IMAGE_ID: image_id})
   if annotation_id is not None:
     rec["annotation_id"] = annotation_id
   return rec
@@ -257,7 +257,7 @@ class _JoinFn(beam.DoFn):
         r, d = a.get("error") or (reason, detail)
         errors.append(_error(r, d, a["where"], "" if key == _ORPHAN else key, a.get("id")))
       if errors:  # Failed objects of no image: counted, then dead-lettered.
-        yield {"image_id": f"annotations of image id {key}", "source": self._json,
+        yield {keys.IMAGE_ID: f"annotations of image id {key}", keys.SOURCE: self._json,
                "no_image": True, "object_errors": errors}
       return
     image = images[0]
@@ -268,8 +268,8 @@ class _JoinFn(beam.DoFn):
           "path_outside_root", str(e), image["where"], key))
       return
     yield {
-        "image_id": posixpath.splitext(image["file_name"])[0],
-        "source": source,
+        keys.IMAGE_ID: posixpath.splitext(image["file_name"])[0],
+        keys.SOURCE: source,
         # Known before the image is read: if it cannot be, they failed with it.
         "objects_listed": sum(1 for a in anns if not a.get("iscrowd") and not box_only(a)),
         "objects_box_only": sum(1 for a in anns if box_only(a)),
@@ -505,7 +505,7 @@ class Coco(Layout):
       raise InputError(f"{options.root} is a folder; the coco layout reads one annotation "
                        "file: --input instances.json [--image-root IMAGES_DIR]")
     image_root = image_root_of(options.root, options.image_root)
-    if "://" not in image_root and not common.is_folder(image_root):
+    if not keys.is_remote(image_root) and not common.is_folder(image_root):
       raise InputError(f"image root {image_root} (of the COCO file {options.root}) is not a "
                        "folder; give --image-root")
 
@@ -516,14 +516,14 @@ class Coco(Layout):
     """The image's bytes and the instance mask drawn from its annotations
     (`object_errors`: the annotations that failed)."""
     ex = dict(pointer)
-    ex[keys.IMAGE_BYTES] = common.read_bytes(ex["source"])
+    ex[keys.IMAGE_BYTES] = common.read_bytes(ex[keys.SOURCE])
     entry = dict(ex.pop("coco"))
     if entry.get("height") is None and entry.get("width") is None:
       size = _displayed_size(ex[keys.IMAGE_BYTES])
       if size is not None:  # The file gives the size the entry left out.
         entry["height"], entry["width"] = size
     try:
-      ex[keys.INSTANCE_MASK], ex["object_errors"] = instance_mask(entry, ex["image_id"])
+      ex[keys.INSTANCE_MASK], ex["object_errors"] = instance_mask(entry, ex[keys.IMAGE_ID])
     except ImageEntryError as e:
       raise ExampleError("bad_image_entry", str(e)) from None
     return ex

@@ -12,6 +12,9 @@ from beam_prep import keys
 from beam_prep.ops.registry import ExampleError
 
 ERRORS_TAG = "errors"
+# The split lists of the field's data sets (train.txt, val.txt; a manifest's
+# "split" column) -> the splits of the records.
+LIST_SPLITS = {"train": keys.TRAIN_SPLIT, "val": keys.EVAL_SPLIT}
 
 
 def stem(path: str) -> str:
@@ -32,7 +35,7 @@ def exists(path: str) -> bool:
 
 def is_folder(path: str) -> bool:
   """Whether a local path is a folder (gs:// paths are judged by the workers)."""
-  return "://" not in path and os.path.isdir(path)
+  return not keys.is_remote(path) and os.path.isdir(path)
 
 
 def any_match(pattern: str) -> bool:
@@ -46,11 +49,11 @@ def resolve(base: str, path: str, root: str, allow_outside_root: bool) -> str:
   Raises:
     ValueError: the path leaves `root` and `allow_outside_root` is False.
   """
-  if "://" in path or path.startswith("/"):
+  if keys.is_remote(path) or path.startswith("/"):
     full = path
   else:
     full = posixpath.normpath(posixpath.join(base, path))
-    if "://" in base:  # normpath collapses "gs://" to "gs:/"
+    if keys.is_remote(base):  # normpath collapses "gs://" to "gs:/"
       scheme, rest = base.split("://", 1)
       full = f"{scheme}://" + posixpath.normpath(posixpath.join(rest, path))
   root_dir = root.rstrip("/") + "/"
@@ -74,10 +77,10 @@ def read_image_and_mask(pointer: Dict[str, Any]) -> Dict[str, Any]:
   """The pointer with `image_bytes`, and `mask_bytes` (None when the mask file
   is missing: the decode stage judges that) when it names a mask."""
   ex = dict(pointer)
-  ex[keys.IMAGE_BYTES] = read_bytes(ex["source"])
-  mask = ex.get("mask_source")
+  ex[keys.IMAGE_BYTES] = read_bytes(ex[keys.SOURCE])
+  mask = ex.get(keys.MASK_SOURCE)
   if mask is not None:
-    ex["mask_bytes"] = read_bytes(mask, "mask") if FileSystems.exists(mask) else None
+    ex[keys.MASK_BYTES] = read_bytes(mask, "mask") if FileSystems.exists(mask) else None
   return ex
 
 

@@ -6,6 +6,7 @@ VOC's SegmentationObject PNGs).
 
 from apache_beam.io.filesystems import FileSystems
 
+from beam_prep import keys
 from beam_prep.layouts import common
 from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register_layout
 
@@ -18,7 +19,7 @@ IMAGES_DIR, MASKS_DIR, MASK_SUFFIX = "images", "masks", ".png"
 class Folders(Layout):
   name = "folders"
   labels = ("instances",)
-  gives = ("mask_bytes",)
+  gives = (keys.MASK_BYTES,)
   expects = ("ROOT/images/NAME.png|jpg + ROOT/masks/NAME.png (instance ids: 0 background, "
              "1..254 objects, 255 ignore)")
   priority = 40
@@ -41,8 +42,8 @@ class Folders(Layout):
   @staticmethod
   def pointer(root: str, path: str):
     """The pointer of the image file `path` under `root`."""
-    return {"image_id": common.stem(path), "source": path,
-            "mask_source": FileSystems.join(root.rstrip("/"), MASKS_DIR,
+    return {keys.IMAGE_ID: common.stem(path), keys.SOURCE: path,
+            keys.MASK_SOURCE: FileSystems.join(root.rstrip("/"), MASKS_DIR,
                                             common.stem(path) + MASK_SUFFIX)}
 
   def list_inputs(self, options: ReadOptions):

@@ -19,7 +19,6 @@ from beam_prep.layouts import common
 from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register_layout
 
 SUFFIXES = (".csv", ".jsonl", ".json")
-_SPLITS = {"train": keys.TRAIN_SPLIT, "val": keys.EVAL_SPLIT}
 
 
 def _rows(manifest: str, text: str):
@@ -45,13 +44,13 @@ def _pointer(row, base: str, allow: bool):
     mask = common.resolve(base, str(row["mask"]), base, allow) if row.get("mask") else None
   except ValueError as e:
     raise ValueError("path_outside_root", str(e)) from None
-  pointer = {"image_id": row.get("id") or common.stem(image), "source": image}
+  pointer = {keys.IMAGE_ID: row.get("id") or common.stem(image), keys.SOURCE: image}
   if mask:
-    pointer["mask_source"] = mask
+    pointer[keys.MASK_SOURCE] = mask
   if row.get("label"):
     pointer[keys.LABEL] = str(row["label"])
   if row.get("split"):
-    pointer["split"] = _SPLITS.get(row["split"], row["split"])
+    pointer[keys.SPLIT] = common.LIST_SPLITS.get(row["split"], row["split"])
   return pointer
 
 
@@ -71,7 +70,7 @@ class _RowsFn(beam.DoFn):
       except ValueError as e:
         reason, detail = e.args
         yield beam.pvalue.TaggedOutput(common.ERRORS_TAG, error_record(
-            READ_STAGE, reason, detail, {"source": f"{manifest}:{n}"}))
+            READ_STAGE, reason, detail, {keys.SOURCE: f"{manifest}:{n}"}))
 
 
 class _ListManifest(beam.PTransform):
@@ -91,7 +90,7 @@ class _ListManifest(beam.PTransform):
 class Manifest(Layout):
   name = "manifest"
   labels = ("instances", "classes")
-  gives = ("mask_bytes", keys.LABEL)
+  gives = (keys.MASK_BYTES, keys.LABEL)
   expects = ("--input FILE.csv|jsonl with columns image[,mask][,label][,split]; paths relative "
              "to the file")
   priority = 30

@@ -99,7 +99,7 @@ def pair_by_name(image_paths: List[str], mask_paths: List[str]) -> List[Dict[str
   for path in sorted(image_paths):
     name = common.stem(path)
     image_id = name if names[name] == 1 else path.rstrip("/").split("/")[-1]
-    pointers.append({keys.IMAGE_ID: image_id, "source": path,
+    pointers.append({keys.IMAGE_ID: image_id, keys.SOURCE: path,
                      "mask_sources": sorted(masks.get(name, []))})
   return pointers
 
@@ -156,7 +156,7 @@ class PairedFolders(Layout):
   def materialize(self, pointer: Dict[str, Any]) -> Dict[str, Any]:
     ex = dict(pointer)
     masks = ex.pop("mask_sources")
-    source = ex["source"]
+    source = ex[keys.SOURCE]
     if len(masks) != 1:
       folder = source.rstrip("/").rsplit("/", 2)[0] + "/" + self.masks_dir
       if not masks:
@@ -164,7 +164,7 @@ class PairedFolders(Layout):
                            f"{source}: no file named {common.stem(source)}.* in {folder}")
       raise ExampleError("ambiguous_mask",
                          f"{source}: {len(masks)} masks share its name: {', '.join(masks)}")
-    ex["mask_source"] = masks[0]
+    ex[keys.MASK_SOURCE] = masks[0]
     ex[keys.IMAGE_BYTES] = common.read_bytes(source)
     ex[keys.INSTANCE_MASK] = self.coding(read_mask_pixels(masks[0]), masks[0])
     return ex

@@ -27,7 +27,7 @@ from beam_prep.features import Feature
 # What every layout gives every record: its image id (tracing, ordering, splits).
 READ_FEATURES = {keys.IMAGE_ID: Feature("string", shape=(), role="metadata")}
 # Keys every materialized example holds.
-BASE_KEYS = (keys.IMAGE_ID, "source", keys.IMAGE_BYTES)
+BASE_KEYS = (keys.IMAGE_ID, keys.SOURCE, keys.IMAGE_BYTES)
 AUTO = "auto"
 
 _LAYOUTS: Dict[str, "Layout"] = {}

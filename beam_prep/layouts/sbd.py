@@ -43,7 +43,6 @@ from beam_prep.layouts import common
 from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register_layout
 from beam_prep.ops.registry import ExampleError
 
-_SPLITS = {"train": keys.TRAIN_SPLIT, "val": keys.EVAL_SPLIT}
 # RITM's SBDDataset: objects below this share of their bounding box are dropped.
 MIN_BOX_FILL = 0.08
 MAX_ID = 254
@@ -62,7 +61,7 @@ def data_root(root: str) -> str:
 def _read_lists(root: str) -> Dict[str, set]:
   """NAME -> the splits whose lists name it (lists that do not exist name nothing)."""
   splits: Dict[str, set] = {}
-  for list_name, split in _SPLITS.items():
+  for list_name, split in common.LIST_SPLITS.items():
     path = FileSystems.join(root, f"{list_name}.txt")
     if not FileSystems.exists(path):
       continue
@@ -74,7 +73,8 @@ def _read_lists(root: str) -> Dict[str, set]:
 
 
 def _present_lists(root: str) -> List[str]:
-  return [name for name in _SPLITS if FileSystems.exists(FileSystems.join(root, f"{name}.txt"))]
+  return [name for name in common.LIST_SPLITS
+          if FileSystems.exists(FileSystems.join(root, f"{name}.txt"))]
 
 
 def _list_inputs(root: str):
@@ -86,11 +86,11 @@ def _list_inputs(root: str):
     if len(found) > 1:
       yield beam.pvalue.TaggedOutput(common.ERRORS_TAG, error_record(
           READ_STAGE, "in_both_split_lists", f"{name} is in train.txt and in val.txt of {root}",
-          {"source": image, "image_id": name}))
+          {keys.SOURCE: image, keys.IMAGE_ID: name}))
       continue
-    yield {keys.IMAGE_ID: name, "source": image,
-           "mask_source": FileSystems.join(root, "inst", name + ".mat"), "split": found.pop()}
-  if len(_present_lists(root)) < len(_SPLITS):
+    yield {keys.IMAGE_ID: name, keys.SOURCE: image,
+           keys.MASK_SOURCE: FileSystems.join(root, "inst", name + ".mat"), keys.SPLIT: found.pop()}
+  if len(_present_lists(root)) < len(common.LIST_SPLITS):
     return  # One list alone is the data set.
   for m in FileSystems.match([FileSystems.join(root, "img", "*.jpg")])[0].metadata_list:
     name = common.stem(m.path)
@@ -98,7 +98,7 @@ def _list_inputs(root: str):
       yield beam.pvalue.TaggedOutput(common.ERRORS_TAG, error_record(
           READ_STAGE, "not_in_split_list",
           f"{name} is in neither train.txt nor val.txt of {root}: it belongs to no split",
-          {"source": m.path, "image_id": name}))
+          {keys.SOURCE: m.path, keys.IMAGE_ID: name}))
 
 
 class _ListSbd(beam.PTransform):
@@ -174,7 +174,7 @@ class Sbd(Layout):
 
   def check_input(self, options: ReadOptions) -> None:
     data = data_root(options.root)
-    lists = [FileSystems.join(data, f"{n}.txt") for n in _SPLITS]
+    lists = [FileSystems.join(data, f"{n}.txt") for n in common.LIST_SPLITS]
     if not any(common.exists(path) for path in lists):
       raise InputError(f"no split list: neither {' nor '.join(lists)} exists")
 
@@ -183,15 +183,15 @@ class Sbd(Layout):
 
   def only_split(self, options: ReadOptions):
     lists = _present_lists(data_root(options.root))
-    return _SPLITS[lists[0]] if len(lists) == 1 else None
+    return common.LIST_SPLITS[lists[0]] if len(lists) == 1 else None
 
   def materialize(self, pointer: Dict[str, Any]) -> Dict[str, Any]:
     ex = dict(pointer)
-    ex[keys.IMAGE_BYTES] = common.read_bytes(ex["source"])
-    mat = ex["mask_source"]
+    ex[keys.IMAGE_BYTES] = common.read_bytes(ex[keys.SOURCE])
+    mat = ex[keys.MASK_SOURCE]
     inst = segmentation(common.read_bytes(mat, "mask"), mat)
     errors = []
-    if ex.get("split") == keys.TRAIN_SPLIT:
+    if ex.get(keys.SPLIT) == keys.TRAIN_SPLIT:
       for i, fill in sparse_objects(inst):
         inst[inst == i] = keys.IGNORE
         errors.append(error_record(

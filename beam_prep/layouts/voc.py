@@ -10,21 +10,20 @@ from beam_prep import keys
 from beam_prep.layouts import common
 from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register_layout
 
-_SPLITS = {"train": keys.TRAIN_SPLIT, "val": keys.EVAL_SPLIT}
 
 
 def _pointers(list_path: str, root: str):
   name = common.stem(list_path)
-  if name not in _SPLITS:
+  if name not in common.LIST_SPLITS:
     return
   with FileSystems.open(list_path) as f:
     ids = [l.strip() for l in f.read().decode("utf-8").splitlines() if l.strip()]
   for image_id in ids:
     yield {
-        "image_id": image_id,
-        "source": FileSystems.join(root, "JPEGImages", image_id + ".jpg"),
-        "mask_source": FileSystems.join(root, "SegmentationObject", image_id + ".png"),
-        "split": _SPLITS[name],
+        keys.IMAGE_ID: image_id,
+        keys.SOURCE: FileSystems.join(root, "JPEGImages", image_id + ".jpg"),
+        keys.MASK_SOURCE: FileSystems.join(root, "SegmentationObject", image_id + ".png"),
+        keys.SPLIT: common.LIST_SPLITS[name],
     }
 
 
@@ -49,7 +48,7 @@ class _ListVoc(beam.PTransform):
 class Voc(Layout):
   name = "voc"
   labels = ("instances",)
-  gives = ("mask_bytes",)
+  gives = (keys.MASK_BYTES,)
   expects = ("ROOT/JPEGImages, ROOT/SegmentationObject, "
              "ROOT/ImageSets/Segmentation/{train,val}.txt (the lists fix the split)")
   priority = 20

@@ -112,7 +112,7 @@ def _farthest_points(candidates: np.ndarray, n: int, rng: np.random.Generator) -
   return candidates[chosen].astype(np.int64)
 
 
-def _edt_outside_padded(mask: np.ndarray) -> np.ndarray:
+def edt_outside_padded(mask: np.ndarray) -> np.ndarray:
   """Distance of each True pixel to the nearest False one, the outside of the
   image counting as False (0 on False pixels)."""
   return ndimage.distance_transform_edt(np.pad(mask, 1))[1:-1, 1:-1]
@@ -132,8 +132,8 @@ def protocol_click(pred: np.ndarray, label: np.ndarray, clicked: np.ndarray):
     (0, 0, -1) as RITM's clicker. Ties go to the row-major first pixel.
   """
   gt, care = label == 1, label != keys.IGNORE
-  fn_d = _edt_outside_padded(gt & ~pred & care)
-  fp_d = _edt_outside_padded(~gt & pred & care)
+  fn_d = edt_outside_padded(gt & ~pred & care)
+  fp_d = edt_outside_padded(~gt & pred & care)
   # Compared as integers (squared distances), as the TensorFlow twin does.
   fn_d, fp_d = np.rint(fn_d ** 2).astype(np.int64), np.rint(fp_d ** 2).astype(np.int64)
   fn_d[clicked] = 0
@@ -256,7 +256,7 @@ class ObjectGeometry:
       ys, xs = self._ys, self._xs
       by0, bx0 = ys.min(), xs.min()
       box = self._obj[by0:ys.max() + 1, bx0:xs.max() + 1]
-      self._inside = (_edt_outside_padded(box), np.array([by0, bx0]))
+      self._inside = (edt_outside_padded(box), np.array([by0, bx0]))
     return self._inside
 
   def positive_pool(self) -> np.ndarray:

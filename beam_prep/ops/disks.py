@@ -14,6 +14,9 @@ from beam_prep import keys
 from beam_prep.features import Feature
 from beam_prep.ops.registry import combine_click, register_op
 
+# RITM's disk radius in pixels: the op's, its twin's and its add_click's default.
+DEFAULT_RADIUS = 5
+
 
 def disk_map(clicks_xy: np.ndarray, height: int, width: int, radius: float) -> np.ndarray:
   """uint8 [height, width]: 1 within `radius` of any click, else 0."""
@@ -40,7 +43,7 @@ def tf_disk_map(clicks_xy, height, width, radius: float):
   return tf.cast(inside, tf.uint8)
 
 
-def click_disks_twin(ex, radius: float = 5):
+def click_disks_twin(ex, radius: float = DEFAULT_RADIUS):
   """`click_disks` in TensorFlow, on one example's tensors."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   shape = tf.shape(ex[keys.IMAGE])
@@ -52,7 +55,7 @@ def click_disks_twin(ex, radius: float = 5):
   return out
 
 
-def click_disks_add_click(value, click_xy, positive, radius: float = 5):
+def click_disks_add_click(value, click_xy, positive, radius: float = DEFAULT_RADIUS):
   """One more click in disks [B, H, W, 2] (float32 0/1): its kind's channel
   is OR-ed (the maximum) with the click's disk."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -64,7 +67,7 @@ def click_disks_add_click(value, click_xy, positive, radius: float = 5):
              produces={keys.CLICK_DISKS: Feature("uint8", channels=2, role="model_input",
                                                      encoding="zlib")},
              twin=click_disks_twin, add_click=click_disks_add_click)
-def click_disks(radius: float = 5):
+def click_disks(radius: float = DEFAULT_RADIUS):
   """Adds `click_disks`: binary disks of `radius` pixels around each click."""
   if not radius > 0:
     raise ValueError(f"radius must be positive, got {radius}")

@@ -50,10 +50,6 @@ SIZE = Feature("int64", shape=(), role="metadata")
 SIZE_FEATURES = {keys.HEIGHT: SIZE, keys.WIDTH: SIZE}
 OBJECT_ID = Feature("int64", shape=(), role="metadata")
 
-# Larger than any photograph a segmentation data set holds (8k x 8k), far
-# below what would exhaust a worker's memory when decoded.
-DEFAULT_MAX_PIXELS = 64_000_000
-
 
 def _open(data: bytes, what: str, max_pixels: int) -> Image.Image:
   """Opens and fully decodes an image, turning every failure into a reason."""
@@ -143,7 +139,7 @@ def mask_to_ids(im: Image.Image) -> np.ndarray:
       "(palette or grey PNG, as Pascal VOC's SegmentationObject)")
 
 
-def decode_file(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+def decode_file(data: bytes, max_pixels: int = keys.MAX_PIXELS) -> np.ndarray:
   """An encoded image file -> uint8 RGB [H, W, 3] as viewers show it (EXIF
   orientation applied): the one decoder of the Beam job, `beam-train predict`
   and `beam-train serve`.
@@ -194,7 +190,7 @@ def decode_image_tf(data):
   return _orient(image, _exif_orientation(data))
 
 
-def decode_twin(ex, max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
+def decode_twin(ex, max_pixels: int = keys.MAX_PIXELS, require_mask: bool = True):
   """`decode` in TensorFlow: `image_bytes` (an encoded file) -> `image`
   (`decode_image_tf`: the same pixels, EXIF orientation applied).
 
@@ -276,7 +272,7 @@ def _orient(image, orientation):
 @register_op("decode", reads=(keys.IMAGE_BYTES,),
              produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
              intermediate=(keys.INSTANCE_MASK,), twin=decode_twin)
-def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
+def decode(max_pixels: int = keys.MAX_PIXELS, require_mask: bool = True):
   """Decodes `image_bytes` (and `mask_bytes`) into `image` (and `instance_mask`).
 
   Args:
@@ -287,7 +283,7 @@ def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
 
   def fn(ex):
     image = decode_file(ex["image_bytes"], max_pixels)
-    out = {k: v for k, v in ex.items() if k not in ("image_bytes", "mask_bytes")}
+    out = {k: v for k, v in ex.items() if k not in (keys.IMAGE_BYTES, keys.MASK_BYTES)}
     out[keys.IMAGE] = image
     out[keys.HEIGHT], out[keys.WIDTH] = image.shape[:2]
     if not require_mask:
@@ -295,9 +291,9 @@ def decode(max_pixels: int = DEFAULT_MAX_PIXELS, require_mask: bool = True):
     mask = ex.get(keys.INSTANCE_MASK)  # Drawn by the layout from annotations, else a file.
     what = "the annotations were drawn at" if mask is not None else "its mask file is"
     if mask is None:
-      if ex.get("mask_bytes") is None:
-        raise ExampleError("missing_mask", f"no mask found at {ex.get('mask_source')}")
-      mask = mask_to_ids(_open(ex["mask_bytes"], "mask", max_pixels))
+      if ex.get(keys.MASK_BYTES) is None:
+        raise ExampleError("missing_mask", f"no mask found at {ex.get(keys.MASK_SOURCE)}")
+      mask = mask_to_ids(_open(ex[keys.MASK_BYTES], "mask", max_pixels))
     if mask.shape != image.shape[:2]:
       raise ExampleError(
           "mask_size_mismatch",
@@ -489,6 +485,11 @@ def resize(size: int, width: int = None):
   return fn
 
 
+def instance_areas(instance_mask: np.ndarray) -> np.ndarray:
+  """int64 [256]: the pixels of each instance id of a uint8 instance mask."""
+  return np.bincount(instance_mask.ravel(), minlength=keys.IGNORE + 1).astype(np.int64)
+
+
 @register_op("object_areas", reads=(keys.INSTANCE_MASK,), intermediate=(keys.SOURCE_AREAS,))
 def object_areas():
   """Measures every instance before `resize` changes its size.
@@ -501,8 +502,7 @@ def object_areas():
 
   def fn(ex):
     out = dict(ex)
-    out[keys.SOURCE_AREAS] = np.bincount(ex[keys.INSTANCE_MASK].ravel(),
-                                         minlength=256).astype(np.int64)
+    out[keys.SOURCE_AREAS] = instance_areas(ex[keys.INSTANCE_MASK])
     return out
 
   return fn

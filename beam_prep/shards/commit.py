@@ -64,7 +64,7 @@ def commit_files(files: List[Dict[str, Any]], output_dir: str, temp_root: str, g
   plan = final_names(files, output_dir, gzip, splits)
   for folder in (keys.RECORDS_DIR, keys.ERRORS_DIR):
     path = FileSystems.join(output_dir, folder)
-    if "://" not in path:
+    if not keys.is_remote(path):
       os.makedirs(path, exist_ok=True)
   for temp, final, _ in plan:
     _move(temp, final, gzip)

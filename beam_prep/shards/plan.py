@@ -31,21 +31,21 @@ def pointer_split(pointer: Dict[str, Any], eval_percent: int) -> str:
   hash; every input is eval in an evaluation-only run (`eval_percent` 100)."""
   if eval_percent >= 100:
     return keys.EVAL_SPLIT
-  return pointer.get("split") or split_of(pointer["image_id"], eval_percent)
+  return pointer.get(keys.SPLIT) or split_of(pointer[keys.IMAGE_ID], eval_percent)
 
 
 def pointer_order(pointer: Dict[str, Any]) -> Tuple[int, str]:
   """A total order of pointers that every run agrees on (hash first, so a
   sample taken by it is spread over the data)."""
   text = json.dumps(pointer, sort_keys=True, default=str)
-  return stable_hash(pointer.get("image_id", "")), text
+  return stable_hash(pointer.get(keys.IMAGE_ID, "")), text
 
 
 def error_pointer(error: Dict[str, Any]) -> Dict[str, Any]:
   """An input that failed before it had files to read, as a pointer that
   travels to a shard writer like any other (its error is written there)."""
-  return {"image_id": error.get("image_id") or error.get("source", ""),
-          "source": error.get("source", ""), "read_error": error}
+  return {keys.IMAGE_ID: error.get(keys.IMAGE_ID) or error.get(keys.SOURCE, ""),
+          keys.SOURCE: error.get(keys.SOURCE, ""), "read_error": error}
 
 
 def is_input(pointer: Dict[str, Any]) -> bool:

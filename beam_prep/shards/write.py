@@ -208,7 +208,7 @@ class WriteShards(beam.PTransform):
 
     def to_group(kv, plan):
       split, pointer = kv
-      return (split, stable_hash(pointer["image_id"]) % plan["groups"].get(split, 1)), pointer
+      return (split, stable_hash(pointer[keys.IMAGE_ID]) % plan["groups"].get(split, 1)), pointer
 
     return (keyed
             | "ToGroup" >> beam.Map(to_group, beam.pvalue.AsSingleton(plan))

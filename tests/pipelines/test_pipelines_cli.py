@@ -11,7 +11,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from PIL import Image
 
 from beam_prep.config import PrepConfig
-from pipelines import cli, dataflow, prep
+from pipelines import cli, dataflow, outputs, prep
 from tests.helpers import ROOT, run_cli
 
 GCS = ["--runner=DataflowRunner", "--project=acme-vision-prod-4711", "--region=europe-west4",
@@ -128,6 +128,14 @@ def test_overwrite_replaces_everything(sample_dir, tmp_path):
   assert run_cli(args + ["--overwrite"]) == 0
   assert not (out / "stale.txt").exists()
   assert (out / "manifest.json").exists() and (out / "preview.png").exists()
+
+
+def test_a_remote_output_of_any_scheme_is_listed_never_made_on_disk(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  # No credentials for s3:// here: the listing fails, and says so.
+  with pytest.raises(outputs.OutputError, match=r"cannot list the output s3://bucket/run1"):
+    outputs.prepare_output("s3://bucket/run1", overwrite=False)
+  assert not list(tmp_path.iterdir())  # No local "s3:" folder.
 
 
 @pytest.mark.parametrize("drop,add,message", [

@@ -24,7 +24,6 @@ NAME and NAME-2.
 """
 
 import hashlib
-import io
 import json
 import os
 import posixpath
@@ -33,9 +32,9 @@ import threading
 from typing import Any, Dict, List, Optional
 
 import numpy as np
-from PIL import Image
 
 from beam_prep import keys
+from beam_prep.drawing import png
 from beam_prep.layouts import coco, folders
 
 COCO_FILE = "instances.json"
@@ -50,12 +49,6 @@ def digest(image: np.ndarray) -> str:
   h = hashlib.sha1(repr(image.shape).encode())
   h.update(np.ascontiguousarray(image).data)
   return h.hexdigest()
-
-
-def png(array: np.ndarray) -> bytes:
-  buf = io.BytesIO()
-  Image.fromarray(array).save(buf, format="PNG", compress_level=1)
-  return buf.getvalue()
 
 
 def instance_mask(masks: List[np.ndarray]) -> np.ndarray:

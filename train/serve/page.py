@@ -70,9 +70,11 @@ import tensorflow as tf
 from PIL import Image
 
 from beam_prep import keys
+from beam_prep.drawing import png
 from train import clicker, predict
 from train import signatures as sig
 from train.serve import exports
+from train.serve.config import ServeConfig
 from train.serve.model import RestModel
 from train.serve.rest import RequestError, check_clicks
 
@@ -122,7 +124,8 @@ class Sources:
   """What the page may open besides uploads: files under --images, eval
   objects of --data (its records' image and true mask)."""
 
-  def __init__(self, images_dir: str = "", prep_dir: str = "", max_eval: int = 100):
+  def __init__(self, images_dir: str = "", prep_dir: str = "",
+               max_eval: int = ServeConfig.max_eval_objects):
     self.images_dir = os.path.realpath(images_dir) if images_dir else ""
     self.eval_images = self.eval_labels = None
     self.eval_names: List[str] = []
@@ -204,9 +207,7 @@ def probability_levels(probabilities: np.ndarray, mask: np.ndarray) -> np.ndarra
 
 
 def _png_data_url(array: np.ndarray, mode: str) -> str:
-  buf = io.BytesIO()
-  Image.fromarray(array, mode).save(buf, format="PNG", compress_level=1)
-  return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+  return "data:image/png;base64," + base64.b64encode(png(array, mode)).decode("ascii")
 
 
 def _levels_of(value: Any, field: str, shape) -> np.ndarray:
@@ -295,14 +296,14 @@ class Page:
     return self._opened(self._decoded(data, name, field))
 
   def image_png(self, key: str) -> bytes:
-    return exports.png(self.store.get(key)["image"])
+    return png(self.store.get(key)["image"])
 
   def truth_png(self, key: str) -> bytes:
     item = self.store.get(key)
     if item["truth"] is None:
       raise RequestError("id: this image has no true mask (open an eval object of --data)",
                          status=404)
-    return exports.png(item["truth"])
+    return png(item["truth"])
 
   def _iou(self, item: Dict[str, Any], mask: np.ndarray) -> Optional[float]:
     if item["truth"] is None:

@@ -7,6 +7,7 @@ from typing import Any, Dict, List
 import tensorflow as tf
 
 from train.config import TrainConfig
+from train.models import BUILTIN_ARGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +62,7 @@ def model_spec(task, config: TrainConfig) -> Dict[str, Any]:
           "input_channels": task.table.input_channels,
           "image_size": list(task.image_size),
           "model_args": dict(config.model_args),
-          "builtin": {"width": config.width, "depth": config.depth,
-                      "backbone_weights": config.backbone_weights}}
+          "builtin": {k: getattr(config, k) for k in BUILTIN_ARGS}}
 
 
 def check_output(model, name: str, channels: int, image_size, want, what: str) -> None:

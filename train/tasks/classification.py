@@ -27,7 +27,7 @@ class ClassificationTask(TrainingTask):
     self.name = table.task
     self.table = table
     self.image_size = table.image_size
-    self.transform_keys: List[str] = table.keys("model_input") + table.keys("label")
+    self.transform_keys: List[str] = table.transform_keys
     self.eval_keys: List[str] = []
     self.labels_vocabulary = [v.decode() if isinstance(v, bytes) else v
                               for v in tft_output.vocabulary_by_name(keys.LABEL_VOCABULARY)]

@@ -64,7 +64,7 @@ class SegmentationTask(TrainingTask):
     self.name = table.task
     self.table = table
     self.image_size = table.image_size
-    self.transform_keys: List[str] = table.keys("model_input") + table.keys("label")
+    self.transform_keys: List[str] = table.transform_keys
     # The nearest-click baseline needs the clicks (declared by sample_clicks).
     self.eval_keys: List[str] = [k for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
                                  if k in table]
@@ -160,9 +160,10 @@ class SegmentationTask(TrainingTask):
     o = self.settings
     logs.get().info("eval: NoC with up to %d simulated clicks per eval object", o.noc_clicks)
     try:
-      report = noc.evaluate(model, prep, os.path.join(model_dir, "eval"), o.noc_clicks,
+      report = noc.evaluate(model, prep, os.path.join(model_dir, keys.EVAL_DIR), o.noc_clicks,
                             max_objects=o.noc_objects,
-                            summary_dir=os.path.join(log_dir, "tensorboard", "eval"), step=step)
+                            summary_dir=os.path.join(log_dir, keys.TENSORBOARD_DIR,
+                                                     keys.EVAL_DIR), step=step)
     except ServingPlanError as e:
       why = f"the clicks' model inputs cannot be recomputed ({e})"
       logs.get().info("eval: NoC skipped: %s", why)
