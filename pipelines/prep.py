@@ -159,10 +159,9 @@ def with_layout(config: PrepConfig, dry_run: bool) -> PrepConfig:
   evaluation-only when the input's layout fixes every input as eval."""
   if not keys.is_remote(config.input) and not FileSystems.exists(config.input):
     raise InputError(f"input {config.input} does not exist")
-  layout = resolve_layout(config.input, config.layout, config.task_object.labels,
-                          offline=dry_run and keys.is_remote(config.input))
-  config = dataclasses.replace(config, layout=layout.name)
   offline = dry_run and keys.is_remote(config.input)
+  layout = resolve_layout(config.input, config.layout, config.task_object.labels, offline=offline)
+  config = dataclasses.replace(config, layout=layout.name)
   if (not config.eval_only and not offline
       and layout.only_split(config.read_options) == keys.EVAL_SPLIT):
     logs.get().info("%s: every input of %s is in the eval split (%s layout): an evaluation-only "
