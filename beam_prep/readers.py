@@ -15,6 +15,7 @@ a path that leaves the data root, a listed file that does not exist) go to
 the errors output with a reason, like every other failure.
 """
 
+import logging
 from typing import Tuple
 
 import apache_beam as beam
@@ -23,11 +24,16 @@ from apache_beam.metrics import Metrics
 from beam_prep import layouts
 from beam_prep.kernel import Kernel, Tally
 from beam_prep.layouts.common import ERRORS_TAG
+from beam_prep.layouts.registry import also_readable
+
+# The logger `beam-prep` prints (pipelines.logs).
+LOGGER = "beam_prep"
 
 
 def resolve_layout(root: str, layout: str, labels: str = "", offline: bool = False
                    ) -> layouts.Layout:
-  """The layout named, or for "auto" the first registered one that recognises `root`.
+  """The layout named, or for "auto" the first registered one that recognises `root`
+  (and a log line naming any other that could read it: `also_readable`).
 
   Raises:
     layouts.InputError: nothing recognises `root`; the message lists what
@@ -38,6 +44,8 @@ def resolve_layout(root: str, layout: str, labels: str = "", offline: bool = Fal
     return layouts.get_layout(layout, labels)
   found = layouts.detect(root, labels, offline)
   if found is not None:
+    if not offline:  # Offline, nothing may be read: no other layout can be asked.
+      _say_also_readable(root, found, labels)
     return found
   hint = ""
   parent = root.rstrip("/").rsplit("/", 1)[0] if "/" in root.rstrip("/") else ""
@@ -45,6 +53,19 @@ def resolve_layout(root: str, layout: str, labels: str = "", offline: bool = Fal
     hint = f" (its parent {parent} is one: did you mean --input {parent}?)"
   raise layouts.InputError(f"no input layout recognises {root}{hint}; expected one of:\n"
                            f"{layouts.describe(labels)}")
+
+
+def _say_also_readable(root: str, chosen: layouts.Layout, labels: str) -> None:
+  """Logs, in one line, the other layouts that could read `root` and their
+  flags: where several layouts share a format, auto's pick may be the wrong
+  reading, and the records would not say so."""
+  others = also_readable(root, chosen, labels)
+  if not others:
+    return
+  ways = "; or as ".join(f"{l.name}: give --layout {l.name} for that ({l.expects})"
+                         for l in others)
+  logging.getLogger(LOGGER).info("--layout auto: %s read as %s (%s); it could also be read as %s",
+                                 root, chosen.name, chosen.expects, ways)
 
 
 class _ReadFn(beam.DoFn):

@@ -5,8 +5,8 @@ objects) as RITM's `BerkeleyDataset` reads it: one object per mask, grey,
 255 the object, 128 ignore, 0 background (`paired.trimap`).
 
 Its folders are the `images/` + `masks/` of the generic instance-id layout,
-whose masks mean something else (255 ignore, 1..254 objects), and no file
-tells the two apart. `--layout auto` therefore picks this layout only when
+whose masks mean something else when they hold other values than 0 and 255
+(128 an object, 255 ignore), and no file tells the two apart. `--layout auto` therefore picks this layout only when
 the root folder's name contains "berkeley" (as RITM's `datasets/Berkeley`);
 any other root needs `--layout berkeley`.
 """

@@ -1,7 +1,12 @@
 """The folders layout: ROOT/images/NAME.png|jpg and ROOT/masks/NAME.png (same stem).
 
 Masks hold instance ids: 0 background, 1..254 objects, 255 ignore (as Pascal
-VOC's SegmentationObject PNGs).
+VOC's SegmentationObject PNGs). A mask of only 0 and 255 is one object (255),
+as most single-object sets save their masks; in grey or in RGB (black and
+white). The details: `beam_prep.ops.image.mask_to_ids`.
+
+The Berkeley benchmark's folders are the same (`has_files`): `--layout auto`
+says so when it reads a folder as one of the two.
 """
 
 from apache_beam.io.filesystems import FileSystems
@@ -21,13 +26,16 @@ class Folders(Layout):
   labels = ("instances",)
   gives = (keys.MASK_BYTES,)
   expects = ("ROOT/images/NAME.png|jpg + ROOT/masks/NAME.png (instance ids: 0 background, "
-             "1..254 objects, 255 ignore)")
+             "1..254 objects, 255 ignore; a mask of only 0 and 255 is one object)")
   priority = 40
 
   def detect(self, root: str, offline: bool = False) -> bool:
     if offline:
       return not root.lower().endswith((".json", ".jsonl", ".csv"))
     return common.exists(FileSystems.join(root, IMAGES_DIR))
+
+  def has_files(self, root: str) -> bool:
+    return all(common.exists(FileSystems.join(root, d)) for d in (IMAGES_DIR, MASKS_DIR))
 
   def check_input(self, options: ReadOptions) -> None:
     pattern = self.pattern(options.root)

@@ -141,6 +141,9 @@ class PairedFolders(Layout):
   def detect(self, root: str, offline: bool = False) -> bool:
     if offline or (self.root_word and self.root_word not in folder_word(root)):
       return False
+    return self.has_files(root)
+
+  def has_files(self, root: str) -> bool:
     return all(common.exists(FileSystems.join(root, d)) for d in (self.images_dir,
                                                                   self.masks_dir))
 

@@ -7,8 +7,10 @@ a Beam PTransform run on the workers, so gs:// roots work on Dataflow) and how
 to read one pointer into an example (`materialize`: the encoded image and its
 instance mask or class name). It registers an instance with
 `register_layout`; `--layout auto` asks each registered layout, in order of
-`priority`, whether it recognises the input. Adding a layout is one module
-and one registration; no other file learns its name.
+`priority`, whether it recognises the input, then (`also_readable`) which
+others could read it too (`has_files`: a format several layouts share, told
+apart by the root's name or not at all), to say so. Adding a layout is one
+module and one registration; no other file learns its name.
 
 Every materialized example holds `image_id`, `source` and `image_bytes`, and
 what the layout's `gives` lists (`mask_bytes`, `instance_mask`, `label`,
@@ -74,6 +76,15 @@ class Layout:
   def detect(self, root: str, offline: bool = False) -> bool:
     """Whether `root` looks like this layout (offline: judge by the name only)."""
     raise NotImplementedError
+
+  def has_files(self, root: str) -> bool:
+    """Whether `root` holds the files this layout reads, whatever its name
+    (`detect` may also ask for a name); False unless a layout says.
+
+    `--layout auto` asks it of the layouts it did not pick, to name those
+    that could read the input too (formats shared by several layouts)."""
+    del root
+    return False
 
   def check_input(self, options: ReadOptions) -> None:
     """Raises InputError when a local input cannot hold any input of this layout."""
@@ -141,6 +152,19 @@ def detect(root: str, labels: str = "", offline: bool = False) -> Optional[Layou
     except Exception:  # pylint: disable=broad-except
       continue  # A layout that cannot tell does not recognise it.
   return None
+
+
+def also_readable(root: str, chosen: Layout, labels: str = "") -> List[Layout]:
+  """The layouts other than `chosen` (by priority) whose files `root` holds
+  (`Layout.has_files`)."""
+  found = []
+  for layout in layouts_for(labels):
+    try:
+      if layout is not chosen and layout.has_files(root):
+        found.append(layout)
+    except Exception:  # pylint: disable=broad-except
+      continue  # A layout that cannot tell does not read it.
+  return found
 
 
 def describe(labels: str = "") -> str:

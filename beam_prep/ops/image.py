@@ -119,12 +119,38 @@ def image_to_rgb(im: Image.Image) -> np.ndarray:
   raise ExampleError("unsupported_image_mode", f"image mode {mode!r}")
 
 
+# The id of the one object of a binary mask (only 0 and 255, some 255).
+BINARY_OBJECT = 1
+# Colour modes whose mask is read when it is black and white (all colour
+# channels equal): a binary mask saved as RGB is common. Alpha is dropped.
+_COLOUR_CHANNELS = {"RGB": 3, "RGBA": 3, "LA": 1}
+
+
 def mask_to_ids(im: Image.Image) -> np.ndarray:
   """Reads instance ids from a mask image: palette or grey, 8 or 16 bits.
 
-  A 16-bit mask is accepted when every value fits in 8 bits. An RGB mask is
-  rejected: its colours are not instance ids.
+  The coding is Pascal VOC's: 0 background, 1..254 objects, 255 ignore. A
+  mask of only 0 and 255 (some 255) is a binary mask, as most single-object
+  sets and tools save theirs: one object, 255 -> `BINARY_OBJECT` (read as
+  VOC, it would hold no object). A 16-bit mask is accepted when every value
+  fits in 8 bits. An RGB, RGBA or LA mask is accepted only when it is such a
+  binary mask in grey (its colour channels equal); any other is rejected:
+  its colours are not instance ids.
   """
+  ids = _mask_values(im)
+  if _is_binary(ids):
+    return np.where(ids == keys.IGNORE, BINARY_OBJECT, keys.BACKGROUND).astype(np.uint8)
+  return ids
+
+
+def _is_binary(ids: np.ndarray) -> bool:
+  """Whether uint8 `ids` hold only 0 and 255, and some 255."""
+  counts = np.bincount(ids.ravel(), minlength=keys.IGNORE + 1)
+  return counts[keys.IGNORE] > 0 and not counts[keys.BACKGROUND + 1:keys.IGNORE].any()
+
+
+def _mask_values(im: Image.Image) -> np.ndarray:
+  """A mask image's values, uint8 [H, W], before the binary reading."""
   if im.mode in ("P", "L"):
     return np.asarray(im, dtype=np.uint8)
   if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
@@ -133,10 +159,16 @@ def mask_to_ids(im: Image.Image) -> np.ndarray:
       raise ExampleError("unsupported_mask",
                          f"{im.mode} mask holds values outside 0..255 (max {arr.max()})")
     return arr.astype(np.uint8)
+  if im.mode in _COLOUR_CHANNELS:
+    colour = np.asarray(im, dtype=np.uint8)[..., :_COLOUR_CHANNELS[im.mode]]
+    grey = colour[..., 0]
+    if (colour == grey[..., None]).all() and _is_binary(grey):
+      return grey
   raise ExampleError(
       "unsupported_mask",
       f"mask mode {im.mode!r}: a mask must be single-channel instance ids "
-      "(palette or grey PNG, as Pascal VOC's SegmentationObject)")
+      "(palette or grey PNG, as Pascal VOC's SegmentationObject), or black and "
+      "white (0 background, 255 the object)")
 
 
 def decode_file(data: bytes, max_pixels: int = keys.MAX_PIXELS) -> np.ndarray:

@@ -159,6 +159,26 @@ def test_berkeley_is_told_from_instance_id_folders_by_its_name(tmp_path):
   assert resolve_layout(str(other), "auto", "instances").name == "folders"
 
 
+def test_black_and_white_masks_in_images_and_masks_are_one_object_each(tmp_path):
+  """The images/ + masks/ most single-object sets come as (0 background, 255
+  the object), under a name that is no benchmark's: --layout auto reads each
+  mask as one object, a grey PNG and an RGB one alike."""
+  root = tmp_path / "horses"
+  objects = {}
+  for i, (name, mode) in enumerate((("a", "L"), ("b", "L"), ("c", "RGB"))):
+    m = np.zeros((S, S), np.uint8)
+    m[4 + 3 * i:24, 5:20 + i] = 255
+    objects[name] = m == 255
+    _image(root / "images" / f"{name}.jpg", i)
+    _mask(root / "masks" / f"{name}.png", np.repeat(m[..., None], 3, -1) if mode == "RGB" else m)
+  layout, c, masks = _run(root, tmp_path / "out")
+  assert layout == "folders"
+  assert c["errors_by_reason"] == {}
+  assert set(masks) == {(name, 1) for name in objects}
+  for name, obj in objects.items():
+    np.testing.assert_array_equal(masks[name, 1], obj.astype(np.uint8))
+
+
 def test_davis_masks_are_object_wherever_non_zero(tmp_path):
   root = tmp_path / "DAVIS"
   grey = np.zeros((S, S), np.uint8)
@@ -346,6 +366,41 @@ def test_an_unrecognised_input_lists_what_each_layout_expects(tmp_path):
     resolve_layout(str(tmp_path / "empty"), "auto", "instances")
   for name in ("grabcut", "berkeley", "davis", "coco_mval", "sbd", "folders", "voc"):
     assert f"  {name}" in str(e.value) and layouts.get_layout(name).expects in str(e.value)
+
+
+@pytest.fixture(name="auto_log")
+def _auto_log(caplog, monkeypatch):
+  """The INFO lines of the `beam_prep` logger (which `beam-prep` keeps to itself)."""
+  import logging  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(logging.getLogger("beam_prep"), "propagate", True)
+  caplog.set_level(logging.INFO, logger="beam_prep")
+  return lambda: [r.getMessage() for r in caplog.records if r.name == "beam_prep"]
+
+
+@pytest.mark.parametrize("name,folders,chosen,other", [
+    ("horses", ("images", "masks"), "folders", "berkeley"),
+    ("Berkeley", ("images", "masks"), "berkeley", "folders"),
+    ("frames", ("img", "gt"), "davis", "coco_mval"),
+    ("COCO_MVal", ("img", "gt"), "coco_mval", "davis"),
+])
+def test_auto_says_which_layout_it_chose_and_the_flag_of_the_other(tmp_path, auto_log, name,
+                                                                   folders, chosen, other):
+  from beam_prep import layouts  # pylint: disable=g-import-not-at-top
+  root = tmp_path / name
+  for folder in folders:
+    (root / folder).mkdir(parents=True)
+  assert resolve_layout(str(root), "auto", "instances").name == chosen
+  line, = auto_log()
+  assert line.startswith(f"--layout auto: {root} read as {chosen} (")
+  assert f"could also be read as {other}: give --layout {other} for that" in line
+  assert layouts.get_layout(chosen).expects in line and layouts.get_layout(other).expects in line
+  # A layout named, or an input only one layout reads, says nothing.
+  resolve_layout(str(root), chosen, "instances")
+  grabcut = tmp_path / "GrabCut"
+  for folder in ("data_GT", "boundary_GT"):
+    (grabcut / folder).mkdir(parents=True)
+  assert resolve_layout(str(grabcut), "auto", "instances").name == "grabcut"
+  assert auto_log() == [line]
 
 
 def test_sbd_val_list_alone_is_an_evaluation_only_output(tmp_path):

@@ -67,6 +67,45 @@ def test_sixteen_bit_mask_with_small_ids_is_accepted():
   assert set(np.unique(out["instance_mask"]).tolist()) == {0, 3}
 
 
+def _binary():
+  """A 10 x 10 black and white mask: 255 the object, 0 background."""
+  return np.pad(np.full((6, 6), 255, np.uint8), 2)
+
+
+def _mask_file(rgb, mode):
+  """An RGB array saved as a `mode` PNG (RGBA and LA opaque; LA keeps the red channel)."""
+  opaque = np.full(rgb.shape[:2] + (1,), 255, np.uint8)
+  arr = {"RGB": rgb, "RGBA": np.concatenate([rgb, opaque], -1),
+         "LA": np.concatenate([rgb[..., :1], opaque], -1)}[mode]
+  return png(arr, mode)
+
+
+def test_a_mask_of_only_0_and_255_is_one_object_and_voc_masks_are_unchanged():
+  image = encoded(Image.new("RGB", (10, 10)))
+  out = _decode(image, png(_binary(), "L"))
+  np.testing.assert_array_equal(out["instance_mask"], _binary() // 255)
+  voc = np.zeros((10, 10), np.uint8)
+  voc[1:4, 1:4], voc[6:9, 6:9], voc[0, :], voc[5, :] = 1, 2, 255, 255  # 255: VOC's boundary
+  np.testing.assert_array_equal(_decode(image, png(voc, "L"))["instance_mask"], voc)
+  palette = Image.fromarray(voc, mode="P")
+  palette.putpalette([0, 0, 0, 128, 0, 0, 0, 128, 0] + [0] * 759)
+  np.testing.assert_array_equal(_decode(image, encoded(palette))["instance_mask"], voc)
+
+
+@pytest.mark.parametrize("mode,colour", [
+    ("RGB", (200, 0, 0)), ("RGB", (255, 255, 0)), ("RGB", (1, 1, 1)), ("RGBA", (0, 0, 255)),
+    ("RGBA", (128, 128, 128)), ("LA", (128, 128, 128))])
+def test_a_black_and_white_colour_mask_is_one_object_and_a_coloured_one_refused(mode, colour):
+  image = encoded(Image.new("RGB", (10, 10)))
+  white = np.repeat(_binary()[..., None], 3, -1)
+  out = _decode(image, _mask_file(white, mode))
+  np.testing.assert_array_equal(out["instance_mask"], _binary() // 255)
+  coloured = np.where(white > 0, np.array(colour, np.uint8), 0).astype(np.uint8)
+  with pytest.raises(ExampleError) as e:
+    _decode(image, _mask_file(coloured, mode))
+  assert e.value.reason == "unsupported_mask" and repr(mode) in e.value.detail
+
+
 def _phone_photo(size=48):
   """A JPEG stored as the sensor saw it with EXIF orientation 6, and the mask
   an annotation tool drew on the displayed (rotated) picture."""
