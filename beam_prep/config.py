@@ -66,6 +66,11 @@ class PrepConfig:
       its registered ops exist.
     preprocessing_fn: "module:function", a tf.Transform preprocessing_fn to
       use instead of the one generated from the declared features.
+    transform_from: a beam-prep output, or a `beam-train fit` model dir (the
+      output it trained on), whose tf.Transform output this run's records
+      are read with, as it is: no analysis. The records must have its raw
+      schema. A model warm-started on them sees its inputs normalized as
+      before (the data engine's rounds).
     overwrite: replace a non-empty output directory.
     progress_seconds: interval of the job's progress lines (0: none); they
       never change the output.
@@ -100,6 +105,10 @@ class PrepConfig:
                            "registers your own ops (and input layouts)")
   preprocessing_fn: str = option("", "a tf.Transform preprocessing_fn to use instead of the one "
                                  "generated from the declared features", metavar="MODULE:FUNCTION")
+  transform_from: str = option("", "read the records with the tf.Transform output of this "
+                               "beam-prep output or beam-train fit model dir, as it is (no "
+                               "analysis): fine-tuning data normalized as before",
+                               metavar="PREP_OUTPUT|MODEL_DIR")
   overwrite: bool = option(False, "replace a non-empty output directory")
   progress_seconds: float = option(30.0, "a progress line every N seconds while the job runs "
                                    "(0: none)")

@@ -201,8 +201,9 @@ def bench_bad_requests(model_dir: str) -> Dict[str, float]:
   import threading  # pylint: disable=g-import-not-at-top
   from train.serve import app  # pylint: disable=g-import-not-at-top
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
-  server, model = app.start(ServeConfig(model=model_dir, model_name="bench", port=0,
-                                        **SUITE_CONFIG))
+  server, versions = app.start(ServeConfig(model=model_dir, model_name="bench", port=0,
+                                           **SUITE_CONFIG))
+  model = versions.current
   threading.Thread(target=server.serve_forever, daemon=True).start()
   try:
     ask(server.port, "POST", f"/v1/models/{model.name}:predict", _predict_body([[1, 1]]))

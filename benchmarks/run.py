@@ -2,6 +2,7 @@
 
     python -m benchmarks [--quick] [--json PATH] [--plot PATH] [--workdir DIR]
     python -m benchmarks --real DIR [--json PATH] [--workdir DIR] [...]   (`benchmarks.real`)
+    python -m benchmarks --engine DIR --engine-base MODEL_DIR [...]       (`benchmarks.engine`)
 
 Figures (each the median of several timed repetitions after a warm-up):
 
@@ -32,6 +33,8 @@ Figures (each the median of several timed repetitions after a warm-up):
   serve.bad_5xx / bad_max_ms / bad_rss_after_vs_before  requests meant to bring
                              the server down (`benchmarks.bad_requests`): answers
                              of 500, the slowest answer, RSS after / before
+  labels.save_ms_p50/p95     a save into the label store holding `labels_fill`
+                             images, and its ratio to a save into an empty one
   noc.*_object_clicks_s      NoC at source resolution (512x512 images): objects x
                              clicks per second, nearest-click baseline and model;
                              noc.edt_share_of_baseline: the distance transforms' share
@@ -50,10 +53,11 @@ import tempfile
 import time
 from typing import Any, Dict
 
-from benchmarks import real
+from benchmarks import engine, real
 from benchmarks.clicks import bench_clicks
 from benchmarks.common import environment, log, make_data, pipeline_in_fresh_process
 from benchmarks.input import bench_input
+from benchmarks.labels import bench_labels
 from benchmarks.noc import bench_noc_source
 from benchmarks.prep import bench_prep, bench_scaling
 from benchmarks.report import TARGETS, check_targets, plot, table
@@ -70,17 +74,17 @@ SETTINGS = {
     "quick": {"count": 24, "size": 256, "variants": 2, "batch": 8, "batches": 12, "repeats": 3,
               "train_steps": 5, "width": 8, "depth": 3, "rss_n": 12, "fit_steps": 20,
               "serve_repeats": 20, "click_repeats": 3, "noc_images": 4, "noc_size": 512,
-              "noc_clicks": 20, "pairs": 3},
+              "noc_clicks": 20, "pairs": 3, "labels_fill": 1000},
     "full": {"count": 64, "size": 256, "variants": 4, "batch": 16, "batches": 25, "repeats": 5,
              "train_steps": 10, "width": 16, "depth": 3, "rss_n": 16, "fit_steps": 100,
              "serve_repeats": 50, "click_repeats": 5, "noc_images": 8, "noc_size": 512,
-             "noc_clicks": 20, "pairs": 3},
+             "noc_clicks": 20, "pairs": 3, "labels_fill": 10000},
     # Tiny: what the smoke test runs to keep this code working (two pairs:
     # the medians still run over several).
     "tiny": {"count": 4, "size": 64, "variants": 2, "batch": 2, "batches": 2, "repeats": 1,
              "train_steps": 2, "width": 4, "depth": 2, "rss_n": 2, "fit_steps": 4,
              "serve_repeats": 2, "click_repeats": 1, "noc_images": 1, "noc_size": 96,
-             "noc_clicks": 3, "pairs": 2},
+             "noc_clicks": 3, "pairs": 2, "labels_fill": 10},
 }
 
 
@@ -102,6 +106,7 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
   model_dir = fit_model(workdir, prep_dir, s)
   figures.update(bench_serve(model_dir, s["serve_repeats"]))
   figures.update(bench_noc_source(workdir, model_dir, s))
+  figures.update(bench_labels(workdir, s["labels_fill"], s["serve_repeats"]))
   return {"mode": mode, "settings": s, "environment": environment(), "figures": figures,
           "targets": check_targets(figures), "seconds": time.time() - t0}
 
@@ -114,9 +119,12 @@ def main(argv=None) -> None:
   parser.add_argument("--plot", help="write the input-pipeline plot (PNG) here")
   parser.add_argument("--workdir", help="keep the data and outputs here (default: a temp dir)")
   real.add_arguments(parser)
+  engine.add_arguments(parser)
   args = parser.parse_args(argv)
   if args.real is not None:
     sys.exit(real.main(args))
+  if args.engine is not None:
+    sys.exit(engine.main(args))
   from pipelines import logs  # pylint: disable=g-import-not-at-top
   logs.quiet()
   mode = "tiny" if args.tiny else "quick" if args.quick else "full"

@@ -75,7 +75,8 @@ def bench_rest(model_dir: str, repeats: int, saved_model_p50: float) -> Dict[str
   from train import signatures as sig  # pylint: disable=g-import-not-at-top
   from train.serve import app  # pylint: disable=g-import-not-at-top
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
-  server, model = app.start(ServeConfig(model=model_dir, model_name="bench", port=0))
+  server, versions = app.start(ServeConfig(model=model_dir, model_name="bench", port=0))
+  model = versions.current
   threading.Thread(target=server.serve_forever, daemon=True).start()
   url = f"http://127.0.0.1:{server.port}"
   rng = np.random.default_rng(0)
@@ -140,7 +141,8 @@ def bench_rest_encoded(model_dir: str, repeats: int) -> Dict[str, float]:
   from train import signatures as sig  # pylint: disable=g-import-not-at-top
   from train.serve import app  # pylint: disable=g-import-not-at-top
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
-  server, model = app.start(ServeConfig(model=model_dir, model_name="bench", port=0))
+  server, versions = app.start(ServeConfig(model=model_dir, model_name="bench", port=0))
+  model = versions.current
   threading.Thread(target=server.serve_forever, daemon=True).start()
   rng = np.random.default_rng(0)
   jpeg = _photo_jpeg()

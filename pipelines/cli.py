@@ -187,7 +187,8 @@ def _launch(config, beam_args, known, log, task: str):
       beam_args = dataflow.check_and_complete(beam_args, config)
     options = PipelineOptions(pipeline_args(beam_args, config.input))
     return prep.run(config, options, wait=known.wait), None
-  except (outputs.OutputError, prep.InputError, dataflow.DataflowOptionsError) as e:
+  except (outputs.OutputError, prep.InputError, prep.TransformFromError,
+          dataflow.DataflowOptionsError) as e:
     log.error("beam-prep %s: %s", task, e)
     return None, 2
   except prep.JobStillRunning as e:

@@ -18,7 +18,8 @@ Output directory:
     records/source-SSSSS-of-NNNNN.tfrecord  eval images at their own size (segmentation;
                                            beam_prep.source_records)
     transform/transform_fn/, transformed_metadata/, metadata/ (raw schema; not in an
-                                           evaluation-only output, --eval-percent 100)
+                                           evaluation-only output, --eval-percent 100;
+                                           copied, not analysed, with --transform-from)
     errors/errors-SSSSS-of-NNNNN.jsonl     dead letters
     features.json                          the declared features, chain, ops module
     config.json                            the resolved PrepConfig
@@ -43,6 +44,7 @@ from beam_prep.config import PrepConfig, PreviewConfig
 from beam_prep.features import FEATURES_FILE, FeatureError, FeatureTable
 from beam_prep.kernel import Kernel
 from beam_prep.ops import registry
+from beam_prep.prep_output import PrepOutput
 from beam_prep.readers import ListInputs, resolve_layout
 from beam_prep.shards import commit, plan, write
 from beam_prep.transforms import AnalyzeAndTransform
@@ -130,7 +132,8 @@ def build(p: beam.Pipeline, config: PrepConfig, table: FeatureTable, temp_dir: s
       kernel, config.target_shard_mb * 1e6, gzip)
   written = (inputs, shard_plan) | "WriteShards" >> write.WriteShards(
       kernel, temp_root, gzip, config.progress_seconds)
-  if config.eval_only:  # Nothing to train on: nothing to analyse.
+  if config.eval_only or config.transform_from:
+    # Nothing to train on, or a transform given (`copy_transform`): no analysis.
     transform_fn = p | "NoAnalysis" >> beam.Create([])
   else:
     transform_fn = _analyze(written, config, table, kernel, temp_dir)
@@ -210,9 +213,13 @@ def _start(config: PrepConfig, table: FeatureTable, options: PipelineOptions,
                        f"the {config.layout} layout")
   if not dry_run:
     check_input(config)
+    source = (transform_source(config.transform_from, table)
+              if config.transform_from and not config.eval_only else None)
     outputs.prepare_output(config.output, config.overwrite)
     outputs.write_text(FileSystems.join(config.output, keys.CONFIG_FILE), config.to_json())
     outputs.write_text(FileSystems.join(config.output, FEATURES_FILE), table.to_json())
+    if source is not None:
+      copy_transform(source, config.output)
   if dry_run:
     # tf.Transform traces the preprocessing_fn into its temp dir while the
     # job is built; offline, that must be a local folder.
@@ -222,6 +229,59 @@ def _start(config: PrepConfig, table: FeatureTable, options: PipelineOptions,
   if temp_location:
     return FileSystems.join(temp_location, "beam_prep_tft")
   return FileSystems.join(config.output, TEMP_PREFIX + "transform")
+
+
+class TransformFromError(Exception):
+  """--transform-from names no transform these records can be read with; the message says why."""
+
+
+def transform_source(path: str, table: FeatureTable) -> PrepOutput:
+  """The prep output `--transform-from` names (itself, or the one a model dir
+  trained on), checked: it has a transform, and its records' raw schema is
+  this run's.
+
+  Raises:
+    TransformFromError: naming the folder and why.
+  """
+  prep = PrepOutput(path)
+  if not FileSystems.exists(prep.join(keys.MANIFEST_FILE)):  # Not a prep output: a model dir?
+    try:
+      prep = PrepOutput.of_model(path)
+    except FileNotFoundError as e:
+      raise TransformFromError(f"--transform-from {path}: not a beam-prep output, and {e}"
+                               ) from None
+  if not FileSystems.exists(prep.join(keys.TRANSFORM_DIR, "transform_fn")):
+    raise TransformFromError(f"--transform-from {path}: {prep.path} has no tf.Transform output "
+                             f"({keys.TRANSFORM_DIR}/transform_fn; an evaluation-only output?)")
+  theirs, ours = _schema(prep.table), _schema(table)
+  if theirs != ours:
+    differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+    raise TransformFromError(
+        f"--transform-from {path}: its records' raw schema differs from this run's in "
+        f"{', '.join(differ)} (give the settings it was made with: {prep.join(keys.CONFIG_FILE)})")
+  return prep
+
+
+# What a transform reads of a feature: its bytes' meaning, not which op made it.
+_SCHEMA_FIELDS = ("dtype", "shape", "role", "normalize", "encoding", "channels")
+
+
+def _schema(table: FeatureTable) -> Dict[str, tuple]:
+  return {f["key"]: tuple(str(f[k]) for k in _SCHEMA_FIELDS) for f in table.to_dict()["features"]}
+
+
+def copy_transform(prep: PrepOutput, output: str) -> None:
+  """Copies the tf.Transform output of `prep` (`transform_source`) into `output`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  src, dst = prep.join(keys.TRANSFORM_DIR), FileSystems.join(output, keys.TRANSFORM_DIR)
+  for folder, _, files in tf.io.gfile.walk(src):
+    target = FileSystems.join(dst, folder[len(src):].lstrip("/"))
+    tf.io.gfile.makedirs(target)
+    for name in files:
+      tf.io.gfile.copy(FileSystems.join(folder, name), FileSystems.join(target, name),
+                       overwrite=True)
+  logs.get().info("%s: records read with the transform of %s (no analysis)",
+                  prep.table.task, prep.path)
 
 
 def _given_keys(config: PrepConfig):

@@ -9,6 +9,8 @@
                       [--output EXPORT_DIR] [--model-module M]
     beam-train serve --model MODEL_DIR|EXPORT_DIR [--model-name NAME] [--host 127.0.0.1]
                      [--port 8501] [--images DIR] [--data PREP_OUTPUT] [--save-dir DIR]
+                     [--engine-every N]
+    beam-train engine --labels DIR --model MODEL_DIR [--steps N] [--max-minutes M]
 """
 
 import argparse
@@ -299,8 +301,27 @@ def _serve(argv: List[str]) -> int:
   return 0
 
 
+ENGINE = ("One round of the data engine: the labels saved under --labels (beam-train serve "
+          "--save-dir) fine-tune the served model, and the export is published under "
+          "MODEL/export/, where beam-train serve picks it up (README: 'The data engine').")
+
+
+def _engine(argv: List[str]) -> int:
+  log = logs.quiet("--verbose" in argv)
+  from train import engine  # pylint: disable=g-import-not-at-top
+  config = kit.parse_command("beam-train engine", ENGINE, engine.EngineConfig, argv, log)
+  if config is None:
+    return 2
+  try:
+    engine.run_round(config, log)
+  except (RuntimeError, FileNotFoundError, ValueError, OSError) as e:
+    log.error("beam-train engine: %s", e)
+    return 1
+  return 0
+
+
 COMMANDS = {"fit": _fit, "evaluate": _evaluate, "predict": _predict, "export": _export,
-            "serve": _serve}
+            "serve": _serve, "engine": _engine}
 
 
 def main(argv: Optional[List[str]] = None) -> None:

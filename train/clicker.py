@@ -156,6 +156,30 @@ def next_click(pred: tf.Tensor, label: tf.Tensor, clicked: tf.Tensor):
   return xy, tf.where(positive, POSITIVE, NEGATIVE)
 
 
+def next_click_of(pred: np.ndarray, label: np.ndarray, positive, negative):
+  """`next_click` of one object, on arrays: the simulated user's click after
+  the clicks so far (the page's "next click", the engine benchmark's annotator).
+
+  Args:
+    pred: bool [H, W], the current mask.
+    label: uint8 [H, W]: 1 object, 0 background, 255 ignore.
+    positive, negative: the clicks so far, [[x, y], ...].
+
+  Returns:
+    ((x, y), kind): kind POSITIVE or NEGATIVE; (None, None) when no error is left.
+  """
+  pred, label = tf.constant(pred[None]), tf.constant(label[None])
+  if not bool(has_error(pred, label)[0]):
+    return None, None
+  h, w = label.shape[1:]
+  xy = np.asarray(list(positive) + list(negative), np.int64).reshape(1, -1, 2)
+  kinds = np.array([[POSITIVE] * len(positive) + [NEGATIVE] * len(negative)],
+                   np.int32).reshape(1, -1)
+  clicked = clicked_map(tf.constant(xy), tf.constant(kinds), h, w)
+  at, kind = next_click(pred, label, clicked)
+  return tuple(int(v) for v in at[0].numpy()), int(kind[0])
+
+
 def training_click(pred: tf.Tensor, truth: tf.Tensor, care: tf.Tensor, seed=None):
   """RITM's corrective click while training (`get_next_points`), in the graph.
 

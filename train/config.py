@@ -77,6 +77,8 @@ class TrainConfig:
                                  "backbone", metavar="imagenet|none|PATH")
   steps: int = option(300, "total steps for the model directory (a resumed run trains until "
                       "the global step reaches it)")
+  max_minutes: float = option(0.0, "stop after this many minutes of training even before "
+                              "--steps, then evaluate and export as at the end (0: no limit)")
   batch_size: int = option(8, "examples per replica per step")
   learning_rate: float = option(2e-3, "Adam learning rate (the peak, with a schedule)")
   lr_schedule: str = option("constant", "constant, or cosine decay to 5%% of the learning rate "
@@ -127,6 +129,8 @@ class TrainConfig:
     augment.parse(self.augment)
     if self.learning_rate <= 0:
       raise ValueError(f"--learning-rate must be positive, got {self.learning_rate}")
+    if self.max_minutes < 0:
+      raise ValueError(f"--max-minutes must be 0 (no limit) or more, got {self.max_minutes}")
     if self.profile_steps:
       if len(self.profile_steps) != 2 or not 0 < self.profile_steps[0] <= self.profile_steps[1]:
         raise ValueError(f"--profile-steps must be two steps A <= B, got {self.profile_steps}")

@@ -385,12 +385,17 @@ def _loop(run: _Run, config: TrainConfig) -> _LoopState:
   periodic = _Periodic(run, config, tf.summary.create_file_writer(os.path.join(tb_dir, "train")))
   profiler = _Profiler(config.profile_steps if run.chief else (), tb_dir)
   stop = _StopRequest()
+  deadline = time.monotonic() + 60 * config.max_minutes if config.max_minutes > 0 else None
   try:
     for i in range(state.remaining):
       if stop.requested:
         state.interrupted = True
         log.info("train: stopping at step %d as asked; saving a checkpoint",
                  int(run.global_step.numpy()))
+        break
+      if deadline is not None and time.monotonic() > deadline:
+        log.info("train: --max-minutes %g reached at step %d of %d", config.max_minutes,
+                 int(run.global_step.numpy()), config.steps)
         break
       current = start_step + i + 1  # The step this iteration completes.
       profiler.before(current)

@@ -19,7 +19,8 @@ FIGURES = ("input.on_the_fly_img_s", "input.precomputed_img_s", "input.read_ceil
            "serve.bad_5xx", "serve.bad_max_ms", "serve.bad_rss_after_vs_before",
            "serve.encoded_latency_ms_p50", "serve.encoded_rest_latency_ms_p50",
            "serve.encoded_rest_latency_ms_p95", "serve.encoded_rest_vs_saved_model",
-           "noc.baseline_object_clicks_s", "noc.model_object_clicks_s")
+           "noc.baseline_object_clicks_s", "noc.model_object_clicks_s", "labels.save_ms_p50",
+           "labels.save_ms_p95", "labels.save_full_vs_empty")
 
 
 def test_benchmark_reports_every_figure(tmp_path):
@@ -47,5 +48,6 @@ def test_benchmark_reports_every_figure(tmp_path):
   pairs = result["figures"]["prep.beam_marginal_vs_kernel_pairs"]
   assert len(pairs) == SETTINGS["tiny"]["pairs"] >= 2
   assert set(result["targets"]) == set(TARGETS)
+  assert result["figures"]["labels.fill"] == SETTINGS["tiny"]["labels_fill"]
   assert result["environment"]["cores"] >= 1 and "tensorflow" in result["environment"]["versions"]
   assert os.path.getsize(plot) > 1000

@@ -21,6 +21,7 @@ from beam_prep.prep_output import PrepOutput
 from tests.helpers import png, run_cli
 from train.serve import app as serve_app
 from train.serve import exports, page
+from train.serve.store import Labels
 from train.serve.config import ServeConfig
 
 H, W = 96, 128  # Not square: a transposed mask or RLE would show.
@@ -87,7 +88,7 @@ def test_saved_labels_are_read_back_by_the_folders_and_coco_layouts(tmp_path):
   image, disk, box = _two_objects()
   small = np.zeros((H, W), bool)
   small[40:50, 30:40] = True  # On the disk: painted over it, as the coco layout paints.
-  labels = exports.Labels(str(tmp_path))
+  labels = Labels(str(tmp_path))
   clicks = {"positive": [[36, 48]], "negative": []}
   out = labels.save(_item(image, "photos/two things.PNG", png(image)),
                     [{"mask": m, "clicks": clicks} for m in (disk, small, box)])
@@ -105,6 +106,7 @@ def test_saved_labels_are_read_back_by_the_folders_and_coco_layouts(tmp_path):
   assert labels.save(_item(third, "gone.png"), [])["file_name"] is None
   assert sorted(os.listdir(tmp_path / folders.MASKS_DIR)) == ["photos_two_things-2.png",
                                                               "photos_two_things.png"]
+  labels.flush()
   folder_masks, coco_masks = _layout_masks(tmp_path)
   assert sorted(folder_masks) == sorted(coco_masks) == sorted(labels.saved())
   for name, mask in folder_masks.items():
@@ -114,7 +116,7 @@ def test_saved_labels_are_read_back_by_the_folders_and_coco_layouts(tmp_path):
   assert readers.resolve_layout(str(tmp_path), "auto").name == "folders"
   assert readers.resolve_layout(str(tmp_path / exports.COCO_FILE), "auto").name == "coco"
   # A server started again on the folder knows the images by their pixels, clicks and all.
-  again = exports.Labels(str(tmp_path))
+  again = Labels(str(tmp_path))
   assert again.document() == labels.document()
   entry = again.find(exports.digest(image))
   assert entry["file_name"] == out["file_name"] and entry["annotations"][0]["clicks"] == clicks
@@ -128,18 +130,19 @@ def test_saved_labels_are_read_back_by_the_folders_and_coco_layouts(tmp_path):
   (tmp_path / "bad").mkdir()
   (tmp_path / "bad" / exports.COCO_FILE).write_text("[1, 2]")
   with pytest.raises(ValueError, match="--save-dir .*instances.json"):
-    exports.Labels(str(tmp_path / "bad"))
+    Labels(str(tmp_path / "bad"))
 
 
 @pytest.fixture(scope="module")
 def labelled(trained, prep_dir, tmp_path_factory):
   """A test client of a server saving into a folder: (client, save dir)."""
-  from train.serve.model import RestModel  # pylint: disable=g-import-not-at-top
+  from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
   save = str(tmp_path_factory.mktemp("labels"))
   config = ServeConfig(model=trained, save_dir=save, data=prep_dir)
-  app = serve_app.make_app(config, RestModel(trained, "cat"),
+  app = serve_app.make_app(config, Versions(trained, "cat"),
                            page.Sources("", prep_dir, config.max_eval_objects))
-  return app.test_client(), save
+  yield app.test_client(), save
+  app.extensions[serve_app.LABELS].close()
 
 
 def _upload(client, image, name):
@@ -182,6 +185,7 @@ def test_the_server_keeps_no_click_state_and_saves_what_it_is_sent(labelled, tra
       _decoded(saved["instance"]),
       np.asarray(Image.open(os.path.join(save, folders.MASKS_DIR, "two.png"))))
   assert open(os.path.join(save, "images", "two.png"), "rb").read() == png(image)
+  Labels(save).close()  # Another process's view: the document written.
   with open(os.path.join(save, exports.COCO_FILE)) as f:
     assert client.get("/page/coco").get_json() == json.load(f)
   # The same pixels opened again (another name): the saved objects come back.

@@ -399,9 +399,9 @@ def test_the_page_opens_uploads_with_exif_applied_and_the_limits_hold(client, tr
 
 
 def _model_and_sources(trained):
-  from train.serve.model import RestModel  # pylint: disable=g-import-not-at-top
   from train.serve.page import Sources  # pylint: disable=g-import-not-at-top
-  return RestModel(trained, NAME), Sources()
+  from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
+  return Versions(trained, NAME), Sources()
 
 
 def test_images_folder_serves_only_files_under_it(client):

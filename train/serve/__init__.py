@@ -7,7 +7,8 @@ Modules, each importing only those on the lines below it:
   server       the HTTP server: waitress on --threads threads; its refusals as JSON
   config       ServeConfig: the command's options (no web framework imported)
   page         the page's endpoints: images by id, probabilities as PNG, IoU, next click
-  exports      the labels saved: instance PNG and COCO, in beam-prep's layouts
+  store        Labels: the label store (SQLite) shared by processes, and its files
+  exports      the labels' formats: instance PNG and COCO, in beam-prep's layouts
   model        RestModel: one loaded export, its status, metadata, predict
   rest         TF Serving's JSON predict format <-> tensors
   json_arrays  JSON whose large integer arrays are parsed by numpy; its depth capped

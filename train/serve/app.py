@@ -28,12 +28,16 @@ from werkzeug.exceptions import HTTPException
 
 from train.serve import rest
 from train.serve.config import ServeConfig
-from train.serve.exports import COCO_FILE, Labels
+from train.serve.exports import COCO_FILE
 from train.serve.model import RestModel
+from train.serve.versions import Versions
 from train.serve.page import ImageStore, Page, Sources
 from train.serve.rest import RequestError
 from train.serve.server import Server, too_large
+from train.serve.rounds import Rounds
+from train.serve.store import Labels
 
+LABELS, ROUNDS = "beam_train.labels", "beam_train.rounds"
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 
 
@@ -50,25 +54,23 @@ def _page_body() -> dict:
   return body
 
 
-def _rest_routes(app: Flask, model: RestModel, config: ServeConfig) -> None:
+def _rest_routes(app: Flask, versions: Versions, config: ServeConfig) -> None:
   """TF Serving's URLs."""
 
   @app.get("/v1/models/<name>")
   @app.get("/v1/models/<name>/versions/<int:version>")
   def status(name, version=None):
-    model.check(name, version)
-    return _json(model.status())
+    return _json(versions.status(name, version))
 
   @app.get("/v1/models/<name>/metadata")
   @app.get("/v1/models/<name>/versions/<int:version>/metadata")
   def metadata(name, version=None):
-    model.check(name, version)
-    return _json(model.metadata())
+    return _json(versions.check(name, version).metadata())
 
   @app.post("/v1/models/<name>:predict")
   @app.post("/v1/models/<name>/versions/<int:version>:predict")
   def predict(name, version=None):
-    model.check(name, version)
+    model = versions.check(name, version)
     signature, inputs, row = rest.parse_predict(request.get_data(cache=False), model.signatures,
                                                 config.max_clicks, config.max_pixels)
     return _json(rest.encode_outputs(model.predict(signature, inputs), row))
@@ -102,7 +104,7 @@ def _page_routes(app: Flask, page: Page) -> None:
 
   @app.get("/page/coco")
   def coco():
-    return Response(orjson.dumps(page.labels.document()), mimetype="application/json",
+    return Response(page.labels.document_json(), mimetype="application/json",
                     headers={"Content-Disposition": f"attachment; filename={COCO_FILE}"})
 
   posts = {"open": page.open, "segment": page.segment, "iou": page.iou,
@@ -112,13 +114,17 @@ def _page_routes(app: Flask, page: Page) -> None:
                      view_func=lambda handle=handle: _json(handle(_page_body())))
 
 
-def make_app(config: ServeConfig, model: RestModel, sources: Sources) -> Flask:
-  """The Flask app of one loaded model."""
+def make_app(config: ServeConfig, versions: Versions, sources: Sources,
+             labels: Optional[Labels] = None, rounds: Optional[Rounds] = None) -> Flask:
+  """The Flask app of one loaded model; its label store (`labels`, else
+  opened on --save-dir) is `app.extensions[LABELS]`; `rounds` counts its saves."""
   app = Flask(__name__, static_folder=STATIC, static_url_path="/static")
   app.config["MAX_CONTENT_LENGTH"] = int(config.max_request_mb * 1024 * 1024)
-  page = Page(model, sources, ImageStore(int(config.cache_mb * 1024 * 1024)), config.max_pixels,
-              Labels(config.save_dir))
-  _rest_routes(app, model, config)
+  labels = labels or Labels(config.save_dir)
+  app.extensions[LABELS] = labels
+  page = Page(versions, sources, ImageStore(int(config.cache_mb * 1024 * 1024)), config.max_pixels,
+              labels, on_saved=rounds.saved if rounds else None)
+  _rest_routes(app, versions, config)
   _page_routes(app, page)
 
   @app.errorhandler(RequestError)
@@ -160,30 +166,63 @@ def _dims(shape) -> list:
   return [-1 if d is None else d for d in shape.as_list()] if shape.rank is not None else "?"
 
 
-def build(config: ServeConfig):
-  """(app, model): the model loaded once, the sources opened."""
-  model = RestModel(config.model, config.name, config.max_clicks)
+def build(config: ServeConfig, log: Optional[logging.Logger] = None):
+  """(app, versions, rounds): the model's newest version loaded, the sources
+  opened, the engine's rounds (None without --engine-every)."""
+  versions = Versions(config.model, config.name, config.max_clicks, log)
+  if config.engine_every and not versions.watched:
+    raise ValueError(f"--engine-every publishes new versions under the model dir: --model "
+                     f"{config.model} is one export folder; give its model dir")
+  rounds = (Rounds(config.engine_every, config.save_dir, config.model, config.engine_args, log)
+            if config.engine_every else None)
   sources = Sources(config.images, config.data, config.max_eval_objects)
-  return make_app(config, model, sources), model
+  return make_app(config, versions, sources, rounds=rounds), versions, rounds
+
+
+def _stopper(app: Flask, versions: Versions, rounds: Optional[Rounds]):
+  def stop():
+    if rounds is not None:
+      rounds.stop()
+    versions.stop()
+    app.extensions[LABELS].close()
+  return stop
 
 
 def start(config: ServeConfig, log: Optional[logging.Logger] = None):
-  """Builds the app and binds its server (`train.serve.server.Server`);
-  returns (server, model). `server.serve_forever()` serves; `server.port` is
-  the bound port (0 asks the system for a free one)."""
+  """Builds the app, binds its server (`train.serve.server.Server`) and
+  watches for new versions; returns (server, versions). `server.serve_forever()`
+  serves; `server.port` is the bound port (0 asks the system for a free
+  one); stopping the server stops the watch and closes the label store."""
   if config.images and not os.path.isdir(config.images):
     raise FileNotFoundError(f"--images {config.images}: no such folder")
-  app, model = build(config)
-  server = Server(app, config.host, config.port, config.threads, config.max_request_mb)
+  app, versions, rounds = build(config, log)
+  app.extensions[ROUNDS] = rounds
+  server = Server(app, config.host, config.port, config.threads, config.max_request_mb,
+                  on_stop=_stopper(app, versions, rounds))
+  versions.watch(config.poll_seconds)
   if log:
-    log.info("serve: model %r version %d from %s", model.name, model.version, model.path)
-    for line in describe(model).splitlines():
-      log.info("serve:   %s", line)
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    url = f"http://{host}:{server.port}"
-    log.info("serve: the page at %s/ ; REST at %s/v1/models/%s (TF Serving's API)", url, url,
-             model.name)
-    if config.host not in ("127.0.0.1", "localhost", "::1"):
-      log.info("serve: listening on %s: anyone who can reach this machine can use it",
-               config.host)
-  return server, model
+    _say_started(log, config, versions, server.port, app.extensions[LABELS])
+  return server, versions
+
+
+def _say_started(log: logging.Logger, config: ServeConfig, versions: Versions, port: int,
+                 labels: Labels) -> None:
+  model = versions.current
+  log.info("serve: model %r version %d from %s", model.name, model.version, model.path)
+  for line in describe(model).splitlines():
+    log.info("serve:   %s", line)
+  if versions.watched and config.poll_seconds > 0:
+    log.info("serve: a newer export under %s is served when it appears (checked every %g s)",
+             config.model, config.poll_seconds)
+  host = f"[{config.host}]" if ":" in config.host else config.host
+  url = f"http://{host}:{port}"
+  log.info("serve: the page at %s/ ; REST at %s/v1/models/%s (TF Serving's API)", url, url,
+           model.name)
+  if config.save_dir:
+    log.info("serve: labels saved under %s (%d images so far)", config.save_dir, labels.count())
+  if config.engine_every:
+    log.info("serve: a data engine round runs after every %d labels saved (--engine-every)",
+             config.engine_every)
+  if config.host not in ("127.0.0.1", "localhost", "::1"):
+    log.info("serve: listening on %s: anyone who can reach this machine can use it",
+             config.host)

@@ -21,6 +21,10 @@ class ServeConfig(CommandConfig):
   save_dir: str = option("", "a folder the page saves its labels into, as beam-prep reads "
                          "them: --layout folders --input DIR, or --layout coco --input "
                          "DIR/instances.json ('': kept in memory only)", show_default=False)
+  # TF Serving checks its model base path every second by default; a load
+  # takes seconds, so every 2 s costs nothing.
+  poll_seconds: float = option(2.0, "look for a newer export under --model this often (0: never); "
+                               "it is served without a restart")
   max_request_mb: float = option(64.0, "larger request bodies are refused (413)")
   # The Beam job's limit is 64M pixels for offline work; a click-to-mask
   # server keeps interactive sizes (16M = 4096 x 4096).
@@ -35,13 +39,29 @@ class ServeConfig(CommandConfig):
   threads: int = option(4, "requests served at once; more wait their turn")
   cache_mb: float = option(512.0, "memory for the page's open images, in MB")
   max_eval_objects: int = option(100, "eval objects of --data the page lists")
+  engine_every: int = option(0, "run a data engine round (beam-train engine) in the background "
+                             "after every N labels saved (0: never); needs --save-dir and a "
+                             "model dir")
+  engine_steps: int = option(300, "a background round's fine-tuning steps")
+  engine_minutes: float = option(5.0, "a background round's training stops after this many "
+                                 "minutes (0: --engine-steps only)")
 
   def __post_init__(self):
+    if self.engine_every and not self.save_dir:
+      raise ValueError("--engine-every trains on the labels saved: give --save-dir too")
+    if self.engine_every < 0 or self.engine_steps < 1 or self.engine_minutes < 0:
+      raise ValueError("--engine-every must be 0 or more, --engine-steps at least 1, "
+                       "--engine-minutes 0 or more")
     for flag, value in (("--max-request-mb", self.max_request_mb),
                         ("--max-pixels", self.max_pixels), ("--max-clicks", self.max_clicks),
                         ("--threads", self.threads)):
       if not value > 0:
         raise ValueError(f"{flag} must be above 0, got {value}")
+
+  @property
+  def engine_args(self):
+    """The `beam-train engine` flags of a background round."""
+    return ["--steps", str(self.engine_steps), "--max-minutes", str(self.engine_minutes)]
 
   @property
   def name(self) -> str:

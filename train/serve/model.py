@@ -1,13 +1,14 @@
 """The exported model as TF Serving describes it.
 
 `RestModel` is the one client of an export (`train.served.ServedModel`) with
-what TF Serving's REST API adds: a name and a version, the status and
-metadata JSON, and `predict`, which refuses more clicks than the server's
+what TF Serving's REST API adds: a name and a version, the metadata JSON,
+and `predict`, which refuses more clicks than the server's
 limit (--max-clicks) before running the graph, REST's and the page's alike,
 and turns the graph refusing a request's inputs into a 400 with its reason.
 
 The version is the export folder's name, a number, as TF Serving reads
-versions; a folder named otherwise is served as version 1.
+versions; a folder named otherwise is served as version 1. Which version
+serves, and the status of each, is `train.serve.versions`'.
 """
 
 import os
@@ -64,18 +65,6 @@ class RestModel(ServedModel):
     return {k: json_format.MessageToDict(v, preserving_proto_field_name=True,
                                          always_print_fields_with_no_presence=True)
             for k, v in graph.signature_def.items()}
-
-  def check(self, name: str, version: int = None) -> None:
-    """Raises a 404 RequestError unless `name` (and `version`) is this model."""
-    if name != self.name or (version is not None and version != self.version):
-      want = f"Latest({name})" if version is None else f"Specific({name}, {version})"
-      raise RequestError(f"Servable not found for request: {want} (this server holds "
-                         f"{self.name!r} version {self.version})", status=404)
-
-  def status(self) -> Dict[str, Any]:
-    """TF Serving's GetModelStatusResponse JSON."""
-    return {"model_version_status": [{"version": str(self.version), "state": "AVAILABLE",
-                                      "status": {"error_code": "OK", "error_message": ""}}]}
 
   def metadata(self) -> Dict[str, Any]:
     """TF Serving's GetModelMetadataResponse JSON: the SignatureDefMap."""

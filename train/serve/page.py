@@ -11,7 +11,8 @@ These endpoints are the page's own (JSON, not TF Serving's; `train.serve.app`):
 
   GET  /page/sources          {"files": [paths under --images], "eval": [names],
                                "saved": [file names under --save-dir], "level",
-                               "levels", "max_clicks", "iou_target", ...}
+                               "levels", "max_clicks", "iou_target", "version",
+                               "versions": [every version known, newest first]}
   POST /page/upload           multipart "file" -> an opened image (below)
   POST /page/open             {"file": path under --images} or {"eval": index}
                               or {"saved": file name}
@@ -19,7 +20,8 @@ These endpoints are the page's own (JSON, not TF Serving's; `train.serve.app`):
                                   "saved_as": file name or null,
                                   "objects": [the saved objects of these pixels:
                                               {"probabilities", "level",
-                                               "positive", "negative"}]}
+                                               "positive", "negative",
+                                               "version"}]}
   GET  /page/image/<id>.png   the decoded image the clicks refer to (EXIF
                               orientation applied, as everywhere)
   GET  /page/truth/<id>.png   its true mask (0 background, 1 object, 255 ignore)
@@ -28,13 +30,15 @@ These endpoints are the page's own (JSON, not TF Serving's; `train.serve.app`):
                                URL (the object's mask before this click) or absent}
                               -> {"probabilities": PNG data URL (levels, below),
                                   "mask": PNG data URL (255 object at L, 0 else),
-                                  "pixels": mask pixels, "iou": IoU or null}
+                                  "pixels": mask pixels, "iou": IoU or null,
+                                  "version": the model version that made it}
   POST /page/iou              {"id", "probabilities", "level"} -> {"iou", "pixels"}
   POST /page/next_click       {"id", "positive", "negative", "probabilities",
                                "level"} -> {"click": [x, y] or null,
                                             "kind": "positive" | "negative" | null}
   POST /page/save             {"id", "objects": [{"probabilities", "level",
-                               "positive", "negative"}, ...]} -> {"file_name",
+                               "positive", "negative", "version" (optional:
+                               the version that made it)}, ...]} -> {"file_name",
                                "saved": bool, "instance": PNG data URL or null,
                                "hidden": [object numbers painted over]}
   GET  /page/coco             every saved image's objects, COCO instances JSON
@@ -63,7 +67,7 @@ import io
 import os
 import secrets
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -74,8 +78,10 @@ from beam_prep.drawing import png
 from train import clicker, predict
 from train import signatures as sig
 from train.serve import exports
+from train.serve.store import Labels
 from train.serve.config import ServeConfig
 from train.serve.model import RestModel
+from train.serve.versions import Versions
 from train.serve.rest import RequestError, check_clicks
 
 # Files listed from --images at most (the page's picker stays usable).
@@ -225,6 +231,16 @@ def _levels_of(value: Any, field: str, shape) -> np.ndarray:
                        f"({e})") from None
 
 
+def _version(obj: Dict[str, Any], where: str, serving: int) -> int:
+  """The model version an object names (`serving` when it names none), or a RequestError."""
+  value = obj.get("version")
+  if value is None:
+    return serving
+  if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+    raise RequestError(f"{where}version: a model version (a whole number), got {value!r}")
+  return value
+
+
 def _object_levels(mask: np.ndarray) -> np.ndarray:
   """The levels of a saved (binary) mask: object at every level, background at none."""
   return np.where(mask, LEVELS - 1, 0).astype(np.uint8)
@@ -233,15 +249,23 @@ def _object_levels(mask: np.ndarray) -> np.ndarray:
 class Page:
   """The page's operations on one loaded model."""
 
-  def __init__(self, model: RestModel, sources: Sources, store: ImageStore,
-               max_pixels: int, labels: Optional[exports.Labels] = None):
-    self.model, self.sources, self.store = model, sources, store
+  def __init__(self, versions: Versions, sources: Sources, store: ImageStore,
+               max_pixels: int, labels: Optional[Labels] = None,
+               on_saved: Optional[Callable[[], None]] = None):
+    self.versions, self.sources, self.store = versions, sources, store
+    self.on_saved = on_saved
     self.max_pixels = max_pixels
-    self.labels = labels or exports.Labels()
+    self.labels = labels or Labels()
+
+  @property
+  def model(self) -> RestModel:
+    """The version serving now (a request asks it once: `_predict`)."""
+    return self.versions.current
 
   def describe(self) -> Dict[str, Any]:
     """What the page lists and the protocol's numbers (GET /page/sources)."""
     return {"model": self.model.name, "version": self.model.version,
+            "versions": self.versions.versions(),
             "segments": self.model.segments, "files": self.sources.files(),
             "eval": self.sources.eval_names, "saved": self.labels.saved(),
             "level": DEFAULT_LEVEL, "levels": LEVELS,
@@ -253,7 +277,7 @@ class Page:
     entry = self.labels.find(item["digest"])
     objects = [{"probabilities": _png_data_url(_object_levels(exports.object_mask(a)), "L"),
                 "level": DEFAULT_LEVEL, "positive": [], "negative": [],
-                **a.get(exports.CLICKS, {})}
+                **a.get(exports.CLICKS, {}), "version": a.get(exports.MODEL_VERSION)}
                for a in (entry["annotations"] if entry else [])]
     return {"id": key, "name": item["name"], "width": w, "height": h,
             "truth": item["truth"] is not None, "objects": objects,
@@ -311,15 +335,17 @@ class Page:
     return float(clicker.label_iou(tf.constant(mask[None]), tf.constant(item["truth"][None]))[0])
 
   def _predict(self, item: Dict[str, Any], pos: np.ndarray, neg: np.ndarray,
-               previous: Optional[np.ndarray]) -> np.ndarray:
-    """The levels of the model's probabilities for these clicks (and the
-    object's previous mask: the model refines its crop, as in evaluation)."""
-    if not self.model.segments:
+               previous: Optional[np.ndarray]):
+    """(levels, version): the levels of the model's probabilities for these
+    clicks (and the object's previous mask: the model refines its crop, as in
+    evaluation), and the version that made them."""
+    model = self.model
+    if not model.segments:
       raise RequestError("this model's serving_default does not take image and clicks "
                          "(not a segmentation model): the page cannot use it")
-    out = self.model.predict(*self.model.segment_inputs(
+    out = model.predict(*model.segment_inputs(
         item["image"], pos, neg, None if previous is None else previous.astype(np.uint8)))
-    return probability_levels(out[sig.PROBABILITIES], out[sig.MASK] > 0)
+    return probability_levels(out[sig.PROBABILITIES], out[sig.MASK] > 0), model.version
 
   def segment(self, body: Dict[str, Any]) -> Dict[str, Any]:
     item = self.store.get(str(body.get("id")))
@@ -327,11 +353,12 @@ class Page:
     previous = None
     if body.get("previous") is not None:
       previous = _levels_of(body["previous"], "previous", item["image"].shape) >= level
-    levels = self._predict(item, *_clamped_clicks(item, body, self.model.max_clicks), previous)
+    levels, version = self._predict(item, *_clamped_clicks(item, body, self.model.max_clicks),
+                                    previous)
     mask = levels >= level
     return {"probabilities": _png_data_url(levels, "L"),
             "mask": _png_data_url(mask.astype(np.uint8) * 255, "L"),
-            "pixels": int(mask.sum()), "iou": self._iou(item, mask)}
+            "pixels": int(mask.sum()), "iou": self._iou(item, mask), "version": version}
 
   def iou(self, body: Dict[str, Any]) -> Dict[str, Any]:
     item = self.store.get(str(body.get("id")))
@@ -352,24 +379,19 @@ class Page:
     if body.get("probabilities") is not None:
       pred = _levels_of(body["probabilities"], "probabilities", item["image"].shape) >= level
     elif len(pos):
-      pred = self._predict(item, pos, neg, None) >= level
+      pred = self._predict(item, pos, neg, None)[0] >= level
     else:
       pred = np.zeros((h, w), bool)
-    truth = tf.constant(item["truth"][None])
-    if not bool(clicker.has_error(tf.constant(pred[None]), truth)[0]):
+    xy, kind = clicker.next_click_of(pred, item["truth"], pos.tolist(), neg.tolist())
+    if xy is None:
       return {"click": None, "kind": None}  # The protocol would click (0, 0): the page stops.
-    clicks = np.concatenate([pos, neg]).astype(np.int64)[None]
-    kinds = np.array([[clicker.POSITIVE] * len(pos) + [clicker.NEGATIVE] * len(neg)],
-                     np.int32).reshape(1, -1)
-    clicked = clicker.clicked_map(tf.constant(clicks.reshape(1, -1, 2)), tf.constant(kinds), h, w)
-    xy, kind = clicker.next_click(tf.constant(pred[None]), truth, clicked)
-    kind = int(kind[0])
-    return {"click": [int(v) for v in xy[0].numpy()],
-            "kind": "positive" if kind == clicker.POSITIVE else "negative"}
+    return {"click": list(xy), "kind": "positive" if kind == clicker.POSITIVE else "negative"}
 
   def save(self, body: Dict[str, Any]) -> Dict[str, Any]:
-    """Keeps the image's objects as they are now (`exports.Labels`): an
-    instance mask PNG, COCO annotations, files under --save-dir."""
+    """Keeps the image's objects as they are now (`store.Labels`): an
+    instance mask PNG, COCO annotations, files under --save-dir; each
+    object new or changed is marked with the model version that made it
+    (its `version`, as /page/segment answered it, else the one serving)."""
     item = self.store.get(str(body.get("id")))
     objects = body.get("objects")
     if not isinstance(objects, list) or not all(isinstance(o, dict) for o in objects):
@@ -383,15 +405,18 @@ class Page:
       if not mask.any():
         raise RequestError(f"{where}probabilities: the object's mask is empty")
       pos, neg = (_clicks(obj, f, where).tolist() for f in ("positive", "negative"))
-      kept.append({"mask": mask, "clicks": {"positive": pos, "negative": neg}})
+      kept.append({"mask": mask, "clicks": {"positive": pos, "negative": neg},
+                   "version": _version(obj, where, self.model.version)})
     try:
-      out = self.labels.save(item, kept)
+      out = self.labels.save(item, kept, self.model.version, {"tool": "page"})
     except ValueError as e:
       raise RequestError(str(e)) from None
     except OSError as e:
       raise RequestError(f"save: cannot write under --save-dir {self.labels.dir}: {e}",
                          status=500) from None
     instance = out.pop("instance")
+    if self.on_saved is not None and self.labels.dir and out["file_name"]:
+      self.on_saved()
     return dict(out, saved=bool(self.labels.dir and out["file_name"]),
                 instance=None if instance is None else
                 "data:image/png;base64," + base64.b64encode(instance).decode("ascii"))

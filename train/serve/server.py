@@ -18,6 +18,7 @@ import os
 import select
 import socket
 import threading
+from typing import Callable, Optional
 
 from flask import Flask
 from waitress import wasyncore
@@ -82,13 +83,15 @@ class Server:
     host, port: where to listen (port 0: a free port, then `self.port`).
     threads: requests served at once.
     max_request_mb: the body limit (the app refuses the same, `too_large`).
+    on_stop: called once when serving stops (the label store's close).
 
   Raises:
     OSError: the address cannot be bound (the message names the flags).
   """
 
-  def __init__(self, app: Flask, host: str, port: int, threads: int, max_request_mb: float):
-    self.app = app
+  def __init__(self, app: Flask, host: str, port: int, threads: int, max_request_mb: float,
+               on_stop: Optional[Callable[[], None]] = None):
+    self.app, self._on_stop = app, on_stop
     sock = _listen(host, port)
     self.port = sock.getsockname()[1]
     limit = int(max_request_mb * 1024 * 1024)
@@ -109,7 +112,13 @@ class Server:
                      use_poll=self._waitress.adj.asyncore_use_poll)
     finally:
       self._waitress.task_dispatcher.shutdown()
+      self._stop()
       self._stopped.set()
+
+  def _stop(self) -> None:
+    on_stop, self._on_stop = self._on_stop, None
+    if on_stop is not None:
+      on_stop()
 
   def shutdown(self) -> None:
     """Stops serving (from any thread): the socket closed, running requests
@@ -121,3 +130,4 @@ class Server:
     else:
       wasyncore.close_all(self._map)
       self._waitress.task_dispatcher.shutdown()
+      self._stop()

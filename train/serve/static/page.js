@@ -88,7 +88,7 @@ async function settle() {
   const objects = current().objects;
   if (objects === page.saved) return;
   const out = await ask("/page/save", { objects: objects.map((o) => ({
-    probabilities: o.prob, level: o.level, ...split(o.clicks) })) });
+    probabilities: o.prob, level: o.level, ...split(o.clicks), version: o.version })) });
   page.saved = objects;  // (A failed save is tried again at the next change.)
   page.fileName = out.file_name;
   if (out.saved && ![...$("saved").options].some((o) => o.value === out.file_name)) {
@@ -190,7 +190,8 @@ function listObjects(state, entries, areas) {
     const li = document.createElement("li");
     li.className = e.draft ? "selected" : "";
     li.innerHTML = `<span class="swatch" style="background:${COLOURS[e.obj.colour % COLOURS.length]}"></span>`
-      + `<span class="name">Object ${e.number}${e.draft && state.editing < 0 ? " (drawing)" : ""}: ${areas[k]} px</span>`;
+      + `<span class="name">Object ${e.number}${e.draft && state.editing < 0 ? " (drawing)" : ""}: ${areas[k]} px</span>`
+      + (e.obj.version != null ? `<span class="version" title="the mask of model version ${e.obj.version}">v${e.obj.version}</span>` : "");
     if (!(e.draft && state.editing < 0)) {
       const del = Object.assign(document.createElement("button"), { textContent: "×", title: "delete this object" });
       del.onclick = (event) => { event.stopPropagation(); act(() => removeObject(e.number - 1)); };
@@ -236,13 +237,13 @@ async function addClick(x, y, positive) {
   const state = current();
   const draft = state.draft || { colour: state.colours, clicks: [], prob: null, iou: null };
   const clicks = [...draft.clicks, { x, y, positive }];
-  let prob = null, iou = null;
+  let prob = null, iou = null, version = null;
   if (clicks.some((c) => c.positive)) {
     const out = await ask("/page/segment", { ...split(clicks), level: state.level, previous: draft.prob });
-    prob = out.probabilities;
-    iou = out.iou;
+    ({ probabilities: prob, iou, version } = out);
+    showVersion(version);
   }
-  await push({ ...state, draft: { ...draft, clicks, prob, iou },
+  await push({ ...state, draft: { ...draft, clicks, prob, iou, version },
                colours: state.draft ? state.colours : state.colours + 1 });
 }
 
@@ -347,7 +348,7 @@ async function open(request, source) {
   $("upload").value = "";  // Choosing the same file again opens it again.
   document.activeElement.blur();  // The keys are the page's again (not the picker's).
   const objects = info.objects.map((o, i) => ({
-    colour: i, level: o.level, prob: o.probabilities, iou: null,
+    colour: i, level: o.level, prob: o.probabilities, iou: null, version: o.version,
     clicks: [...o.positive.map(([x, y]) => ({ x, y, positive: true })),
              ...o.negative.map(([x, y]) => ({ x, y, positive: false }))] }));
   Object.assign(page, { id: info.id, name: info.name, width: info.width, height: info.height,
@@ -451,13 +452,21 @@ $("keys").replaceChildren(...[...SHORTCUTS.map((s) => [s.keys.join(", "), s.does
 
 // ---- wiring -------------------------------------------------------------------
 
+// The model's name and the version serving (a newer export is served as it appears).
+function showVersion(version) {
+  if (version == null || version === config.version) return;
+  config.version = version;
+  $("model").textContent = `${config.model} (version ${version})`;
+}
+
 async function sources() {
   const src = await (await fetch("/page/sources")).json();
   Object.assign(config, { level: src.level, levels: src.levels, max_clicks: src.max_clicks,
                           iou_target: src.iou_target });
   Object.assign($("threshold"), { max: src.levels - 1, value: src.level });
   $("level").textContent = (src.level / src.levels).toFixed(2);
-  $("model").textContent = `${src.model} (version ${src.version})`;
+  config.model = src.model;
+  showVersion(src.version);
   if (!src.segments) say("This model does not take clicks: the page cannot use it.", true);
   for (const [id, names, value] of [["files", src.files, (f) => f], ["evals", src.eval, (_, i) => i],
                                     ["saved", src.saved, (f) => f]]) {
@@ -521,7 +530,7 @@ for (const [id, field, value] of [["files", "file", String], ["evals", "eval", N
 window.addEventListener("pagehide", () => {
   const state = page.at >= 0 && current();
   if (!state || !state.draft || !state.draft.prob) return;
-  const objects = shown(state).map((e) => ({ probabilities: e.obj.prob, level: e.level, ...split(e.obj.clicks) }));
+  const objects = shown(state).map((e) => ({ probabilities: e.obj.prob, level: e.level, ...split(e.obj.clicks), version: e.obj.version }));
   navigator.sendBeacon("/page/save", new Blob([JSON.stringify({ id: page.id, objects })], { type: "application/json" }));
 });
 window.addEventListener("resize", fit);

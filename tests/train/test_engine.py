@@ -1,0 +1,96 @@
+"""The data engine: labels saved through the server train the next model in
+a background round (`serve --engine-every`), with the served model's own
+transform, and the server serves the published export without a restart;
+a round without new labels does not run."""
+
+import base64
+import io
+import json
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+from PIL import Image
+
+from beam_prep import keys
+from beam_prep.layouts import folders
+from tests.helpers import png
+from train import engine
+from train.export import latest_export
+from train.serve import app as serve_app
+from train.serve.config import ServeConfig
+
+
+def _levels_url(mask: np.ndarray) -> str:
+  """A mask as the page sends an object: its probability levels (99 inside)."""
+  buf = io.BytesIO()
+  Image.fromarray(np.where(mask, 99, 0).astype(np.uint8), "L").save(buf, format="PNG")
+  return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _label(client, sample_dir: str, name: str) -> None:
+  """Uploads a sample image and saves its true objects as a person's labels."""
+  image_path = os.path.join(sample_dir, folders.IMAGES_DIR, name)
+  with open(image_path, "rb") as f:
+    data = f.read()
+  r = client.post("/page/upload", data={"file": (io.BytesIO(data), name)},
+                  content_type="multipart/form-data")
+  key = r.get_json()["id"]
+  stem = os.path.splitext(name)[0]
+  truth = np.asarray(Image.open(os.path.join(sample_dir, folders.MASKS_DIR,
+                                             stem + folders.MASK_SUFFIX)))
+  objects = [{"probabilities": _levels_url(truth == i), "positive": [[0, 0]]}
+             for i in sorted(set(np.unique(truth).tolist()) - {0, keys.IGNORE})]
+  r = client.post("/page/save", json={"id": key, "objects": objects})
+  assert r.status_code == 200, r.get_json()
+
+
+def test_saved_labels_train_the_next_version_in_the_background(trained, sample_dir, tmp_path):
+  model = tmp_path / "model"
+  shutil.copytree(trained, model)
+  base_version = int(os.path.basename(latest_export(str(model))))
+  labels = tmp_path / "labels"
+  config = ServeConfig(model=str(model), model_name="cat", port=0, save_dir=str(labels),
+                       poll_seconds=0.5, engine_every=3, engine_steps=3, engine_minutes=0)
+  server, versions = serve_app.start(config)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  client, rounds = server.app.test_client(), server.app.extensions[serve_app.ROUNDS]
+  try:
+    names = sorted(os.listdir(os.path.join(sample_dir, folders.IMAGES_DIR)))[:3]
+    for name in names[:2]:
+      _label(client, sample_dir, name)
+    assert not rounds.running  # Two of three.
+    _label(client, sample_dir, names[2])
+    assert rounds.running
+    assert rounds.wait(600) and rounds.finished == 1, open(
+        labels / engine.ENGINE_DIR / "rounds.log").read()[-3000:]
+    deadline = time.time() + 120
+    while versions.current.version == base_version and time.time() < deadline:
+      time.sleep(0.2)
+    (done,) = engine.rounds(str(labels / engine.ENGINE_DIR))
+    assert versions.current.version == done["version"] > base_version
+    assert done["images"] == done["new_images"] == 3 and done["from"] == str(model)
+    # The round's records were read with the served model's transform, not a new one.
+    with open(os.path.join(done["model_dir"], keys.MODEL_CONFIG_FILE)) as f:
+      round_data = json.load(f)["data"]
+    with open(os.path.join(round_data, keys.CONFIG_FILE)) as f:
+      assert json.load(f)["transform_from"] == str(model)
+    status = client.get("/v1/models/cat").get_json()["model_version_status"]
+    assert [s["state"] for s in status] == ["AVAILABLE", "END"]
+  finally:
+    server.shutdown()
+  # Nothing labelled since: no round.
+  log = _Log()
+  assert engine.run_round(engine.EngineConfig(labels=str(labels), model=str(model), steps=3),
+                          log) is None
+  assert "no round" in log.lines[-1]
+
+
+class _Log:
+  def __init__(self):
+    self.lines = []
+
+  def info(self, fmt, *args):
+    self.lines.append(fmt % args)

@@ -1,0 +1,199 @@
+"""`beam-train engine`: one round of the data engine.
+
+The labels people save (`beam-train serve --save-dir LABELS`, the label
+store) train the next model, and the server serves it:
+
+  1. LABELS' images and masks -> `beam-prep segmentation`, with the settings
+     and the tf.Transform output of the records the serving model was
+     trained on (`--transform-from`: no analysis, so the model sees its
+     inputs normalized as before), every image in the train split;
+  2. `beam-train fit --init-from` the serving model, with its own settings,
+     for --steps or --max-minutes, whichever comes first;
+  3. the export is published under MODEL/export/<version>/ (written beside,
+     then renamed in), where `beam-train serve --model MODEL` picks it up
+     without a restart.
+
+A round runs only when at least --min-new images were labelled (or
+labelled again) since the last round. Each round's records and model are
+kept in WORKDIR/round-NNN/, and WORKDIR/engine.json lists the rounds: when,
+what they trained on, how long each stage took, what they published.
+Rounds run one at a time: a second `engine` on the same WORKDIR waits for
+the first. Both commands run as a user would type them, each in its own
+process.
+"""
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from beam_prep import keys
+from beam_prep.kit import CommandConfig, option
+
+ENGINE_FILE = "engine.json"
+LOCK_FILE = ".engine.lock"
+ENGINE_DIR = "engine"  # Under the labels' folder when no --workdir is given.
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig(CommandConfig):
+  """A data engine round."""
+  labels: str = option("", "the label store's folder (beam-train serve --save-dir)",
+                       required=True)
+  model: str = option("", "the served model dir: the first round starts from its weights, and "
+                      "every round's export is published under its export/", required=True)
+  workdir: str = option("", "where the rounds are kept ('': LABELS/engine)", show_default=False)
+  steps: int = option(300, "fine-tuning steps of a round")
+  max_minutes: float = option(5.0, "a round's training stops after this many minutes even "
+                              "before --steps (0: --steps only)")
+  min_new: int = option(1, "run a round only when at least this many images were labelled "
+                        "since the last one")
+
+  def __post_init__(self):
+    if self.steps < 1 or self.min_new < 1 or self.max_minutes < 0:
+      raise ValueError("--steps and --min-new must be at least 1, --max-minutes at least 0")
+
+  @property
+  def root(self) -> str:
+    return self.workdir or os.path.join(self.labels, ENGINE_DIR)
+
+
+def rounds(root: str) -> List[Dict[str, Any]]:
+  """The rounds WORKDIR/engine.json lists ([] before the first)."""
+  path = os.path.join(root, ENGINE_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)["rounds"]
+
+
+def _last_saved(entry: Dict[str, Any]) -> float:
+  from train.serve import exports  # pylint: disable=g-import-not-at-top
+  return max((a.get(exports.SAVED) or 0.0 for a in entry["annotations"]), default=0.0)
+
+
+def _labelled(labels_dir: str):
+  """(entries, time of the newest label) of the label store, its files written."""
+  from train.serve.store import Labels  # pylint: disable=g-import-not-at-top
+  labels = Labels(labels_dir)
+  try:
+    entries = labels.entries()
+  finally:
+    labels.close()  # Writes the images, masks and document the job reads.
+  return entries, max((_last_saved(e) for e in entries), default=0.0)
+
+
+def _run(cmd: List[str], log_path: str) -> float:
+  """Runs a command, its output appended to `log_path`; its seconds.
+
+  Raises:
+    RuntimeError: it failed (the message names the command and the log).
+  """
+  started = time.time()
+  with open(log_path, "a", encoding="utf-8") as out:
+    out.write(f"$ {' '.join(cmd)}\n")
+    out.flush()
+    done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
+  if done.returncode:
+    raise RuntimeError(f"{' '.join(cmd[2:4])} failed (exit {done.returncode}); its output is "
+                       f"in {log_path}")
+  return time.time() - started
+
+
+def _prep(config: EngineConfig, current: str, out: str, log_path: str) -> float:
+  """The label store's images -> records read with the current model's transform."""
+  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  base = PrepOutput.of_model(current)
+  return _run([sys.executable, "-m", "pipelines", "segmentation",
+               "--config", base.join(keys.CONFIG_FILE), "--input", config.labels,
+               "--layout", "folders", "--output", out, "--transform-from", current,
+               "--eval-percent", "0", "--overwrite", "--progress-seconds", "0"], log_path)
+
+
+def _fit(config: EngineConfig, current: str, data: str, model_dir: str, log_path: str) -> float:
+  """The current model fine-tuned on `data`, with its own settings."""
+  return _run([sys.executable, "-m", "train", "fit",
+               "--config", os.path.join(current, keys.MODEL_CONFIG_FILE), "--data", data,
+               "--model-dir", model_dir, "--init-from", current, "--steps", str(config.steps),
+               "--max-minutes", str(config.max_minutes), "--export"], log_path)
+
+
+def publish(export_dir: str, model: str) -> str:
+  """Copies an export under MODEL/export/ as the same version: written beside
+  (hidden), then renamed in, so a server never loads half of it."""
+  version = os.path.basename(export_dir.rstrip("/"))
+  base = os.path.join(model, keys.EXPORT_DIR)
+  os.makedirs(base, exist_ok=True)
+  target, tmp = os.path.join(base, version), os.path.join(base, f".publishing-{version}")
+  shutil.rmtree(tmp, ignore_errors=True)
+  shutil.copytree(export_dir, tmp)
+  os.rename(tmp, target)
+  return target
+
+
+@contextlib.contextmanager
+def _one_at_a_time(root: str):
+  os.makedirs(root, exist_ok=True)
+  with open(os.path.join(root, LOCK_FILE), "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    yield
+
+
+def run_round(config: EngineConfig, log) -> Optional[Dict[str, Any]]:
+  """Runs one round when enough labels are new; returns its entry of engine.json, or None.
+
+  Raises:
+    RuntimeError: a stage failed (named, with its log).
+    FileNotFoundError: the model dir is not a `beam-train fit` model dir.
+  """
+  with _one_at_a_time(config.root):
+    done = rounds(config.root)
+    entries, newest = _labelled(config.labels)
+    since = done[-1]["labels_until"] if done else 0.0
+    new = sum(1 for e in entries if _last_saved(e) > since)
+    if new < config.min_new:
+      log.info("engine: %d image(s) labelled since the last round (--min-new %d): no round",
+               new, config.min_new)
+      return None
+    return _round(config, log, done, entries, new, newest)
+
+
+def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
+  from train.export import latest_export  # pylint: disable=g-import-not-at-top
+  number = len(done) + 1
+  folder = os.path.join(config.root, f"round-{number:03d}")
+  shutil.rmtree(folder, ignore_errors=True)  # What a failed try of this round left.
+  os.makedirs(folder)
+  current = done[-1]["model_dir"] if done else config.model
+  log_path = os.path.join(folder, "round.log")
+  objects = sum(len(e["annotations"]) for e in entries)
+  log.info("engine: round %d: %d labelled images (%d new), %d objects; from %s", number,
+           len(entries), new, objects, current)
+  started = time.time()
+  prep_s = _prep(config, current, os.path.join(folder, "prep"), log_path)
+  log.info("engine: round %d: records in %.0f s", number, prep_s)
+  model_dir = os.path.join(folder, "model")
+  fit_s = _fit(config, current, os.path.join(folder, "prep"), model_dir, log_path)
+  published = publish(latest_export(model_dir), config.model)
+  entry = {"round": number, "images": len(entries), "new_images": new, "objects": objects,
+           "labels_until": newest, "started": started, "from": current, "model_dir": model_dir,
+           "published": published, "version": int(os.path.basename(published)),
+           "seconds": {"prep": round(prep_s, 1), "fit": round(fit_s, 1),
+                       "total": round(time.time() - started, 1)}}
+  _write_rounds(config.root, done + [entry])
+  log.info("engine: round %d: trained in %.0f s; version %d published to %s (%.0f s in all)",
+           number, fit_s, entry["version"], published, entry["seconds"]["total"])
+  return entry
+
+
+def _write_rounds(root: str, entries: List[Dict[str, Any]]) -> None:
+  path = os.path.join(root, ENGINE_FILE)
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump({"rounds": entries}, f, indent=2)
+  os.replace(path + ".tmp", path)
