@@ -53,6 +53,17 @@ def timed(fn: Callable[[], Any], repeats: int) -> List[float]:
   return times
 
 
+def write_result(result: Dict[str, Any], path: str, text: str) -> None:
+  """Writes a run's result as JSON at `path`, then prints its table `text`
+  and the run's seconds."""
+  if os.path.dirname(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(result, f, indent=2, sort_keys=True)
+  print(text)
+  print(f"\n({result['seconds']:.0f} s; JSON: {path})")
+
+
 def log(msg: str) -> None:
   print(f"bench: {msg}", flush=True)
 

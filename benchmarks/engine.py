@@ -31,7 +31,6 @@ it); `latency_ms`: p50 and p95 of clicks idle and during a retrain.
 """
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -42,7 +41,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from benchmarks.common import environment, log
+from benchmarks.common import environment, log, write_result
 from train.simulate import TARGET_IOU, Annotator, label_batch, source_objects
 
 PROG = "python -m benchmarks --engine"
@@ -205,12 +204,7 @@ def main(args: argparse.Namespace) -> int:
   result["seconds"] = time.time() - t0
   path = args.json or os.path.join(os.path.abspath(args.workdir or "out/bench_engine"),
                                    "engine.json")
-  if os.path.dirname(path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(result, f, indent=2, sort_keys=True)
-  print(table(result))
-  print(f"\n({result['seconds']:.0f} s; JSON: {path})")
+  write_result(result, path, table(result))
   return 0
 
 

@@ -36,7 +36,7 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Sequence
 
-from benchmarks.common import environment, log
+from benchmarks.common import environment, log, write_result
 
 # Every arm runs both commands with `--preset PRESET`; the corrective arm is
 # the preset itself (mask guidance and corrective clicks), the others take
@@ -127,12 +127,7 @@ def main(args: argparse.Namespace) -> int:
             "preps": list(preps.values()), "arms": results, "environment": environment(),
             "seconds": time.time() - t0}
   path = args.json or os.path.join(s.workdir, "real.json")
-  if os.path.dirname(path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(result, f, indent=2, sort_keys=True)
-  print(table(result))
-  print(f"\n({result['seconds']:.0f} s; JSON: {path})")
+  write_result(result, path, table(result))
   return 1 if any(a["status"] == "failed" for a in results) else 0
 
 

@@ -123,10 +123,10 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   if args.real is not None:
     sys.exit(real.main(args))
-  if args.engine is not None:
-    sys.exit(engine.main(args))
   from pipelines import logs  # pylint: disable=g-import-not-at-top
   logs.quiet()
+  if args.engine is not None:
+    sys.exit(engine.main(args))
   mode = "tiny" if args.tiny else "quick" if args.quick else "full"
   workdir = args.workdir or tempfile.mkdtemp(prefix="beam_prep_bench_")
   os.makedirs(workdir, exist_ok=True)

@@ -4,9 +4,13 @@
 
 Runs, as a user would type them, `beam-prep sample-data`, `beam-prep
 segmentation` (DirectRunner), `beam-train fit` (which exports the serving
-model) and `beam-train predict` on an eval image with the clicks its record
-was built from, then prints what was written where and the `beam-train
-serve` command that opens the demo's model and eval objects in a browser.
+model), `beam-train evaluate` and `beam-train predict` on an eval image
+with the protocol's first click; then a round of the data engine: a
+simulated annotator labels half of the eval scenes' objects through the
+served model's page endpoints, `beam-train engine` fine-tunes the model on
+those labels, and the other half is labelled before and after the round.
+It prints what was written where and the `beam-train serve` command that
+opens the demo's model and eval objects in a browser.
 Library logs (TensorFlow's start-up lines among them) are hidden, as in each
 command, unless --verbose is given (it is passed on to every command).
 """
@@ -25,6 +29,8 @@ import numpy as np
 
 
 SOURCE_EVAL = "eval_source"
+# The demo's data engine round: a short fine-tuning on the labels saved.
+ENGINE_STEPS = 60
 
 
 def _run(cmd, log):
@@ -34,57 +40,78 @@ def _run(cmd, log):
   return time.time() - t
 
 
-def _eval_clicks(prep_dir: str):
-  """image_id and clicks (in the source image's pixels) of the first eval record."""
+def _first_eval_object(prep_dir: str):
+  """(image_id, object_id) of the first eval record, the same every run."""
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
-  prep = PrepOutput(prep_dir)
-  wanted = [keys.IMAGE_ID, keys.OBJECT_ID, keys.VARIANT, keys.POSITIVE_CLICKS,
-            keys.NEGATIVE_CLICKS] + [k for k in (keys.CROP_BOX,) if k in prep.table]
-  records = list(prep.read_numpy(keys.EVAL_SPLIT, wanted))
-  # The same record every run, whatever shard Beam put it in.
-  ex = min(records, key=lambda r: (r[keys.IMAGE_ID], int(r[keys.OBJECT_ID]),
-                                   int(r[keys.VARIANT])))
-  return ex, prep.table.image_size[0]
-
-
-def _to_source(ex, clicks, size, width, height):
-  """A record's clicks -> the source image's pixels, through its crop box, or
-  (whole-image records) the resize."""
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  from beam_prep.ops import crop  # pylint: disable=g-import-not-at-top
-  if keys.CROP_BOX in ex:
-    return crop.clicks_to_source(clicks, ex[keys.CROP_BOX], size)
-  scale = max(width, height) / size  # The long side filled the frame.
-  return np.floor((clicks + 0.5) * scale).astype(int)
+  records = PrepOutput(prep_dir).read_numpy(keys.EVAL_SPLIT, [keys.IMAGE_ID, keys.OBJECT_ID])
+  ex = min(records, key=lambda r: (r[keys.IMAGE_ID], int(r[keys.OBJECT_ID])))
+  return ex[keys.IMAGE_ID], int(ex[keys.OBJECT_ID])
 
 
 def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, run):
-  """`beam-train predict` on an eval object with its record's clicks, moved to
-  the source image -> (what was predicted, for the summary, and its seconds)."""
+  """`beam-train predict` on an eval object with the protocol's first click
+  (its innermost pixel, `train.clicker`) -> (what was predicted, for the
+  summary, and its seconds)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.layouts.folders import IMAGES_DIR, MASK_SUFFIX, MASKS_DIR  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.image import object_label  # pylint: disable=g-import-not-at-top
-  from train.clicker import iou as mask_iou  # pylint: disable=g-import-not-at-top
-  ex, size = _eval_clicks(prep)
-  image_id, object_id = ex[keys.IMAGE_ID], int(ex[keys.OBJECT_ID])
+  from train import clicker  # pylint: disable=g-import-not-at-top
+  image_id, object_id = _first_eval_object(prep)
   image_path = sorted(glob.glob(os.path.join(data, IMAGES_DIR, image_id + ".*")))[0]
-  width, height = Image.open(image_path).size
-  pos, neg = (_to_source(ex, ex[k], size, width, height)
-              for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS))
-  cmd = [beam_train, "predict", "--model", model, "--image", image_path, "--output", pred]
-  cmd += [f"--positive={x},{y}" for x, y in pos] + [f"--negative={x},{y}" for x, y in neg]
-  seconds = run(cmd)
   truth = np.asarray(Image.open(os.path.join(data, MASKS_DIR, image_id + MASK_SUFFIX)))
-  got = np.asarray(Image.open(pred)) > 0
   label = object_label(truth, object_id)
-  iou = float(mask_iou(got[None], (label == 1)[None], (label != keys.IGNORE)[None])[0])
-  return {"image_id": image_id, "object_id": object_id, "positive": len(pos),
-          "negative": len(neg), "iou": iou}, seconds
+  (x, y), _ = clicker.next_click_of(np.zeros(label.shape, bool), label, [], [])
+  cmd = [beam_train, "predict", "--model", model, "--image", image_path, "--output", pred,
+         f"--positive={x},{y}"]
+  seconds = run(cmd)
+  got = np.asarray(Image.open(pred)) > 0
+  iou = float(clicker.iou(got[None], (label == 1)[None], (label != keys.IGNORE)[None])[0])
+  return {"image_id": image_id, "object_id": object_id, "click": (x, y), "iou": iou}, seconds
 
 
-def _summary(data: str, prep: str, model: str, pred: str, predicted, times, log) -> None:
+def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: int):
+  """The data engine on the eval scenes: a simulated annotator labels the
+  first half of their objects through the served model (the labels saved);
+  `beam-train engine` fine-tunes it on them; the other half is labelled
+  before and after the round, nothing saved -> (the figures, its seconds)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from train import simulate  # pylint: disable=g-import-not-at-top
+  from train.serve import app as serve_app  # pylint: disable=g-import-not-at-top
+  from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
+  labels = os.path.join(wd, "labels")
+  shutil.rmtree(labels, ignore_errors=True)
+  objects = simulate.source_objects(prep)
+  images = sorted({o["image_id"] for o in objects})
+  half = set(images[:len(images) // 2])
+  labelled = [o for o in objects if o["image_id"] in half]
+  held = [o for o in objects if o["image_id"] not in half]
+  t = time.time()
+  server, versions = serve_app.start(ServeConfig(model=model, port=0, save_dir=labels,
+                                                 poll_seconds=0.5))
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  url = f"http://127.0.0.1:{server.port}"
+  try:
+    before = simulate.label_batch(simulate.Annotator(url, save=False), held)
+    saved = simulate.label_batch(simulate.Annotator(url, save=True), labelled)
+    version = versions.current.version
+    run([beam_train, "engine", "--labels", labels, "--model", model, "--steps", str(steps),
+         "--max-minutes", "0"])
+    while versions.current.version == version and time.time() - t < 600:
+      time.sleep(0.2)
+    after = simulate.label_batch(simulate.Annotator(url, save=False), held)
+  finally:
+    server.shutdown()
+  return {"labels": labels, "labelled": len(saved), "held": len(held), "steps": steps,
+          "saved_clicks": simulate.clicks_per_object(saved),
+          "before": simulate.clicks_per_object(before),
+          "after": simulate.clicks_per_object(after),
+          "version": versions.current.version}, time.time() - t
+
+
+def _summary(data: str, prep: str, model: str, pred: str, predicted, engine, times,
+             log) -> None:
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   manifest = json.load(open(os.path.join(prep, keys.MANIFEST_FILE)))
   metrics = json.load(open(os.path.join(model, keys.METRICS_FILE)))
@@ -110,15 +137,26 @@ def _summary(data: str, prep: str, model: str, pred: str, predicted, times, log)
   log(_clicks_line("clicks", source["model"], source["baseline"], len(source["objects"]),
                    source["model"]["max_clicks"], f"{model}/{SOURCE_EVAL}/ (each eval image at "
                    "its own size, through the serving graph: the field's protocol)"))
+  by_clicks = [(k, source["model"]["mean_iou_by_clicks"].get(str(k)),
+                source["baseline"]["mean_iou_by_clicks"].get(str(k))) for k in (1, 3, 5)]
+  log("               mean IoU after " + ", ".join(
+      f"{k} click{'s' * (k > 1)} {m:.2f} (baseline {b:.2f})" for k, m, b in by_clicks
+      if m is not None and b is not None))
   if "noc" in metrics:
     n = metrics["noc"]
     log(_clicks_line("  on records", n["model"], n["baseline"], n["objects"], n["max_clicks"],
                      f"{model}/{keys.EVAL_DIR}/ (the eval records, at the records' size)"))
   log(f"  export       {metrics['export_dir']}")
   p = predicted
-  log(f"  prediction   {pred} (+ _overlay.png): {p['image_id']} object {p['object_id']}, "
-      f"{p['positive']} positive + {p['negative']} negative clicks, IoU with the true mask "
-      f"{p['iou']:.3f}")
+  log(f"  prediction   {pred} (+ _overlay.png): {p['image_id']} object {p['object_id']}, one "
+      f"click at {p['click']} (the protocol's first: its innermost pixel), IoU with the true "
+      f"mask {p['iou']:.3f}")
+  e = engine
+  log(f"  data engine  {e['labelled']} objects labelled through the page's endpoints "
+      f"({e['saved_clicks']:.1f} clicks each, the model's masks saved in {e['labels']}); "
+      f"beam-train engine fine-tuned on them ({e['steps']} steps) and version {e['version']} "
+      f"was served: {e['held']} other objects took {e['before']:.1f} clicks each before the "
+      f"round, {e['after']:.1f} after (to IoU 0.90, at most 20)")
   log("  time         " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()))
   log("")
   log("click and see (the page at http://127.0.0.1:8501/, TF Serving's REST API beside it):")
@@ -176,8 +214,9 @@ def main(argv=None):
   times["evaluate"] = run([beam_train, "evaluate", "--data", prep, "--model", model,
                           "--output", os.path.join(model, SOURCE_EVAL)])
   predicted, times["predict"] = _predict(beam_train, data, prep, model, pred, run)
+  engine, times["data engine"] = _engine_round(beam_train, wd, prep, model, run, ENGINE_STEPS)
   times["total"] = time.time() - total
-  _summary(data, prep, model, pred, predicted, times, log)
+  _summary(data, prep, model, pred, predicted, engine, times, log)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ class ServeConfig(CommandConfig):
                              "after every N labels saved (0: never); needs --save-dir and a "
                              "model dir")
   engine_steps: int = option(300, "a background round's fine-tuning steps")
-  engine_minutes: float = option(5.0, "a background round's training stops after this many "
-                                 "minutes (0: --engine-steps only)")
+  engine_minutes: float = option(5.0, "a background round's budget in minutes, records, "
+                                 "training and export (0: --engine-steps only)")
 
   def __post_init__(self):
     if self.engine_every and not self.save_dir:
