@@ -34,6 +34,13 @@ def default_name(model: str) -> str:
   return parts[-1] if parts else "model"
 
 
+def version_of(export: str) -> int:
+  """An export folder's version: its name, a number, as TF Serving reads
+  versions; 1 for a folder named otherwise."""
+  base = os.path.basename(os.path.normpath(export))
+  return int(base) if base.isdigit() else 1
+
+
 class RestModel(ServedModel):
   """One loaded export, named as TF Serving's URLs name it.
 
@@ -52,8 +59,7 @@ class RestModel(ServedModel):
       raise ValueError(f"--model-name {name!r}: a model name has no '/', ':' or spaces")
     super().__init__(model)
     self.name, self.max_clicks = name, max_clicks
-    base = os.path.basename(os.path.normpath(self.path))
-    self.version = int(base) if base.isdigit() else 1
+    self.version = version_of(self.path)
     self._signature_defs = self._read_signature_defs()
 
   def _read_signature_defs(self) -> Dict[str, Any]:

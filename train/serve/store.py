@@ -192,9 +192,9 @@ class Labels:
       return
     for sub in (folders.IMAGES_DIR, folders.MASKS_DIR):
       os.makedirs(os.path.join(save_dir, sub), exist_ok=True)
-    fresh = not os.path.exists(os.path.join(save_dir, DB_FILE))
     self._lock_file = open(os.path.join(save_dir, LOCK_FILE), "a+b")  # pylint: disable=consider-using-with
-    with self._locked():
+    with self._locked():  # Another process may be opening the same folder.
+      fresh = not os.path.exists(os.path.join(save_dir, DB_FILE))
       self._db = _connect(os.path.join(save_dir, DB_FILE))
       self._db.row_factory = sqlite3.Row
       self._check_schema()

@@ -23,15 +23,10 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from train.export import latest_export
-from train.serve.model import RestModel
+from train.serve.model import RestModel, version_of
 from train.serve.rest import RequestError
 
 AVAILABLE, LOADING, END = "AVAILABLE", "LOADING", "END"
-
-
-def _version_of(path: str) -> int:
-  base = path.rstrip("/").rsplit("/", 1)[-1]
-  return int(base) if base.isdigit() else 1
 
 
 class Versions:
@@ -97,7 +92,7 @@ class Versions:
       path = latest_export(self.source)
     except FileNotFoundError:
       return False  # The exports were moved away: keep serving the one loaded.
-    version = _version_of(path)
+    version = version_of(path)
     with self._lock:
       if version <= self._current.version or version in self._states:
         return False
