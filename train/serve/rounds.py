@@ -72,9 +72,11 @@ class Rounds:
            self.model, *self.engine_args]
     out = open(os.path.join(folder, LOG_FILE), "a", encoding="utf-8")  # pylint: disable=consider-using-with
     self._process = subprocess.Popen(  # pylint: disable=consider-using-with
-        cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        preexec_fn=lambda: os.nice(NICE))
+        cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     out.close()
+    # After the start (a preexec_fn is unsafe in a process with threads):
+    # the round's imports run at the lower priority already.
+    os.setpriority(os.PRIO_PROCESS, self._process.pid, NICE)
     self.started += 1
     self._idle.clear()
     self.log.info("serve: %d labels saved since the last: data engine round started (process "
