@@ -120,7 +120,7 @@ _CRASH = textwrap.dedent("""
         os._exit(3)
       labels._replace_objects = die
     else:
-      labels._finish_pending = lambda: os._exit(3)
+      labels._finish_pending = lambda *args: os._exit(3)
     labels.save(_item(3), _objects(3), model_version=3)
 """)
 

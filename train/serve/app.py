@@ -117,11 +117,12 @@ def _page_routes(app: Flask, page: Page) -> None:
 def make_app(config: ServeConfig, versions: Versions, sources: Sources,
              labels: Optional[Labels] = None, rounds: Optional[Rounds] = None) -> Flask:
   """The Flask app of one loaded model; its label store (`labels`, else
-  opened on --save-dir) is `app.extensions[LABELS]`; `rounds` counts its saves."""
+  opened on --save-dir) is `app.extensions[LABELS]`, and `rounds` (which
+  counts its saves) `app.extensions[ROUNDS]`."""
   app = Flask(__name__, static_folder=STATIC, static_url_path="/static")
   app.config["MAX_CONTENT_LENGTH"] = int(config.max_request_mb * 1024 * 1024)
   labels = labels or Labels(config.save_dir)
-  app.extensions[LABELS] = labels
+  app.extensions[LABELS], app.extensions[ROUNDS] = labels, rounds
   page = Page(versions, sources, ImageStore(int(config.cache_mb * 1024 * 1024)), config.max_pixels,
               labels, on_saved=rounds.saved if rounds else None)
   _rest_routes(app, versions, config)
@@ -196,7 +197,6 @@ def start(config: ServeConfig, log: Optional[logging.Logger] = None):
   if config.images and not os.path.isdir(config.images):
     raise FileNotFoundError(f"--images {config.images}: no such folder")
   app, versions, rounds = build(config, log)
-  app.extensions[ROUNDS] = rounds
   server = Server(app, config.host, config.port, config.threads, config.max_request_mb,
                   on_stop=_stopper(app, versions, rounds))
   versions.watch(config.poll_seconds)

@@ -307,14 +307,15 @@ class Labels:
     """
     masks = [o["mask"] for o in objects]
     instance = exports.instance_mask(masks) if masks else None
+    instance_png = None if instance is None else png(instance)
     with self._locked():
       file_name = self._commit(item, objects, model_version, origin or {}, instance)
-      self._finish_pending()
+      self._finish_pending({file_name: instance_png} if file_name else {})
     self._changed.set()
     if instance is None:
       return {"file_name": None, "instance": None, "hidden": []}
     present = set(np.unique(instance).tolist())
-    return {"file_name": file_name, "instance": png(instance),
+    return {"file_name": file_name, "instance": instance_png,
             "hidden": [i for i in range(1, len(masks) + 1) if i not in present]}
 
   def _commit(self, item, objects, version, origin, instance) -> Optional[str]:
@@ -397,10 +398,11 @@ class Labels:
     return (os.path.join(self.dir, file_name),
             os.path.join(self.dir, folders.MASKS_DIR, stem + folders.MASK_SUFFIX))
 
-  def _finish_pending(self) -> None:
-    """Does the file work of committed saves (under the lock); removes
-    hidden image files no committed save owns (a save that died before
-    its commit)."""
+  def _finish_pending(self, painted: Optional[Dict[str, bytes]] = None) -> None:
+    """Does the file work of committed saves (under the lock): puts a new
+    image's hidden file in place and writes its instance mask (`painted`'s
+    PNG for a save that has it, else painted again from its rows: a save
+    that died after its commit), or removes a removed image's files."""
     if not self.dir:
       self._db.execute("DELETE FROM pending")
       return
@@ -414,14 +416,18 @@ class Labels:
       else:
         if os.path.exists(self._pending_path(file_name)):
           os.replace(self._pending_path(file_name), image_path)
-        self._write_mask(file_name, mask_path)
+        self._write_mask(file_name, mask_path, (painted or {}).get(file_name))
       self._db.execute("DELETE FROM pending WHERE file_name = ? AND op = ?", (file_name, op))
 
-  def _write_mask(self, file_name: str, mask_path: str) -> None:
-    entry = self._rows("SELECT * FROM images WHERE file_name = ?", (file_name,))
-    if entry:
+  def _write_mask(self, file_name: str, mask_path: str, data: Optional[bytes] = None) -> None:
+    """Writes an image's instance mask PNG: `data`, or painted from its rows."""
+    if data is None:
+      entry = self._rows("SELECT * FROM images WHERE file_name = ?", (file_name,))
+      if not entry:
+        return
       masks = [exports.object_mask(a) for a in self._entry(entry[0])["annotations"]]
-      exports.write_file(mask_path, png(exports.instance_mask(masks)))
+      data = png(exports.instance_mask(masks))
+    exports.write_file(mask_path, data)
 
   def _remove_orphans(self) -> None:
     """Removes the hidden image files of saves that died before their
