@@ -46,8 +46,10 @@ EXTRAS = {
     "dataflow": ["build"],
     # The page's test drives a real browser (Debian's chromium and
     # chromium-driver, installed by .ci/run) through selenium; the suite
-    # runs on every core with pytest-xdist (`make test`).
-    "test": ["pytest>=7", "pytest-xdist>=3.2", "selenium>=4"],
+    # runs on every core with pytest-xdist (`make test`); a test builds the
+    # documentation site with mkdocs (`mkdocs build --strict`).
+    "test": ["pytest>=7", "pytest-xdist>=3.2", "selenium>=4", "mkdocs>=1.6",
+             "mkdocs-material>=9.5"],
 }
 EXTRAS["all"] = sorted({r for name in ("train", "dataflow") for r in EXTRAS[name]})
 

@@ -94,7 +94,8 @@ class PrepConfig:
                              "image evaluated, no transform analysed)")
   target_shard_mb: float = option(200.0, "size each record file aims at, in MB; the number of "
                                   "files follows from the data")
-  compression: str = option("", "record compression (README: 'Record layout, measured')",
+  compression: str = option("", "record compression (docs/performance.md: 'Record layout, "
+                                 "measured')",
                             choices=("none", "gzip"), none="")
   max_pixels: int = option(keys.MAX_PIXELS, "reject images declaring more pixels (decompression "
                            "bombs)")

@@ -25,8 +25,8 @@ e.g. 255), or `"none"`.
 
 `encoding` (per-pixel only) says how a record stores the array: `"raw"`, its
 little-endian bytes, or `"zlib"`, those bytes compressed with zlib (lossless;
-for maps and masks with large flat regions; README "Record layout,
-measured"). Whatever the encoding, the tf.Transform graph and the serving
+for maps and masks with large flat regions; docs/performance.md "Record
+layout, measured"). Whatever the encoding, the tf.Transform graph and the serving
 graph see the raw bytes (`raw_feature_spec`, the *example view*).
 
 `FeatureTable.from_declarations` walks a chain's declarations in order and builds the table: a key
@@ -70,7 +70,8 @@ VALUE_DTYPES = ("int64", "float32", "string")
 # How a record stores a per-pixel feature's bytes (see the module docstring).
 ENCODINGS = ("raw", "zlib")
 # zlib's fastest level: on distance maps it gives 0.52 of the raw bytes against
-# 0.47 at level 6, at about half the time (README "Record layout, measured").
+# 0.47 at level 6, at about half the time (docs/performance.md "Record layout,
+# measured").
 ZLIB_LEVEL = 1
 FEATURES_FILE = "features.json"
 # What records and serving agree on; 2: the whole-image resize keeps the aspect

@@ -57,7 +57,7 @@ EVAL_PERCENT = 20  # The held-out share of images, fixed by a hash of the image 
 SEED = 0
 # Training steps of every arm with a model: about 6 minutes of a single-pass
 # `beam-train fit --preset real` at 128 px and batch 16 on 2 CPU cores
-# (0.8-0.9 steps/s measured on COCO-MVal; README, "Real photographs").
+# (0.8-0.9 steps/s measured on COCO-MVal; docs/performance.md, "Real photographs").
 DEFAULT_STEPS = 300
 IOU_AT = (1, 3, 5)
 PROG = "python -m benchmarks --real"

@@ -66,7 +66,7 @@ from benchmarks.storage import STORAGE_ROWS, bench_storage
 from benchmarks.training import bench_train, fit_model
 
 # STORAGE_ROWS, TARGETS and pipeline_in_fresh_process live in their groups'
-# modules; the tests and the README name them here.
+# modules; the tests and the docs name them here.
 __all__ = ["SETTINGS", "STORAGE_ROWS", "TARGETS", "main", "measure",
            "pipeline_in_fresh_process"]
 

@@ -20,7 +20,7 @@ from beam_prep.config import PrepConfig, PreviewConfig, SampleDataConfig
 from beam_prep.console import beam_option_flags, check_unknown, dispatch, option_flags
 from pipelines import logs
 
-# Chosen by measurement (README, "Running mode of the DirectRunner"): below
+# Chosen by measurement (docs/performance.md, "Running mode of the DirectRunner"): below
 # this many inputs one in-memory worker is as fast or faster (there are few
 # shard groups to spread, and threads contend for the GIL); from it on, one
 # worker thread per core (up to 8). Any --direct_* option the user gives wins.

@@ -28,7 +28,7 @@ from beam_prep import keys
 
 AUGMENTATIONS = ("flip", "colour")
 # The field's recipe has both; its budget is hundreds of epochs. Measured on
-# COCO-MVal at 800 steps (README, "Real photographs"), the colour jitter cost
+# COCO-MVal at 800 steps (docs/performance.md, "Real photographs"), the colour jitter cost
 # the full recipe's NoC@85 10.2 -> 14.7, so it is the `field` preset's, not
 # the default.
 DEFAULT = "flip"

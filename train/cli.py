@@ -127,14 +127,14 @@ def _fit(argv: List[str]) -> int:
 
 EVALUATE = ("NoC evaluation: simulated clicks until the mask reaches each IoU threshold, for a "
             "trained segmentation model (through its serving graph) and the nearest-click "
-            "baseline, on the eval images at their own size (README: 'Evaluation: clicks to a "
-            "good mask').")
+            "baseline, on the eval images at their own size (docs/evaluation.md: 'Evaluation: "
+            "clicks to a good mask').")
 PREDICT = ("Predict a mask from an image and clicks (or, with a classification model, the "
            "image's class).")
 EXPORT = ("Write the serving SavedModel (raw image and clicks in, preprocessing in the graph) "
           "for a model trained outside `beam-train fit`, or again for a fit run.")
 SERVE = ("Serve the exported model with TensorFlow Serving's REST API, and a page to segment by "
-         "clicking (README: 'Click and see').")
+         "clicking (docs/serving.md: 'Click and see').")
 
 
 def _evaluate(argv: List[str]) -> int:
@@ -303,7 +303,8 @@ def _serve(argv: List[str]) -> int:
 
 ENGINE = ("One round of the data engine: the labels saved under --labels (beam-train serve "
           "--save-dir) fine-tune the served model, and the export is published under "
-          "MODEL/export/, where beam-train serve picks it up (README: 'The data engine').")
+          "MODEL/export/, where beam-train serve picks it up (docs/serving.md: 'The data "
+          "engine').")
 
 
 def _engine(argv: List[str]) -> int:

@@ -3,7 +3,8 @@
 The records hold, per click variant, the click encodings their ops computed
 (what tf.Transform analyzed, and what serving's twins compute again) and a
 previous mask of zeros. The trainer's reader reads neither: inflating those
-maps per example was most of its cost (README "Record layout, measured").
+maps per example was most of its cost (docs/performance.md "Record layout,
+measured").
 Instead, the step
 
 1. gives the exported transform each such input's value *with no click*

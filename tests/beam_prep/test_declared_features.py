@@ -2,7 +2,7 @@
 Beam job through training to serving, with nothing of the plugin edited.
 
 Two real runs besides the session's default one (distance maps):
-  disks+edges  --click-encoding disks and the README's extension module
+  disks+edges  --click-encoding disks and the docs' extension module (docs/ops-and-features.md)
                (`tests/fixtures/edge_ops.py`, a gradient-magnitude map): 6
                input channels
   both+cap     --click-encoding both, the previous mask as an input, and a
@@ -177,6 +177,6 @@ def test_an_op_changing_a_model_input_without_a_twin_is_refused_before_training(
 
 
 def test_readme_extension_example_is_the_tested_fixture():
-  readme = open(os.path.join(ROOT, "README.md")).read()
+  readme = open(os.path.join(ROOT, "docs", "ops-and-features.md")).read()
   fixture = open(os.path.join(ROOT, "tests", "fixtures", "edge_ops.py")).read()
   assert "```python\n" + fixture + "```" in readme

@@ -30,7 +30,7 @@ def _cli(argv):
 
 
 def _readme_holds(fixture: str) -> None:
-  readme = open(os.path.join(ROOT, "README.md")).read()
+  readme = open(os.path.join(ROOT, "docs", "training.md")).read()
   assert "```python\n" + open(os.path.join(FIXTURES, fixture)).read() + "```" in readme
 
 
