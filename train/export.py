@@ -90,7 +90,7 @@ import tensorflow_transform as tft
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.prep_output import PrepOutput
-from train import models
+from train import graphs, models
 # ServingPlanError and to_raw_bytes are imported from here too (the twins'
 # tests, the benchmark), though they live in train.serving_inputs.
 from train.serving_inputs import ServingPlanError, to_raw_bytes  # pylint: disable=unused-import
@@ -107,7 +107,8 @@ def export_model(model, tft_output: tft.TFTransformOutput, table: FeatureTable,
   while tf.io.gfile.exists(os.path.join(export_base, str(version))):
     version += 1
   path = os.path.join(export_base, str(version))
-  tf.saved_model.save(server, path, signatures=server.signatures())
+  with graphs.explained(f"export to {path}"):
+    tf.saved_model.save(server, path, signatures=server.signatures())
   return path
 
 

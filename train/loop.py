@@ -29,7 +29,7 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.features import FEATURES_FILE
 from beam_prep.prep_output import PrepOutput, RecordsError
-from train import augment, devices, export, logs, models
+from train import augment, devices, export, graphs, logs, models
 from train.config import TrainConfig
 from train.data import InputReader
 from train.serving_inputs import serving_plan
@@ -72,19 +72,20 @@ class FinalizedFunction:
       return fn(*args)
 
     self._traced = traced
-    self._function = tf.function(traced, reduce_retracing=False)
+    self._function = graphs.function(traced, reduce_retracing=False)
 
   def take(self, *element_spec) -> None:
     """Traces for inputs of these specs (e.g. a dataset's `element_spec`,
     whose variable-length features vary from batch to batch), not for the
     first call's shapes. Before the first call only."""
-    self._function = tf.function(self._traced, input_signature=element_spec,
+    self._function = graphs.function(self._traced, input_signature=element_spec,
                                  reduce_retracing=False)
 
   def __call__(self, *args):
     try:
-      return self._function(*args)
-    except Exception:  # Autograph wraps errors raised while tracing.
+      with graphs.explained(self._name):
+        return self._function(*args)
+    except Exception:  # Errors raised while tracing come back wrapped.
       if self._error is not None:
         raise self._error from None
       raise
@@ -359,7 +360,7 @@ def _gradient_fn(task, model, optimizer, global_batch: int, xla: bool):
 
   if not xla:
     return gradient
-  compiled = tf.function(gradient, jit_compile=True, reduce_retracing=False)
+  compiled = graphs.function(gradient, jit_compile=True, reduce_retracing=False)
 
   def gradient_xla(inputs, labels):
     if isinstance(labels, dict):
@@ -467,7 +468,7 @@ class _Periodic:
     self._run, self._config, self._writer = run, config, writer
     self._window = _Window(run, config, writer)
 
-    @tf.function
+    @graphs.function
     def gradients(inputs, labels):
       with tf.GradientTape() as tape:
         loss = tf.reduce_mean(run.task.loss(labels, run.model(inputs, training=False)))
@@ -675,7 +676,7 @@ def evaluate(model: keras.Model, reader: InputReader, task, max_batches: int = 0
   if max_batches:
     ds = ds.take(max_batches)
 
-  @tf.function
+  @graphs.function
   def counts(inputs, labels):
     return task.counts(inputs, labels, model(inputs, training=False))
 

@@ -33,7 +33,7 @@ from PIL import Image, ImageDraw
 
 from beam_prep import drawing, keys
 from beam_prep.prep_output import PrepOutput
-from train import clicker
+from train import clicker, graphs
 from train.servers import SegmentationServer
 
 IOU_AT = (1, 2, 3, 5, 10, 20)
@@ -124,8 +124,8 @@ class ClickLoop:
       xy, kind = clicker.next_click(pred, labels_, clicked)
       return (scores, pred) + _put(xy, kind, clicks_, kinds_, n)
 
-    self._first = tf.function(first, input_signature=[labels])
-    self._step = tf.function(step, input_signature=[
+    self._first = graphs.function(first, input_signature=[labels])
+    self._step = graphs.function(step, input_signature=[
         images, labels, clicks, kinds, tf.TensorSpec([None, h, w], tf.bool),
         tf.TensorSpec([], tf.int32)])
 

@@ -13,7 +13,7 @@ import tensorflow_transform as tft
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.preprocessing import decode_feature
-from train import clicker
+from train import clicker, graphs
 from train import signatures as sig
 from train.serving_inputs import (Example, image_decoder, model_inputs, raw_inputs, run_plan,
                                   run_twins, serving_plan, serving_side)
@@ -126,22 +126,24 @@ class SegmentationServer(_Server):
                               tf.cast(previous_mask, tf.bool))
     return _outputs(prob)
 
-  @tf.function(input_signature=sig.specs(*sig.CLICK_INPUTS))
+  @graphs.function(input_signature=sig.specs(*sig.CLICK_INPUTS))
   def serve(self, image, positive_clicks, negative_clicks):
+    """`serve_iterative` with no previous mask (all zeros): its graph, traced once
+    for both signatures."""
     shape = tf.shape(image)
-    return self._serve(image, positive_clicks, negative_clicks,
-                       tf.zeros(shape[:2], tf.uint8))
+    return self.serve_iterative(image, positive_clicks, negative_clicks,
+                                tf.zeros(shape[:2], tf.uint8))
 
-  @tf.function(input_signature=sig.specs(*sig.CLICK_INPUTS, sig.PREVIOUS_MASK))
+  @graphs.function(input_signature=sig.specs(*sig.CLICK_INPUTS, sig.PREVIOUS_MASK))
   def serve_iterative(self, image, positive_clicks, negative_clicks, previous_mask):
     return self._serve(image, positive_clicks, negative_clicks, previous_mask)
 
-  @tf.function(input_signature=sig.specs(*sig.ENCODED_CLICK_INPUTS, batch=True))
+  @graphs.function(input_signature=sig.specs(*sig.ENCODED_CLICK_INPUTS, batch=True))
   def serve_encoded(self, image_bytes, positive_clicks, negative_clicks):
     return self._serve_encoded(image_bytes, positive_clicks, negative_clicks)
 
-  @tf.function(input_signature=sig.specs(*sig.ENCODED_CLICK_INPUTS, sig.PREVIOUS_MASK,
-                                         batch=True))
+  @graphs.function(input_signature=sig.specs(*sig.ENCODED_CLICK_INPUTS, sig.PREVIOUS_MASK,
+                                             batch=True))
   def serve_iterative_encoded(self, image_bytes, positive_clicks, negative_clicks,
                               previous_mask):
     return self._serve_encoded(image_bytes, positive_clicks, negative_clicks, previous_mask)
@@ -171,7 +173,7 @@ class SegmentationServer(_Server):
       return tf.map_fn(one, elems, fn_output_signature={
           k: tf.TensorSpec([], tf.string) for k in sig.ENCODED_OUTPUTS})
 
-  @tf.function(input_signature=sig.specs(sig.EXAMPLES, batch=True))
+  @graphs.function(input_signature=sig.specs(sig.EXAMPLES, batch=True))
   def serve_examples(self, examples):
     """[B] serialized tf.Examples of one (object, variant) each, in the example
     view (`FeatureTable.encode`: raw `image` bytes and int64 click lists), not
@@ -229,7 +231,7 @@ class ClassificationServer(_Server):
     super().__init__(model, tft_output, table)
     self.classes = tf.constant(tft_output.vocabulary_by_name(keys.LABEL_VOCABULARY))
 
-  @tf.function(input_signature=sig.specs(sig.IMAGE_BYTES, batch=True))
+  @graphs.function(input_signature=sig.specs(sig.IMAGE_BYTES, batch=True))
   def serve(self, image_bytes):
     raw = self.batched_raw(image_bytes,
                             lambda data: self.raw_model_input({keys.IMAGE_BYTES: data}))

@@ -19,6 +19,17 @@ def test_finalized_step_raises_on_a_changed_shape():
     step(tf.ones([4, 3]))
 
 
+def test_python_control_flow_on_a_tensor_is_refused_with_the_fix_and_tf_function_converts_it():
+  """The step is traced without AutoGraph: an `if` on a tensor fails, naming
+  the fix; a function the user decorates with @tf.function is converted."""
+  def branchy(x):
+    return x * 2 if tf.reduce_sum(x) > 0 else x
+
+  with pytest.raises(ValueError, match=r"step: .*tf\.cond.*@tf\.function"):
+    FinalizedFunction(branchy, "step")(tf.ones([2]))
+  assert float(tf.reduce_sum(FinalizedFunction(tf.function(branchy), "step")(tf.ones([2])))) == 4
+
+
 def test_loss_ignores_weighted_out_pixels_and_counts_iou():
   label = np.zeros((1, 4, 4, 1), np.float32)
   label[0, :2] = 1
