@@ -8,7 +8,7 @@ flags. The resolved config is written to `MODEL_DIR/config.json`.
 import dataclasses
 import json
 import os
-from typing import Any, ClassVar, Dict, Tuple
+from typing import Any, ClassVar, Dict, List, Tuple
 
 from beam_prep import keys
 from beam_prep.kit import CommandConfig, check_known, option
@@ -17,6 +17,10 @@ from train import augment
 
 # The training half of each preset (`beam_prep.config.PREP_PRESETS` holds the
 # preprocessing half of the same name).
+# The `beam-train fit` options of each task's training side, each added by
+# `train.tasks.register_trainer` (this module imports no task).
+TASK_OPTIONS: List[type] = []
+
 TRAIN_PRESETS: Dict[str, Dict[str, Any]] = {
     # What the tests run: a few hundred small steps on CPU.
     "smoke": {"width": 12, "depth": 3, "steps": 240, "batch_size": 8, "checkpoint_every": 80,
@@ -148,10 +152,9 @@ class TrainConfig:
   def from_dict(cls, d: Dict[str, Any]) -> "TrainConfig":
     """Builds a config from a plain dict; the tasks' own settings sit beside
     the others (each checked by its task's options) or in `task_options`."""
-    from train import tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
     d = dict(d)
     own = dict(d.pop("task_options", None) or {})
-    for options in tasks.option_classes():
+    for options in TASK_OPTIONS:
       names = {f.name for f in dataclasses.fields(options)}
       own.update({k: d.pop(k) for k in list(d) if k in names})
       options(**{k: v for k, v in own.items() if k in names})  # Checked now.

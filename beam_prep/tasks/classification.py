@@ -11,7 +11,6 @@ class Classification(Task):
   name = "classification"
   summary = "records for image classification"
   labels = "classes"
-  trainer = "train.tasks.classification:ClassificationTask"
 
   def stages(self, config) -> List[Stage]:
     """Decode (per image), then check the label and run the user's ops (per record)."""

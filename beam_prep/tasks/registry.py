@@ -2,8 +2,8 @@
 
 A task module declares, once, everything that differs between tasks: which
 input labels it needs (instance masks or class names), the op stages of its
-Beam job and the level each stage works at, how many records a unit yields,
-and (for the trainer) its loss, metrics, serving signature and evaluators.
+Beam job and the level each stage works at and how many records a unit
+yields; its training side (`train.tasks`) registers itself under its name.
 It registers an instance with `register_task`; nothing outside the task
 modules compares task names.
 
@@ -67,15 +67,15 @@ class Task:
     options: the frozen dataclass of the settings only this task has
       (`PrepConfig.options` holds one; each of its `option` fields is a flag
       of the task's command alone).
-    trainer: "module:Class", its training side (`train.tasks`): labels, loss and metrics,
-      serving signatures and evaluators (`beam-train` imports it; the Beam
-      job never does).
+
+  Its training side (labels, loss and metrics, serving signatures and
+  evaluators) registers itself under `name` in `train.tasks`
+  (`register_trainer`); the Beam job never imports it.
   """
   name = ""
   summary = ""
   labels = ""
   options = NoOptions
-  trainer = ""
 
   def stages(self, config) -> List[Stage]:
     """The job's stages, in level order (an input stage first)."""

@@ -145,7 +145,6 @@ class Segmentation(Task):
   name = "segmentation"
   summary = "click-variant records for interactive segmentation"
   labels = "instances"
-  trainer = "train.tasks.segmentation:SegmentationTask"
   options = SegmentationOptions
 
   def stages(self, config) -> List[Stage]:

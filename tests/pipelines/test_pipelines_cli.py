@@ -283,6 +283,7 @@ def test_each_preset_has_both_halves_and_both_are_valid():
   """A preset is one name for a pair: the prep and train tables name the same presets,
   and each half builds its config."""
   from beam_prep import kit
+  from train import tasks  # pylint: disable=unused-import  (registers the tasks' fit options)
   from train.config import TrainConfig
   assert set(PrepConfig.PRESETS) == set(TrainConfig.PRESETS)
   for name in PrepConfig.PRESETS:

@@ -16,8 +16,8 @@ class NoFitOptions:
 
 
 class TrainingTask:
-  """The training side of a task (subclass it; its prep-side declaration in
-  `beam_prep.tasks` names the subclass as `trainer`).
+  """The training side of a task (subclass it and register the subclass under
+  the task's name with `train.tasks.register_trainer`).
 
   Attributes:
     options: frozen dataclass of the task's own `beam-train fit` settings

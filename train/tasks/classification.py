@@ -11,9 +11,11 @@ from beam_prep import keys
 from beam_prep.features import FeatureTable
 from train import servers
 from train.config import TrainConfig
+from train.tasks import register_trainer
 from train.tasks.base import TrainingTask, check_output, model_spec
 
 
+@register_trainer("classification")
 class ClassificationTask(TrainingTask):
   """Class logits [B, C]; sparse softmax cross-entropy; accuracy."""
   default_model = "cnn_classifier"

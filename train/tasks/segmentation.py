@@ -15,6 +15,7 @@ from beam_prep.features import FeatureTable
 from train import clicker, logs, noc, servers, step_inputs
 from train.config import TrainConfig
 from train.serving_inputs import ServingPlanError
+from train.tasks import register_trainer
 from train.tasks.base import TrainingTask, check_output, fit_options, model_spec
 
 
@@ -50,6 +51,7 @@ class SegmentationFitOptions:
       raise ValueError(f"--loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
 
 
+@register_trainer("segmentation")
 class SegmentationTask(TrainingTask):
   """Mask logits [B, H, W, 1]; weighted sigmoid cross-entropy; IoU (`clicker.iou`)."""
   default_model = "segmentation_fcn"
