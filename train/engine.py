@@ -60,10 +60,16 @@ class EngineConfig(CommandConfig):
                               "minutes, even before --steps (0: --steps only)")
   min_new: int = option(1, "run a round only when at least this many images were labelled "
                         "since the last one")
+  base_share: float = option(0.0, "the share of a round's training records that are those "
+                             "MODEL was first trained on (its prep output's train split), "
+                             "the labels' records repeated to make up the rest, so the "
+                             "model keeps what it knew (0: the labels alone)")
 
   def __post_init__(self):
     if self.steps < 1 or self.min_new < 1 or self.max_minutes < 0:
       raise ValueError("--steps and --min-new must be at least 1, --max-minutes at least 0")
+    if not 0 <= self.base_share < 1:
+      raise ValueError(f"--base-share must be in [0, 1), got {self.base_share}")
 
   @property
   def root(self) -> str:
@@ -136,6 +142,48 @@ def _fit(config: EngineConfig, current: str, data: str, model_dir: str, log_path
                "--max-minutes", f"{minutes:.3f}", "--export"], log_path)
 
 
+def _link(source: str, target: str) -> None:
+  """`target` holds `source`'s bytes: a hard link, or a copy across file systems."""
+  try:
+    os.link(source, target)
+  except OSError:
+    shutil.copyfile(source, target)
+
+
+def label_copies(base_records: int, label_records: int, share: float) -> int:
+  """How many times the labels' records are read so that the base's make up
+  `share` of the whole (at least once)."""
+  if share <= 0 or label_records <= 0:
+    return 1
+  return max(1, round(base_records * (1 - share) / (share * label_records)))
+
+
+def mix_base(config: EngineConfig, prep_dir: str) -> Dict[str, int]:
+  """Adds the train records MODEL was first trained on to a round's records
+  (`--base-share`): the base's shards as the shard set `train-base-*`, the
+  labels' shards again as `train-copyN-*` as many times as the share asks.
+  The trainer reads every `train-*` shard.
+
+  Raises:
+    RuntimeError: the base's records hold other features than the round's.
+  """
+  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  base, own = PrepOutput.of_model(config.model), PrepOutput(prep_dir)
+  if base.table.to_json() != own.table.to_json():
+    raise RuntimeError(f"--base-share: the records of {base.path} hold other features than "
+                       f"the round's ({own.path}); they cannot be trained on together")
+  records = lambda p: p.manifest["shards"][keys.TRAIN_SPLIT]["records"]  # pylint: disable=unnecessary-lambda-assignment
+  labels_files, copies = own.files(keys.TRAIN_SPLIT), label_copies(
+      records(base), records(own), config.base_share)
+  sets = [("base", f) for f in base.files(keys.TRAIN_SPLIT)]
+  sets += [(f"copy{i}", f) for i in range(1, copies) for f in labels_files]
+  for name, source in sets:
+    _link(source, own.join(keys.RECORDS_DIR, f"{keys.TRAIN_SPLIT}-{name}-"
+                           f"{os.path.basename(source).split('-', 1)[1]}"))
+  return {"base_records": records(base), "label_records": records(own),
+          "label_copies": copies}
+
+
 def publish(export_dir: str, model: str) -> str:
   """Copies an export under MODEL/export/ as the same version: written beside
   (hidden), then renamed in, so a server never loads half of it."""
@@ -190,13 +238,18 @@ def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
   started = time.time()
   prep_s = _prep(config, current, os.path.join(folder, "prep"), log_path)
   log.info("engine: round %d: records in %.0f s", number, prep_s)
+  mix = mix_base(config, os.path.join(folder, "prep")) if config.base_share else None
+  if mix:
+    log.info("engine: round %d: with the %d train records of %s; the labels' %d records "
+             "read %d time(s)", number, mix["base_records"], config.model,
+             mix["label_records"], mix["label_copies"])
   model_dir = os.path.join(folder, "model")
   fit_s = _fit(config, current, os.path.join(folder, "prep"), model_dir, log_path,
                time.time() - started)
   published = publish(latest_export(model_dir), config.model)
   entry = {"round": number, "images": len(entries), "new_images": new, "objects": objects,
            "labels_until": newest, "started": started, "from": current, "model_dir": model_dir,
-           "published": published, "version": int(os.path.basename(published)),
+           "published": published, "version": int(os.path.basename(published)), "mix": mix,
            "seconds": {"prep": round(prep_s, 1), "fit": round(fit_s, 1),
                        "total": round(time.time() - started, 1)}}
   _write_rounds(config.root, done + [entry])

@@ -12,6 +12,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from beam_prep import keys
@@ -94,3 +95,36 @@ class _Log:
 
   def info(self, fmt, *args):
     self.lines.append(fmt % args)
+
+
+def test_a_rounds_records_take_in_the_base_models_own_at_the_share_asked(prep_dir, trained,
+                                                                          tmp_path):
+  """`--base-share`: the base's train shards join a round's records as a shard
+  set of their own, the labels' repeated to make up the rest; records of other
+  features are refused."""
+  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  assert engine.label_copies(670, 60, 0.5) == 11 and engine.label_copies(670, 60, 0.0) == 1
+  assert engine.label_copies(10, 100, 0.5) == 1  # The labels are read at least once.
+  own = str(tmp_path / "round")
+  shutil.copytree(prep_dir, own)
+  config = engine.EngineConfig(labels=str(tmp_path), model=trained, base_share=0.2)
+  base = PrepOutput.of_model(trained)
+  mix = engine.mix_base(config, own)
+  n = base.manifest["shards"][keys.TRAIN_SPLIT]["records"]
+  assert mix == {"base_records": n, "label_records": n,
+                 "label_copies": engine.label_copies(n, n, 0.2)}
+  files = PrepOutput(own).files(keys.TRAIN_SPLIT)
+  base_files = base.files(keys.TRAIN_SPLIT)
+  assert len(files) == len(base_files) * (1 + mix["label_copies"])
+  assert len([f for f in files if "-base-" in f]) == len(base_files)
+  read = sum(1 for _ in PrepOutput(own).dataset(keys.TRAIN_SPLIT))
+  assert read == n * (1 + mix["label_copies"])
+  other = str(tmp_path / "other")
+  shutil.copytree(prep_dir, other)
+  features = json.load(open(os.path.join(other, "features.json")))
+  features["image_size"] = [int(v) + 2 for v in features["image_size"]]
+  json.dump(features, open(os.path.join(other, "features.json"), "w"))
+  with pytest.raises(RuntimeError, match="hold other features than the round's"):
+    engine.mix_base(config, other)
+  with pytest.raises(ValueError, match="--base-share must be in"):
+    engine.EngineConfig(labels="l", model="m", base_share=1.0)

@@ -45,6 +45,9 @@ class ServeConfig(CommandConfig):
   engine_steps: int = option(300, "a background round's fine-tuning steps")
   engine_minutes: float = option(5.0, "a background round's budget in minutes, records, "
                                  "training and export (0: --engine-steps only)")
+  engine_base_share: float = option(0.0, "a background round's share of the records the "
+                                    "model was first trained on (beam-train engine "
+                                    "--base-share)")
 
   def __post_init__(self):
     if self.engine_every and not self.save_dir:
@@ -61,7 +64,8 @@ class ServeConfig(CommandConfig):
   @property
   def engine_args(self):
     """The `beam-train engine` flags of a background round."""
-    return ["--steps", str(self.engine_steps), "--max-minutes", str(self.engine_minutes)]
+    return ["--steps", str(self.engine_steps), "--max-minutes", str(self.engine_minutes),
+            "--base-share", str(self.engine_base_share)]
 
   @property
   def name(self) -> str:
