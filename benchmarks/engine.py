@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="--engine: fine-tuning steps of a round (default: %(default)s)")
   parser.add_argument("--engine-minutes", type=float, default=5.0, metavar="M",
                       help="--engine: a round's training time at most (default: %(default)s)")
+  parser.add_argument("--engine-lr-scale", type=float, default=1.0, metavar="X",
+                      help="--engine: a round's learning rate as a multiple of the base "
+                      "model's (beam-train engine --lr-scale; default: %(default)s)")
   parser.add_argument("--engine-base-share", type=float, default=0.0, metavar="F",
                       help="--engine: the share of each round's records that are the base "
                       "model's own training records (beam-train engine --base-share; "
@@ -104,7 +107,8 @@ def _serve(model: str, save_dir: str = "", args=None):
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
   engine = ({"engine_every": NEVER, "engine_steps": args.engine_steps,
              "engine_minutes": args.engine_minutes,
-             "engine_base_share": args.engine_base_share} if save_dir else {})
+             "engine_base_share": args.engine_base_share,
+             "engine_lr_scale": args.engine_lr_scale} if save_dir else {})
   server, versions = serve_app.start(ServeConfig(model=model, port=0, save_dir=save_dir,
                                                  poll_seconds=1.0, max_clicks=64, **engine))
   threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -40,9 +40,9 @@ ENGINE_FILE = "engine.json"
 LOCK_FILE = ".engine.lock"
 ENGINE_DIR = "engine"  # Under the labels' folder when no --workdir is given.
 # What `beam-train fit` spends besides training (TensorFlow's start, the
-# model rebuilt and its weights loaded, the export), measured at about 50 s
-# at 128 px on 2 cores: kept out of a round's training budget.
-FIT_OVERHEAD_MINUTES = 1.0
+# model rebuilt and its weights loaded, the export), measured at 50-65 s at
+# 128 px on 2 cores: kept out of a round's training budget.
+FIT_OVERHEAD_MINUTES = 1.25
 MIN_TRAIN_MINUTES = 0.25
 
 
@@ -60,6 +60,8 @@ class EngineConfig(CommandConfig):
                               "minutes, even before --steps (0: --steps only)")
   min_new: int = option(1, "run a round only when at least this many images were labelled "
                         "since the last one")
+  lr_scale: float = option(1.0, "a round's learning rate, as a multiple of the one MODEL was "
+                           "trained with")
   base_share: float = option(0.0, "the share of a round's training records that are those "
                              "MODEL was first trained on (its prep output's train split), "
                              "the labels' records repeated to make up the rest, so the "
@@ -68,6 +70,8 @@ class EngineConfig(CommandConfig):
   def __post_init__(self):
     if self.steps < 1 or self.min_new < 1 or self.max_minutes < 0:
       raise ValueError("--steps and --min-new must be at least 1, --max-minutes at least 0")
+    if not self.lr_scale > 0:
+      raise ValueError(f"--lr-scale must be above 0, got {self.lr_scale}")
     if not 0 <= self.base_share < 1:
       raise ValueError(f"--base-share must be in [0, 1), got {self.base_share}")
 
@@ -136,10 +140,13 @@ def _fit(config: EngineConfig, current: str, data: str, model_dir: str, log_path
   if config.max_minutes > 0:
     left = config.max_minutes - spent_s / 60 - FIT_OVERHEAD_MINUTES
     minutes = max(left, MIN_TRAIN_MINUTES)
+  with open(os.path.join(config.model, keys.MODEL_CONFIG_FILE), encoding="utf-8") as f:
+    rate = json.load(f)["learning_rate"] * config.lr_scale
   return _run([sys.executable, "-m", "train", "fit",
                "--config", os.path.join(current, keys.MODEL_CONFIG_FILE), "--data", data,
                "--model-dir", model_dir, "--init-from", current, "--steps", str(config.steps),
-               "--max-minutes", f"{minutes:.3f}", "--export"], log_path)
+               "--max-minutes", f"{minutes:.3f}", "--learning-rate", repr(rate), "--export"],
+              log_path)
 
 
 def _link(source: str, target: str) -> None:

@@ -45,6 +45,8 @@ class ServeConfig(CommandConfig):
   engine_steps: int = option(300, "a background round's fine-tuning steps")
   engine_minutes: float = option(5.0, "a background round's budget in minutes, records, "
                                  "training and export (0: --engine-steps only)")
+  engine_lr_scale: float = option(1.0, "a background round's learning rate, as a multiple of "
+                                  "the model's own (beam-train engine --lr-scale)")
   engine_base_share: float = option(0.0, "a background round's share of the records the "
                                     "model was first trained on (beam-train engine "
                                     "--base-share)")
@@ -65,7 +67,8 @@ class ServeConfig(CommandConfig):
   def engine_args(self):
     """The `beam-train engine` flags of a background round."""
     return ["--steps", str(self.engine_steps), "--max-minutes", str(self.engine_minutes),
-            "--base-share", str(self.engine_base_share)]
+            "--base-share", str(self.engine_base_share),
+            "--lr-scale", str(self.engine_lr_scale)]
 
   @property
   def name(self) -> str:
