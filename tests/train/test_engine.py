@@ -54,7 +54,8 @@ def test_saved_labels_train_the_next_version_in_the_background(trained, sample_d
   base_version = int(os.path.basename(latest_export(str(model))))
   labels = tmp_path / "labels"
   config = ServeConfig(model=str(model), model_name="cat", port=0, save_dir=str(labels),
-                       poll_seconds=0.5, engine_every=3, engine_steps=3, engine_minutes=0)
+                       poll_seconds=0.5, engine_every=3, engine_steps=3, engine_minutes=0,
+                       engine_lr_scale=0.5)
   server, versions = serve_app.start(config)
   threading.Thread(target=server.serve_forever, daemon=True).start()
   client, rounds = server.app.test_client(), server.app.extensions[serve_app.ROUNDS]
@@ -75,7 +76,10 @@ def test_saved_labels_train_the_next_version_in_the_background(trained, sample_d
     assert done["images"] == done["new_images"] == 3 and done["from"] == str(model)
     # The round's records were read with the served model's transform, not a new one.
     with open(os.path.join(done["model_dir"], keys.MODEL_CONFIG_FILE)) as f:
-      round_data = json.load(f)["data"]
+      round_config = json.load(f)
+    round_data = round_config["data"]
+    with open(os.path.join(str(model), keys.MODEL_CONFIG_FILE)) as f:  # --engine-lr-scale 0.5
+      assert round_config["learning_rate"] == json.load(f)["learning_rate"] * 0.5
     with open(os.path.join(round_data, keys.CONFIG_FILE)) as f:
       assert json.load(f)["transform_from"] == str(model)
     status = client.get("/v1/models/cat").get_json()["model_version_status"]
@@ -128,3 +132,5 @@ def test_a_rounds_records_take_in_the_base_models_own_at_the_share_asked(prep_di
     engine.mix_base(config, other)
   with pytest.raises(ValueError, match="--base-share must be in"):
     engine.EngineConfig(labels="l", model="m", base_share=1.0)
+  with pytest.raises(ValueError, match="--lr-scale must be above 0"):
+    engine.EngineConfig(labels="l", model="m", lr_scale=0)
