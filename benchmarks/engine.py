@@ -31,6 +31,7 @@ it); `latency_ms`: p50 and p95 of clicks idle and during a retrain.
 """
 
 import argparse
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -42,6 +43,8 @@ from typing import Any, Dict, List
 import numpy as np
 
 from benchmarks.common import environment, log, write_result
+from beam_prep.kit import with_default
+from train.serve.config import ENGINE_FIELDS, ServeConfig
 from train.simulate import TARGET_IOU, Annotator, label_batch, source_objects
 
 PROG = "python -m benchmarks --engine"
@@ -59,17 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--engine-objects", type=int, default=60, metavar="N",
                       help="--engine: objects labelled per round (default: %(default)s)")
   parser.add_argument("--engine-layout", default="auto", metavar="NAME")
-  parser.add_argument("--engine-steps", type=int, default=300, metavar="N",
-                      help="--engine: fine-tuning steps of a round (default: %(default)s)")
-  parser.add_argument("--engine-minutes", type=float, default=5.0, metavar="M",
-                      help="--engine: a round's training time at most (default: %(default)s)")
-  parser.add_argument("--engine-lr-scale", type=float, default=1.0, metavar="X",
-                      help="--engine: a round's learning rate as a multiple of the base "
-                      "model's (beam-train engine --lr-scale; default: %(default)s)")
-  parser.add_argument("--engine-base-share", type=float, default=0.0, metavar="F",
-                      help="--engine: the share of each round's records that are the base "
-                      "model's own training records (beam-train engine --base-share; "
-                      "default: %(default)s)")
+  # A round's settings: serve's `--engine-*` flags, their defaults and help.
+  fields = {f.name: f for f in dataclasses.fields(ServeConfig)}
+  for name in ENGINE_FIELDS:
+    default = fields[name].default
+    parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
+                        help="--engine: " + with_default(fields[name].metadata["help"], default))
 
 
 # ---- the objects ---------------------------------------------------------------
@@ -104,11 +102,8 @@ def _serve(model: str, save_dir: str = "", args=None):
   rounds (with a save dir: run by `--engine-every`'s mechanism, started by
   the benchmark itself between batches), URL)."""
   from train.serve import app as serve_app  # pylint: disable=g-import-not-at-top
-  from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
-  engine = ({"engine_every": NEVER, "engine_steps": args.engine_steps,
-             "engine_minutes": args.engine_minutes,
-             "engine_base_share": args.engine_base_share,
-             "engine_lr_scale": args.engine_lr_scale} if save_dir else {})
+  engine = ({"engine_every": NEVER, **{k: getattr(args, k) for k in ENGINE_FIELDS}}
+            if save_dir else {})
   server, versions = serve_app.start(ServeConfig(model=model, port=0, save_dir=save_dir,
                                                  poll_seconds=1.0, max_clicks=64, **engine))
   threading.Thread(target=server.serve_forever, daemon=True).start()

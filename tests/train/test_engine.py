@@ -134,3 +134,6 @@ def test_a_rounds_records_take_in_the_base_models_own_at_the_share_asked(prep_di
     engine.EngineConfig(labels="l", model="m", base_share=1.0)
   with pytest.raises(ValueError, match="--lr-scale must be above 0"):
     engine.EngineConfig(labels="l", model="m", lr_scale=0)
+  # serve refuses a background round's bad setting when it starts, not in the round.
+  with pytest.raises(ValueError, match=r"\(--engine-\*\): --base-share must be in"):
+    ServeConfig(model="m", save_dir="l", engine_every=3, engine_base_share=1.5)

@@ -5,6 +5,18 @@ so the command can say what is missing before importing one."""
 import dataclasses
 
 from beam_prep.kit import CommandConfig, option
+from train.engine import EngineConfig
+
+# `serve --engine-X`: the `EngineConfig` field each sets for a background round
+# (its default, its flag of `beam-train engine`).
+ENGINE_FIELDS = {"engine_steps": "steps", "engine_minutes": "max_minutes",
+                 "engine_lr_scale": "lr_scale", "engine_base_share": "base_share"}
+
+
+def _engine_option(name: str, text: str):
+  """A background round's setting: `EngineConfig`'s field `name`, with its default."""
+  return option(next(f.default for f in dataclasses.fields(EngineConfig) if f.name == name),
+                text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,14 +54,16 @@ class ServeConfig(CommandConfig):
   engine_every: int = option(0, "run a data engine round (beam-train engine) in the background "
                              "after every N labels saved (0: never); needs --save-dir and a "
                              "model dir")
-  engine_steps: int = option(300, "a background round's fine-tuning steps")
-  engine_minutes: float = option(5.0, "a background round's budget in minutes, records, "
-                                 "training and export (0: --engine-steps only)")
-  engine_lr_scale: float = option(1.0, "a background round's learning rate, as a multiple of "
-                                  "the model's own (beam-train engine --lr-scale)")
-  engine_base_share: float = option(0.0, "a background round's share of the records the "
-                                    "model was first trained on (beam-train engine "
-                                    "--base-share)")
+  engine_steps: int = _engine_option("steps", "a background round's fine-tuning steps")
+  engine_minutes: float = _engine_option("max_minutes", "a background round's budget in "
+                                         "minutes, records, training and export (0: "
+                                         "--engine-steps only)")
+  engine_lr_scale: float = _engine_option("lr_scale", "a background round's learning rate, as "
+                                          "a multiple of the model's own (beam-train engine "
+                                          "--lr-scale)")
+  engine_base_share: float = _engine_option("base_share", "a background round's share of the "
+                                            "records the model was first trained on "
+                                            "(beam-train engine --base-share)")
 
   def __post_init__(self):
     if self.engine_every and not self.save_dir:
@@ -57,6 +71,12 @@ class ServeConfig(CommandConfig):
     if self.engine_every < 0 or self.engine_steps < 1 or self.engine_minutes < 0:
       raise ValueError("--engine-every must be 0 or more, --engine-steps at least 1, "
                        "--engine-minutes 0 or more")
+    if self.engine_every:  # The rounds' settings are refused now, not in the background.
+      try:
+        EngineConfig(labels=self.save_dir, model=self.model,
+                     **{dst: getattr(self, src) for src, dst in ENGINE_FIELDS.items()})
+      except ValueError as e:
+        raise ValueError(f"a background round's settings (--engine-*): {e}") from None
     for flag, value in (("--max-request-mb", self.max_request_mb),
                         ("--max-pixels", self.max_pixels), ("--max-clicks", self.max_clicks),
                         ("--threads", self.threads)):
@@ -66,9 +86,8 @@ class ServeConfig(CommandConfig):
   @property
   def engine_args(self):
     """The `beam-train engine` flags of a background round."""
-    return ["--steps", str(self.engine_steps), "--max-minutes", str(self.engine_minutes),
-            "--base-share", str(self.engine_base_share),
-            "--lr-scale", str(self.engine_lr_scale)]
+    return [arg for src, dst in ENGINE_FIELDS.items()
+            for arg in ("--" + dst.replace("_", "-"), str(getattr(self, src)))]
 
   @property
   def name(self) -> str:
