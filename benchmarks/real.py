@@ -85,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="--real: training batch size (default: %(default)s)")
   parser.add_argument("--real-max-clicks", type=int, default=keys.NOC_MAX_CLICKS, metavar="K",
                       help="--real: clicks per object at most in NoC (default: %(default)s)")
+  parser.add_argument("--real-arms", default="", metavar="A,B",
+                      help="--real: run only these arms, comma-separated (default: all: "
+                      f"{', '.join(a['name'] for a in ARMS)})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +99,7 @@ class Settings:
   image_size: int
   batch: int
   max_clicks: int
+  arms: tuple
 
   def prep_flags(self) -> List[str]:
     return ["--preset", PRESET, "--layout", self.layout, "--image-size", str(self.image_size),
@@ -119,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
     return 2
   log(f"real: {s.data} ({s.layout} layout), {s.image_size} px, batch {s.batch}, {s.steps} "
       f"steps, NoC up to {s.max_clicks} clicks; work in {s.workdir}")
-  arms = [dict(arm, **availability(arm)) for arm in ARMS]
+  arms = [dict(arm, **availability(arm)) for arm in ARMS if arm["name"] in s.arms]
   preps = _prepare(s, arms)
   results = [_run_arm(s, arm, preps) for arm in arms]
   result = {"data": s.data, "settings": dataclasses.asdict(s), "eval_percent": EVAL_PERCENT,
@@ -140,6 +144,7 @@ def _settings(args: argparse.Namespace) -> Settings:
   for name in ("real_steps", "real_image_size", "real_batch", "real_max_clicks"):
     if getattr(args, name) < 1:
       raise RealError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+  arms = _arm_names(args.real_arms)
   data = os.path.abspath(args.real) if args.real else ""
   if not data or not os.path.exists(data):
     raise RealError(f"{args.real or 'DIR'}: no such file or directory")
@@ -155,7 +160,21 @@ def _settings(args: argparse.Namespace) -> Settings:
   os.makedirs(workdir, exist_ok=True)
   return Settings(data=data, layout=layout, workdir=workdir, steps=args.real_steps,
                   image_size=args.real_image_size, batch=args.real_batch,
-                  max_clicks=args.real_max_clicks)
+                  max_clicks=args.real_max_clicks, arms=arms)
+
+
+def _arm_names(text: str) -> tuple:
+  """`--real-arms A,B` -> the named arms, in the table's order ('': all).
+
+  Raises:
+    RealError: a name is not an arm's.
+  """
+  known = [a["name"] for a in ARMS]
+  asked = [n.strip() for n in text.split(",") if n.strip()] or known
+  unknown = [n for n in asked if n not in known]
+  if unknown:
+    raise RealError(f"--real-arms: no arm named {', '.join(unknown)} (arms: {', '.join(known)})")
+  return tuple(n for n in known if n in asked)
 
 
 def resolve_layout(data: str, layout: str, workdir: str) -> str:

@@ -82,7 +82,7 @@ SETTINGS = {
     # Tiny: what the smoke test runs to keep this code working (two pairs:
     # the medians still run over several).
     "tiny": {"count": 4, "size": 64, "variants": 2, "batch": 2, "batches": 2, "repeats": 1,
-             "train_steps": 2, "width": 4, "depth": 2, "rss_n": 2, "fit_steps": 4,
+             "train_steps": 2, "width": 4, "depth": 2, "rss_n": 1, "fit_steps": 4,
              "serve_repeats": 2, "click_repeats": 1, "noc_images": 1, "noc_size": 96,
              "noc_clicks": 3, "pairs": 2, "labels_fill": 10},
 }

@@ -42,6 +42,7 @@ from beam_prep.features import FeatureTable
 from beam_prep.prep_output import PrepOutput
 from beam_prep.record_decoder import Decoder, raw_view
 from train import augment as augment_
+from train import graphs
 from train import logs
 from train.config import TrainConfig
 from train.serving_inputs import model_inputs
@@ -174,22 +175,24 @@ class InputReader:
       ds = ds.shuffle(self._shuffle_buffer, seed=self._seed).repeat()
       # Batch before parsing: one parse_example (and transform) call per batch.
       ds = ds.batch(self._batch_size, drop_remainder=True)
-      ds = ds.map(decoder.stored, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+      ds = ds.map(graphs.dataset_fn(decoder.stored), num_parallel_calls=tf.data.AUTOTUNE,
+                  deterministic=False)
     else:
       # Every variant is an eval example: records are parsed and expanded,
       # then rebatched into examples.
-      ds = ds.batch(self._batch_size).map(lambda s: decoder.stored(s, training=False))
+      ds = ds.batch(self._batch_size).map(
+          graphs.dataset_fn(lambda s: decoder.stored(s, training=False)))
       ds = ds.unbatch().batch(self._batch_size)
     if not self.transform_in_step:
-      ds = ds.map(lambda raw: self.parser(raw, training), num_parallel_calls=tf.data.AUTOTUNE,
-                  deterministic=not training)
+      ds = ds.map(graphs.dataset_fn(lambda raw: self.parser(raw, training)),
+                  num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
     return ds.prefetch(tf.data.AUTOTUNE)
 
   def model_batches(self, split: str, training: bool) -> tf.data.Dataset:
     """`(inputs, labels)` batches, whichever side applies the transform."""
     ds = self.dataset(split, training)
     if self.transform_in_step:
-      ds = ds.map(lambda raw: self.parser(raw, training))
+      ds = ds.map(graphs.dataset_fn(lambda raw: self.parser(raw, training)))
     return ds
 
 
@@ -230,5 +233,5 @@ def dataset(data_dir: str, split: str = keys.TRAIN_SPLIT,
                        augment=augment_.parse(augment))
   ds = reader.model_batches(split, training)
   if keras_form:
-    ds = ds.map(task.keras_form, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(graphs.dataset_fn(task.keras_form), num_parallel_calls=tf.data.AUTOTUNE)
   return ds

@@ -676,7 +676,8 @@ def evaluate(model: keras.Model, reader: InputReader, task, max_batches: int = 0
   if max_batches:
     ds = ds.take(max_batches)
 
-  @graphs.function
+  # Traced once for every batch: click counts (and the last batch's size) vary.
+  @graphs.function(input_signature=ds.element_spec)
   def counts(inputs, labels):
     return task.counts(inputs, labels, model(inputs, training=False))
 

@@ -49,21 +49,29 @@ def check_arm(arm, objects):
     assert os.path.isdir(os.path.join(arm["model_dir"], "export"))
 
 
-def test_real_runs_every_arm(tmp_path):
+# The nearest-click baseline (no model) and the preset's own arm (a model):
+# the other arms are the same code with other flags.
+RUN_ARMS = ("baseline", "corrective")
+
+
+def test_real_runs_the_arms_asked(tmp_path):
   data = str(tmp_path / "COCO_MVal")  # The root's name makes --layout auto pick coco_mval.
   coco_mval_set(data)
   before = listing(data)
   out, work = str(tmp_path / "real.json"), str(tmp_path / "work")
   r = subprocess.run([sys.executable, "-m", "benchmarks", "--real", data, "--real-steps", "4",
                       "--real-image-size", "48", "--real-batch", "4", "--real-max-clicks",
-                      str(MAX_CLICKS), "--workdir", work, "--json", out],
+                      str(MAX_CLICKS), "--real-arms", ",".join(reversed(RUN_ARMS)),
+                      "--workdir", work, "--json", out],
                      capture_output=True, text=True, timeout=600, cwd=ROOT)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   result = json.load(open(out))
   assert result["settings"]["layout"] == "coco_mval"
-  assert [a["name"] for a in result["arms"]] == [a["name"] for a in real.ARMS]
+  declared_arms = [a for a in real.ARMS if a["name"] in RUN_ARMS]  # In the table's order.
+  assert [a["name"] for a in result["arms"]] == [a["name"] for a in declared_arms]
+  assert result["settings"]["arms"] == list(RUN_ARMS)
   eval_images = result["preps"][0]["eval_images"]
-  for arm, declared in zip(result["arms"], real.ARMS):
+  for arm, declared in zip(result["arms"], declared_arms):
     missing = real.availability(declared)
     if missing:  # A flag its command does not know (yet): skipped, saying which.
       assert arm["status"] == "skipped" and "not available" in arm["reason"], arm
@@ -71,8 +79,8 @@ def test_real_runs_every_arm(tmp_path):
     else:
       check_arm(arm, eval_images)  # One object per image: every held-out image's object.
       assert f"| {arm['name']} | " in r.stdout
-  assert {a["status"] for a in result["arms"][:2]} == {"ok"}  # baseline and single always run
-  for stage in ("real: prep", "real: single: fit", "real: baseline: NoC"):
+  assert {a["status"] for a in result["arms"]} == {"ok"}  # baseline and corrective always run
+  for stage in ("real: prep", "real: corrective: fit", "real: baseline: NoC"):
     assert stage in r.stdout
   assert listing(data) == before  # Nothing written into the data set.
 
@@ -89,12 +97,14 @@ def test_real_missing_dir_exits_2(tmp_path):
     ("auto", "no input layout recognises"),
     ("nonsense", "--real-layout must be auto or one of"),
     ("coco_mval", "as the coco_mval layout"),
+    ("auto --real-arms corrective,nope", "--real-arms: no arm named nope (arms: baseline,"),
 ])
 def test_real_unreadable_layout_exits_2(tmp_path, capsys, layout, message):
   empty = tmp_path / "photos"
   empty.mkdir()
   with pytest.raises(SystemExit) as e:
-    run.main(["--real", str(empty), "--real-layout", layout, "--workdir", str(tmp_path / "w")])
+    run.main(["--real", str(empty), "--real-layout", *layout.split(),
+              "--workdir", str(tmp_path / "w")])
   assert e.value.code == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("python -m benchmarks --real: ") and message in err, err
