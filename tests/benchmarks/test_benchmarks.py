@@ -46,7 +46,7 @@ def test_benchmark_reports_every_figure(tmp_path):
   assert result["figures"]["storage.object_raw.bytes_per_example"] < before
   assert result["figures"]["storage.object.bytes_per_example"] < before
   pairs = result["figures"]["prep.beam_marginal_vs_kernel_pairs"]
-  assert len(pairs) == SETTINGS["tiny"]["pairs"] >= 2
+  assert len(pairs) == SETTINGS["tiny"]["pairs"] >= 1
   assert set(result["targets"]) == set(TARGETS)
   assert result["figures"]["labels.fill"] == SETTINGS["tiny"]["labels_fill"]
   assert result["environment"]["cores"] >= 1 and "tensorflow" in result["environment"]["versions"]
