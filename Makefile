@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all bench install clean
+.PHONY: demo test test-all lint bench install clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "need python3.11, python3.12 or python3.13 on PATH (or make PYTHON=/path/to/python3)"; exit 1; }
@@ -31,6 +31,12 @@ PYTEST := $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal
 
 test: $(STAMP)
 	$(PYTEST) tests
+
+# ruff's lint and format checks (settings in pyproject.toml); `ruff format .`
+# fixes the format.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # Also the long load tests (10x data, 1000 training steps).
 test-all: $(STAMP)

@@ -25,18 +25,30 @@ from beam_prep.ops.registry import ExampleError, register_op, registered_ops
 from beam_prep.version import __version__
 
 _TRANSFORMS = {
-    "ListInputs": "readers", "ReadExamples": "readers", "DecodeExamples": "transforms",
-    "SampleClicks": "transforms", "ComputeDistanceMaps": "transforms", "ApplyOps": "transforms",
-    "AnalyzeAndTransform": "transforms", "PlanShards": "shards.plan",
-    "WriteShards": "shards.write",
+  "ListInputs": "readers",
+  "ReadExamples": "readers",
+  "DecodeExamples": "transforms",
+  "SampleClicks": "transforms",
+  "ComputeDistanceMaps": "transforms",
+  "ApplyOps": "transforms",
+  "AnalyzeAndTransform": "transforms",
+  "PlanShards": "shards.plan",
+  "WriteShards": "shards.write",
 }
 
-__all__ = ["ExampleError", "Feature", "FeatureTable", "register_op", "registered_ops",
-           "__version__"] + sorted(_TRANSFORMS)
+__all__ = [
+  "ExampleError",
+  "Feature",
+  "FeatureTable",
+  "register_op",
+  "registered_ops",
+  "__version__",
+] + sorted(_TRANSFORMS)
 
 
 def __getattr__(name):
   if name in _TRANSFORMS:
     import importlib  # pylint: disable=g-import-not-at-top
+
     return getattr(importlib.import_module(f"beam_prep.{_TRANSFORMS[name]}"), name)
   raise AttributeError(f"module 'beam_prep' has no attribute {name!r}")

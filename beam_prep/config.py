@@ -11,26 +11,40 @@ from beam_prep.kit import CommandConfig, option
 # A preset is one name for a matching pair of settings: these of the
 # preprocessing, and the training's of the same name (`train.config.TRAIN_PRESETS`).
 PREP_PRESETS: Dict[str, Dict[str, Any]] = {
-    # What the tests run: tiny records.
-    "smoke": {"image_size": 96, "variants": 2, "target_shard_mb": 4},
-    # What `make demo` runs: smoke's sizes, click disks (RITM's encoding, far
-    # better than distance maps at few clicks), a quarter of the variants
-    # with the evaluation protocol's clicks.
-    "demo": {"image_size": 96, "variants": 2, "target_shard_mb": 4, "click_encoding": "disks",
-             "clicks": {"strategies": [1, 2, 3, 4]}},
-    # Real photographs on 2 CPU cores (`--preset real` on both commands): click
-    # disks, the previous mask as an input, the protocol's clicks among the
-    # variants, 1 to 24 positive clicks drawn as RITM does (the full recipe on
-    # COCO-MVal, 800 steps: NoC@85 9.18 against 10.08 with 1 to 5 uniform).
-    "real": {"image_size": 128, "variants": 2, "click_encoding": "disks",
-             "previous_mask": True,
-             "clicks": {"strategies": [1, 2, 3, 4], "max_positive": 24, "prob_gamma": 0.8}},
-    # The field's scale (RITM's recipe) on a GPU: 320 px crops, objects of
-    # 1000 source pixels or more, 1 to 24 positive clicks drawn as RITM does.
-    "field": {"image_size": 320, "variants": 4, "click_encoding": "disks",
-              "previous_mask": True, "min_object_area": 1000,
-              "clicks": {"strategies": [1, 2, 3, 4], "max_positive": 24, "prob_gamma": 0.8}},
-    "default": {},
+  # What the tests run: tiny records.
+  "smoke": {"image_size": 96, "variants": 2, "target_shard_mb": 4},
+  # What `make demo` runs: smoke's sizes, click disks (RITM's encoding, far
+  # better than distance maps at few clicks), a quarter of the variants
+  # with the evaluation protocol's clicks.
+  "demo": {
+    "image_size": 96,
+    "variants": 2,
+    "target_shard_mb": 4,
+    "click_encoding": "disks",
+    "clicks": {"strategies": [1, 2, 3, 4]},
+  },
+  # Real photographs on 2 CPU cores (`--preset real` on both commands): click
+  # disks, the previous mask as an input, the protocol's clicks among the
+  # variants, 1 to 24 positive clicks drawn as RITM does (the full recipe on
+  # COCO-MVal, 800 steps: NoC@85 9.18 against 10.08 with 1 to 5 uniform).
+  "real": {
+    "image_size": 128,
+    "variants": 2,
+    "click_encoding": "disks",
+    "previous_mask": True,
+    "clicks": {"strategies": [1, 2, 3, 4], "max_positive": 24, "prob_gamma": 0.8},
+  },
+  # The field's scale (RITM's recipe) on a GPU: 320 px crops, objects of
+  # 1000 source pixels or more, 1 to 24 positive clicks drawn as RITM does.
+  "field": {
+    "image_size": 320,
+    "variants": 4,
+    "click_encoding": "disks",
+    "previous_mask": True,
+    "min_object_area": 1000,
+    "clicks": {"strategies": [1, 2, 3, 4], "max_positive": 24, "prob_gamma": 0.8},
+  },
+  "default": {},
 }
 
 
@@ -79,67 +93,106 @@ class PrepConfig:
       None: its defaults). In a dict (`from_dict`, `to_dict`, config.json,
       config files) they sit beside the others, flat.
   """
-  input: str = option("", "data root (local or gs://), or the file a file-based layout reads "
-                      "(manifest, COCO JSON)", required=True)
+
+  input: str = option(
+    "",
+    "data root (local or gs://), or the file a file-based layout reads (manifest, COCO JSON)",
+    required=True,
+  )
   output: str = option("", "output directory (local or gs://)", required=True)
   task: str = "segmentation"
   layout: str = option("auto", "input layout (see below)")
-  allow_outside_root: bool = option(False, "let paths listed in a manifest or annotation file "
-                                    "leave its folder (or the image root)")
-  image_root: str = option("", "coco layout: folder the images' file_names are relative to "
-                           "('': the JSON file's folder)", show_default=False)
+  allow_outside_root: bool = option(
+    False, "let paths listed in a manifest or annotation file leave its folder (or the image root)"
+  )
+  image_root: str = option(
+    "",
+    "coco layout: folder the images' file_names are relative to ('': the JSON file's folder)",
+    show_default=False,
+  )
   image_size: int = option(128, "records hold N x N images")
-  eval_percent: int = option(20, "share of images in the eval split (by a hash of the image "
-                             "id); 100: an evaluation-only output (a benchmark set: every "
-                             "image evaluated, no transform analysed)")
-  target_shard_mb: float = option(200.0, "size each record file aims at, in MB; the number of "
-                                  "files follows from the data")
-  compression: str = option("", "record compression (docs/performance.md: 'Record layout, "
-                                 "measured')",
-                            choices=("none", "gzip"), none="")
-  max_pixels: int = option(keys.MAX_PIXELS, "reject images declaring more pixels (decompression "
-                           "bombs)")
-  max_error_fraction: float = option(0.5, "the job fails (exit 1, no _SUCCESS) when more than "
-                                     "this fraction of its images, objects or examples failed")
+  eval_percent: int = option(
+    20,
+    "share of images in the eval split (by a hash of the image "
+    "id); 100: an evaluation-only output (a benchmark set: every "
+    "image evaluated, no transform analysed)",
+  )
+  target_shard_mb: float = option(
+    200.0, "size each record file aims at, in MB; the number of files follows from the data"
+  )
+  compression: str = option(
+    "",
+    "record compression (docs/performance.md: 'Record layout, measured')",
+    choices=("none", "gzip"),
+    none="",
+  )
+  max_pixels: int = option(
+    keys.MAX_PIXELS, "reject images declaring more pixels (decompression bombs)"
+  )
+  max_error_fraction: float = option(
+    0.5,
+    "the job fails (exit 1, no _SUCCESS) when more than "
+    "this fraction of its images, objects or examples failed",
+  )
   ops: str = option("", "extra op chain applied after the built-in ones")
-  ops_module: str = option("", "module (or comma-separated modules) to import first; it "
-                           "registers your own ops (and input layouts)")
-  preprocessing_fn: str = option("", "a tf.Transform preprocessing_fn to use instead of the one "
-                                 "generated from the declared features", metavar="MODULE:FUNCTION")
-  transform_from: str = option("", "read the records with the tf.Transform output of this "
-                               "beam-prep output or beam-train fit model dir, as it is (no "
-                               "analysis): fine-tuning data normalized as before",
-                               metavar="PREP_OUTPUT|MODEL_DIR")
+  ops_module: str = option(
+    "",
+    "module (or comma-separated modules) to import first; it "
+    "registers your own ops (and input layouts)",
+  )
+  preprocessing_fn: str = option(
+    "",
+    "a tf.Transform preprocessing_fn to use instead of the one "
+    "generated from the declared features",
+    metavar="MODULE:FUNCTION",
+  )
+  transform_from: str = option(
+    "",
+    "read the records with the tf.Transform output of this "
+    "beam-prep output or beam-train fit model dir, as it is (no "
+    "analysis): fine-tuning data normalized as before",
+    metavar="PREP_OUTPUT|MODEL_DIR",
+  )
   overwrite: bool = option(False, "replace a non-empty output directory")
-  progress_seconds: float = option(30.0, "a progress line every N seconds while the job runs "
-                                   "(0: none)")
+  progress_seconds: float = option(
+    30.0, "a progress line every N seconds while the job runs (0: none)"
+  )
   options: Any = None
   PRESETS: ClassVar[Dict[str, Dict[str, Any]]] = PREP_PRESETS
 
   def __post_init__(self):
     from beam_prep import layouts, tasks  # pylint: disable=g-import-not-at-top
+
     task = tasks.get_task(self.task)
     object.__setattr__(self, "options", _task_options(task, self.options))
     if self.layout != layouts.AUTO:
       layout = layouts.get_layout(self.layout, task.labels)
       if self.image_root and not layout.takes_image_root:
-        raise ValueError(f"--image-root is for layouts that list image paths in an "
-                         f"annotation file, not {self.layout!r}")
+        raise ValueError(
+          f"--image-root is for layouts that list image paths in an "
+          f"annotation file, not {self.layout!r}"
+        )
     checks = [
-        (self.input and self.output, "--input and --output are required"),
-        (self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}"),
-        (0 <= self.eval_percent <= 100,
-         f"--eval-percent must be in [0, 100], got {self.eval_percent}"),
-        (self.progress_seconds >= 0,
-         f"--progress-seconds must be >= 0, got {self.progress_seconds}"),
-        (self.target_shard_mb > 0,
-         f"--target-shard-mb must be positive, got {self.target_shard_mb}"),
-        (self.compression in ("", "gzip"),
-         f"--compression must be gzip or none, got {self.compression!r}"),
-        (0.0 <= self.max_error_fraction <= 1.0,
-         f"--max-error-fraction must be in [0, 1], got {self.max_error_fraction}"),
-        (not self.preprocessing_fn or ":" in self.preprocessing_fn,
-         f"--preprocessing-fn is module:function, got {self.preprocessing_fn!r}"),
+      (self.input and self.output, "--input and --output are required"),
+      (self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}"),
+      (
+        0 <= self.eval_percent <= 100,
+        f"--eval-percent must be in [0, 100], got {self.eval_percent}",
+      ),
+      (self.progress_seconds >= 0, f"--progress-seconds must be >= 0, got {self.progress_seconds}"),
+      (self.target_shard_mb > 0, f"--target-shard-mb must be positive, got {self.target_shard_mb}"),
+      (
+        self.compression in ("", "gzip"),
+        f"--compression must be gzip or none, got {self.compression!r}",
+      ),
+      (
+        0.0 <= self.max_error_fraction <= 1.0,
+        f"--max-error-fraction must be in [0, 1], got {self.max_error_fraction}",
+      ),
+      (
+        not self.preprocessing_fn or ":" in self.preprocessing_fn,
+        f"--preprocessing-fn is module:function, got {self.preprocessing_fn!r}",
+      ),
     ]
     for ok, message in checks:
       if not ok:
@@ -153,6 +206,7 @@ class PrepConfig:
   @property
   def task_object(self):
     from beam_prep import tasks  # pylint: disable=g-import-not-at-top
+
     return tasks.get_task(self.task)
 
   @property
@@ -169,6 +223,7 @@ class PrepConfig:
   def read_options(self):
     """What the input layout reads (`beam_prep.layouts.ReadOptions`)."""
     from beam_prep.layouts import ReadOptions  # pylint: disable=g-import-not-at-top
+
     return ReadOptions(self.input, self.image_root, self.allow_outside_root)
 
   def features(self):
@@ -183,18 +238,26 @@ class PrepConfig:
     from beam_prep.layouts.registry import READ_FEATURES  # pylint: disable=g-import-not-at-top
     from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
     from beam_prep.tasks.registry import INPUT, OBJECT  # pylint: disable=g-import-not-at-top
+
     stages = [s for s in self.stages if s.chain]
     fans_out = any(s.level == OBJECT for s in stages)
-    declarations = [(op, produces, fans_out and s.level != INPUT)
-                    for s in stages
-                    for op, produces in registry.declarations(registry.parse_chain(s.chain))]
+    declarations = [
+      (op, produces, fans_out and s.level != INPUT)
+      for s in stages
+      for op, produces in registry.declarations(registry.parse_chain(s.chain))
+    ]
     # The records' size is what the chain's geometric op makes (its serving
     # side says it); a chain without one keeps --image-size.
     size = registry.image_size(registry.parse_chain(self.chain))
     return FeatureTable.from_declarations(
-        declarations, size or (self.image_size, self.image_size), self.task, chain=self.chain,
-        read=READ_FEATURES, ops_module=self.ops_module,
-        variants=self.task_object.examples_per_unit(self))
+      declarations,
+      size or (self.image_size, self.image_size),
+      self.task,
+      chain=self.chain,
+      read=READ_FEATURES,
+      ops_module=self.ops_module,
+      variants=self.task_object.examples_per_unit(self),
+    )
 
   def to_dict(self) -> Dict[str, Any]:
     """Every setting, the task's own beside the others, and the chain."""
@@ -211,6 +274,7 @@ class PrepConfig:
     """Builds a config from a plain dict, the task's settings among the others
     (unknown keys are an error naming the known ones)."""
     from beam_prep import tasks  # pylint: disable=g-import-not-at-top
+
     d = dict(d)
     d.pop("chain", None)
     own = {f.name for f in dataclasses.fields(tasks.get_task(d.get("task", cls.task)).options)}
@@ -229,16 +293,18 @@ def _task_options(task, options):
   if isinstance(options, dict):
     return task.options.from_dict(options)
   if not isinstance(options, task.options):
-    raise ValueError(f"options of task {task.name!r} must be a {task.options.__name__}, got "
-                     f"{type(options).__name__}")
+    raise ValueError(
+      f"options of task {task.name!r} must be a {task.options.__name__}, got "
+      f"{type(options).__name__}"
+    )
   return options
 
 
 @dataclasses.dataclass(frozen=True)
 class PreviewConfig(CommandConfig):
   """`beam-prep preview`: a picture of what the records hold."""
-  records: str = option("", "a records/ directory, or a pipeline output holding one",
-                        required=True)
+
+  records: str = option("", "a records/ directory, or a pipeline output holding one", required=True)
   output: str = option("", "PNG file to write", required=True)
   count: int = option(6, "examples to draw")
 
@@ -250,6 +316,7 @@ class PreviewConfig(CommandConfig):
 @dataclasses.dataclass(frozen=True)
 class SampleDataConfig(CommandConfig):
   """`beam-prep sample-data`: a deterministic sample data set (images/ + masks/)."""
+
   output: str = option("", "directory to write", required=True)
   count: int = option(32, "number of scenes")
   seed: int = option(0, "seed")

@@ -50,12 +50,14 @@ def quiet(verbose: bool, name: str) -> logging.Logger:
       try:
         os.dup2(devnull, 2)
         import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
         tf.config.list_physical_devices()
       finally:
         os.dup2(saved, 2)
         os.close(devnull)
         os.close(saved)
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     tf.get_logger().setLevel(logging.ERROR)
   log = logging.getLogger(name)
   if not log.handlers:
@@ -81,8 +83,9 @@ class Logs:
     return logging.getLogger(self.name)
 
 
-def dispatch(doc: str, commands: Dict[str, Callable[[List[str]], int]],
-             argv: Optional[List[str]]) -> None:
+def dispatch(
+  doc: str, commands: Dict[str, Callable[[List[str]], int]], argv: Optional[List[str]]
+) -> None:
   """Runs `commands[argv[0]]` and exits with its code; usage on no or bad command."""
   argv = list(sys.argv[1:] if argv is None else argv)
   if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
@@ -119,6 +122,7 @@ def check_unknown(args: List[str], known_flags, where: str, strict: bool = False
     UnknownOptionError: naming every unknown option.
   """
   import difflib  # pylint: disable=g-import-not-at-top
+
   known = sorted(set(known_flags))
   problems = []
   value_of_unknown = False
@@ -136,8 +140,9 @@ def check_unknown(args: List[str], known_flags, where: str, strict: bool = False
     close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
     problems.append(f"{flag}" + (f" (did you mean {close[0]}?)" if close else ""))
   if problems:
-    raise UnknownOptionError(f"unknown option{'s' if len(problems) > 1 else ''} "
-                             f"{', '.join(problems)}; see {where} --help")
+    raise UnknownOptionError(
+      f"unknown option{'s' if len(problems) > 1 else ''} {', '.join(problems)}; see {where} --help"
+    )
 
 
 def option_flags(parser) -> List[str]:
@@ -148,6 +153,7 @@ def option_flags(parser) -> List[str]:
 def beam_option_flags() -> List[str]:
   """Every --flag Beam's PipelineOptions know (as Beam itself collects them)."""
   from apache_beam.options import pipeline_options as po  # pylint: disable=g-import-not-at-top
+
   parser = po._BeamArgumentParser(allow_abbrev=False)  # pylint: disable=protected-access
   subset = {}
   for cls in po.PipelineOptions.__subclasses__():

@@ -33,8 +33,9 @@ def png(array: np.ndarray, mode: Optional[str] = None) -> bytes:
   return buf.getvalue()
 
 
-def tinted(image: np.ndarray, mask: Optional[np.ndarray] = None,
-           ignore: Optional[np.ndarray] = None) -> np.ndarray:
+def tinted(
+  image: np.ndarray, mask: Optional[np.ndarray] = None, ignore: Optional[np.ndarray] = None
+) -> np.ndarray:
   """uint8 [H, W, 3]: the image with the mask half MASK_TINT, ignore pixels darkened."""
   out = image.astype(np.float32)
   if mask is not None:
@@ -45,9 +46,14 @@ def tinted(image: np.ndarray, mask: Optional[np.ndarray] = None,
   return np.clip(out, 0, 255).astype(np.uint8)
 
 
-def overlay(image: np.ndarray, mask: Optional[np.ndarray] = None, positive: Points = (),
-            negative: Points = (), scale: float = 1.0,
-            ignore: Optional[np.ndarray] = None) -> Image.Image:
+def overlay(
+  image: np.ndarray,
+  mask: Optional[np.ndarray] = None,
+  positive: Points = (),
+  negative: Points = (),
+  scale: float = 1.0,
+  ignore: Optional[np.ndarray] = None,
+) -> Image.Image:
   """The image (mask tinted, ignore darkened) enlarged `scale` times with
   nearest neighbour, so pixels stay sharp, and the clicks drawn on it."""
   h, w = image.shape[:2]
@@ -58,6 +64,7 @@ def overlay(image: np.ndarray, mask: Optional[np.ndarray] = None, positive: Poin
   for points, colour in ((positive, POSITIVE), (negative, NEGATIVE)):
     for x, y in points:
       cx, cy = (x + 0.5) * scale, (y + 0.5) * scale  # the centre of the clicked pixel
-      draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour, outline=(255, 255, 255),
-                   width=max(1, r // 3))
+      draw.ellipse(
+        [cx - r, cy - r, cx + r, cy + r], fill=colour, outline=(255, 255, 255), width=max(1, r // 3)
+      )
   return im

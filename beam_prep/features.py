@@ -96,11 +96,12 @@ def _normalize_spec(value: Union[str, float, int, None]) -> str:
   if value == "standardize":
     return "standardize"
   if isinstance(value, str) and value.startswith("scale(") and value.endswith(")"):
-    value = float(value[len("scale("):-1])
+    value = float(value[len("scale(") : -1])
   if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
     return f"scale({float(value)!r})"
-  raise FeatureError(f"normalize must be 'standardize', 'none' or a positive number to divide "
-                     f"by, got {value!r}")
+  raise FeatureError(
+    f"normalize must be 'standardize', 'none' or a positive number to divide by, got {value!r}"
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +118,7 @@ class Feature:
     normalize: "standardize", "none", or a positive number to divide by.
     encoding: per-pixel: how records store it, "raw" or "zlib".
   """
+
   dtype: str
   channels: Optional[int] = None
   shape: Optional[Tuple[Optional[int], ...]] = None
@@ -133,19 +135,23 @@ class Feature:
       if not isinstance(self.channels, int) or self.channels < 1:
         raise FeatureError(f"channels must be a positive int, got {self.channels!r}")
       if self.dtype not in PIXEL_DTYPES:
-        raise FeatureError(f"a per-pixel feature's dtype must be one of {PIXEL_DTYPES}, "
-                           f"got {self.dtype!r}")
+        raise FeatureError(
+          f"a per-pixel feature's dtype must be one of {PIXEL_DTYPES}, got {self.dtype!r}"
+        )
     else:
       shape = tuple(None if d in (None, -1) else int(d) for d in self.shape)
       if any(d is None for d in shape[1:]):
         raise FeatureError(f"only the first dimension may be variable, got {self.shape}")
       object.__setattr__(self, "shape", shape)
       if self.dtype not in VALUE_DTYPES:
-        raise FeatureError(f"a fixed-shape feature's dtype must be one of {VALUE_DTYPES}, "
-                           f"got {self.dtype!r}")
+        raise FeatureError(
+          f"a fixed-shape feature's dtype must be one of {VALUE_DTYPES}, got {self.dtype!r}"
+        )
     if self.encoding not in ENCODINGS or (self.encoding != "raw" and not self.per_pixel):
-      raise FeatureError(f"encoding must be one of {ENCODINGS}, and other than 'raw' only for "
-                         f"a per-pixel feature; got {self.encoding!r}")
+      raise FeatureError(
+        f"encoding must be one of {ENCODINGS}, and other than 'raw' only for "
+        f"a per-pixel feature; got {self.encoding!r}"
+      )
     norm = _normalize_spec(self.normalize)
     if norm != "none" and self.role != "model_input":
       raise FeatureError(f"only model inputs are normalized; a {self.role} has normalize='none'")
@@ -166,7 +172,7 @@ class Feature:
   def scale(self) -> Optional[float]:
     """The divisor of a `scale(s)` normalization, else None."""
     if self.normalize.startswith("scale("):
-      return float(self.normalize[len("scale("):-1])
+      return float(self.normalize[len("scale(") : -1])
     return None
 
 
@@ -174,6 +180,7 @@ class Feature:
 class Entry:
   """A feature of a table: its key, declaration, the op that last declared it,
   and whether it differs per variant (stacked in a record)."""
+
   key: str
   feature: Feature
   op: str
@@ -204,8 +211,15 @@ class FeatureTable:
     ops_module: module(s) that register the chain's user ops.
   """
 
-  def __init__(self, entries: Sequence[Entry], image_size: Tuple[int, int], task: str,
-               chain: str = "", ops_module: str = "", variants: int = 1):
+  def __init__(
+    self,
+    entries: Sequence[Entry],
+    image_size: Tuple[int, int],
+    task: str,
+    chain: str = "",
+    ops_module: str = "",
+    variants: int = 1,
+  ):
     self.entries = list(entries)
     self.image_size = (int(image_size[0]), int(image_size[1]))
     self.task = task
@@ -217,15 +231,24 @@ class FeatureTable:
       raise FeatureError("a feature key appears twice in the table")
     for e in self.entries:
       if e.stacked and e.feature.dtype == "string" and e.feature.shape != ():
-        raise FeatureError(f"op {e.op!r}: feature {e.key!r} differs per variant, and a "
-                           "string feature that does is a scalar (shape=())")
+        raise FeatureError(
+          f"op {e.op!r}: feature {e.key!r} differs per variant, and a "
+          "string feature that does is a scalar (shape=())"
+        )
 
   # ---- building -----------------------------------------------------------
 
   @classmethod
-  def from_declarations(cls, declarations: Sequence[Tuple], image_size: Tuple[int, int],
-                        task: str, chain: str = "", read: Optional[Dict[str, Feature]] = None,
-                        ops_module: str = "", variants: int = 1) -> "FeatureTable":
+  def from_declarations(
+    cls,
+    declarations: Sequence[Tuple],
+    image_size: Tuple[int, int],
+    task: str,
+    chain: str = "",
+    read: Optional[Dict[str, Feature]] = None,
+    ops_module: str = "",
+    variants: int = 1,
+  ) -> "FeatureTable":
     """Walks a chain's declarations (see the module docstring).
 
     Args:
@@ -255,8 +278,9 @@ class FeatureTable:
   def example_view(self) -> "FeatureTable":
     """The table of one example as tf.Transform and serving see it: nothing
     stacked, every per-pixel feature raw. Its records are the layout of format 2."""
-    entries = [Entry(e.key, dataclasses.replace(e.feature, encoding="raw"), e.op)
-               for e in self.entries]
+    entries = [
+      Entry(e.key, dataclasses.replace(e.feature, encoding="raw"), e.op) for e in self.entries
+    ]
     return FeatureTable(entries, self.image_size, self.task, self.chain, self.ops_module)
 
   @property
@@ -276,8 +300,9 @@ class FeatureTable:
     try:
       return self._by_key[key]
     except KeyError:
-      raise KeyError(f"no feature {key!r} in the table; features: "
-                     f"{', '.join(self.keys())}") from None
+      raise KeyError(
+        f"no feature {key!r} in the table; features: {', '.join(self.keys())}"
+      ) from None
 
   def keys(self, role: Optional[str] = None) -> List[str]:
     return [e.key for e in self.entries if role is None or e.feature.role == role]
@@ -303,17 +328,26 @@ class FeatureTable:
 
   def to_dict(self) -> Dict[str, Any]:
     return {
-        "format": FORMAT,
-        "features": [{"key": e.key, "dtype": e.feature.dtype,
-                      "shape": e.shape(self.image_size), "role": e.feature.role,
-                      "normalize": e.feature.normalize, "encoding": e.feature.encoding,
-                      "channels": e.feature.channels, "op": e.op, "stacked": e.stacked}
-                     for e in self.entries],
-        "chain": self.chain,
-        "ops_module": self.ops_module,
-        "task": self.task,
-        "image_size": list(self.image_size),
-        "variants": self.variants,
+      "format": FORMAT,
+      "features": [
+        {
+          "key": e.key,
+          "dtype": e.feature.dtype,
+          "shape": e.shape(self.image_size),
+          "role": e.feature.role,
+          "normalize": e.feature.normalize,
+          "encoding": e.feature.encoding,
+          "channels": e.feature.channels,
+          "op": e.op,
+          "stacked": e.stacked,
+        }
+        for e in self.entries
+      ],
+      "chain": self.chain,
+      "ops_module": self.ops_module,
+      "task": self.task,
+      "image_size": list(self.image_size),
+      "variants": self.variants,
     }
 
   def to_json(self) -> str:
@@ -323,31 +357,48 @@ class FeatureTable:
   def from_dict(cls, d: Dict[str, Any]) -> "FeatureTable":
     if d.get("format", 1) != FORMAT:
       raise ValueError(
-          f"features.json of format {d.get('format', 1)}, this beam-prep reads format {FORMAT} "
-          "(since format 3 a record holds an object once with all its click variants stacked, "
-          "and masks and click maps may be stored compressed, so older records do not parse "
-          "as today's; since format 2 the resize keeps the aspect ratio and pads, so a model "
-          "trained on older records does not match today's serving graph): run beam-prep "
-          "again")
+        f"features.json of format {d.get('format', 1)}, this beam-prep reads format {FORMAT} "
+        "(since format 3 a record holds an object once with all its click variants stacked, "
+        "and masks and click maps may be stored compressed, so older records do not parse "
+        "as today's; since format 2 the resize keeps the aspect ratio and pads, so a model "
+        "trained on older records does not match today's serving graph): run beam-prep "
+        "again"
+      )
     entries = []
     for f in d["features"]:
-      kind = ({"channels": f["channels"]} if f.get("channels") is not None
-              else {"shape": tuple(f["shape"])})
-      feature = Feature(f["dtype"], role=f["role"], normalize=f["normalize"],
-                        encoding=f.get("encoding", "raw"), **kind)
+      kind = (
+        {"channels": f["channels"]}
+        if f.get("channels") is not None
+        else {"shape": tuple(f["shape"])}
+      )
+      feature = Feature(
+        f["dtype"],
+        role=f["role"],
+        normalize=f["normalize"],
+        encoding=f.get("encoding", "raw"),
+        **kind,
+      )
       entries.append(Entry(f["key"], feature, f.get("op", ""), bool(f.get("stacked"))))
-    return cls(entries, tuple(d["image_size"]), d["task"], d.get("chain", ""),
-               d.get("ops_module", ""), d.get("variants", 1))
+    return cls(
+      entries,
+      tuple(d["image_size"]),
+      d["task"],
+      d.get("chain", ""),
+      d.get("ops_module", ""),
+      d.get("variants", 1),
+    )
 
   @classmethod
   def load(cls, directory: str) -> "FeatureTable":
     """Reads `DIRECTORY/features.json` (local or gs://, through TensorFlow's gfile)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     path = f"{directory.rstrip('/')}/{FEATURES_FILE}"
     if not tf.io.gfile.exists(path):
       raise FileNotFoundError(
-          f"no {FEATURES_FILE} in {directory}: not a beam-prep output, or written by a "
-          "version before declared features (rerun beam-prep)")
+        f"no {FEATURES_FILE} in {directory}: not a beam-prep output, or written by a "
+        "version before declared features (rerun beam-prep)"
+      )
     with tf.io.gfile.GFile(path) as f:
       return cls.from_dict(json.load(f))
 
@@ -357,8 +408,9 @@ class FeatureTable:
     """tf.io feature spec of one example in the example view (all features, or
     `keys`): what tf.Transform's graph and `serve_examples` take."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     spec = {}
-    for key in (self.keys() if keys is None else keys):
+    for key in self.keys() if keys is None else keys:
       e = self[key]
       if e.feature.per_pixel:
         spec[key] = tf.io.FixedLenFeature([], tf.string)
@@ -375,6 +427,7 @@ class FeatureTable:
     feature is a ragged bytes list [B, variants held], the others as in the
     example view (per-pixel ones in their stored encoding)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     keys = self.keys() if keys is None else list(keys)
     spec = self.raw_feature_spec([k for k in keys if not self[k].stacked])
     for k in keys:
@@ -388,8 +441,9 @@ class FeatureTable:
   def summarized(self) -> List[Entry]:
     """Per-pixel model inputs declared "standardize": the analysis reads their
     per-image channel means instead of their pixels."""
-    return [e for e in self.model_inputs
-            if e.feature.per_pixel and e.feature.normalize == "standardize"]
+    return [
+      e for e in self.model_inputs if e.feature.per_pixel and e.feature.normalize == "standardize"
+    ]
 
   @staticmethod
   def summary_keys(entry: Entry) -> Tuple[str, str]:
@@ -399,6 +453,7 @@ class FeatureTable:
   def analysis_feature_spec(self) -> Dict[str, Any]:
     """The records' spec plus the per-image summaries (`summary_row`)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     spec = self.raw_feature_spec()
     for e in self.summarized:
       for key in self.summary_keys(e):
@@ -410,6 +465,7 @@ class FeatureTable:
     each standardized one's per-channel mean and mean of squares, every other
     feature as recorded. A few hundred bytes instead of the record."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     feature = {}
     for e in self.entries:
       if e.feature.per_pixel:
@@ -426,6 +482,7 @@ class FeatureTable:
 
   def raw_schema(self, keys: Optional[Iterable[str]] = None):
     from tensorflow_transform.tf_metadata import schema_utils  # pylint: disable=g-import-not-at-top
+
     return schema_utils.schema_from_feature_spec(self.raw_feature_spec(keys))
 
   # ---- encoding ---------------------------------------------------------------
@@ -447,6 +504,7 @@ class FeatureTable:
       FeatureError: as `encode`, or no example.
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     if not examples:
       raise FeatureError("a record holds at least one example")
     feature = {}
@@ -484,6 +542,7 @@ class FeatureTable:
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from beam_prep.record_decoder import Decoder  # pylint: disable=g-import-not-at-top
+
     if not serialized:
       return []
     for s in serialized:
@@ -491,14 +550,19 @@ class FeatureTable:
     try:
       once, each, splits = Decoder(self).numpy(serialized)
     except tf.errors.InvalidArgumentError as e:
-      raise ValueError(f"a record does not decode as features.json declares: "
-                       f"{e.message.strip()}") from None
+      raise ValueError(
+        f"a record does not decode as features.json declares: {e.message.strip()}"
+      ) from None
     convert = {e.key: self._to_numpy(e) for e in self.entries}
     records = []
     for b in range(len(serialized)):
       shared = {e.key: convert[e.key](once[e.key][b]) for e in self.entries if not e.stacked}
-      records.append([dict(shared, **{e.key: convert[e.key](each[e.key][i]) for e in self.stacked})
-                      for i in range(splits[b], splits[b + 1])])
+      records.append(
+        [
+          dict(shared, **{e.key: convert[e.key](each[e.key][i]) for e in self.stacked})
+          for i in range(splits[b], splits[b + 1])
+        ]
+      )
     return records
 
   def decode_numpy(self, serialized: bytes, variant: int = 0) -> Dict[str, Any]:
@@ -515,17 +579,20 @@ class FeatureTable:
         self._check_bytes(e, len(b"".join(feature[e.key].bytes_list.value)))
     held = {e.key: len(feature[e.key].bytes_list.value) for e in self.stacked}
     if len(set(held.values())) > 1:
-      raise ValueError(f"the record holds different numbers of variants of its stacked "
-                       f"features: {held}")
+      raise ValueError(
+        f"the record holds different numbers of variants of its stacked features: {held}"
+      )
 
   def _check_bytes(self, e: Entry, held: int) -> None:
     """Raises FeatureError unless `held` is the byte count of one value of per-pixel `e`."""
     want = e.stored_bytes(self.image_size)
     if held != want:
       h, w = self.image_size
-      raise FeatureError(f"feature {e.key!r} holds {held} bytes, but features.json declares "
-                         f"{e.shape(self.image_size)} {e.feature.dtype} ({want} bytes) at "
-                         f"{w}x{h}")
+      raise FeatureError(
+        f"feature {e.key!r} holds {held} bytes, but features.json declares "
+        f"{e.shape(self.image_size)} {e.feature.dtype} ({want} bytes) at "
+        f"{w}x{h}"
+      )
 
   def _to_numpy(self, e: Entry) -> Callable[[Any], Any]:
     """The function from one example's value of `e` in the example view
@@ -566,6 +633,7 @@ def _pixels(e: Entry, value: np.ndarray) -> bytes:
 def _feature_of(e: Entry, value):
   """A checked value (`_array_for`) as a tf.train.Feature."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   if e.feature.per_pixel:
     return tf.train.Feature(bytes_list=tf.train.BytesList(value=[_pixels(e, value)]))
   if e.feature.dtype == "string":
@@ -579,21 +647,27 @@ def _array_for(e: Entry, ex: Dict[str, Any], image_size: Tuple[int, int]):
   """The example's value of entry `e`, checked and flattened for encoding."""
   f = e.feature
   if e.key not in ex or ex[e.key] is None:
-    raise FeatureError(f"op {e.op!r} declares feature {e.key!r} but the example has no "
-                       f"{e.key!r} (its keys: {', '.join(sorted(ex))})")
+    raise FeatureError(
+      f"op {e.op!r} declares feature {e.key!r} but the example has no "
+      f"{e.key!r} (its keys: {', '.join(sorted(ex))})"
+    )
   value = ex[e.key]
   if f.per_pixel:
     if not isinstance(value, np.ndarray):
-      raise FeatureError(f"op {e.op!r}: feature {e.key!r} must be a numpy array, got "
-                         f"{type(value).__name__}")
+      raise FeatureError(
+        f"op {e.op!r}: feature {e.key!r} must be a numpy array, got {type(value).__name__}"
+      )
     want = (image_size[0], image_size[1], f.channels)
     if value.dtype != np.dtype(f.dtype):
-      raise FeatureError(f"op {e.op!r}: feature {e.key!r} is declared {f.dtype} but the "
-                         f"example holds {value.dtype}")
+      raise FeatureError(
+        f"op {e.op!r}: feature {e.key!r} is declared {f.dtype} but the example holds {value.dtype}"
+      )
     if value.shape != want and not (f.channels == 1 and value.shape == want[:2]):
-      raise FeatureError(f"op {e.op!r}: feature {e.key!r} is declared {list(want)} (records "
-                         f"are {image_size[0]}x{image_size[1]}) but the example holds "
-                         f"{list(value.shape)}")
+      raise FeatureError(
+        f"op {e.op!r}: feature {e.key!r} is declared {list(want)} (records "
+        f"are {image_size[0]}x{image_size[1]}) but the example holds "
+        f"{list(value.shape)}"
+      )
     return np.ascontiguousarray(value, dtype=f.stored_dtype)
   if f.dtype == "string":
     values = value if isinstance(value, (list, tuple, np.ndarray)) else [value]
@@ -602,17 +676,22 @@ def _array_for(e: Entry, ex: Dict[str, Any], image_size: Tuple[int, int]):
       if isinstance(v, str):
         v = v.encode("utf-8")
       if not isinstance(v, (bytes, np.bytes_)):
-        raise FeatureError(f"op {e.op!r}: string feature {e.key!r} holds "
-                           f"{type(v).__name__}, not str or bytes")
+        raise FeatureError(
+          f"op {e.op!r}: string feature {e.key!r} holds {type(v).__name__}, not str or bytes"
+        )
       out.append(bytes(v))
     _check_count(e, len(out), (len(out),))
     return out
   arr = np.asarray(value)
-  kind_ok = (np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool) if f.dtype == "int64" \
-      else np.issubdtype(arr.dtype, np.number)
+  kind_ok = (
+    (np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool)
+    if f.dtype == "int64"
+    else np.issubdtype(arr.dtype, np.number)
+  )
   if not kind_ok:
-    raise FeatureError(f"op {e.op!r}: feature {e.key!r} is declared {f.dtype} but the example "
-                       f"holds {arr.dtype}")
+    raise FeatureError(
+      f"op {e.op!r}: feature {e.key!r} is declared {f.dtype} but the example holds {arr.dtype}"
+    )
   _check_count(e, arr.size, arr.shape)
   return arr.reshape(-1).astype(np.int64 if f.dtype == "int64" else np.float32)
 
@@ -625,5 +704,7 @@ def _check_count(e: Entry, size: int, shape) -> None:
   else:
     ok = size == int(np.prod(dims)) if dims else size == 1
   if not ok:
-    raise FeatureError(f"op {e.op!r}: feature {e.key!r} is declared with shape "
-                       f"{list(dims)} but the example holds shape {list(shape)}")
+    raise FeatureError(
+      f"op {e.op!r}: feature {e.key!r} is declared with shape "
+      f"{list(dims)} but the example holds shape {list(shape)}"
+    )

@@ -60,14 +60,26 @@ _FOUND = {OBJECT: "objects_found", EXAMPLE: "examples_made"}
 _FAILED = {INPUT: "images_failed", OBJECT: "objects_failed", EXAMPLE: "example_errors"}
 # {example key: count}: objects whose examples hold a true value under the key.
 OBJECT_NOTES = {MARGIN_REDUCED: "objects_margin_reduced"}
-COUNTS = ("inputs_read", "images_failed", "objects_found", "objects_failed",
-          "objects_of_failed_images", "objects_box_only", *OBJECT_NOTES.values(),
-          "examples_made", "example_errors")
+COUNTS = (
+  "inputs_read",
+  "images_failed",
+  "objects_found",
+  "objects_failed",
+  "objects_of_failed_images",
+  "objects_box_only",
+  *OBJECT_NOTES.values(),
+  "examples_made",
+  "example_errors",
+)
 
 
 def _sample_order(error: Dict[str, Any]) -> Tuple:
-  return (error.get(keys.SOURCE, ""), error.get(keys.IMAGE_ID, ""), error.get(keys.OBJECT_ID, -1),
-          error.get(keys.VARIANT, -1))
+  return (
+    error.get(keys.SOURCE, ""),
+    error.get(keys.IMAGE_ID, ""),
+    error.get(keys.OBJECT_ID, -1),
+    error.get(keys.VARIANT, -1),
+  )
 
 
 class Tally:
@@ -123,28 +135,35 @@ class Tally:
     units = objects_used if splits_objects else images_used
     total = sum(written.values())
     return {
-        "inputs_read": c["inputs_read"], "images_used": images_used,
-        "images_failed": c["images_failed"],
-        "objects_found": c["objects_found"], "objects_used": objects_used,
-        "objects_failed": c["objects_failed"],
-        "objects_of_failed_images": c["objects_of_failed_images"],
-        "objects_box_only": c["objects_box_only"],
-        **{k: c[k] for k in OBJECT_NOTES.values()},
-        "examples_made": c["examples_made"], "example_errors": c["example_errors"],
-        "examples_written": written,
-        "records_written": {s: self.counts.get(f"records/{s}", 0)
-                            for s in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT)},
-        "source_records": self.counts.get(f"examples/{source_records.SPLIT}", 0),
-        "errors_by_reason": dict(sorted(self.reasons.items())),
-        "errors_total": sum(self.reasons.values()),
-        "accounted": (total + c["example_errors"] == c["examples_made"] == units * per_unit
-                      and min(images_used, objects_used) >= 0),
+      "inputs_read": c["inputs_read"],
+      "images_used": images_used,
+      "images_failed": c["images_failed"],
+      "objects_found": c["objects_found"],
+      "objects_used": objects_used,
+      "objects_failed": c["objects_failed"],
+      "objects_of_failed_images": c["objects_of_failed_images"],
+      "objects_box_only": c["objects_box_only"],
+      **{k: c[k] for k in OBJECT_NOTES.values()},
+      "examples_made": c["examples_made"],
+      "example_errors": c["example_errors"],
+      "examples_written": written,
+      "records_written": {
+        s: self.counts.get(f"records/{s}", 0) for s in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT)
+      },
+      "source_records": self.counts.get(f"examples/{source_records.SPLIT}", 0),
+      "errors_by_reason": dict(sorted(self.reasons.items())),
+      "errors_total": sum(self.reasons.values()),
+      "accounted": (
+        total + c["example_errors"] == c["examples_made"] == units * per_unit
+        and min(images_used, objects_used) >= 0
+      ),
     }
 
 
 @dataclasses.dataclass
 class Result:
   """What one input became."""
+
   records: List[bytes]
   errors: List[Dict[str, Any]]
   tally: Tally
@@ -165,8 +184,9 @@ class Kernel:
       its first record.
   """
 
-  def __init__(self, layout: str, stages: Sequence[Stage], ops_module: str, table,
-               summary_rows: bool = True):
+  def __init__(
+    self, layout: str, stages: Sequence[Stage], ops_module: str, table, summary_rows: bool = True
+  ):
     self.layout_name = layout
     self.stages = [s for s in stages if s.chain]
     self.ops_module = ops_module
@@ -185,8 +205,9 @@ class Kernel:
 
   # ---- reading -------------------------------------------------------------
 
-  def read(self, pointer: Dict[str, Any], tally: Tally
-           ) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
+  def read(
+    self, pointer: Dict[str, Any], tally: Tally
+  ) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
     """The pointer's example as its layout reads it (None when that failed),
     and the dead letters of reading; everything is counted in `tally`."""
     self.setup()
@@ -226,8 +247,9 @@ class Kernel:
 
   # ---- the op stages -------------------------------------------------------
 
-  def apply(self, ex: Dict[str, Any], tally: Tally, counted: int = 0
-            ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], Optional[Dict[str, Any]]]:
+  def apply(
+    self, ex: Dict[str, Any], tally: Tally, counted: int = 0
+  ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], Optional[Dict[str, Any]]]:
     """Runs the stages on one read example -> (finished examples, dead letters,
     the example after the `source` stage, or None).
 
@@ -236,9 +258,9 @@ class Kernel:
     finished, errors, source = self.apply_units(ex, tally, counted)
     return [out for unit in finished for out in unit], errors, source
 
-  def apply_units(self, ex: Dict[str, Any], tally: Tally, counted: int = 0
-                  ) -> Tuple[List[List[Dict[str, Any]]], List[Dict[str, Any]],
-                             Optional[Dict[str, Any]]]:
+  def apply_units(
+    self, ex: Dict[str, Any], tally: Tally, counted: int = 0
+  ) -> Tuple[List[List[Dict[str, Any]]], List[Dict[str, Any]], Optional[Dict[str, Any]]]:
     """`apply`, with the finished examples grouped by unit: a unit is an item
     entering the first stage past the input level (an object, or an image
     when nothing fans out); units that finished no example are left out."""
@@ -284,12 +306,14 @@ class Kernel:
     self._bugs[key] = self._bugs.get(key, 0) + 1
     if self._bugs[key] >= OP_BUG_AFTER:
       where = error[keys.SOURCE] + "".join(
-          f", {k} {error[k]}" for k in (keys.OBJECT_ID, keys.VARIANT) if k in error)
+        f", {k} {error[k]}" for k in (keys.OBJECT_ID, keys.VARIANT) if k in error
+      )
       raise OpBugError(
-          f"op {failure.stage!r} raised {failure.detail} on each of the first "
-          f"{self._bugs[key]} examples that reached it (the first: {where}). That is a bug in "
-          "the op or the chain, not bad data, so the job stopped. An op that declares the keys "
-          "it reads (register_op(..., reads=(...))) is checked before the job starts.")
+        f"op {failure.stage!r} raised {failure.detail} on each of the first "
+        f"{self._bugs[key]} examples that reached it (the first: {where}). That is a bug in "
+        "the op or the chain, not bad data, so the job stopped. An op that declares the keys "
+        "it reads (register_op(..., reads=(...))) is checked before the job starts."
+      )
 
   # ---- the whole input -----------------------------------------------------
 

@@ -16,9 +16,15 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 from beam_prep.console import check_unknown, load_config_file, option_flags
 
 
-def option(default: Any, help: str, choices: Optional[Sequence[str]] = None,  # pylint: disable=redefined-builtin
-           metavar: str = "", none: Any = None, required: bool = False,
-           show_default: bool = True):
+def option(
+  default: Any,
+  help: str,
+  choices: Optional[Sequence[str]] = None,  # pylint: disable=redefined-builtin
+  metavar: str = "",
+  none: Any = None,
+  required: bool = False,
+  show_default: bool = True,
+):
   """A config field that is also a command-line option (`beam_prep.kit` makes the flag).
 
   Args:
@@ -30,9 +36,17 @@ def option(default: Any, help: str, choices: Optional[Sequence[str]] = None,  # 
     required: the command needs it (it has no useful default).
     show_default: add "(default: X)" to the help.
   """
-  return dataclasses.field(default=default, metadata={
-      "help": help, "choices": tuple(choices) if choices else None, "metavar": metavar or None,
-      "none": none, "required": required, "show_default": show_default})
+  return dataclasses.field(
+    default=default,
+    metadata={
+      "help": help,
+      "choices": tuple(choices) if choices else None,
+      "metavar": metavar or None,
+      "none": none,
+      "required": required,
+      "show_default": show_default,
+    },
+  )
 
 
 def check_known(cls, d: Dict[str, Any], what: str = "config keys") -> None:
@@ -52,7 +66,6 @@ class CommandConfig:
   def from_dict(cls, d: Dict[str, Any]):
     check_known(cls, d, f"{cls.__name__} settings")
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-
 
 
 def _flag(name: str) -> str:
@@ -92,8 +105,13 @@ def add_options(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) 
       parser.add_argument(_flag(f.name), action="append", metavar=f.metadata["metavar"], **kwargs)
       continue
     kind = type(f.default) if f.default is not None else str
-    parser.add_argument(_flag(f.name), type=kind, choices=f.metadata["choices"],
-                        metavar=f.metadata["metavar"], **kwargs)
+    parser.add_argument(
+      _flag(f.name),
+      type=kind,
+      choices=f.metadata["choices"],
+      metavar=f.metadata["metavar"],
+      **kwargs,
+    )
 
 
 def preset(cls, name: Optional[str]) -> Dict[str, Any]:
@@ -111,8 +129,13 @@ def preset_help(cls) -> str:
   return "named settings: " + ", ".join(sorted(getattr(cls, "PRESETS", {})))
 
 
-def resolve(cls, args: argparse.Namespace, fixed: Optional[Dict[str, Any]] = None,
-            extra: Optional[Dict[str, Any]] = None, more: Sequence[type] = ()):
+def resolve(
+  cls,
+  args: argparse.Namespace,
+  fixed: Optional[Dict[str, Any]] = None,
+  extra: Optional[Dict[str, Any]] = None,
+  more: Sequence[type] = (),
+):
   """Defaults, then preset, then config file, then flags (then `fixed`); validated.
 
   Args:
@@ -140,8 +163,9 @@ def resolve(cls, args: argparse.Namespace, fixed: Optional[Dict[str, Any]] = Non
     elif v is not None:
       fields[k] = v
   fields.update(fixed or {})
-  missing = [_flag(f.name) for f in option_fields(cls)
-             if f.metadata["required"] and not fields.get(f.name)]
+  missing = [
+    _flag(f.name) for f in option_fields(cls) if f.metadata["required"] and not fields.get(f.name)
+  ]
   if missing:
     raise ValueError(f"missing required option(s): {', '.join(missing)}")
   return cls.from_dict(fields)

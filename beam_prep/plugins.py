@@ -46,5 +46,6 @@ def _import(name: str, what: str, search):
   except ModuleNotFoundError as e:
     if e.name != name.split(".")[0] and e.name != name:
       raise
-    raise ImportError(f"{what} {name!r} not found on the Python path or in "
-                      f"{', '.join(folders)}") from None
+    raise ImportError(
+      f"{what} {name!r} not found on the Python path or in {', '.join(folders)}"
+    ) from None

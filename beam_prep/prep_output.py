@@ -65,8 +65,11 @@ class PrepOutput:
     return f"PrepOutput({self.path!r})"
 
   def join(self, *parts: str) -> str:
-    return "/".join([self.path, *parts]) if keys.is_remote(self.path) else os.path.join(
-        self.path, *parts)
+    return (
+      "/".join([self.path, *parts])
+      if keys.is_remote(self.path)
+      else os.path.join(self.path, *parts)
+    )
 
   @functools.cached_property
   def table(self) -> FeatureTable:
@@ -103,8 +106,9 @@ class PrepOutput:
     """
     path = os.path.join(model_dir, keys.MODEL_CONFIG_FILE)
     if not tf.io.gfile.exists(path):
-      raise FileNotFoundError(f"{path} not found: {model_dir} is not a beam-train fit model "
-                              "dir (pass --data PREP_OUTPUT)")
+      raise FileNotFoundError(
+        f"{path} not found: {model_dir} is not a beam-train fit model dir (pass --data PREP_OUTPUT)"
+      )
     with tf.io.gfile.GFile(path) as f:
       recorded = json.load(f)
     data = recorded["data"]
@@ -113,8 +117,9 @@ class PrepOutput:
     prep = cls(os.path.normpath(data) if not keys.is_remote(data) else data)
     if not tf.io.gfile.exists(prep.path):
       raise FileNotFoundError(
-          f"{model_dir} was trained on {recorded['data']} ({path}), which is not at "
-          f"{prep.path}; pass --data PREP_OUTPUT")
+        f"{model_dir} was trained on {recorded['data']} ({path}), which is not at "
+        f"{prep.path}; pass --data PREP_OUTPUT"
+      )
     return prep
 
   # ---- completeness -------------------------------------------------------
@@ -135,16 +140,18 @@ class PrepOutput:
     if self._is_records_folder():
       parent = os.path.dirname(self.path)
       raise RecordsError(
-          f"{self.path} is the {keys.RECORDS_DIR}/ folder of a beam-prep output, not the "
-          f"output itself: give its parent, --data {parent}")
+        f"{self.path} is the {keys.RECORDS_DIR}/ folder of a beam-prep output, not the "
+        f"output itself: give its parent, --data {parent}"
+      )
     why = "the job that writes it is still running, failed or was stopped"
     if tf.io.gfile.exists(self.join(keys.MANIFEST_FILE)):
       problems = self.manifest.get("problems") or []
       if problems:  # The job ended, and said why its output is not complete.
         why = "the job failed: " + "; ".join(problems)
     raise RecordsError(
-        f"{self.path} is not a complete beam-prep output: {keys.SUCCESS_FILE} is missing, so "
-        f"{why}. See its manifest.json and errors/; run beam-prep again (with --overwrite)")
+      f"{self.path} is not a complete beam-prep output: {keys.SUCCESS_FILE} is missing, so "
+      f"{why}. See its manifest.json and errors/; run beam-prep again (with --overwrite)"
+    )
 
   def check_trainable(self) -> None:
     """`check_complete`, and refuses an evaluation-only output (no train
@@ -156,15 +163,17 @@ class PrepOutput:
     self.check_complete()
     if self.manifest.get("eval_only"):
       raise RecordsError(
-          f"{self.path} is an evaluation-only output (--eval-percent 100, or a layout whose "
-          "every input is eval): it has no train records and no transform. Train on another "
-          "prep output, and evaluate on this one: beam-train evaluate --data "
-          f"{self.path} --model MODEL_DIR")
+        f"{self.path} is an evaluation-only output (--eval-percent 100, or a layout whose "
+        "every input is eval): it has no train records and no transform. Train on another "
+        "prep output, and evaluate on this one: beam-train evaluate --data "
+        f"{self.path} --model MODEL_DIR"
+      )
 
   def _is_records_folder(self) -> bool:
     """Whether this folder holds shards itself (the records/ subfolder was given)."""
-    return (os.path.basename(self.path) == keys.RECORDS_DIR
-            and bool(tf.io.gfile.glob(keys.record_pattern(os.path.dirname(self.path), "*"))))
+    return os.path.basename(self.path) == keys.RECORDS_DIR and bool(
+      tf.io.gfile.glob(keys.record_pattern(os.path.dirname(self.path), "*"))
+    )
 
   # ---- records ------------------------------------------------------------
 
@@ -183,9 +192,12 @@ class PrepOutput:
     return tf.data.TFRecordDataset(files, compression_type=keys.compression_of(files[0]))
 
   # `keys` hides the keys module inside; the name is the one callers know.
-  def read_numpy(self, split: str,
-                 keys: Optional[Sequence[str]] = None,  # pylint: disable=redefined-outer-name
-                 limit: int = 0) -> Iterator[Dict[str, Any]]:
+  def read_numpy(
+    self,
+    split: str,
+    keys: Optional[Sequence[str]] = None,  # pylint: disable=redefined-outer-name
+    limit: int = 0,
+  ) -> Iterator[Dict[str, Any]]:
     """A split's examples decoded to numpy dicts, in file order (a record's
     variants in the order it holds them).
 
@@ -224,12 +236,17 @@ class PrepOutput:
   def no_records(self, split: str) -> str:
     """Why a split has no records, for a message: its shards and the manifest's counts."""
     files = self.files(split)
-    where = (f"0 in its {len(files)} {keys.RECORDS_DIR}/{split}-* shard(s)" if files
-             else f"no {keys.RECORDS_DIR}/{split}-* shard")
+    where = (
+      f"0 in its {len(files)} {keys.RECORDS_DIR}/{split}-* shard(s)"
+      if files
+      else f"no {keys.RECORDS_DIR}/{split}-* shard"
+    )
     counts = self.manifest.get("counts", {})
-    told = [f"{counts[k]} {what}" for k, what in (("inputs_read", "inputs read"),
-                                                  ("images_failed", "failed"))
-            if k in counts]
+    told = [
+      f"{counts[k]} {what}"
+      for k, what in (("inputs_read", "inputs read"), ("images_failed", "failed"))
+      if k in counts
+    ]
     reasons = counts.get("errors_by_reason") or {}
     if reasons:
       told.append("errors " + ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items())))
@@ -253,8 +270,10 @@ class PrepOutput:
       try:
         first = _first_record(path)
       except tf.errors.OpError as e:
-        raise RecordsError(f"shard {path} cannot be read: {e.message.strip()} (pass "
-                           "--skip-corrupt-records to train without its bad part)") from None
+        raise RecordsError(
+          f"shard {path} cannot be read: {e.message.strip()} (pass "
+          "--skip-corrupt-records to train without its bad part)"
+        ) from None
       if first is None:
         continue  # An empty shard (a split smaller than the shard count).
       holding.append(path)
@@ -263,8 +282,10 @@ class PrepOutput:
       except FeatureError as e:  # A per-pixel feature of another size.
         raise RecordsError(f"shard {path}: {e} (a shard from another run?)") from None
       except (ValueError, zlib.error, DecodeError) as e:
-        raise RecordsError(f"shard {path} does not match the features of its features.json "
-                           f"(a shard from another run?): {e}") from None
+        raise RecordsError(
+          f"shard {path} does not match the features of its features.json "
+          f"(a shard from another run?): {e}"
+        ) from None
     return holding
 
   @staticmethod
@@ -293,5 +314,5 @@ def _fit_folder(model_dir: str, recorded_model_dir: str) -> str:
   here = os.path.abspath(model_dir)
   typed = os.path.normpath(recorded_model_dir) if recorded_model_dir else ""
   if typed and not os.path.isabs(typed) and here.endswith(os.sep + typed):
-    return here[:len(here) - len(typed)].rstrip(os.sep) or os.sep
+    return here[: len(here) - len(typed)].rstrip(os.sep) or os.sep
   return here

@@ -50,8 +50,12 @@ def decode_feature(raw: tf.Tensor, entry: Entry, image_size: Tuple[int, int]) ->
   return tf.reshape(flat, [-1, image_size[0], image_size[1], entry.feature.channels])
 
 
-def standardize(x: tf.Tensor, name: str, example_mean: Optional[tf.Tensor] = None,
-                example_mean_square: Optional[tf.Tensor] = None) -> tf.Tensor:
+def standardize(
+  x: tf.Tensor,
+  name: str,
+  example_mean: Optional[tf.Tensor] = None,
+  example_mean_square: Optional[tf.Tensor] = None,
+) -> tf.Tensor:
   """float32 [B, H, W, C] -> per-channel standardized, by full-pass analyzers.
 
   The analyzers average per-example channel means and means of squares over
@@ -69,8 +73,9 @@ def standardize(x: tf.Tensor, name: str, example_mean: Optional[tf.Tensor] = Non
   return (x - mean) / std
 
 
-def normalize(x: tf.Tensor, entry: Entry, inputs: Optional[Dict[str, tf.Tensor]] = None
-              ) -> tf.Tensor:
+def normalize(
+  x: tf.Tensor, entry: Entry, inputs: Optional[Dict[str, tf.Tensor]] = None
+) -> tf.Tensor:
   """A decoded model input, normalized as its declaration says.
 
   With `inputs` holding the entry's per-image summaries
@@ -100,16 +105,22 @@ def label_outputs(inputs: Dict[str, tf.Tensor], table: FeatureTable) -> Dict[str
   """
   labels = table.with_role("label")
   if len(labels) != 1:
-    raise FeatureError(f"a {table.task} run needs exactly one label feature; the chain "
-                       f"declares {[e.key for e in labels] or 'none'}")
+    raise FeatureError(
+      f"a {table.task} run needs exactly one label feature; the chain "
+      f"declares {[e.key for e in labels] or 'none'}"
+    )
   entry = labels[0]
   if entry.feature.per_pixel:
     mask = decode_feature(inputs[entry.key], entry, table.image_size)
-    return {keys.LABEL: tf.cast(tf.equal(mask, 1), tf.float32),
-            keys.LABEL_WEIGHT: tf.cast(tf.not_equal(mask, keys.IGNORE), tf.float32)}
-  return {keys.LABEL: tft.compute_and_apply_vocabulary(
-      inputs[entry.key], vocab_filename=keys.LABEL_VOCABULARY, num_oov_buckets=0,
-      default_value=-1)}
+    return {
+      keys.LABEL: tf.cast(tf.equal(mask, 1), tf.float32),
+      keys.LABEL_WEIGHT: tf.cast(tf.not_equal(mask, keys.IGNORE), tf.float32),
+    }
+  return {
+    keys.LABEL: tft.compute_and_apply_vocabulary(
+      inputs[entry.key], vocab_filename=keys.LABEL_VOCABULARY, num_oov_buckets=0, default_value=-1
+    )
+  }
 
 
 def make_preprocessing_fn(table: FeatureTable) -> PreprocessingFn:
@@ -122,15 +133,18 @@ def make_preprocessing_fn(table: FeatureTable) -> PreprocessingFn:
   """
   for entry in table.model_inputs:
     if not entry.feature.per_pixel:
-      raise ValueError(f"model input {entry.key!r} (declared by op {entry.op!r}) is not "
-                       "per-pixel: the default preprocessing_fn stacks per-pixel model inputs; "
-                       "declare it as metadata or give --preprocessing-fn")
+      raise ValueError(
+        f"model input {entry.key!r} (declared by op {entry.op!r}) is not "
+        "per-pixel: the default preprocessing_fn stacks per-pixel model inputs; "
+        "declare it as metadata or give --preprocessing-fn"
+      )
 
   def preprocessing_fn(inputs):
     out = {}
     for entry in table.model_inputs:
-      out[entry.key] = normalize(decode_feature(inputs[entry.key], entry, table.image_size),
-                                 entry, inputs)
+      out[entry.key] = normalize(
+        decode_feature(inputs[entry.key], entry, table.image_size), entry, inputs
+      )
     out.update(label_outputs(inputs, table))
     return out
 
@@ -158,4 +172,3 @@ def load_preprocessing_fn(spec: str, table: FeatureTable) -> PreprocessingFn:
 def preprocessing_fn_for(table: FeatureTable, spec: str = "") -> PreprocessingFn:
   """The user's preprocessing_fn when `spec` names one, else the default."""
   return load_preprocessing_fn(spec, table) if spec else make_preprocessing_fn(table)
-

@@ -30,8 +30,9 @@ from beam_prep.layouts.registry import also_readable
 LOGGER = "beam_prep"
 
 
-def resolve_layout(root: str, layout: str, labels: str = "", offline: bool = False
-                   ) -> layouts.Layout:
+def resolve_layout(
+  root: str, layout: str, labels: str = "", offline: bool = False
+) -> layouts.Layout:
   """The layout named, or for "auto" the first registered one that recognises `root`
   (and a log line naming any other that could read it: `also_readable`).
 
@@ -51,8 +52,9 @@ def resolve_layout(root: str, layout: str, labels: str = "", offline: bool = Fal
   parent = root.rstrip("/").rsplit("/", 1)[0] if "/" in root.rstrip("/") else ""
   if parent and layouts.detect(parent, labels, offline) is not None:
     hint = f" (its parent {parent} is one: did you mean --input {parent}?)"
-  raise layouts.InputError(f"no input layout recognises {root}{hint}; expected one of:\n"
-                           f"{layouts.describe(labels)}")
+  raise layouts.InputError(
+    f"no input layout recognises {root}{hint}; expected one of:\n{layouts.describe(labels)}"
+  )
 
 
 def _say_also_readable(root: str, chosen: layouts.Layout, labels: str) -> None:
@@ -62,10 +64,16 @@ def _say_also_readable(root: str, chosen: layouts.Layout, labels: str) -> None:
   others = also_readable(root, chosen, labels)
   if not others:
     return
-  ways = "; or as ".join(f"{l.name}: give --layout {l.name} for that ({l.expects})"
-                         for l in others)
-  logging.getLogger(LOGGER).info("--layout auto: %s read as %s (%s); it could also be read as %s",
-                                 root, chosen.name, chosen.expects, ways)
+  ways = "; or as ".join(
+    f"{lay.name}: give --layout {lay.name} for that ({lay.expects})" for lay in others
+  )
+  logging.getLogger(LOGGER).info(
+    "--layout auto: %s read as %s (%s); it could also be read as %s",
+    root,
+    chosen.name,
+    chosen.expects,
+    ways,
+  )
 
 
 class _ReadFn(beam.DoFn):
@@ -102,8 +110,13 @@ class ListInputs(beam.PTransform):
     `(pointers, errors)`.
   """
 
-  def __init__(self, root: str, layout: str = layouts.AUTO, allow_outside_root: bool = False,
-               image_root: str = ""):
+  def __init__(
+    self,
+    root: str,
+    layout: str = layouts.AUTO,
+    allow_outside_root: bool = False,
+    image_root: str = "",
+  ):
     super().__init__()
     self._layout = resolve_layout(root, layout)
     self._options = layouts.ReadOptions(root, image_root, allow_outside_root)
@@ -127,9 +140,10 @@ class ReadExamples(ListInputs):
   def expand(self, pbegin: beam.pvalue.PBegin) -> Tuple[beam.PCollection, beam.PCollection]:
     pointers, list_errors = super().expand(pbegin)
     kernel = Kernel(self._layout.name, (), "", None)
-    read = (pointers
-            | "Spread" >> beam.Reshuffle()
-            | "ReadFiles" >> beam.ParDo(_ReadFn(kernel)).with_outputs(ERRORS_TAG,
-                                                                      main="examples"))
+    read = (
+      pointers
+      | "Spread" >> beam.Reshuffle()
+      | "ReadFiles" >> beam.ParDo(_ReadFn(kernel)).with_outputs(ERRORS_TAG, main="examples")
+    )
     errors = (list_errors, read[ERRORS_TAG]) | "ReadErrors" >> beam.Flatten()
     return read.examples, errors

@@ -55,8 +55,9 @@ class Decoder:
     """[B] serialized records -> their features; stacked ones ragged [B, variants held]."""
     return tf.io.parse_example(serialized, self._spec)
 
-  def split(self, parsed: Dict[str, tf.Tensor]
-            ) -> Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor], Optional[tf.Tensor]]:
+  def split(
+    self, parsed: Dict[str, tf.Tensor]
+  ) -> Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor], Optional[tf.Tensor]]:
     """Parsed records -> the features stored once ([B] each), the stacked
     ones ([variants held in the batch] each, record after record) and the
     row splits of the variants ([B + 1]: record b holds variants
@@ -76,8 +77,7 @@ class Decoder:
     u = tf.random.uniform(tf.shape(held), seed=self._seed)
     chosen = tf.minimum(tf.cast(u * tf.cast(held, tf.float32), tf.int64), held - 1)
     index = first.row_starts() + chosen
-    return {k: tf.gather(v.values, index) if k in self._stacked else v
-            for k, v in parsed.items()}
+    return {k: tf.gather(v.values, index) if k in self._stacked else v for k, v in parsed.items()}
 
   def expand(self, parsed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
     """Every variant of every record, in order: [variants held in the batch] per feature."""
@@ -110,8 +110,9 @@ class Decoder:
     record (training) or of every variant (else)."""
     return self.raw(self.stored(serialized, training))
 
-  def numpy(self, serialized: Sequence[bytes]
-            ) -> Tuple[Dict[str, List[Any]], Dict[str, List[Any]], np.ndarray]:
+  def numpy(
+    self, serialized: Sequence[bytes]
+  ) -> Tuple[Dict[str, List[Any]], Dict[str, List[Any]], np.ndarray]:
     """Serialized records, eagerly -> the example view as numpy values, split
     as `split` does: each feature stored once as one value per record, each
     stacked one as one value per variant held, and the row splits.

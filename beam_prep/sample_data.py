@@ -41,7 +41,7 @@ def voc_palette() -> list:
       b |= ((c >> 2) & 1) << (7 - j)
       c >>= 3
     pal += [r, g, b]
-  pal[255 * 3:] = [224, 224, 192]
+  pal[255 * 3 :] = [224, 224, 192]
   return pal
 
 
@@ -76,8 +76,10 @@ def _shape_mask(rng, kind: str, h: int, w: int, centre, radius) -> np.ndarray:
     draw.rectangle([cx - rx, cy - ry, cx + rx, cy + ry], fill=1)
   elif kind == "triangle":
     a = rng.uniform(0, 2 * np.pi)
-    pts = [(cx + rx * np.cos(a + k * 2 * np.pi / 3), cy + ry * np.sin(a + k * 2 * np.pi / 3))
-           for k in range(3)]
+    pts = [
+      (cx + rx * np.cos(a + k * 2 * np.pi / 3), cy + ry * np.sin(a + k * 2 * np.pi / 3))
+      for k in range(3)
+    ]
     draw.polygon(pts, fill=1)
   elif kind == "star":
     a = rng.uniform(0, 2 * np.pi)
@@ -164,8 +166,10 @@ def _ignore_band(instance: np.ndarray) -> np.ndarray:
   seam between two objects, become 255."""
   h, w = instance.shape
   padded = np.pad(instance, 1, mode="edge")
-  neighbours = [padded[1 + dy:1 + dy + h, 1 + dx:1 + dx + w]
-                for dy, dx in ((-1, 0), (1, 0), (0, -1), (0, 1))]
+  neighbours = [
+    padded[1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w]
+    for dy, dx in ((-1, 0), (1, 0), (0, -1), (0, 1))
+  ]
   differs = np.zeros((h, w), bool)
   for n in neighbours:
     differs |= n != instance
@@ -175,8 +179,9 @@ def _ignore_band(instance: np.ndarray) -> np.ndarray:
   return out
 
 
-def make_scene(seed: int, index: int, size: Tuple[int, int] = SIZE
-               ) -> Tuple[np.ndarray, np.ndarray]:
+def make_scene(
+  seed: int, index: int, size: Tuple[int, int] = SIZE
+) -> Tuple[np.ndarray, np.ndarray]:
   """One scene: (uint8 RGB [H, W, 3], uint8 instance mask [H, W]).
 
   Args:
@@ -192,15 +197,19 @@ def make_scene(seed: int, index: int, size: Tuple[int, int] = SIZE
   return np.clip(np.rint(image), 0, 255).astype(np.uint8), instance
 
 
-def write_sample_data(output_dir: str, count: int = SampleDataConfig.count,
-                      seed: int = SampleDataConfig.seed, size: Tuple[int, int] = SIZE
-                      ) -> Dict[str, int]:
+def write_sample_data(
+  output_dir: str,
+  count: int = SampleDataConfig.count,
+  seed: int = SampleDataConfig.seed,
+  size: Tuple[int, int] = SIZE,
+) -> Dict[str, int]:
   """Writes `count` scenes under `output_dir`; returns counts of what it wrote.
 
   Raises:
     ValueError: if count < 1.
   """
   from beam_prep.layouts.folders import IMAGES_DIR, MASK_SUFFIX, MASKS_DIR  # pylint: disable=g-import-not-at-top
+
   if count < 1:
     raise ValueError(f"count must be at least 1, got {count}")
   img_dir = os.path.join(output_dir, IMAGES_DIR)

@@ -34,19 +34,26 @@ IMAGE_PNG, INSTANCE_PNG = "image_png", "instance_png"
 def encode(ex: Dict[str, Any]) -> bytes:
   """A decoded example (`image`, `instance_mask`) -> a serialized tf.Example."""
   from tensorflow.core.example import example_pb2, feature_pb2  # pylint: disable=g-import-not-at-top
+
   image, mask = ex[keys.IMAGE], ex[keys.INSTANCE_MASK]
   as_bytes = lambda v: feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[v]))
   as_int = lambda v: feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(v)]))
-  features = {keys.IMAGE_ID: as_bytes(str(ex[keys.IMAGE_ID]).encode()),
-              IMAGE_PNG: as_bytes(png(image)), INSTANCE_PNG: as_bytes(png(mask)),
-              keys.HEIGHT: as_int(image.shape[0]), keys.WIDTH: as_int(image.shape[1])}
-  return example_pb2.Example(
-      features=feature_pb2.Features(feature=features)).SerializeToString(deterministic=True)
+  features = {
+    keys.IMAGE_ID: as_bytes(str(ex[keys.IMAGE_ID]).encode()),
+    IMAGE_PNG: as_bytes(png(image)),
+    INSTANCE_PNG: as_bytes(png(mask)),
+    keys.HEIGHT: as_int(image.shape[0]),
+    keys.WIDTH: as_int(image.shape[1]),
+  }
+  return example_pb2.Example(features=feature_pb2.Features(feature=features)).SerializeToString(
+    deterministic=True
+  )
 
 
 def decode(serialized: bytes) -> Dict[str, Any]:
   """A source record -> {image_id, image uint8 [H, W, 3], instance_mask uint8 [H, W]}."""
   from tensorflow.core.example import example_pb2  # pylint: disable=g-import-not-at-top
+
   f = example_pb2.Example.FromString(serialized).features.feature
   text = lambda k: f[k].bytes_list.value[0].decode()
   image = np.asarray(Image.open(io.BytesIO(f[IMAGE_PNG].bytes_list.value[0])).convert("RGB"))

@@ -75,8 +75,7 @@ class ApplyOps(beam.PTransform):
     self._kernel = Kernel("", [Stage("ApplyOps", chain, EXAMPLE)], ops_module, None)
 
   def expand(self, pcoll: beam.PCollection) -> Tuple[beam.PCollection, beam.PCollection]:
-    result = pcoll | beam.ParDo(_ApplyOpsFn(self._kernel)).with_outputs(
-        ERRORS_TAG, main="examples")
+    result = pcoll | beam.ParDo(_ApplyOpsFn(self._kernel)).with_outputs(ERRORS_TAG, main="examples")
     return result.examples, result[ERRORS_TAG]
 
 
@@ -91,8 +90,9 @@ class SampleClicks(ApplyOps):
   """Samples `variants` click sets per object (see `beam_prep.ops.clicks`)."""
 
   def __init__(self, variants: int = 1, seed: int = 0, **click_params):
-    super().__init__(registry.op_call("sample_clicks", variants=variants, seed=seed,
-                                      **click_params))
+    super().__init__(
+      registry.op_call("sample_clicks", variants=variants, seed=seed, **click_params)
+    )
 
 
 class ComputeDistanceMaps(ApplyOps):
@@ -107,7 +107,8 @@ class AnalyzeAndTransform(beam.PTransform):
 
   Input is a PCollection of serialized tf.Examples of `analysis_spec`
   (default: the records' own spec; the job gives one small summary row per
-  train image, `FeatureTable.summary_row`), fed to tf.Transform as Arrow RecordBatches through TFXIO (the
+  train image, `FeatureTable.summary_row`), fed to tf.Transform as Arrow RecordBatches through
+  TFXIO (the
   fast path; instance dicts are tf.Transform's test format). Only the
   analysis runs: the records keep the compact raw features, and the trainer
   and the serving model apply the exported graph. Writes
@@ -122,8 +123,7 @@ class AnalyzeAndTransform(beam.PTransform):
     as a side input to run a step after the transform is on disk).
   """
 
-  def __init__(self, preprocessing_fn, transform_dir: str, raw_feature_spec,
-               analysis_spec=None):
+  def __init__(self, preprocessing_fn, transform_dir: str, raw_feature_spec, analysis_spec=None):
     super().__init__()
     self._preprocessing_fn = preprocessing_fn
     self._transform_dir = transform_dir
@@ -138,18 +138,22 @@ class AnalyzeAndTransform(beam.PTransform):
 
     schema = schema_utils.schema_from_feature_spec(self._spec)
     tfxio = tf_example_record.TFExampleBeamRecord(
-        physical_format="tfrecord",
-        schema=schema_utils.schema_from_feature_spec(self._analysis_spec),
-        telemetry_descriptors=["beam_prep"])
+      physical_format="tfrecord",
+      schema=schema_utils.schema_from_feature_spec(self._analysis_spec),
+      telemetry_descriptors=["beam_prep"],
+    )
     record_batches = serialized | "ToRecordBatches" >> tfxio.BeamSource()
-    transform_fn = ((record_batches, tfxio.TensorAdapterConfig())
-                    | "Analyze" >> tft_beam.AnalyzeDataset(self._preprocessing_fn))
+    transform_fn = (
+      record_batches,
+      tfxio.TensorAdapterConfig(),
+    ) | "Analyze" >> tft_beam.AnalyzeDataset(self._preprocessing_fn)
     written = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(self._transform_dir)
-    raw = (dataset_metadata.DatasetMetadata(schema)
-           | "WriteRawMetadata" >> tft_beam.WriteMetadata(
-               FileSystems.join(self._transform_dir, "metadata"), serialized.pipeline))
+    raw = dataset_metadata.DatasetMetadata(schema) | "WriteRawMetadata" >> tft_beam.WriteMetadata(
+      FileSystems.join(self._transform_dir, "metadata"), serialized.pipeline
+    )
     # One element per write, present once both are on disk (a side input
     # that makes a later step wait for them).
-    return ((written | "TransformWritten" >> beam.Map(lambda _: "transform_fn"),
-             raw | "RawSchemaWritten" >> beam.Map(lambda _: "metadata"))
-            | "Written" >> beam.Flatten())
+    return (
+      written | "TransformWritten" >> beam.Map(lambda _: "transform_fn"),
+      raw | "RawSchemaWritten" >> beam.Map(lambda _: "metadata"),
+    ) | "Written" >> beam.Flatten()

@@ -11,8 +11,16 @@ __version__ = "0.1.0"
 def library_versions() -> Dict[str, str]:
   """The installed versions of Python and the libraries a run depends on."""
   out = {"python": platform.python_version()}
-  for name in ("apache-beam", "tensorflow", "tensorflow-transform", "tfx-bsl", "numpy",
-               "scipy", "pillow", "beam-prep"):
+  for name in (
+    "apache-beam",
+    "tensorflow",
+    "tensorflow-transform",
+    "tfx-bsl",
+    "numpy",
+    "scipy",
+    "pillow",
+    "beam-prep",
+  ):
     try:
       out[name] = md.version(name)
     except md.PackageNotFoundError:

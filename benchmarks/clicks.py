@@ -1,7 +1,7 @@
 """Measures sampling clicks and building both distance maps against the reference.
 
-  clicks.ms_per_sample       one object, one variant, 512x512: sampling + both maps
-  clicks.reference_ms_per_sample   a full distance transform after every click
+clicks.ms_per_sample       one object, one variant, 512x512: sampling + both maps
+clicks.reference_ms_per_sample   a full distance transform after every click
 """
 
 from typing import Dict
@@ -18,13 +18,20 @@ def bench_clicks(repeats: int) -> Dict[str, float]:
   from beam_prep.ops.clicks import sample_clicks  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.distance import distance_maps  # pylint: disable=g-import-not-at-top
   from beam_prep.sample_data import make_scene  # pylint: disable=g-import-not-at-top
+
   objects = []
   for i in range(4):
     _, inst = make_scene(7, i, (512, 512))
     for oid in sorted(set(np.unique(inst).tolist()) - {0, 255}):
       mask = np.where(inst == oid, 1, np.where(inst == keys.IGNORE, keys.IGNORE, 0))
-      objects.append({"image_id": f"s{i}", "object_id": oid, "mask": mask.astype(np.uint8),
-                      "instance_mask": inst})
+      objects.append(
+        {
+          "image_id": f"s{i}",
+          "object_id": oid,
+          "mask": mask.astype(np.uint8),
+          "instance_mask": inst,
+        }
+      )
   op = sample_clicks(variants=1)
 
   def ours():
@@ -58,5 +65,8 @@ def bench_clicks(repeats: int) -> Dict[str, float]:
   ms = 1000.0 / median_rate(ours, repeats)
   ref = 1000.0 / median_rate(reference, max(1, repeats // 2))
   log(f"clicks: {ms:.1f} ms/sample, reference {ref:.1f} ms")
-  return {"clicks.ms_per_sample": ms, "clicks.reference_ms_per_sample": ref,
-          "clicks.objects": len(objects)}
+  return {
+    "clicks.ms_per_sample": ms,
+    "clicks.reference_ms_per_sample": ref,
+    "clicks.objects": len(objects),
+  }

@@ -70,42 +70,54 @@ def log(msg: str) -> None:
 
 def make_data(workdir: str, count: int, size: int, seed: int = 0) -> str:
   from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
+
   path = os.path.join(workdir, f"data_{count}_{size}")
   if not os.path.isdir(path):
     write_sample_data(path, count=count, seed=seed, size=(size, size))
   return path
 
 
-def run_pipeline(data: str, out: str, size: int, variants: int, beam_args: Sequence[str] = (),
-                 **fields) -> Dict[str, Any]:
+def run_pipeline(
+  data: str, out: str, size: int, variants: int, beam_args: Sequence[str] = (), **fields
+) -> Dict[str, Any]:
   """The segmentation pipeline exactly as `beam-prep segmentation` runs it."""
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
   from pipelines import cli, prep  # pylint: disable=g-import-not-at-top
-  config = PrepConfig.from_dict(dict(input=data, output=out, image_size=size,
-                                     variants=variants, overwrite=True, **fields))
+
+  config = PrepConfig.from_dict(
+    dict(input=data, output=out, image_size=size, variants=variants, overwrite=True, **fields)
+  )
   return prep.run(config, PipelineOptions(cli.pipeline_args(list(beam_args), data)))
 
 
-def pipeline_in_fresh_process(data: str, out: str, size: int, variants: int = 1,
-                              beam_args: Sequence[str] = ()) -> Dict[str, float]:
+def pipeline_in_fresh_process(
+  data: str, out: str, size: int, variants: int = 1, beam_args: Sequence[str] = ()
+) -> Dict[str, float]:
   """One pipeline run in a fresh process: peak RSS (MB), wall seconds, objects."""
-  code = ("import json, resource, sys\n"
-          "from pipelines import logs\nlogs.quiet()\n"
-          "from benchmarks.common import run_pipeline\n"
-          f"m = run_pipeline({data!r}, {out!r}, {size}, {variants}, beam_args={list(beam_args)!r})\n"
-          # The pipeline runs in this process (in_memory DirectRunner).
-          # VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork+exec,
-          # so a child would report its (large) parent's peak.
-          "rss = next(int(l.split()[1]) for l in open('/proc/self/status')\n"
-          "           if l.startswith('VmHWM:'))\n"
-          "print('RESULT', json.dumps({'rss_mb': rss / 1024.0,\n"
-          "      'seconds': m['timing']['wall_seconds'],\n"
-          "      'records_mb': sum(v['bytes'] for k, v in m['shards'].items()\n"
-          "                        if k in ('train', 'eval')) / 1e6,\n"
-          "      'objects': m['counts']['objects_found']}))\n")
-  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
-                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  code = (
+    "import json, resource, sys\n"
+    "from pipelines import logs\nlogs.quiet()\n"
+    "from benchmarks.common import run_pipeline\n"
+    f"m = run_pipeline({data!r}, {out!r}, {size}, {variants}, beam_args={list(beam_args)!r})\n"
+    # The pipeline runs in this process (in_memory DirectRunner).
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork+exec,
+    # so a child would report its (large) parent's peak.
+    "rss = next(int(l.split()[1]) for l in open('/proc/self/status')\n"
+    "           if l.startswith('VmHWM:'))\n"
+    "print('RESULT', json.dumps({'rss_mb': rss / 1024.0,\n"
+    "      'seconds': m['timing']['wall_seconds'],\n"
+    "      'records_mb': sum(v['bytes'] for k, v in m['shards'].items()\n"
+    "                        if k in ('train', 'eval')) / 1e6,\n"
+    "      'objects': m['counts']['objects_found']}))\n"
+  )
+  r = subprocess.run(
+    [sys.executable, "-c", code],
+    capture_output=True,
+    text=True,
+    timeout=1800,
+    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+  )
   for line in r.stdout.splitlines():
     if line.startswith("RESULT"):
       return json.loads(line.split(" ", 1)[1])
@@ -114,5 +126,10 @@ def pipeline_in_fresh_process(data: str, out: str, size: int, variants: int = 1,
 
 def environment() -> Dict[str, Any]:
   from beam_prep.version import library_versions  # pylint: disable=g-import-not-at-top
-  return {"cores": os.cpu_count(), "machine": platform.machine(),
-          "platform": platform.platform(), "versions": library_versions()}
+
+  return {
+    "cores": os.cpu_count(),
+    "machine": platform.machine(),
+    "platform": platform.platform(),
+    "versions": library_versions(),
+  }

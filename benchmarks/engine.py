@@ -54,20 +54,36 @@ NEVER = 10**9
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   """The `--engine` flags of `python -m benchmarks`."""
-  parser.add_argument("--engine", metavar="DIR", help="measure the data engine on DIR (any "
-                      "layout beam-prep segmentation reads); --json and --workdir apply")
-  parser.add_argument("--engine-base", metavar="MODEL_DIR",
-                      help="--engine: the beam-train fit model dir the rounds start from")
+  parser.add_argument(
+    "--engine",
+    metavar="DIR",
+    help="measure the data engine on DIR (any "
+    "layout beam-prep segmentation reads); --json and --workdir apply",
+  )
+  parser.add_argument(
+    "--engine-base",
+    metavar="MODEL_DIR",
+    help="--engine: the beam-train fit model dir the rounds start from",
+  )
   parser.add_argument("--engine-rounds", type=int, default=3, metavar="R")
-  parser.add_argument("--engine-objects", type=int, default=60, metavar="N",
-                      help="--engine: objects labelled per round (default: %(default)s)")
+  parser.add_argument(
+    "--engine-objects",
+    type=int,
+    default=60,
+    metavar="N",
+    help="--engine: objects labelled per round (default: %(default)s)",
+  )
   parser.add_argument("--engine-layout", default="auto", metavar="NAME")
   # A round's settings: serve's `--engine-*` flags, their defaults and help.
   fields = {f.name: f for f in dataclasses.fields(ServeConfig)}
   for name in ENGINE_FIELDS:
     default = fields[name].default
-    parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
-                        help="--engine: " + with_default(fields[name].metadata["help"], default))
+    parser.add_argument(
+      "--" + name.replace("_", "-"),
+      type=type(default),
+      default=default,
+      help="--engine: " + with_default(fields[name].metadata["help"], default),
+    )
 
 
 # ---- the objects ---------------------------------------------------------------
@@ -77,13 +93,34 @@ def _objects(data: str, layout: str, base: str, workdir: str) -> List[Dict[str, 
   """Every object of DIR at its image's own size, in a fixed order: {image_id,
   image, label (uint8: 1 object, 0 background, 255 ignore)}."""
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+
   out = os.path.join(workdir, "source")
   if not os.path.exists(os.path.join(out, "_SUCCESS")):
     prep = PrepOutput.of_model(base)
-    _run([sys.executable, "-m", "pipelines", "segmentation", "--config",
-          prep.join("config.json"), "--input", data, "--layout", layout, "--output", out,
-          "--eval-percent", "100", "--overwrite", "--progress-seconds", "0",
-          "--max-error-fraction", "1"], os.path.join(workdir, "source.log"))
+    _run(
+      [
+        sys.executable,
+        "-m",
+        "pipelines",
+        "segmentation",
+        "--config",
+        prep.join("config.json"),
+        "--input",
+        data,
+        "--layout",
+        layout,
+        "--output",
+        out,
+        "--eval-percent",
+        "100",
+        "--overwrite",
+        "--progress-seconds",
+        "0",
+        "--max-error-fraction",
+        "1",
+      ],
+      os.path.join(workdir, "source.log"),
+    )
   return source_objects(out)
 
 
@@ -102,36 +139,52 @@ def _serve(model: str, save_dir: str = "", args=None):
   rounds (with a save dir: run by `--engine-every`'s mechanism, started by
   the benchmark itself between batches), URL)."""
   from train.serve import app as serve_app  # pylint: disable=g-import-not-at-top
-  engine = ({"engine_every": NEVER, **{k: getattr(args, k) for k in ENGINE_FIELDS}}
-            if save_dir else {})
-  server, versions = serve_app.start(ServeConfig(model=model, port=0, save_dir=save_dir,
-                                                 poll_seconds=1.0, max_clicks=64, **engine))
+
+  engine = (
+    {"engine_every": NEVER, **{k: getattr(args, k) for k in ENGINE_FIELDS}} if save_dir else {}
+  )
+  server, versions = serve_app.start(
+    ServeConfig(model=model, port=0, save_dir=save_dir, poll_seconds=1.0, max_clicks=64, **engine)
+  )
   threading.Thread(target=server.serve_forever, daemon=True).start()
-  return (server, versions, server.app.extensions[serve_app.ROUNDS],
-          f"http://127.0.0.1:{server.port}")
+  return (
+    server,
+    versions,
+    server.app.extensions[serve_app.ROUNDS],
+    f"http://127.0.0.1:{server.port}",
+  )
 
 
 def _percentiles(values: List[float]) -> Dict[str, float]:
   if not values:
     return {"p50": None, "p95": None, "clicks": 0}
-  return {"p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)),
-          "clicks": len(values)}
+  return {
+    "p50": float(np.percentile(values, 50)),
+    "p95": float(np.percentile(values, 95)),
+    "clicks": len(values),
+  }
 
 
 def _summary(number, results, frozen, retrain_s) -> Dict[str, Any]:
   mean = lambda rs, k: float(np.mean([r[k] for r in rs])) if rs else None
-  return {"round": number, "objects": len(results),
-          "clicks_per_object": mean(results, "clicks"),
-          "frozen_clicks_per_object": mean(frozen, "clicks"),
-          "label_iou": mean(results, "label_iou"), "iou_at_1": mean(results, "iou_at_1"),
-          "frozen_iou_at_1": mean(frozen, "iou_at_1"), "retrain_seconds": retrain_s,
-          "version": results[0]["version"] if results else None}
+  return {
+    "round": number,
+    "objects": len(results),
+    "clicks_per_object": mean(results, "clicks"),
+    "frozen_clicks_per_object": mean(frozen, "clicks"),
+    "label_iou": mean(results, "label_iou"),
+    "iou_at_1": mean(results, "iou_at_1"),
+    "frozen_iou_at_1": mean(frozen, "iou_at_1"),
+    "retrain_seconds": retrain_s,
+    "version": results[0]["version"] if results else None,
+  }
 
 
 def _rounds(batches, workdir: str, served, frozen_url: str) -> tuple:
   """Labels each batch; retrains between batches while the frozen pass of the next runs."""
   from train.engine import ENGINE_DIR, rounds as engine_rounds  # pylint: disable=g-import-not-at-top
   from train.serve.rounds import LOG_FILE  # pylint: disable=g-import-not-at-top
+
   _, versions, retrain, url = served
   labels_dir = os.path.join(workdir, "labels")
   labeller, frozen_annotator = Annotator(url, save=True), Annotator(frozen_url, save=False)
@@ -148,26 +201,32 @@ def _rounds(batches, workdir: str, served, frozen_url: str) -> tuple:
       frozen.append(label_batch(frozen_annotator, batch))
       retrain.wait()
       if retrain.failed:
-        raise RuntimeError("the engine round failed: see "
-                           f"{os.path.join(labels_dir, ENGINE_DIR, LOG_FILE)}")
+        raise RuntimeError(
+          f"the engine round failed: see {os.path.join(labels_dir, ENGINE_DIR, LOG_FILE)}"
+        )
       ended = time.time()
       busy += [ms for t, ms in frozen_annotator.latencies[mark:] if t < ended]
       retrain_s = engine_rounds(os.path.join(labels_dir, ENGINE_DIR))[-1]["seconds"]["total"]
       while versions.current.version == before and time.time() - ended < 120:
         time.sleep(0.5)
-      log(f"engine: retrain {number - 1} took {ended - started:.0f} s; serving version "
-          f"{versions.current.version}")
+      log(
+        f"engine: retrain {number - 1} took {ended - started:.0f} s; serving version "
+        f"{versions.current.version}"
+      )
     results = label_batch(labeller, batch)
     out.append(_summary(number, results, frozen[number - 1], retrain_s))
-    log(f"engine: round {number}: {out[-1]['clicks_per_object']:.2f} clicks per object "
-        f"(frozen {out[-1]['frozen_clicks_per_object']:.2f}), labels' IoU "
-        f"{out[-1]['label_iou']:.3f}, IoU@1 {out[-1]['iou_at_1']:.3f}")
+    log(
+      f"engine: round {number}: {out[-1]['clicks_per_object']:.2f} clicks per object "
+      f"(frozen {out[-1]['frozen_clicks_per_object']:.2f}), labels' IoU "
+      f"{out[-1]['label_iou']:.3f}, IoU@1 {out[-1]['iou_at_1']:.3f}"
+    )
   return out, idle, busy
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
   """The whole measurement (see the module docstring)."""
   from train.export import latest_export  # pylint: disable=g-import-not-at-top
+
   workdir = os.path.abspath(args.workdir or "out/bench_engine")
   os.makedirs(workdir, exist_ok=True)
   objects = _objects(os.path.abspath(args.engine), args.engine_layout, args.engine_base, workdir)
@@ -176,15 +235,19 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     raise RuntimeError(f"{args.engine}: {len(objects)} objects, fewer than the rounds")
   objects = objects[:n]
   size = len(objects) // args.engine_rounds
-  batches = [objects[i * size:(i + 1) * size] for i in range(args.engine_rounds)]
+  batches = [objects[i * size : (i + 1) * size] for i in range(args.engine_rounds)]
   served = os.path.join(workdir, "served")
   for folder in (served, os.path.join(workdir, "labels")):
     shutil.rmtree(folder, ignore_errors=True)
   shutil.copytree(args.engine_base, served)
-  log(f"engine: {len(objects)} objects of {args.engine} in {args.engine_rounds} rounds; "
-      f"from {args.engine_base}; work in {workdir}")
-  servers = [_serve(served, os.path.join(workdir, "labels"), args),
-             _serve(latest_export(args.engine_base))]
+  log(
+    f"engine: {len(objects)} objects of {args.engine} in {args.engine_rounds} rounds; "
+    f"from {args.engine_base}; work in {workdir}"
+  )
+  servers = [
+    _serve(served, os.path.join(workdir, "labels"), args),
+    _serve(latest_export(args.engine_base)),
+  ]
   try:
     rounds, idle, busy = _rounds(batches, workdir, servers[0], servers[1][3])
   finally:
@@ -193,10 +256,15 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
   latency = {"idle": _percentiles(idle), "retrain": _percentiles(busy)}
   if latency["idle"]["p95"] and latency["retrain"]["p95"]:
     latency["retrain_vs_idle_p95"] = latency["retrain"]["p95"] / latency["idle"]["p95"]
-  return {"data": os.path.abspath(args.engine), "base": os.path.abspath(args.engine_base),
-          "rounds": rounds, "latency_ms": latency, "target_iou": TARGET_IOU,
-          "settings": {k: v for k, v in vars(args).items() if k.startswith("engine")},
-          "environment": environment()}
+  return {
+    "data": os.path.abspath(args.engine),
+    "base": os.path.abspath(args.engine_base),
+    "rounds": rounds,
+    "latency_ms": latency,
+    "target_iou": TARGET_IOU,
+    "settings": {k: v for k, v in vars(args).items() if k.startswith("engine")},
+    "environment": environment(),
+  }
 
 
 def main(args: argparse.Namespace) -> int:
@@ -206,22 +274,29 @@ def main(args: argparse.Namespace) -> int:
   t0 = time.time()
   result = run(args)
   result["seconds"] = time.time() - t0
-  path = args.json or os.path.join(os.path.abspath(args.workdir or "out/bench_engine"),
-                                   "engine.json")
+  path = args.json or os.path.join(
+    os.path.abspath(args.workdir or "out/bench_engine"), "engine.json"
+  )
   write_result(result, path, table(result))
   return 0
 
 
 def table(result: Dict[str, Any]) -> str:
-  lines = ["| round | objects | clicks/object | frozen | labels' IoU | IoU@1 | frozen IoU@1 "
-           "| retrain s |", "|---|---|---|---|---|---|---|---|"]
+  lines = [
+    "| round | objects | clicks/object | frozen | labels' IoU | IoU@1 | frozen IoU@1 | retrain s |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
   for r in result["rounds"]:
-    lines.append(f"| {r['round']} | {r['objects']} | {r['clicks_per_object']:.2f} | "
-                 f"{r['frozen_clicks_per_object']:.2f} | {r['label_iou']:.3f} | "
-                 f"{r['iou_at_1']:.3f} | {r['frozen_iou_at_1']:.3f} | "
-                 f"{r['retrain_seconds'] if r['retrain_seconds'] is not None else '-'} |")
+    lines.append(
+      f"| {r['round']} | {r['objects']} | {r['clicks_per_object']:.2f} | "
+      f"{r['frozen_clicks_per_object']:.2f} | {r['label_iou']:.3f} | "
+      f"{r['iou_at_1']:.3f} | {r['frozen_iou_at_1']:.3f} | "
+      f"{r['retrain_seconds'] if r['retrain_seconds'] is not None else '-'} |"
+    )
   lat = result["latency_ms"]
   lines.append("")
-  lines.append(f"click latency ms: idle p50 {lat['idle']['p50']}, p95 {lat['idle']['p95']}; "
-               f"during a retrain p50 {lat['retrain']['p50']}, p95 {lat['retrain']['p95']}")
+  lines.append(
+    f"click latency ms: idle p50 {lat['idle']['p50']}, p95 {lat['idle']['p95']}; "
+    f"during a retrain p50 {lat['retrain']['p50']}, p95 {lat['retrain']['p95']}"
+  )
   return "\n".join(lines)

@@ -29,14 +29,19 @@ SIZE = 64  # The images' side: the rows and files, not the pixels, are measured.
 def _item(seed: int) -> Dict[str, Any]:
   from beam_prep.drawing import png  # pylint: disable=g-import-not-at-top
   from train.serve import exports  # pylint: disable=g-import-not-at-top
+
   image = np.random.default_rng(seed).integers(0, 255, (SIZE, SIZE, 3), dtype=np.uint8)
-  return {"image": image, "name": f"image{seed}.png", "data": png(image),
-          "digest": exports.digest(image)}
+  return {
+    "image": image,
+    "name": f"image{seed}.png",
+    "data": png(image),
+    "digest": exports.digest(image),
+  }
 
 
 def _objects(seed: int):
   mask = np.zeros((SIZE, SIZE), bool)
-  mask[seed % 32:seed % 32 + 20, 10:40] = True
+  mask[seed % 32 : seed % 32 + 20, 10:40] = True
   return [{"mask": mask, "clicks": {"positive": [[20, seed % 32 + 5]], "negative": []}}]
 
 
@@ -54,6 +59,7 @@ def _save_ms(labels, first: int, repeats: int):
 def bench_labels(workdir: str, fill: int, repeats: int) -> Dict[str, float]:
   """A save's milliseconds into an empty store and into one of `fill` images."""
   from train.serve.store import Labels  # pylint: disable=g-import-not-at-top
+
   root = tempfile.mkdtemp(prefix="labels_", dir=workdir)
   labels = Labels(os.path.join(root, "empty"))
   empty = _save_ms(labels, 10**6, repeats)
@@ -68,12 +74,19 @@ def bench_labels(workdir: str, fill: int, repeats: int) -> Dict[str, float]:
   document_ms = 1000 * (time.perf_counter() - t)
   count = labels.count() - 1
   labels.close()
-  figures = {"labels.fill": count - repeats, "labels.save_ms_p50": statistics.median(full),
-             "labels.save_ms_p95": full[min(len(full) - 1, int(0.95 * len(full)))],
-             "labels.save_ms_p50_empty": statistics.median(empty), "labels.document_ms": document_ms}
-  figures["labels.save_full_vs_empty"] = (figures["labels.save_ms_p50"]
-                                          / figures["labels.save_ms_p50_empty"])
-  log(f"labels: a save into {count - repeats} images {figures['labels.save_ms_p50']:.1f} ms "
-      f"(p95 {figures['labels.save_ms_p95']:.1f}), into none "
-      f"{figures['labels.save_ms_p50_empty']:.1f} ms; its document {document_ms:.0f} ms")
+  figures = {
+    "labels.fill": count - repeats,
+    "labels.save_ms_p50": statistics.median(full),
+    "labels.save_ms_p95": full[min(len(full) - 1, int(0.95 * len(full)))],
+    "labels.save_ms_p50_empty": statistics.median(empty),
+    "labels.document_ms": document_ms,
+  }
+  figures["labels.save_full_vs_empty"] = (
+    figures["labels.save_ms_p50"] / figures["labels.save_ms_p50_empty"]
+  )
+  log(
+    f"labels: a save into {count - repeats} images {figures['labels.save_ms_p50']:.1f} ms "
+    f"(p95 {figures['labels.save_ms_p95']:.1f}), into none "
+    f"{figures['labels.save_ms_p50_empty']:.1f} ms; its document {document_ms:.0f} ms"
+  )
   return figures

@@ -46,11 +46,14 @@ PRESET = "real"
 # flags; `fit`: extra `beam-train fit` flags, None for no model (the
 # nearest-click baseline). Adding an arm is adding an entry.
 ARMS: List[Dict[str, Any]] = [
-    {"name": "baseline", "prep": ["--no-previous-mask"], "fit": None},
-    {"name": "single", "prep": ["--no-previous-mask"],
-     "fit": ["--mask-rounds", "0", "--no-corrective-clicks"]},
-    {"name": "prev_mask", "prep": [], "fit": ["--no-corrective-clicks"]},
-    {"name": "corrective", "prep": [], "fit": []},
+  {"name": "baseline", "prep": ["--no-previous-mask"], "fit": None},
+  {
+    "name": "single",
+    "prep": ["--no-previous-mask"],
+    "fit": ["--mask-rounds", "0", "--no-corrective-clicks"],
+  },
+  {"name": "prev_mask", "prep": [], "fit": ["--no-corrective-clicks"]},
+  {"name": "corrective", "prep": [], "fit": []},
 ]
 
 EVAL_PERCENT = 20  # The held-out share of images, fixed by a hash of the image id.
@@ -70,24 +73,52 @@ class RealError(Exception):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   """The `--real` flags of `python -m benchmarks`."""
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  parser.add_argument("--real", metavar="DIR",
-                      help="measure the training arms on a real data set DIR (any layout "
-                      "beam-prep segmentation reads); --json and --workdir apply, --quick "
-                      "and --plot do not")
-  parser.add_argument("--real-layout", default="auto", metavar="NAME",
-                      help="--real: the input layout (default: auto)")
-  parser.add_argument("--real-steps", type=int, default=DEFAULT_STEPS, metavar="N",
-                      help="--real: training steps of every arm with a model (default: "
-                      "%(default)s)")
-  parser.add_argument("--real-image-size", type=int, default=128, metavar="N",
-                      help="--real: records' image size (default: %(default)s)")
-  parser.add_argument("--real-batch", type=int, default=16, metavar="B",
-                      help="--real: training batch size (default: %(default)s)")
-  parser.add_argument("--real-max-clicks", type=int, default=keys.NOC_MAX_CLICKS, metavar="K",
-                      help="--real: clicks per object at most in NoC (default: %(default)s)")
-  parser.add_argument("--real-arms", default="", metavar="A,B",
-                      help="--real: run only these arms, comma-separated (default: all: "
-                      f"{', '.join(a['name'] for a in ARMS)})")
+
+  parser.add_argument(
+    "--real",
+    metavar="DIR",
+    help="measure the training arms on a real data set DIR (any layout "
+    "beam-prep segmentation reads); --json and --workdir apply, --quick "
+    "and --plot do not",
+  )
+  parser.add_argument(
+    "--real-layout", default="auto", metavar="NAME", help="--real: the input layout (default: auto)"
+  )
+  parser.add_argument(
+    "--real-steps",
+    type=int,
+    default=DEFAULT_STEPS,
+    metavar="N",
+    help="--real: training steps of every arm with a model (default: %(default)s)",
+  )
+  parser.add_argument(
+    "--real-image-size",
+    type=int,
+    default=128,
+    metavar="N",
+    help="--real: records' image size (default: %(default)s)",
+  )
+  parser.add_argument(
+    "--real-batch",
+    type=int,
+    default=16,
+    metavar="B",
+    help="--real: training batch size (default: %(default)s)",
+  )
+  parser.add_argument(
+    "--real-max-clicks",
+    type=int,
+    default=keys.NOC_MAX_CLICKS,
+    metavar="K",
+    help="--real: clicks per object at most in NoC (default: %(default)s)",
+  )
+  parser.add_argument(
+    "--real-arms",
+    default="",
+    metavar="A,B",
+    help="--real: run only these arms, comma-separated (default: all: "
+    f"{', '.join(a['name'] for a in ARMS)})",
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,14 +133,38 @@ class Settings:
   arms: tuple
 
   def prep_flags(self) -> List[str]:
-    return ["--preset", PRESET, "--layout", self.layout, "--image-size", str(self.image_size),
-            "--eval-percent", str(EVAL_PERCENT), "--seed", str(SEED)]
+    return [
+      "--preset",
+      PRESET,
+      "--layout",
+      self.layout,
+      "--image-size",
+      str(self.image_size),
+      "--eval-percent",
+      str(EVAL_PERCENT),
+      "--seed",
+      str(SEED),
+    ]
 
   def fit_flags(self) -> List[str]:
-    return ["--preset", PRESET, "--steps", str(self.steps), "--batch-size", str(self.batch),
-            "--seed", str(SEED),
-            "--noc-clicks", "0", "--histogram-every", "0",
-            "--checkpoint-every", str(self.steps), "--log-every", str(max(1, self.steps // 10))]
+    return [
+      "--preset",
+      PRESET,
+      "--steps",
+      str(self.steps),
+      "--batch-size",
+      str(self.batch),
+      "--seed",
+      str(SEED),
+      "--noc-clicks",
+      "0",
+      "--histogram-every",
+      "0",
+      "--checkpoint-every",
+      str(self.steps),
+      "--log-every",
+      str(max(1, self.steps // 10)),
+    ]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -121,15 +176,24 @@ def main(args: argparse.Namespace) -> int:
   except RealError as e:
     print(f"{PROG}: {e}", file=sys.stderr)
     return 2
-  log(f"real: {s.data} ({s.layout} layout), {s.image_size} px, batch {s.batch}, {s.steps} "
-      f"steps, NoC up to {s.max_clicks} clicks; work in {s.workdir}")
+  log(
+    f"real: {s.data} ({s.layout} layout), {s.image_size} px, batch {s.batch}, {s.steps} "
+    f"steps, NoC up to {s.max_clicks} clicks; work in {s.workdir}"
+  )
   arms = [dict(arm, **availability(arm)) for arm in ARMS if arm["name"] in s.arms]
   preps = _prepare(s, arms)
   results = [_run_arm(s, arm, preps) for arm in arms]
-  result = {"data": s.data, "settings": dataclasses.asdict(s), "eval_percent": EVAL_PERCENT,
-            "preset": PRESET, "seed": SEED,
-            "preps": list(preps.values()), "arms": results, "environment": environment(),
-            "seconds": time.time() - t0}
+  result = {
+    "data": s.data,
+    "settings": dataclasses.asdict(s),
+    "eval_percent": EVAL_PERCENT,
+    "preset": PRESET,
+    "seed": SEED,
+    "preps": list(preps.values()),
+    "arms": results,
+    "environment": environment(),
+    "seconds": time.time() - t0,
+  }
   path = args.json or os.path.join(s.workdir, "real.json")
   write_result(result, path, table(result))
   return 1 if any(a["status"] == "failed" for a in results) else 0
@@ -154,13 +218,21 @@ def _settings(args: argparse.Namespace) -> Settings:
     if path and os.path.isdir(data) and (path + os.sep).startswith(data + os.sep):
       raise RealError(f"{flag} {path} is inside the data set {data}: nothing is written there")
   from pipelines import logs  # pylint: disable=g-import-not-at-top
+
   logs.quiet()  # Before the layouts' imports bring TensorFlow in.
   layout = resolve_layout(data, args.real_layout, workdir or tempfile.gettempdir())
   workdir = workdir or tempfile.mkdtemp(prefix="beam_prep_real_")
   os.makedirs(workdir, exist_ok=True)
-  return Settings(data=data, layout=layout, workdir=workdir, steps=args.real_steps,
-                  image_size=args.real_image_size, batch=args.real_batch,
-                  max_clicks=args.real_max_clicks, arms=arms)
+  return Settings(
+    data=data,
+    layout=layout,
+    workdir=workdir,
+    steps=args.real_steps,
+    image_size=args.real_image_size,
+    batch=args.real_batch,
+    max_clicks=args.real_max_clicks,
+    arms=arms,
+  )
 
 
 def _arm_names(text: str) -> tuple:
@@ -187,6 +259,7 @@ def resolve_layout(data: str, layout: str, workdir: str) -> str:
   from beam_prep import layouts  # pylint: disable=g-import-not-at-top
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
   from pipelines import prep  # pylint: disable=g-import-not-at-top
+
   try:
     config = PrepConfig.from_dict({"input": data, "output": workdir, "layout": layout})
     config = prep.with_layout(config, dry_run=False)
@@ -195,13 +268,16 @@ def resolve_layout(data: str, layout: str, workdir: str) -> str:
     first = " ".join(str(e).splitlines()[0].rstrip(":").replace("; expected one of", "").split())
     if layout != layouts.AUTO:
       raise RealError(first) from None
-    raise RealError(f"{first} (--real-layout NAME names one of: "
-                    f"{', '.join(layouts.layout_names('instances'))})") from None
+    raise RealError(
+      f"{first} (--real-layout NAME names one of: {', '.join(layouts.layout_names('instances'))})"
+    ) from None
   except ValueError as e:
     raise RealError(" ".join(str(e).replace("--layout ", "--real-layout ").split())) from None
   if config.eval_only:
-    raise RealError(f"{data}: every input is in the eval split (the {config.layout} layout's "
-                    "lists): nothing to train on")
+    raise RealError(
+      f"{data}: every input is in the eval split (the {config.layout} layout's "
+      "lists): nothing to train on"
+    )
   return config.layout
 
 
@@ -214,6 +290,7 @@ def availability(arm: Dict[str, Any]) -> Dict[str, Any]:
   from beam_prep.console import option_flags  # pylint: disable=g-import-not-at-top
   from pipelines.cli import prep_parser  # pylint: disable=g-import-not-at-top
   from train.cli import fit_parser  # pylint: disable=g-import-not-at-top
+
   known = option_flags(prep_parser("segmentation"))
   missing = [f"beam-prep segmentation {f}" for f in _flag_names(arm["prep"]) if f not in known]
   if arm["fit"] is not None:
@@ -240,7 +317,7 @@ def run_command(main_fn: Callable[[List[str]], None], argv: List[str], log_path:
 
 def _failure(what: str, code: int, log_path: str) -> str:
   with open(log_path) as f:
-    lines = [l.strip() for l in f.read().splitlines() if l.strip()]
+    lines = [line.strip() for line in f.read().splitlines() if line.strip()]
   last = lines[-1] if lines else "no output"
   return f"{what} exited {code}: {last} (log: {log_path})"
 
@@ -253,6 +330,7 @@ def _prepare(s: Settings, arms: List[Dict[str, Any]]) -> Dict[tuple, Dict[str, A
   """Runs `beam-prep segmentation` once per distinct prep setting of the arms
   that run -> {prep flags: {dir, flags, seconds, counts or error}}."""
   from pipelines import cli  # pylint: disable=g-import-not-at-top
+
   preps: Dict[tuple, Dict[str, Any]] = {}
   for arm in arms:
     key = tuple(arm["prep"])
@@ -262,19 +340,26 @@ def _prepare(s: Settings, arms: List[Dict[str, Any]]) -> Dict[tuple, Dict[str, A
     flags = s.prep_flags() + list(key)
     log(f"real: prep ({' '.join(key) or 'default flags'}): beam-prep segmentation -> {out} ...")
     t = time.time()
-    code = run_command(cli.main, ["segmentation", "--input", s.data, "--output", out,
-                                  "--overwrite"] + flags, out + ".log")
+    code = run_command(
+      cli.main,
+      ["segmentation", "--input", s.data, "--output", out, "--overwrite"] + flags,
+      out + ".log",
+    )
     entry = {"dir": out, "flags": list(key), "seconds": time.time() - t}
     if code:
       entry["error"] = _failure("beam-prep segmentation", code, out + ".log")
       log(f"real: prep FAILED: {entry['error']}")
     else:
       entry.update(_prep_counts(out))
-      log(f"real: prep done in {entry['seconds']:.0f} s: {entry['train_records']} train, "
-          f"{entry['eval_records']} held-out records ({entry['eval_images']} images)")
+      log(
+        f"real: prep done in {entry['seconds']:.0f} s: {entry['train_records']} train, "
+        f"{entry['eval_records']} held-out records ({entry['eval_images']} images)"
+      )
       if not entry["eval_images"]:
-        entry["error"] = (f"no image of {s.data} is in the held-out split "
-                          f"(--eval-percent {EVAL_PERCENT}): nothing to evaluate")
+        entry["error"] = (
+          f"no image of {s.data} is in the held-out split "
+          f"(--eval-percent {EVAL_PERCENT}): nothing to evaluate"
+        )
         log(f"real: prep FAILED: {entry['error']}")
     preps[key] = entry
   return preps
@@ -282,16 +367,20 @@ def _prepare(s: Settings, arms: List[Dict[str, Any]]) -> Dict[tuple, Dict[str, A
 
 def _prep_counts(out: str) -> Dict[str, int]:
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
+
   with open(os.path.join(out, keys.MANIFEST_FILE)) as f:
     counts = json.load(f)["counts"]
   records = counts.get("records_written", {})
-  return {"train_records": int(records.get(keys.TRAIN_SPLIT, 0)),
-          "eval_records": int(records.get(keys.EVAL_SPLIT, 0)),
-          "eval_images": int(counts.get("source_records", 0))}
+  return {
+    "train_records": int(records.get(keys.TRAIN_SPLIT, 0)),
+    "eval_records": int(records.get(keys.EVAL_SPLIT, 0)),
+    "eval_images": int(counts.get("source_records", 0)),
+  }
 
 
-def _run_arm(s: Settings, arm: Dict[str, Any], preps: Dict[tuple, Dict[str, Any]]
-             ) -> Dict[str, Any]:
+def _run_arm(
+  s: Settings, arm: Dict[str, Any], preps: Dict[tuple, Dict[str, Any]]
+) -> Dict[str, Any]:
   """One arm: fit (unless it is the baseline), then NoC at source resolution."""
   out: Dict[str, Any] = {"name": arm["name"], "prep_flags": arm["prep"], "fit_flags": arm["fit"]}
   if "skip" in arm:
@@ -330,10 +419,10 @@ def _timed(main, argv, log_path: str, what: str, command: str):
   return seconds, reason
 
 
-def _fit(s: Settings, arm: Dict[str, Any], prep: str, model: str, arm_dir: str
-         ) -> Dict[str, Any]:
+def _fit(s: Settings, arm: Dict[str, Any], prep: str, model: str, arm_dir: str) -> Dict[str, Any]:
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train import cli  # pylint: disable=g-import-not-at-top
+
   log_path = os.path.join(arm_dir, "fit.log")
   argv = ["fit", "--data", prep, "--model-dir", model] + s.fit_flags() + list(arm["fit"])
   log(f"real: {arm['name']}: fit {s.steps} steps ({' '.join(arm['fit']) or 'default flags'}) ...")
@@ -344,10 +433,16 @@ def _fit(s: Settings, arm: Dict[str, Any], prep: str, model: str, arm_dir: str
     m = json.load(f)
   rate = m.get("examples_per_second")
   steps_s = rate / m["global_batch_size"] if rate else None
-  log(f"real: {arm['name']}: fit done in {seconds:.0f} s"
-      + (f", {steps_s:.2f} steps/s" if steps_s else ""))
-  return {"fit_seconds": seconds, "train_steps_s": steps_s, "final_loss": m.get("final_loss"),
-          "model_dir": model}
+  log(
+    f"real: {arm['name']}: fit done in {seconds:.0f} s"
+    + (f", {steps_s:.2f} steps/s" if steps_s else "")
+  )
+  return {
+    "fit_seconds": seconds,
+    "train_steps_s": steps_s,
+    "final_loss": m.get("final_loss"),
+    "model_dir": model,
+  }
 
 
 def _evaluate(s: Settings, name: str, prep: str, model: str, arm_dir: str) -> Dict[str, Any]:
@@ -355,25 +450,38 @@ def _evaluate(s: Settings, name: str, prep: str, model: str, arm_dir: str) -> Di
   baseline alone) -> its figures."""
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train import cli, noc  # pylint: disable=g-import-not-at-top
+
   out_dir = os.path.join(arm_dir, keys.EVAL_DIR)
   log_path = os.path.join(arm_dir, "evaluate.log")
-  argv = ["evaluate", "--data", prep, "--resolution", "source", "--max-clicks",
-          str(s.max_clicks), "--output", out_dir] + (["--model", model] if model else [])
+  argv = [
+    "evaluate",
+    "--data",
+    prep,
+    "--resolution",
+    "source",
+    "--max-clicks",
+    str(s.max_clicks),
+    "--output",
+    out_dir,
+  ] + (["--model", model] if model else [])
   log(f"real: {name}: NoC at source resolution, up to {s.max_clicks} clicks ...")
-  seconds, reason = _timed(cli.main, argv, log_path, f"{name}: evaluation",
-                           "beam-train evaluate")
+  seconds, reason = _timed(cli.main, argv, log_path, f"{name}: evaluation", "beam-train evaluate")
   if reason:
     return {"eval_seconds": seconds, "reason": reason}
   with open(os.path.join(out_dir, noc.NOC_FILE)) as f:
     report = json.load(f)
   figures = report["model" if model else "baseline"]
   curve = figures["mean_iou_by_clicks"]
-  got = {"eval_seconds": seconds, "objects": figures["objects"],
-         **{noc.noc_key(t): figures.get(noc.noc_key(t)) for t in keys.NOC_IOU_THRESHOLDS},
-         "report": os.path.join(out_dir, noc.NOC_FILE),
-         **{f"iou@{c}": curve.get(str(c)) for c in IOU_AT}}
-  said = ", ".join(f"NoC@{noc.threshold_name(t)} {got[noc.noc_key(t)]:.2f}"
-                   for t in keys.NOC_IOU_THRESHOLDS)
+  got = {
+    "eval_seconds": seconds,
+    "objects": figures["objects"],
+    **{noc.noc_key(t): figures.get(noc.noc_key(t)) for t in keys.NOC_IOU_THRESHOLDS},
+    "report": os.path.join(out_dir, noc.NOC_FILE),
+    **{f"iou@{c}": curve.get(str(c)) for c in IOU_AT},
+  }
+  said = ", ".join(
+    f"NoC@{noc.threshold_name(t)} {got[noc.noc_key(t)]:.2f}" for t in keys.NOC_IOU_THRESHOLDS
+  )
   log(f"real: {name}: {said} on {got['objects']} objects in {seconds:.0f} s")
   return got
 
@@ -386,21 +494,29 @@ def table(result: Dict[str, Any]) -> str:
   """The arms as a Markdown table, one row per arm."""
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train import noc  # pylint: disable=g-import-not-at-top
+
   s = result["settings"]
-  heads = ([f"NoC@{noc.threshold_name(t)}" for t in keys.NOC_IOU_THRESHOLDS]
-           + [f"IoU@{c}" for c in IOU_AT] + ["objects", "train steps/s", "wall s"])
-  lines = [f"Real photographs: {result['data']} ({s['layout']}), {s['image_size']} px, "
-           f"batch {s['batch']}, {s['steps']} steps, {result['eval_percent']}% held out, "
-           f"NoC up to {s['max_clicks']} clicks", "",
-           "| arm | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+  heads = (
+    [f"NoC@{noc.threshold_name(t)}" for t in keys.NOC_IOU_THRESHOLDS]
+    + [f"IoU@{c}" for c in IOU_AT]
+    + ["objects", "train steps/s", "wall s"]
+  )
+  lines = [
+    f"Real photographs: {result['data']} ({s['layout']}), {s['image_size']} px, "
+    f"batch {s['batch']}, {s['steps']} steps, {result['eval_percent']}% held out, "
+    f"NoC up to {s['max_clicks']} clicks",
+    "",
+    "| arm | " + " | ".join(heads) + " |",
+    "|---" * (len(heads) + 1) + "|",
+  ]
   for a in result["arms"]:
     if a["status"] != "ok":
       lines.append(f"| {a['name']} | {a['status']}: {a['reason']} |" + "  |" * (len(heads) - 1))
       continue
-    cells = ([_cell(a[noc.noc_key(t)], ".2f") for t in keys.NOC_IOU_THRESHOLDS]
-             + [_cell(a[f"iou@{c}"], ".3f") for c in IOU_AT]
-             + [str(a["objects"]), _cell(a.get("train_steps_s"), ".2f"),
-                f"{a['wall_seconds']:.0f}"])
+    cells = (
+      [_cell(a[noc.noc_key(t)], ".2f") for t in keys.NOC_IOU_THRESHOLDS]
+      + [_cell(a[f"iou@{c}"], ".3f") for c in IOU_AT]
+      + [str(a["objects"]), _cell(a.get("train_steps_s"), ".2f"), f"{a['wall_seconds']:.0f}"]
+    )
     lines.append(f"| {a['name']} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
-

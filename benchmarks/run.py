@@ -67,24 +67,71 @@ from benchmarks.training import bench_train, fit_model
 
 # STORAGE_ROWS, TARGETS and pipeline_in_fresh_process live in their groups'
 # modules; the tests and the docs name them here.
-__all__ = ["SETTINGS", "STORAGE_ROWS", "TARGETS", "main", "measure",
-           "pipeline_in_fresh_process"]
+__all__ = ["SETTINGS", "STORAGE_ROWS", "TARGETS", "main", "measure", "pipeline_in_fresh_process"]
 
 SETTINGS = {
-    "quick": {"count": 24, "size": 256, "variants": 2, "batch": 8, "batches": 12, "repeats": 3,
-              "train_steps": 5, "width": 8, "depth": 3, "rss_n": 12, "fit_steps": 20,
-              "serve_repeats": 20, "click_repeats": 3, "noc_images": 4, "noc_size": 512,
-              "noc_clicks": 20, "pairs": 3, "labels_fill": 1000},
-    "full": {"count": 64, "size": 256, "variants": 4, "batch": 16, "batches": 25, "repeats": 5,
-             "train_steps": 10, "width": 16, "depth": 3, "rss_n": 16, "fit_steps": 100,
-             "serve_repeats": 50, "click_repeats": 5, "noc_images": 8, "noc_size": 512,
-             "noc_clicks": 20, "pairs": 3, "labels_fill": 10000},
-    # Tiny: what the smoke test runs to keep this code working (one pair of
-    # fresh-process runs: the medians' code is the same for one).
-    "tiny": {"count": 4, "size": 64, "variants": 2, "batch": 2, "batches": 2, "repeats": 1,
-             "train_steps": 2, "width": 4, "depth": 2, "rss_n": 1, "fit_steps": 4,
-             "serve_repeats": 2, "click_repeats": 1, "noc_images": 1, "noc_size": 96,
-             "noc_clicks": 3, "pairs": 1, "labels_fill": 10},
+  "quick": {
+    "count": 24,
+    "size": 256,
+    "variants": 2,
+    "batch": 8,
+    "batches": 12,
+    "repeats": 3,
+    "train_steps": 5,
+    "width": 8,
+    "depth": 3,
+    "rss_n": 12,
+    "fit_steps": 20,
+    "serve_repeats": 20,
+    "click_repeats": 3,
+    "noc_images": 4,
+    "noc_size": 512,
+    "noc_clicks": 20,
+    "pairs": 3,
+    "labels_fill": 1000,
+  },
+  "full": {
+    "count": 64,
+    "size": 256,
+    "variants": 4,
+    "batch": 16,
+    "batches": 25,
+    "repeats": 5,
+    "train_steps": 10,
+    "width": 16,
+    "depth": 3,
+    "rss_n": 16,
+    "fit_steps": 100,
+    "serve_repeats": 50,
+    "click_repeats": 5,
+    "noc_images": 8,
+    "noc_size": 512,
+    "noc_clicks": 20,
+    "pairs": 3,
+    "labels_fill": 10000,
+  },
+  # Tiny: what the smoke test runs to keep this code working (one pair of
+  # fresh-process runs: the medians' code is the same for one).
+  "tiny": {
+    "count": 4,
+    "size": 64,
+    "variants": 2,
+    "batch": 2,
+    "batches": 2,
+    "repeats": 1,
+    "train_steps": 2,
+    "width": 4,
+    "depth": 2,
+    "rss_n": 1,
+    "fit_steps": 4,
+    "serve_repeats": 2,
+    "click_repeats": 1,
+    "noc_images": 1,
+    "noc_size": 96,
+    "noc_clicks": 3,
+    "pairs": 1,
+    "labels_fill": 10,
+  },
 }
 
 
@@ -99,16 +146,23 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
   prep_dir = os.path.join(workdir, "prep")
   figures.update(bench_prep(data, prep_dir, s))
   figures.update(bench_input(prep_dir, s["batch"], s["batches"], s["repeats"]))
-  figures.update(bench_train(prep_dir, s["batch"], s["train_steps"], s["repeats"], s["width"],
-                             s["depth"]))
+  figures.update(
+    bench_train(prep_dir, s["batch"], s["train_steps"], s["repeats"], s["width"], s["depth"])
+  )
   figures.update(bench_scaling(workdir, s))
   figures.update(bench_storage(data, workdir, s))
   model_dir = fit_model(workdir, prep_dir, s)
   figures.update(bench_serve(model_dir, s["serve_repeats"]))
   figures.update(bench_noc_source(workdir, model_dir, s))
   figures.update(bench_labels(workdir, s["labels_fill"], s["serve_repeats"]))
-  return {"mode": mode, "settings": s, "environment": environment(), "figures": figures,
-          "targets": check_targets(figures), "seconds": time.time() - t0}
+  return {
+    "mode": mode,
+    "settings": s,
+    "environment": environment(),
+    "figures": figures,
+    "targets": check_targets(figures),
+    "seconds": time.time() - t0,
+  }
 
 
 def main(argv=None) -> None:
@@ -124,6 +178,7 @@ def main(argv=None) -> None:
   if args.real is not None:
     sys.exit(real.main(args))
   from pipelines import logs  # pylint: disable=g-import-not-at-top
+
   logs.quiet()
   if args.engine is not None:
     sys.exit(engine.main(args))

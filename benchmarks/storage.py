@@ -19,11 +19,11 @@ STORAGE_VARIANTS = 4
 
 # The record layouts, in the order of the printed table, and what each is.
 STORAGE_ROWS = (
-    ("variant", "before: a record per (object, variant), arrays raw"),
-    ("object_raw", "a record per object, variants stacked, arrays raw"),
-    ("object_mask_zlib", "the same, the mask zlib"),
-    ("object", "the job's: the same, mask and click maps zlib"),
-    ("object_gzip", "the job's in gzip files (--compression gzip)"),
+  ("variant", "before: a record per (object, variant), arrays raw"),
+  ("object_raw", "a record per object, variants stacked, arrays raw"),
+  ("object_mask_zlib", "the same, the mask zlib"),
+  ("object", "the job's: the same, mask and click maps zlib"),
+  ("object_gzip", "the job's in gzip files (--compression gzip)"),
 )
 
 
@@ -31,11 +31,21 @@ def recoded(table, zlib_keys: Sequence[str]):
   """`table` with only the per-pixel features `zlib_keys` stored compressed."""
   import dataclasses  # pylint: disable=g-import-not-at-top
   from beam_prep.features import Entry, FeatureTable  # pylint: disable=g-import-not-at-top
-  entries = [Entry(e.key, dataclasses.replace(
-      e.feature, encoding="zlib" if e.key in zlib_keys else "raw") if e.feature.per_pixel
-                   else e.feature, e.op, e.stacked) for e in table]
-  return FeatureTable(entries, table.image_size, table.task, table.chain, table.ops_module,
-                      table.variants)
+
+  entries = [
+    Entry(
+      e.key,
+      dataclasses.replace(e.feature, encoding="zlib" if e.key in zlib_keys else "raw")
+      if e.feature.per_pixel
+      else e.feature,
+      e.op,
+      e.stacked,
+    )
+    for e in table
+  ]
+  return FeatureTable(
+    entries, table.image_size, table.task, table.chain, table.ops_module, table.variants
+  )
 
 
 def rewrite(prep, path: str, table, per_example: bool, gzip: bool = False) -> float:
@@ -45,13 +55,15 @@ def rewrite(prep, path: str, table, per_example: bool, gzip: bool = False) -> fl
   (decoding the job's records excluded)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
+
   spent = 0.0
   with tf.io.TFRecordWriter(path, options="GZIP" if gzip else None) as writer:
     for serialized in prep.dataset(keys.TRAIN_SPLIT):
       examples = prep.table.decode_examples(serialized.numpy())
       t = time.perf_counter()
-      for record in ([table.encode(ex) for ex in examples] if per_example
-                     else [table.encode_unit(examples)]):
+      for record in (
+        [table.encode(ex) for ex in examples] if per_example else [table.encode_unit(examples)]
+      ):
         writer.write(record)
       spent += time.perf_counter() - t
     t = time.perf_counter()
@@ -65,10 +77,13 @@ def reader_rate(files: List[str], table, s: Dict[str, Any]) -> float:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train.data import Decoder  # pylint: disable=g-import-not-at-top
+
   decoder = Decoder(table, table.transform_keys)
   ds = tf.data.Dataset.from_tensor_slices(files).interleave(
-      lambda f: tf.data.TFRecordDataset(f, compression_type=keys.compression_of(files[0])),
-      cycle_length=max(len(files), 1), deterministic=False)
+    lambda f: tf.data.TFRecordDataset(f, compression_type=keys.compression_of(files[0])),
+    cycle_length=max(len(files), 1),
+    deterministic=False,
+  )
   ds = ds.repeat().shuffle(64).batch(s["batch"], drop_remainder=True).map(decoder.decode)
   options = tf.data.Options()
   options.threading.private_threadpool_size = 1
@@ -91,17 +106,18 @@ def bench_storage(data: str, workdir: str, s: Dict[str, Any]) -> Dict[str, float
   """
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+
   out_dir = os.path.join(workdir, "storage_object")
   run_pipeline(data, out_dir, s["size"], STORAGE_VARIANTS)
   prep = PrepOutput(out_dir)
   table = prep.table
   examples = prep.manifest["counts"]["examples_written"][keys.TRAIN_SPLIT]
   layouts = {  # name: (table, a record per example, gzip)
-      "variant": (table.example_view, True, False),
-      "object_raw": (recoded(table, ()), False, False),
-      "object_mask_zlib": (recoded(table, (keys.MASK,)), False, False),
-      "object": (table, False, False),
-      "object_gzip": (table, False, True),
+    "variant": (table.example_view, True, False),
+    "object_raw": (recoded(table, ()), False, False),
+    "object_mask_zlib": (recoded(table, (keys.MASK,)), False, False),
+    "object": (table, False, False),
+    "object_gzip": (table, False, True),
   }
   out = {"storage.variants": STORAGE_VARIANTS}
   for layout, (layout_table, per_example, gzip) in layouts.items():
@@ -112,13 +128,14 @@ def bench_storage(data: str, workdir: str, s: Dict[str, Any]) -> Dict[str, float
     out[f"storage.{layout}.bytes_per_example"] = os.path.getsize(path) / max(examples, 1)
     out[f"storage.{layout}.examples_s_per_core"] = reader_rate([path], layout_table, s)
     out[f"storage.{layout}.write_ms_per_example"] = 1000.0 * seconds / max(examples, 1)
-    log(f"storage {layout}: {out[f'storage.{layout}.bytes_per_example'] / 1e3:.0f} kB per "
-        f"(object, variant), {out[f'storage.{layout}.examples_s_per_core']:.0f} examples/s "
-        f"per core, {out[f'storage.{layout}.write_ms_per_example']:.2f} ms to write")
+    log(
+      f"storage {layout}: {out[f'storage.{layout}.bytes_per_example'] / 1e3:.0f} kB per "
+      f"(object, variant), {out[f'storage.{layout}.examples_s_per_core']:.0f} examples/s "
+      f"per core, {out[f'storage.{layout}.write_ms_per_example']:.2f} ms to write"
+    )
   return out
 
 
 def _file_bytes(path: str) -> bytes:
   with open(path, "rb") as f:
     return f.read()
-

@@ -19,8 +19,28 @@ from typing import Any, Dict
 from benchmarks.common import log, median_rate
 
 
-def bench_train(prep_dir: str, batch: int, steps: int, repeats: int, width: int, depth: int
-                ) -> Dict[str, float]:
+def _steps(step, batches, steps: int, waits: list):
+  """A run of `steps` steps on `batches` (for `median_rate`); each run's share
+  of time waiting for a batch goes to `waits`."""
+
+  def go():
+    wait = busy = 0.0
+    for _ in range(steps):
+      t0 = time.perf_counter()
+      b = next(batches)
+      t1 = time.perf_counter()
+      float(step(b))
+      wait += t1 - t0
+      busy += time.perf_counter() - t0
+    waits.append(wait / busy)
+    return steps
+
+  return go
+
+
+def bench_train(
+  prep_dir: str, batch: int, steps: int, repeats: int, width: int, depth: int
+) -> Dict[str, float]:
   """The training step on in-memory tensors vs fed by the reader."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -34,8 +54,9 @@ def bench_train(prep_dir: str, batch: int, steps: int, repeats: int, width: int,
   table = prep.table
   task = make_task(table, prep.tft_output)
   reader = InputReader(prep, task, batch)
-  model = models.build_model("segmentation_fcn", table.input_channels,
-                             builtin={"width": width, "depth": depth})
+  model = models.build_model(
+    "segmentation_fcn", table.input_channels, builtin={"width": width, "depth": depth}
+  )
   opt = keras.optimizers.Adam(1e-3)
   opt.build(model.trainable_variables)
 
@@ -44,8 +65,9 @@ def bench_train(prep_dir: str, batch: int, steps: int, repeats: int, width: int,
     inputs, labels = reader.parser(raw, training=True)  # on the device, as the trainer does
     with tf.GradientTape() as tape:
       loss = tf.reduce_mean(task.loss(labels, model(inputs, training=True)))
-    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                            model.trainable_variables))
+    opt.apply_gradients(
+      zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    )
     return loss
 
   real = iter(reader.dataset(keys.TRAIN_SPLIT, training=True))
@@ -55,28 +77,15 @@ def bench_train(prep_dir: str, batch: int, steps: int, repeats: int, width: int,
     for _ in range(2):
       float(step(next(it)))
   waits = []
-
-  def run(it, record_wait):
-    def go():
-      wait = busy = 0.0
-      for _ in range(steps):
-        t0 = time.perf_counter()
-        b = next(it)
-        t1 = time.perf_counter()
-        float(step(b))
-        t2 = time.perf_counter()
-        wait += t1 - t0
-        busy += t2 - t0
-      if record_wait:
-        waits.append(wait / busy)
-      return steps
-    return go
-
-  out = {"train.synthetic_steps_s": median_rate(run(synthetic, False), repeats),
-         "train.real_steps_s": median_rate(run(real, True), repeats)}
+  out = {
+    "train.synthetic_steps_s": median_rate(_steps(step, synthetic, steps, []), repeats),
+    "train.real_steps_s": median_rate(_steps(step, real, steps, waits), repeats),
+  }
   out["train.input_wait_fraction"] = statistics.median(waits)
-  log(f"train: synthetic {out['train.synthetic_steps_s']:.2f} steps/s, real "
-      f"{out['train.real_steps_s']:.2f} steps/s")
+  log(
+    f"train: synthetic {out['train.synthetic_steps_s']:.2f} steps/s, real "
+    f"{out['train.real_steps_s']:.2f} steps/s"
+  )
   return out
 
 
@@ -84,9 +93,19 @@ def fit_model(workdir: str, prep_dir: str, s: Dict[str, Any]) -> str:
   """Trains `fit_steps` steps on the records in `prep_dir`; returns the model dir."""
   from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
   from train import loop  # pylint: disable=g-import-not-at-top
+
   model_dir = os.path.join(workdir, "model")
   shutil.rmtree(model_dir, ignore_errors=True)
-  loop.fit(TrainConfig(data=prep_dir, model_dir=model_dir, steps=s["fit_steps"],
-                       batch_size=s["batch"], width=s["width"], depth=s["depth"],
-                       histogram_every=0, log_every=max(s["fit_steps"], 1)))
+  loop.fit(
+    TrainConfig(
+      data=prep_dir,
+      model_dir=model_dir,
+      steps=s["fit_steps"],
+      batch_size=s["batch"],
+      width=s["width"],
+      depth=s["depth"],
+      histogram_every=0,
+      log_every=max(s["fit_steps"], 1),
+    )
+  )
   return model_dir

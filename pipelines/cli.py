@@ -31,6 +31,7 @@ MAX_LOCAL_WORKERS = 8
 def _inputs_at_least(root: str, n: int) -> bool:
   """Whether a local input holds at least `n` images (or manifest rows); stops counting at n."""
   import os  # pylint: disable=g-import-not-at-top
+
   if keys.is_remote(root) or not os.path.exists(root):
     return False
   if os.path.isfile(root):
@@ -47,21 +48,29 @@ def _inputs_at_least(root: str, n: int) -> bool:
 def direct_defaults(input_root: str, cores: Optional[int] = None) -> List[str]:
   """The DirectRunner's mode and worker count for this input on this machine."""
   import os  # pylint: disable=g-import-not-at-top
+
   cores = cores or os.cpu_count() or 1
   if cores >= 2 and _inputs_at_least(input_root, PARALLEL_MIN_INPUTS):
-    return ["--direct_running_mode=multi_threading",
-            f"--direct_num_workers={min(cores, MAX_LOCAL_WORKERS)}"]
+    return [
+      "--direct_running_mode=multi_threading",
+      f"--direct_num_workers={min(cores, MAX_LOCAL_WORKERS)}",
+    ]
   return ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
 
 def _preview(argv: List[str]) -> int:
-  config = kit.parse_command("beam-prep preview", "Draw a grid of what the records hold (image, "
-                             "clicks, mask, distance maps).", PreviewConfig, argv,
-                             logs.quiet("--verbose" in argv))
+  config = kit.parse_command(
+    "beam-prep preview",
+    "Draw a grid of what the records hold (image, clicks, mask, distance maps).",
+    PreviewConfig,
+    argv,
+    logs.quiet("--verbose" in argv),
+  )
   if config is None:
     return 2
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
   from pipelines import preview  # pylint: disable=g-import-not-at-top
+
   records = config.records
   if not FileSystems.exists(records):
     logs.get().error("beam-prep preview: %s does not exist", records)
@@ -79,30 +88,44 @@ def _preview(argv: List[str]) -> int:
 
 
 def _sample_data(argv: List[str]) -> int:
-  config = kit.parse_command("beam-prep sample-data", "Write a deterministic sample data set "
-                             "(images/ + masks/).", SampleDataConfig, argv,
-                             logs.quiet("--verbose" in argv))
+  config = kit.parse_command(
+    "beam-prep sample-data",
+    "Write a deterministic sample data set (images/ + masks/).",
+    SampleDataConfig,
+    argv,
+    logs.quiet("--verbose" in argv),
+  )
   if config is None:
     return 2
   from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
-  counts = write_sample_data(config.output, config.count, config.seed,
-                             (config.width, config.height))
-  logs.get().info("sample-data: wrote %d scenes with %d objects to %s",
-                  counts["images"], counts["objects"], config.output)
+
+  counts = write_sample_data(
+    config.output, config.count, config.seed, (config.width, config.height)
+  )
+  logs.get().info(
+    "sample-data: wrote %d scenes with %d objects to %s",
+    counts["images"],
+    counts["objects"],
+    config.output,
+  )
   return 0
 
 
 def _layout_help(task) -> str:
   from beam_prep import layouts  # pylint: disable=g-import-not-at-top
-  return (f"input layouts (--layout, default auto: the first that recognises --input):\n"
-          f"{layouts.describe(task.labels)}\n")
+
+  return (
+    f"input layouts (--layout, default auto: the first that recognises --input):\n"
+    f"{layouts.describe(task.labels)}\n"
+  )
 
 
 def _fields_not_used(task) -> set:
   """`PrepConfig` fields `task` has no use for: `--image-root` when none of
   its layouts lists image paths."""
   from beam_prep import layouts  # pylint: disable=g-import-not-at-top
-  if any(l.takes_image_root for l in layouts.layouts_for(task.labels)):
+
+  if any(lay.takes_image_root for lay in layouts.layouts_for(task.labels)):
     return set()
   return {"image_root"}
 
@@ -111,6 +134,7 @@ def _import_user_modules(argv: List[str]) -> None:
   """Quiets the logs and imports `--ops-module` before the parser is built, so
   that the options and the help see the layouts (and ops) it registers."""
   from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+
   pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
   pre.add_argument("--ops-module", default="")
   pre.add_argument("--verbose", action="store_true")
@@ -123,20 +147,27 @@ def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
   """The parser of `beam-prep TASK` for a registered task: the config's options
   (`beam_prep.kit`), those the task adds, and the command's own."""
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
+
   task = tasks.get_task(task_name)
   parser = argparse.ArgumentParser(
-      prog=f"beam-prep {task.name}",
-      description=f"Precompute {task.summary}. Unknown arguments are passed to Beam as "
-      "pipeline options (--runner, --project, ...).",
-      epilog=_layout_help(task), formatter_class=argparse.RawDescriptionHelpFormatter)
+    prog=f"beam-prep {task.name}",
+    description=f"Precompute {task.summary}. Unknown arguments are passed to Beam as "
+    "pipeline options (--runner, --project, ...).",
+    epilog=_layout_help(task),
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   kit.add_options(parser, PrepConfig, skip=_fields_not_used(task))
   kit.add_options(parser, task.options)
   task.add_arguments(parser)
   parser.add_argument("--config", help="JSON file of PrepConfig fields")
   parser.add_argument("--preset", help=kit.preset_help(PrepConfig))
-  parser.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
-                      help="Dataflow: wait for the job and print its summary, or return once "
-                      "it is submitted (--no-wait) (default: wait)")
+  parser.add_argument(
+    "--wait",
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="Dataflow: wait for the job and print its summary, or return once "
+    "it is submitted (--no-wait) (default: wait)",
+  )
   parser.add_argument("--verbose", action="store_true", help="show library logs")
   return parser
 
@@ -144,18 +175,25 @@ def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace, task_name: str = "segmentation"):
   """Defaults, then preset, then config file, then flags; validated (`beam_prep.kit`)."""
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
+
   task = tasks.get_task(task_name)
-  return kit.resolve(PrepConfig, args, fixed={"task": task_name},
-                     extra=task.config_fields(args), more=(task.options,))
+  return kit.resolve(
+    PrepConfig,
+    args,
+    fixed={"task": task_name},
+    extra=task.config_fields(args),
+    more=(task.options,),
+  )
 
 
 def pipeline_args(beam_args: List[str], input_root: str = "") -> List[str]:
   """Beam options with this tool's DirectRunner defaults filled in."""
   from pipelines.runners import is_direct  # pylint: disable=g-import-not-at-top
+
   args = list(beam_args)
   if is_direct(beam_args):
     given = [a for a in args if a.startswith("--direct_")]
-    for default in ([] if given else direct_defaults(input_root)):
+    for default in [] if given else direct_defaults(input_root):
       flag = default.split("=")[0]
       if not any(a == flag or a.startswith(flag + "=") for a in args):
         args.append(default)
@@ -166,6 +204,7 @@ def _check(config, log, task: str) -> bool:
   """Checks what can be checked before the job: chain, declarations, preprocessing_fn."""
   from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
   from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+
   try:
     registry.import_ops_modules(config.ops_module)
     registry.build_chain(config.chain)  # Names and literal arguments, checked now.
@@ -182,21 +221,29 @@ def _launch(config, beam_args, known, log, task: str):
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from beam_prep.features import FeatureError  # pylint: disable=g-import-not-at-top
   from pipelines import dataflow, outputs, prep, runners  # pylint: disable=g-import-not-at-top
+
   try:
     if runners.is_dataflow(beam_args):
       beam_args = dataflow.check_and_complete(beam_args, config)
     options = PipelineOptions(pipeline_args(beam_args, config.input))
     return prep.run(config, options, wait=known.wait), None
-  except (outputs.OutputError, prep.InputError, prep.TransformFromError,
-          dataflow.DataflowOptionsError) as e:
+  except (
+    outputs.OutputError,
+    prep.InputError,
+    prep.TransformFromError,
+    dataflow.DataflowOptionsError,
+  ) as e:
     log.error("beam-prep %s: %s", task, e)
     return None, 2
   except prep.JobStillRunning as e:
     log.error("beam-prep %s: %s", task, e)
     return None, 130
   except FeatureError as e:  # An op's bug: it stops the job, which leaves no output.
-    log.error("beam-prep %s: the job stopped and its output was removed: %s", task,
-              str(e).split(" [while running")[0])
+    log.error(
+      "beam-prep %s: the job stopped and its output was removed: %s",
+      task,
+      str(e).split(" [while running")[0],
+    )
     return None, 2
 
 
@@ -227,12 +274,17 @@ def _prep(task: str, argv: List[str]) -> int:
 
 def _report(manifest, config, log, task: str) -> int:
   from pipelines import report  # pylint: disable=g-import-not-at-top
+
   if manifest.get("dry_run"):
     log.info("%s: dry run: the job was built and not submitted", task)
     return 0
   if manifest.get("submitted"):
-    log.info("%s: not waiting; when the job is done, %s holds manifest.json and, if it is "
-             "complete, _SUCCESS", task, config.output)
+    log.info(
+      "%s: not waiting; when the job is done, %s holds manifest.json and, if it is "
+      "complete, _SUCCESS",
+      task,
+      config.output,
+    )
     return 0
   log.info("%s: %s", task, "done" if manifest["complete"] else "FAILED")
   for line in report.summary_lines(manifest):
@@ -246,6 +298,7 @@ def _report(manifest, config, log, task: str) -> int:
 
 def _task_commands():
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
+
   return {name: (lambda argv, name=name: _prep(name, argv)) for name in tasks.task_names()}
 
 

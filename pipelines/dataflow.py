@@ -11,6 +11,7 @@ from typing import List, Optional
 
 from beam_prep.config import PrepConfig
 
+
 class DataflowOptionsError(ValueError):
   """The options cannot make a Dataflow job; the message says what to fix."""
 
@@ -18,6 +19,7 @@ class DataflowOptionsError(ValueError):
 def _view(args: List[str], cls):
   """Beam's own reading of its options (`PipelineOptions.view_as`)."""
   from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
+
   return pipeline_options.PipelineOptions(args).view_as(getattr(pipeline_options, cls))
 
 
@@ -33,10 +35,12 @@ def bucket_problem(path: str) -> Optional[str]:
   """
   if not path.startswith("gs://"):
     return None
-  bucket = path[len("gs://"):].split("/", 1)[0]
-  rules = ("bucket names are 3-63 characters (up to 222 with dots, 63 between dots) of "
-           "lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or "
-           "digit")
+  bucket = path[len("gs://") :].split("/", 1)[0]
+  rules = (
+    "bucket names are 3-63 characters (up to 222 with dots, 63 between dots) of "
+    "lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or "
+    "digit"
+  )
   if not 3 <= len(bucket) <= (222 if "." in bucket else 63):
     return f"bucket {bucket!r} in {path} has {len(bucket)} characters; {rules}"
   if not _BUCKET_CHARS.match(bucket) or any(len(p) > 63 or not p for p in bucket.split(".")):
@@ -68,19 +72,28 @@ def check_and_complete(args: List[str], config: PrepConfig) -> List[str]:
     problems.append("--region is required (e.g. --region=us-central1)")
   temp, staging = gcp.temp_location, gcp.staging_location
   if not temp:
-    problems.append("--temp_location=gs://BUCKET/tmp is required (also holds tf.Transform's "
-                    "temporary files)")
+    problems.append(
+      "--temp_location=gs://BUCKET/tmp is required (also holds tf.Transform's temporary files)"
+    )
   elif not temp.startswith("gs://"):
-    problems.append(f"--temp_location must be on GCS (gs://...), got {temp}: workers and "
-                    "tf.Transform cannot use a local temp dir")
+    problems.append(
+      f"--temp_location must be on GCS (gs://...), got {temp}: workers and "
+      "tf.Transform cannot use a local temp dir"
+    )
   if staging and not staging.startswith("gs://"):
     problems.append(f"--staging_location must be on GCS (gs://...), got {staging}")
   for name, path in (("--input", config.input), ("--output", config.output)):
     if not path.startswith("gs://"):
-      problems.append(f"{name} {path} is not on GCS: Dataflow workers cannot see this "
-                      "machine's disk; copy the data to gs:// first")
-  for name, path in (("--temp_location", temp), ("--staging_location", staging),
-                     ("--input", config.input), ("--output", config.output)):
+      problems.append(
+        f"{name} {path} is not on GCS: Dataflow workers cannot see this "
+        "machine's disk; copy the data to gs:// first"
+      )
+  for name, path in (
+    ("--temp_location", temp),
+    ("--staging_location", staging),
+    ("--input", config.input),
+    ("--output", config.output),
+  ):
     problem = bucket_problem(path or "")
     if problem:
       problems.append(f"{name}: {problem}")
@@ -88,12 +101,15 @@ def check_and_complete(args: List[str], config: PrepConfig) -> List[str]:
     raise DataflowOptionsError("cannot submit to Dataflow:\n  - " + "\n  - ".join(problems))
   out = list(args)
   # A custom worker image (docker/Dockerfile) already holds the package.
-  if (_view(args, "SetupOptions").setup_file is None
-      and _view(args, "WorkerOptions").sdk_container_image is None):
+  if (
+    _view(args, "SetupOptions").setup_file is None
+    and _view(args, "WorkerOptions").sdk_container_image is None
+  ):
     setup = package_setup_file()
     if not os.path.exists(setup):
       raise DataflowOptionsError(
-          "cannot find beam-prep's setup.py to stage for the workers; pass "
-          "--setup_file=/path/to/beam-prep/setup.py")
+        "cannot find beam-prep's setup.py to stage for the workers; pass "
+        "--setup_file=/path/to/beam-prep/setup.py"
+      )
     out.append(f"--setup_file={setup}")
   return out

@@ -44,6 +44,7 @@ def _first_eval_object(prep_dir: str):
   """(image_id, object_id) of the first eval record, the same every run."""
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+
   records = PrepOutput(prep_dir).read_numpy(keys.EVAL_SPLIT, [keys.IMAGE_ID, keys.OBJECT_ID])
   ex = min(records, key=lambda r: (r[keys.IMAGE_ID], int(r[keys.OBJECT_ID])))
   return ex[keys.IMAGE_ID], int(ex[keys.OBJECT_ID])
@@ -58,13 +59,23 @@ def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, run):
   from beam_prep.layouts.folders import IMAGES_DIR, MASK_SUFFIX, MASKS_DIR  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.image import object_label  # pylint: disable=g-import-not-at-top
   from train import clicker  # pylint: disable=g-import-not-at-top
+
   image_id, object_id = _first_eval_object(prep)
   image_path = sorted(glob.glob(os.path.join(data, IMAGES_DIR, image_id + ".*")))[0]
   truth = np.asarray(Image.open(os.path.join(data, MASKS_DIR, image_id + MASK_SUFFIX)))
   label = object_label(truth, object_id)
   (x, y), _ = clicker.next_click_of(np.zeros(label.shape, bool), label, [], [])
-  cmd = [beam_train, "predict", "--model", model, "--image", image_path, "--output", pred,
-         f"--positive={x},{y}"]
+  cmd = [
+    beam_train,
+    "predict",
+    "--model",
+    model,
+    "--image",
+    image_path,
+    "--output",
+    pred,
+    f"--positive={x},{y}",
+  ]
   seconds = run(cmd)
   got = np.asarray(Image.open(pred)) > 0
   iou = float(clicker.iou(got[None], (label == 1)[None], (label != keys.IGNORE)[None])[0])
@@ -80,83 +91,155 @@ def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: i
   from train import simulate  # pylint: disable=g-import-not-at-top
   from train.serve import app as serve_app  # pylint: disable=g-import-not-at-top
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
+
   labels = os.path.join(wd, "labels")
   shutil.rmtree(labels, ignore_errors=True)
   objects = simulate.source_objects(prep)
   images = sorted({o["image_id"] for o in objects})
-  half = set(images[:len(images) // 2])
+  half = set(images[: len(images) // 2])
   labelled = [o for o in objects if o["image_id"] in half]
   held = [o for o in objects if o["image_id"] not in half]
   t = time.time()
-  server, versions = serve_app.start(ServeConfig(model=model, port=0, save_dir=labels,
-                                                 poll_seconds=0.5))
+  server, versions = serve_app.start(
+    ServeConfig(model=model, port=0, save_dir=labels, poll_seconds=0.5)
+  )
   threading.Thread(target=server.serve_forever, daemon=True).start()
   url = f"http://127.0.0.1:{server.port}"
   try:
     before = simulate.label_batch(simulate.Annotator(url, save=False), held)
     saved = simulate.label_batch(simulate.Annotator(url, save=True), labelled)
     version = versions.current.version
-    run([beam_train, "engine", "--labels", labels, "--model", model, "--steps", str(steps),
-         "--max-minutes", "0"])
+    run(
+      [
+        beam_train,
+        "engine",
+        "--labels",
+        labels,
+        "--model",
+        model,
+        "--steps",
+        str(steps),
+        "--max-minutes",
+        "0",
+      ]
+    )
     while versions.current.version == version and time.time() - t < 600:
       time.sleep(0.2)
     after = simulate.label_batch(simulate.Annotator(url, save=False), held)
   finally:
     server.shutdown()
-  return {"labels": labels, "labelled": len(saved), "held": len(held), "steps": steps,
-          "saved_clicks": simulate.clicks_per_object(saved),
-          "before": simulate.clicks_per_object(before),
-          "after": simulate.clicks_per_object(after),
-          "version": versions.current.version}, time.time() - t
+  return {
+    "labels": labels,
+    "labelled": len(saved),
+    "held": len(held),
+    "steps": steps,
+    "saved_clicks": simulate.clicks_per_object(saved),
+    "before": simulate.clicks_per_object(before),
+    "after": simulate.clicks_per_object(after),
+    "version": versions.current.version,
+  }, time.time() - t
 
 
-def _summary(data: str, prep: str, model: str, pred: str, predicted, engine, times,
-             log) -> None:
+def _summary(data: str, prep: str, model: str, pred: str, predicted, engine, times, log) -> None:
+  _summary_records(data, prep, log)
+  _summary_model(model, log)
+  _summary_outputs(model, prep, pred, predicted, engine, times, log)
+
+
+def _summary_records(data: str, prep: str, log) -> None:
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
+
   manifest = json.load(open(os.path.join(prep, keys.MANIFEST_FILE)))
-  metrics = json.load(open(os.path.join(model, keys.METRICS_FILE)))
   c = manifest["counts"]
   log("")
   log("demo summary")
   log(f"  sample data  {data}: {c['inputs_read']} images, {c['objects_found']} objects")
-  log(f"  records      {prep}/records: train {c['examples_written']['train']}, "
-      f"eval {c['examples_written']['eval']} examples "
-      f"({manifest['config']['variants']} click variants per object, in one record per "
-      f"object); "
-      f"{c['errors_total']} dead letters in {prep}/errors")
+  log(
+    f"  records      {prep}/records: train {c['examples_written']['train']}, "
+    f"eval {c['examples_written']['eval']} examples "
+    f"({manifest['config']['variants']} click variants per object, in one record per "
+    f"object); "
+    f"{c['errors_total']} dead letters in {prep}/errors"
+  )
   log(f"  transform    {prep}/transform (tf.Transform: per-channel mean/std)")
   log(f"  preview      {prep}/{keys.PREVIEW_FILE} (what the records hold)")
+
+
+def _summary_model(model: str, log) -> None:
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+
+  metrics = json.load(open(os.path.join(model, keys.METRICS_FILE)))
   from train.noc import NOC_FILE  # pylint: disable=g-import-not-at-top
   from train.tasks import task_class  # pylint: disable=g-import-not-at-top
+
   ev = metrics["eval"]
-  log(f"  model        {model}: {metrics['final_step']} steps, "
-      f"{metrics['examples_per_second'] or 0:.1f} examples/s, "
-      f"input wait {100 * (metrics['input_wait_fraction'] or 0):.0f}%, eval "
-      + (task_class(metrics["task"]).eval_line(ev) if ev.get("examples") else "skipped"))
+  log(
+    f"  model        {model}: {metrics['final_step']} steps, "
+    f"{metrics['examples_per_second'] or 0:.1f} examples/s, "
+    f"input wait {100 * (metrics['input_wait_fraction'] or 0):.0f}%, eval "
+    + (task_class(metrics["task"]).eval_line(ev) if ev.get("examples") else "skipped")
+  )
   source = json.load(open(os.path.join(model, SOURCE_EVAL, NOC_FILE)))
-  log(_clicks_line("clicks", source["model"], source["baseline"], len(source["objects"]),
-                   source["model"]["max_clicks"], f"{model}/{SOURCE_EVAL}/ (each eval image at "
-                   "its own size, through the serving graph: the field's protocol)"))
-  by_clicks = [(k, source["model"]["mean_iou_by_clicks"].get(str(k)),
-                source["baseline"]["mean_iou_by_clicks"].get(str(k))) for k in (1, 3, 5)]
-  log("               mean IoU after " + ", ".join(
-      f"{k} click{'s' * (k > 1)} {m:.2f} (baseline {b:.2f})" for k, m, b in by_clicks
-      if m is not None and b is not None))
+  log(
+    _clicks_line(
+      "clicks",
+      source["model"],
+      source["baseline"],
+      len(source["objects"]),
+      source["model"]["max_clicks"],
+      f"{model}/{SOURCE_EVAL}/ (each eval image at "
+      "its own size, through the serving graph: the field's protocol)",
+    )
+  )
+  by_clicks = [
+    (
+      k,
+      source["model"]["mean_iou_by_clicks"].get(str(k)),
+      source["baseline"]["mean_iou_by_clicks"].get(str(k)),
+    )
+    for k in (1, 3, 5)
+  ]
+  log(
+    "               mean IoU after "
+    + ", ".join(
+      f"{k} click{'s' * (k > 1)} {m:.2f} (baseline {b:.2f})"
+      for k, m, b in by_clicks
+      if m is not None and b is not None
+    )
+  )
   if "noc" in metrics:
     n = metrics["noc"]
-    log(_clicks_line("  on records", n["model"], n["baseline"], n["objects"], n["max_clicks"],
-                     f"{model}/{keys.EVAL_DIR}/ (the eval records, at the records' size)"))
+    log(
+      _clicks_line(
+        "  on records",
+        n["model"],
+        n["baseline"],
+        n["objects"],
+        n["max_clicks"],
+        f"{model}/{keys.EVAL_DIR}/ (the eval records, at the records' size)",
+      )
+    )
+
+
+def _summary_outputs(model: str, prep: str, pred: str, predicted, engine, times, log) -> None:
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+
+  metrics = json.load(open(os.path.join(model, keys.METRICS_FILE)))
   log(f"  export       {metrics['export_dir']}")
   p = predicted
-  log(f"  prediction   {pred} (+ _overlay.png): {p['image_id']} object {p['object_id']}, one "
-      f"click at {p['click']} (the protocol's first: its innermost pixel), IoU with the true "
-      f"mask {p['iou']:.3f}")
+  log(
+    f"  prediction   {pred} (+ _overlay.png): {p['image_id']} object {p['object_id']}, one "
+    f"click at {p['click']} (the protocol's first: its innermost pixel), IoU with the true "
+    f"mask {p['iou']:.3f}"
+  )
   e = engine
-  log(f"  data engine  {e['labelled']} objects labelled through the page's endpoints "
-      f"({e['saved_clicks']:.1f} clicks each, the model's masks saved in {e['labels']}); "
-      f"beam-train engine fine-tuned on them ({e['steps']} steps) and version {e['version']} "
-      f"was served: {e['held']} other objects took {e['before']:.1f} clicks each before the "
-      f"round, {e['after']:.1f} after (to IoU 0.90, at most 20)")
+  log(
+    f"  data engine  {e['labelled']} objects labelled through the page's endpoints "
+    f"({e['saved_clicks']:.1f} clicks each, the model's masks saved in {e['labels']}); "
+    f"beam-train engine fine-tuned on them ({e['steps']} steps) and version {e['version']} "
+    f"was served: {e['held']} other objects took {e['before']:.1f} clicks each before the "
+    f"round, {e['after']:.1f} after (to IoU 0.90, at most 20)"
+  )
   log("  time         " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()))
   log("")
   log("click and see (the page at http://127.0.0.1:8501/, TF Serving's REST API beside it):")
@@ -167,30 +250,34 @@ def _clicks_line(what: str, m, b, objects: int, max_clicks: int, where: str) -> 
   """NoC of the model vs the baseline's at each threshold of the protocol."""
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train.noc import noc_key, threshold_name  # pylint: disable=g-import-not-at-top
+
   said = []
   for t in keys.NOC_IOU_THRESHOLDS:
     k = noc_key(t)
     fewer = 100 * (1 - m[k] / b[k]) if b[k] else float("nan")
     said.append(f"NoC@{threshold_name(t)} {m[k]:.2f} vs {b[k]:.2f} ({fewer:.0f}% fewer clicks)")
-  return (f"  {what:<12} {'; '.join(said)}, the model vs the nearest-click baseline; "
-          f"{objects} objects, up to {max_clicks} clicks -> {where}")
+  return (
+    f"  {what:<12} {'; '.join(said)}, the model vs the nearest-click baseline; "
+    f"{objects} objects, up to {max_clicks} clicks -> {where}"
+  )
 
 
 def serve_command(model: str, prep: str) -> str:
   """The `beam-train serve` command for the demo's model, its eval objects on the page."""
   beam_train = os.path.join(os.path.dirname(sys.executable), "beam-train")
-  return " ".join(shlex.quote(c) for c in [beam_train, "serve", "--model", model,
-                                           "--data", prep])
+  return " ".join(shlex.quote(c) for c in [beam_train, "serve", "--model", model, "--data", prep])
 
 
 def main(argv=None):
   from beam_prep.config import SampleDataConfig  # pylint: disable=g-import-not-at-top
+
   parser = argparse.ArgumentParser(prog="python -m pipelines.demo")
   parser.add_argument("--workdir", default="out/demo", help="where everything is written")
   parser.add_argument("--count", type=int, default=SampleDataConfig.count, help="sample scenes")
   parser.add_argument("--verbose", action="store_true", help="show library logs")
   args = parser.parse_args(argv)
   from pipelines import logs  # pylint: disable=g-import-not-at-top
+
   logs.quiet(args.verbose)  # Before this process imports TensorFlow (the summary reads records).
   log = lambda s: print(s, flush=True)  # pylint: disable=unnecessary-lambda-assignment
   run = lambda cmd: _run(cmd + ["--verbose"] * args.verbose, log)  # pylint: disable=unnecessary-lambda-assignment
@@ -205,14 +292,37 @@ def main(argv=None):
   for stale in (model, os.path.dirname(pred)):
     shutil.rmtree(stale, ignore_errors=True)
   times = {}
-  times["sample data"] = run([beam_prep, "sample-data", "--output", data,
-                             "--count", str(args.count)])
-  times["preprocess"] = run([beam_prep, "segmentation", "--input", data, "--output", prep,
-                            "--preset", "demo", "--overwrite"])
-  times["train+export"] = run([beam_train, "fit", "--data", prep, "--model-dir", model,
-                              "--preset", "demo"])
-  times["evaluate"] = run([beam_train, "evaluate", "--data", prep, "--model", model,
-                          "--output", os.path.join(model, SOURCE_EVAL)])
+  times["sample data"] = run(
+    [beam_prep, "sample-data", "--output", data, "--count", str(args.count)]
+  )
+  times["preprocess"] = run(
+    [
+      beam_prep,
+      "segmentation",
+      "--input",
+      data,
+      "--output",
+      prep,
+      "--preset",
+      "demo",
+      "--overwrite",
+    ]
+  )
+  times["train+export"] = run(
+    [beam_train, "fit", "--data", prep, "--model-dir", model, "--preset", "demo"]
+  )
+  times["evaluate"] = run(
+    [
+      beam_train,
+      "evaluate",
+      "--data",
+      prep,
+      "--model",
+      model,
+      "--output",
+      os.path.join(model, SOURCE_EVAL),
+    ]
+  )
   predicted, times["predict"] = _predict(beam_train, data, prep, model, pred, run)
   engine, times["data engine"] = _engine_round(beam_train, wd, prep, model, run, ENGINE_STEPS)
   times["total"] = time.time() - total

@@ -22,9 +22,11 @@ def _listing(pattern: str) -> List[str]:
   try:
     return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
   except Exception as e:  # pylint: disable=broad-except
-    raise OutputError(f"cannot list the output {pattern.rsplit('/', 1)[0]}: "
-                      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-                      "(does the bucket exist, and may these credentials list it?)") from None
+    raise OutputError(
+      f"cannot list the output {pattern.rsplit('/', 1)[0]}: "
+      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+      "(does the bucket exist, and may these credentials list it?)"
+    ) from None
 
 
 def prepare_output(path: str, overwrite: bool) -> None:
@@ -42,13 +44,15 @@ def prepare_output(path: str, overwrite: bool) -> None:
     existing = []
   if existing and not overwrite:
     raise OutputExistsError(
-        f"output directory {path} is not empty ({len(existing)} entries); "
-        "pass --overwrite to replace it")
+      f"output directory {path} is not empty ({len(existing)} entries); "
+      "pass --overwrite to replace it"
+    )
   if existing:
     if keys.is_remote(path):
       FileSystems.delete([path.rstrip("/") + "/"])
     else:
       import shutil  # pylint: disable=g-import-not-at-top
+
       shutil.rmtree(path)
   if not keys.is_remote(path):
     os.makedirs(path, exist_ok=True)
@@ -61,6 +65,7 @@ def remove_output(path: str) -> None:
       FileSystems.delete([path.rstrip("/") + "/"])
   elif os.path.isdir(path):
     import shutil  # pylint: disable=g-import-not-at-top
+
     shutil.rmtree(path)
 
 

@@ -59,8 +59,9 @@ InputError = layouts.InputError
 def kernel_for(config: PrepConfig, table: FeatureTable) -> Kernel:
   """What turns one input of this run into records and errors."""
   # A user's preprocessing_fn may analyze anything: it reads whole records.
-  return Kernel(config.layout, config.stages, config.ops_module, table,
-                summary_rows=not config.preprocessing_fn)
+  return Kernel(
+    config.layout, config.stages, config.ops_module, table, summary_rows=not config.preprocessing_fn
+  )
 
 
 class _FinalizeFn(beam.DoFn):
@@ -75,31 +76,39 @@ class _FinalizeFn(beam.DoFn):
   def process(self, _, files, tally, preview, transform_written):
     del transform_written  # Only waited for.
     config, out = self._config, self._config.output
-    shards = commit.commit_files(files, out, self._temp_root, config.compression == "gzip",
-                                 SPLITS)
+    shards = commit.commit_files(files, out, self._temp_root, config.compression == "gzip", SPLITS)
     m = report.manifest(config, self._table, tally, time.time() - self._started, shards)
     previews = [record for _, record in sorted(preview)][:PREVIEW_COUNT]
     if previews:
       from pipelines import preview as drawing  # pylint: disable=g-import-not-at-top
+
       m["paths"]["preview"] = drawing.save(
-          [self._table.decode_numpy(r) for r in previews], self._table,
-          FileSystems.join(out, keys.PREVIEW_FILE))
-    outputs.write_text(FileSystems.join(out, keys.MANIFEST_FILE),
-                       json.dumps(m, indent=2, sort_keys=True))
+        [self._table.decode_numpy(r) for r in previews],
+        self._table,
+        FileSystems.join(out, keys.PREVIEW_FILE),
+      )
+    outputs.write_text(
+      FileSystems.join(out, keys.MANIFEST_FILE), json.dumps(m, indent=2, sort_keys=True)
+    )
     if m["complete"]:
-      outputs.write_text(FileSystems.join(out, keys.SUCCESS_FILE),
-                         json.dumps({"manifest": keys.MANIFEST_FILE}) + "\n")
+      outputs.write_text(
+        FileSystems.join(out, keys.SUCCESS_FILE),
+        json.dumps({"manifest": keys.MANIFEST_FILE}) + "\n",
+      )
     yield m["counts"]
 
 
 def _list_and_split(p: beam.Pipeline, config: PrepConfig) -> beam.PCollection:
   """(split, pointer) of every input; inputs that failed to list travel as pointers."""
   pointers, list_errors = p | "ListInputs" >> ListInputs(
-      config.input, config.layout, config.allow_outside_root, config.image_root)
+    config.input, config.layout, config.allow_outside_root, config.image_root
+  )
   eval_percent = config.eval_percent
-  return ((pointers, list_errors | "AsPointers" >> beam.Map(plan.error_pointer))
-          | "AllInputs" >> beam.Flatten()
-          | "Split" >> beam.Map(_with_split, eval_percent))
+  return (
+    (pointers, list_errors | "AsPointers" >> beam.Map(plan.error_pointer))
+    | "AllInputs" >> beam.Flatten()
+    | "Split" >> beam.Map(_with_split, eval_percent)
+  )
 
 
 def _with_split(pointer, eval_percent: int):
@@ -112,40 +121,56 @@ def _analyze(written, config: PrepConfig, table: FeatureTable, kernel: Kernel, t
   """tf.Transform's analysis of the rows the writers gave; the transform's output."""
   import tensorflow_transform.beam as tft_beam  # pylint: disable=g-import-not-at-top
   from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
+
   preprocessing_fn = preprocessing.preprocessing_fn_for(table, config.preprocessing_fn)
-  with tft_beam.Context(temp_dir=temp_dir,
-                        desired_batch_size=_analysis_batch(kernel.summary_rows, table)):
+  with tft_beam.Context(
+    temp_dir=temp_dir, desired_batch_size=_analysis_batch(kernel.summary_rows, table)
+  ):
     return written[write.ANALYSIS_TAG] | "AnalyzeAndTransform" >> AnalyzeAndTransform(
-        preprocessing_fn, FileSystems.join(config.output, keys.TRANSFORM_DIR),
-        table.raw_feature_spec(),
-        analysis_spec=table.analysis_feature_spec() if kernel.summary_rows else None)
+      preprocessing_fn,
+      FileSystems.join(config.output, keys.TRANSFORM_DIR),
+      table.raw_feature_spec(),
+      analysis_spec=table.analysis_feature_spec() if kernel.summary_rows else None,
+    )
 
 
-def build(p: beam.Pipeline, config: PrepConfig, table: FeatureTable, temp_dir: str,
-          started: Optional[float] = None) -> None:
+def build(
+  p: beam.Pipeline,
+  config: PrepConfig,
+  table: FeatureTable,
+  temp_dir: str,
+  started: Optional[float] = None,
+) -> None:
   """Adds the whole preprocessing job to pipeline `p`."""
   gzip = config.compression == "gzip"
   kernel = kernel_for(config, table)
   temp_root = FileSystems.join(config.output, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
   inputs = _list_and_split(p, config)
-  shard_plan = inputs | "PlanShards" >> plan.PlanShards(
-      kernel, config.target_shard_mb * 1e6, gzip)
+  shard_plan = inputs | "PlanShards" >> plan.PlanShards(kernel, config.target_shard_mb * 1e6, gzip)
   written = (inputs, shard_plan) | "WriteShards" >> write.WriteShards(
-      kernel, temp_root, gzip, config.progress_seconds)
+    kernel, temp_root, gzip, config.progress_seconds
+  )
   if config.eval_only or config.transform_from:
     # Nothing to train on, or a transform given (`copy_transform`): no analysis.
     transform_fn = p | "NoAnalysis" >> beam.Create([])
   else:
     transform_fn = _analyze(written, config, table, kernel, temp_dir)
   tally = written[write.TALLY_TAG] | "SumCounts" >> beam.CombineGlobally(write.MergeTallies())
-  preview = (written[write.PREVIEW_TAG]
-             | "PreviewRecords" >> beam.combiners.Top.Smallest(PREVIEW_COUNT, key=lambda kv: kv[0]))
-  _ = (p
-       | "Once" >> beam.Create([None])
-       | "Finalize" >> beam.ParDo(
-           _FinalizeFn(config, table, temp_root, started or time.time()),
-           beam.pvalue.AsList(written[write.FILES_TAG]), beam.pvalue.AsSingleton(tally),
-           beam.pvalue.AsSingleton(preview), beam.pvalue.AsList(transform_fn)))
+  preview = written[write.PREVIEW_TAG] | "PreviewRecords" >> beam.combiners.Top.Smallest(
+    PREVIEW_COUNT, key=lambda kv: kv[0]
+  )
+  _ = (
+    p
+    | "Once" >> beam.Create([None])
+    | "Finalize"
+    >> beam.ParDo(
+      _FinalizeFn(config, table, temp_root, started or time.time()),
+      beam.pvalue.AsList(written[write.FILES_TAG]),
+      beam.pvalue.AsSingleton(tally),
+      beam.pvalue.AsSingleton(preview),
+      beam.pvalue.AsList(transform_fn),
+    )
+  )
 
 
 def _analysis_batch(summary_rows: bool, table: FeatureTable) -> int:
@@ -165,10 +190,18 @@ def with_layout(config: PrepConfig, dry_run: bool) -> PrepConfig:
   offline = dry_run and keys.is_remote(config.input)
   layout = resolve_layout(config.input, config.layout, config.task_object.labels, offline=offline)
   config = dataclasses.replace(config, layout=layout.name)
-  if (not config.eval_only and not offline
-      and layout.only_split(config.read_options) == keys.EVAL_SPLIT):
-    logs.get().info("%s: every input of %s is in the eval split (%s layout): an evaluation-only "
-                    "output, as with --eval-percent 100", config.task, config.input, layout.name)
+  if (
+    not config.eval_only
+    and not offline
+    and layout.only_split(config.read_options) == keys.EVAL_SPLIT
+  ):
+    logs.get().info(
+      "%s: every input of %s is in the eval split (%s layout): an evaluation-only "
+      "output, as with --eval-percent 100",
+      config.task,
+      config.input,
+      layout.name,
+    )
     config = dataclasses.replace(config, eval_percent=100)
   return config
 
@@ -187,8 +220,9 @@ def check_input(config: PrepConfig) -> None:
   try:
     layout.check_input(config.read_options)
   except InputError as e:
-    raise InputError(f"{config.input} as the {layout.name} layout: {e} (expected: "
-                     f"{layout.expects})") from None
+    raise InputError(
+      f"{config.input} as the {layout.name} layout: {e} (expected: {layout.expects})"
+    ) from None
 
 
 class JobStillRunning(Exception):
@@ -200,21 +234,27 @@ def job_link(result, options: PipelineOptions) -> Dict[str, Optional[str]]:
   job_id = result.job_id() if hasattr(result, "job_id") else None
   all_options = options.get_all_options()
   region, project = all_options.get("region"), all_options.get("project")
-  url = (f"https://console.cloud.google.com/dataflow/jobs/{region}/{job_id}?project={project}"
-         if job_id else None)
+  url = (
+    f"https://console.cloud.google.com/dataflow/jobs/{region}/{job_id}?project={project}"
+    if job_id
+    else None
+  )
   return {"job_id": job_id, "console_url": url, "region": region}
 
 
-def _start(config: PrepConfig, table: FeatureTable, options: PipelineOptions,
-           dry_run: bool) -> str:
+def _start(config: PrepConfig, table: FeatureTable, options: PipelineOptions, dry_run: bool) -> str:
   """Checks the input, prepares the output and writes what the job runs with;
   returns tf.Transform's temp dir."""
-  registry.check_chain(registry.parse_chain(config.chain), _given_keys(config),
-                       f"the {config.layout} layout")
+  registry.check_chain(
+    registry.parse_chain(config.chain), _given_keys(config), f"the {config.layout} layout"
+  )
   if not dry_run:
     check_input(config)
-    source = (transform_source(config.transform_from, table)
-              if config.transform_from and not config.eval_only else None)
+    source = (
+      transform_source(config.transform_from, table)
+      if config.transform_from and not config.eval_only
+      else None
+    )
     outputs.prepare_output(config.output, config.overwrite)
     outputs.write_text(FileSystems.join(config.output, keys.CONFIG_FILE), config.to_json())
     outputs.write_text(FileSystems.join(config.output, FEATURES_FILE), table.to_json())
@@ -224,6 +264,7 @@ def _start(config: PrepConfig, table: FeatureTable, options: PipelineOptions,
     # tf.Transform traces the preprocessing_fn into its temp dir while the
     # job is built; offline, that must be a local folder.
     import tempfile  # pylint: disable=g-import-not-at-top
+
     return tempfile.mkdtemp(prefix="beam_prep_dry_run_")
   temp_location = options.get_all_options().get("temp_location")
   if temp_location:
@@ -248,17 +289,21 @@ def transform_source(path: str, table: FeatureTable) -> PrepOutput:
     try:
       prep = PrepOutput.of_model(path)
     except FileNotFoundError as e:
-      raise TransformFromError(f"--transform-from {path}: not a beam-prep output, and {e}"
-                               ) from None
+      raise TransformFromError(
+        f"--transform-from {path}: not a beam-prep output, and {e}"
+      ) from None
   if not FileSystems.exists(prep.join(keys.TRANSFORM_DIR, "transform_fn")):
-    raise TransformFromError(f"--transform-from {path}: {prep.path} has no tf.Transform output "
-                             f"({keys.TRANSFORM_DIR}/transform_fn; an evaluation-only output?)")
+    raise TransformFromError(
+      f"--transform-from {path}: {prep.path} has no tf.Transform output "
+      f"({keys.TRANSFORM_DIR}/transform_fn; an evaluation-only output?)"
+    )
   theirs, ours = _schema(prep.table), _schema(table)
   if theirs != ours:
     differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
     raise TransformFromError(
-        f"--transform-from {path}: its records' raw schema differs from this run's in "
-        f"{', '.join(differ)} (give the settings it was made with: {prep.join(keys.CONFIG_FILE)})")
+      f"--transform-from {path}: its records' raw schema differs from this run's in "
+      f"{', '.join(differ)} (give the settings it was made with: {prep.join(keys.CONFIG_FILE)})"
+    )
   return prep
 
 
@@ -273,15 +318,18 @@ def _schema(table: FeatureTable) -> Dict[str, tuple]:
 def copy_transform(prep: PrepOutput, output: str) -> None:
   """Copies the tf.Transform output of `prep` (`transform_source`) into `output`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   src, dst = prep.join(keys.TRANSFORM_DIR), FileSystems.join(output, keys.TRANSFORM_DIR)
   for folder, _, files in tf.io.gfile.walk(src):
-    target = FileSystems.join(dst, folder[len(src):].lstrip("/"))
+    target = FileSystems.join(dst, folder[len(src) :].lstrip("/"))
     tf.io.gfile.makedirs(target)
     for name in files:
-      tf.io.gfile.copy(FileSystems.join(folder, name), FileSystems.join(target, name),
-                       overwrite=True)
-  logs.get().info("%s: records read with the transform of %s (no analysis)",
-                  prep.table.task, prep.path)
+      tf.io.gfile.copy(
+        FileSystems.join(folder, name), FileSystems.join(target, name), overwrite=True
+      )
+  logs.get().info(
+    "%s: records read with the transform of %s (no analysis)", prep.table.task, prep.path
+  )
 
 
 def _given_keys(config: PrepConfig):
@@ -296,9 +344,9 @@ def _wait(result, link: Dict[str, Optional[str]]) -> None:
   except KeyboardInterrupt:
     if link["job_id"]:
       raise JobStillRunning(
-          f"stopped waiting; job {link['job_id']} keeps running on Dataflow ({link['console_url']})."
-          f" To stop it: gcloud dataflow jobs cancel {link['job_id']} --region={link['region']}"
-          ) from None
+        f"stopped waiting; job {link['job_id']} keeps running on Dataflow ({link['console_url']})."
+        f" To stop it: gcloud dataflow jobs cancel {link['job_id']} --region={link['region']}"
+      ) from None
     raise
 
 
@@ -312,8 +360,9 @@ def _guarded(config: PrepConfig, fn, remove: bool = True):
     raise
 
 
-def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None,
-        wait: bool = True) -> Dict[str, Any]:
+def run(
+  config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None, wait: bool = True
+) -> Dict[str, Any]:
   """Runs the job; the job itself writes manifest.json, preview.png and (when
   the output is complete) _SUCCESS.
 
@@ -333,6 +382,7 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None,
     RuntimeError: the job ended without writing its manifest.
   """
   from apache_beam.options.pipeline_options import TestOptions  # pylint: disable=g-import-not-at-top
+
   log, started = logs.get(), time.time()
   registry.import_ops_modules(config.ops_module)
   options = pipeline_options or PipelineOptions()
@@ -343,17 +393,24 @@ def run(config: PrepConfig, pipeline_options: Optional[PipelineOptions] = None,
   p = beam.Pipeline(runner=runners.local_engine(options), options=options)
   build(p, config, table, temp_dir, started)
   runner = runners.runner_name(options) or "DirectRunner"
-  log.info("%s: %s on %s (%s layout: %s -> %s)", config.task,
-           "building the job (dry run)" if dry_run else "running", runner, config.layout,
-           config.input, config.output)
+  log.info(
+    "%s: %s on %s (%s layout: %s -> %s)",
+    config.task,
+    "building the job (dry run)" if dry_run else "running",
+    runner,
+    config.layout,
+    config.input,
+    config.output,
+  )
   result = _guarded(config, p.run, remove=not dry_run)
   if dry_run:
     result.wait_until_finish()
     return {"pipeline": config.task, "dry_run": True, "job": getattr(result, "job", None)}
   link = job_link(result, options)
   if link["job_id"]:
-    log.info("%s: submitted job %s; live counters: %s", config.task, link["job_id"],
-             link["console_url"])
+    log.info(
+      "%s: submitted job %s; live counters: %s", config.task, link["job_id"], link["console_url"]
+    )
     if not wait:
       return {"pipeline": config.task, "submitted": True, **link}
   _guarded(config, lambda: _wait(result, link))

@@ -31,6 +31,7 @@ def read_examples(records_dir: str, count: int, table: FeatureTable) -> List[dic
   """The first `count` records of the train (then eval) split, as numpy dicts."""
   # TensorFlow only when records are read: workers import this module to draw.
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+
   prep = PrepOutput(posixpath.dirname(records_dir.rstrip("/")), table)
   if not (prep.files(keys.TRAIN_SPLIT) or prep.files(keys.EVAL_SPLIT)):
     raise FileNotFoundError(f"no records under {records_dir}")
@@ -39,8 +40,10 @@ def read_examples(records_dir: str, count: int, table: FeatureTable) -> List[dic
     if len(out) < count:
       out += prep.read_numpy(split, limit=count - len(out))
   if not out:
-    raise FileNotFoundError(f"the record files under {records_dir} hold no record (did every "
-                            "input fail? see manifest.json and errors/ beside them)")
+    raise FileNotFoundError(
+      f"the record files under {records_dir} hold no record (did every "
+      "input fail? see manifest.json and errors/ beside them)"
+    )
   return out
 
 
@@ -61,10 +64,30 @@ def _clicks(ex, key):
 
 # A dark-to-bright perceptual colormap (close to matplotlib's magma),
 # interpolated from a few anchors: 256 RGB rows.
-_ANCHORS = np.array([[0, 0, 4], [40, 11, 84], [101, 21, 110], [159, 42, 99], [212, 72, 66],
-                     [245, 125, 21], [250, 193, 39], [252, 253, 191]], np.float64)
-_LUT = np.stack([np.interp(np.linspace(0, len(_ANCHORS) - 1, 256), np.arange(len(_ANCHORS)),
-                           _ANCHORS[:, c]) for c in range(3)], axis=1).round().astype(np.uint8)
+_ANCHORS = np.array(
+  [
+    [0, 0, 4],
+    [40, 11, 84],
+    [101, 21, 110],
+    [159, 42, 99],
+    [212, 72, 66],
+    [245, 125, 21],
+    [250, 193, 39],
+    [252, 253, 191],
+  ],
+  np.float64,
+)
+_LUT = (
+  np.stack(
+    [
+      np.interp(np.linspace(0, len(_ANCHORS) - 1, 256), np.arange(len(_ANCHORS)), _ANCHORS[:, c])
+      for c in range(3)
+    ],
+    axis=1,
+  )
+  .round()
+  .astype(np.uint8)
+)
 PANEL = 192  # Pixels on a panel's long side (at least).
 MIN_SIDE = 512  # Pixels on the picture's long side (at least).
 GAP, TITLE, SIDE = 6, 20, 150  # Between panels; column titles; row labels (segmentation).
@@ -74,6 +97,7 @@ MARK = (0, 255, 255)
 
 def _font(size: int):
   from PIL import ImageFont  # pylint: disable=g-import-not-at-top
+
   try:
     return ImageFont.load_default(size=size)
   except TypeError:  # Pillow < 10.1
@@ -89,6 +113,7 @@ def _size(h: int, w: int, side: int):
 def _scaled(rgb: np.ndarray, side: int):
   """An RGB array as a PIL image, nearest-neighbour, `side` px on its long side."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   h, w = rgb.shape[:2]
   return Image.fromarray(rgb).resize(_size(h, w, side), Image.NEAREST), side / max(h, w)
 
@@ -126,6 +151,7 @@ def _crosses(draw, points, scale, r=4):
 def _mask_row(sheet, draw, ex, r, layout, table_label: str, panels, fonts) -> None:
   """One example of a segmentation preview: its panels and a few lines of text."""
   from PIL import ImageDraw  # pylint: disable=g-import-not-at-top
+
   side, pw, ph, h, w = layout
   font, small = fonts
   y0 = TITLE + r * (ph + GAP)
@@ -144,19 +170,35 @@ def _mask_row(sheet, draw, ex, r, layout, table_label: str, panels, fonts) -> No
       if key in (keys.DISTANCE_MAPS, keys.CLICK_DISKS):
         _crosses(ImageDraw.Draw(im), pos if ch == 0 else neg, scale)
     sheet.paste(im, (SIDE + c * (pw + GAP), y0))
-  meta = [f"{name} {int(np.ravel(ex[k])[0])}" for k, name in
-          ((keys.OBJECT_ID, "object"), (keys.VARIANT, "variant"),
-           (keys.NEGATIVE_STRATEGY, "strategy")) if k in ex]
-  lines = [str(ex.get(keys.IMAGE_ID, "")), ", ".join(meta[:2]), ", ".join(meta[2:]),
-           f"{len(pos)} positive clicks", f"{len(neg)} negative clicks"]
+  meta = [
+    f"{name} {int(np.ravel(ex[k])[0])}"
+    for k, name in (
+      (keys.OBJECT_ID, "object"),
+      (keys.VARIANT, "variant"),
+      (keys.NEGATIVE_STRATEGY, "strategy"),
+    )
+    if k in ex
+  ]
+  lines = [
+    str(ex.get(keys.IMAGE_ID, "")),
+    ", ".join(meta[:2]),
+    ", ".join(meta[2:]),
+    f"{len(pos)} positive clicks",
+    f"{len(neg)} negative clicks",
+  ]
   for i, text in enumerate(t for t in lines if t):
-    draw.text((4, y0 + 4 + 17 * i), _fit(draw, text, font if i == 0 else small, SIDE - 8),
-              fill=(30, 30, 30) if i == 0 else (90, 90, 90), font=font if i == 0 else small)
+    draw.text(
+      (4, y0 + 4 + 17 * i),
+      _fit(draw, text, font if i == 0 else small, SIDE - 8),
+      fill=(30, 30, 30) if i == 0 else (90, 90, 90),
+      font=font if i == 0 else small,
+    )
 
 
 def _render_masks(examples: List[dict], table: FeatureTable, label: str, fonts):
   """A segmentation preview: one row per example (image + clicks, mask, encodings)."""
   from PIL import Image, ImageDraw  # pylint: disable=g-import-not-at-top
+
   panels = _panels(table)
   titles = ["image + clicks", f"{label} (grey: ignore)"] + [t for t, _, _ in panels]
   h, w = examples[0][keys.IMAGE].shape[:2]
@@ -170,8 +212,12 @@ def _render_masks(examples: List[dict], table: FeatureTable, label: str, fonts):
   sheet = Image.new("RGB", size_of(side), "white")
   draw = ImageDraw.Draw(sheet)
   for c, title in enumerate(titles):
-    draw.text((SIDE + c * (pw + GAP) + 2, 3), _fit(draw, title, fonts[0], pw - 2),
-              fill=(30, 30, 30), font=fonts[0])
+    draw.text(
+      (SIDE + c * (pw + GAP) + 2, 3),
+      _fit(draw, title, fonts[0], pw - 2),
+      fill=(30, 30, 30),
+      font=fonts[0],
+    )
   for r, ex in enumerate(examples):
     _mask_row(sheet, draw, ex, r, (side, pw, ph, h, w), label, panels, fonts)
   return sheet
@@ -180,6 +226,7 @@ def _render_masks(examples: List[dict], table: FeatureTable, label: str, fonts):
 def _render_classes(examples: List[dict], label: str, font):
   """A classification preview: a grid of images titled with their class."""
   from PIL import Image, ImageDraw  # pylint: disable=g-import-not-at-top
+
   cols = min(4, len(examples))
   rows = (len(examples) + cols - 1) // cols
   pw = ph = _panel_side(lambda side: (cols * (side + GAP), rows * (side + TITLE + GAP)))
@@ -189,8 +236,9 @@ def _render_classes(examples: List[dict], label: str, font):
     r, c = divmod(i, cols)
     im, _ = _scaled(ex[keys.IMAGE], pw)
     x0, y0 = c * (pw + GAP), r * (ph + TITLE + GAP)
-    draw.text((x0 + 2, y0 + 3), _fit(draw, str(ex[label]), font, pw - 2), fill=(30, 30, 30),
-              font=font)
+    draw.text(
+      (x0 + 2, y0 + 3), _fit(draw, str(ex[label]), font, pw - 2), fill=(30, 30, 30), font=font
+    )
     sheet.paste(im, (x0, y0 + TITLE))
   return sheet
 
@@ -211,21 +259,28 @@ def render(examples: List[dict], table: FeatureTable) -> bytes:
 def save(examples: List[dict], table: FeatureTable, output: str) -> str:
   """Renders `examples` and writes the PNG to `output` (local or gs://)."""
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+
   png = render(examples, table)
   if not keys.is_remote(output):
     import os  # pylint: disable=g-import-not-at-top
+
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   with FileSystems.create(output) as f:
     f.write(png)
   return output
 
 
-def write_preview(records_dir: str, output: str, count: int = PreviewConfig.count,
-                  table: Optional[FeatureTable] = None) -> str:
+def write_preview(
+  records_dir: str,
+  output: str,
+  count: int = PreviewConfig.count,
+  table: Optional[FeatureTable] = None,
+) -> str:
   """Reads `count` records and writes the preview PNG to `output` (local or gs://).
 
   `table` defaults to the features.json beside `records_dir`.
   """
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+
   table = PrepOutput(posixpath.dirname(records_dir.rstrip("/")), table).table
   return save(read_examples(records_dir, count, table), table, output)

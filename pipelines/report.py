@@ -17,14 +17,17 @@ from beam_prep.kernel import Tally
 from beam_prep.version import library_versions
 
 # (level, failed count, found count) of the manifest's counts.
-LEVELS = (("images", "images_failed", "inputs_read"),
-          ("objects", "objects_failed", "objects_found"),
-          ("examples", "example_errors", "examples_made"))
+LEVELS = (
+  ("images", "images_failed", "inputs_read"),
+  ("objects", "objects_failed", "objects_found"),
+  ("examples", "example_errors", "examples_made"),
+)
 REASONS_SHOWN = 3
 
 
-def problems(counts: Dict[str, Any], max_error_fraction: float,
-             eval_only: bool = False) -> List[str]:
+def problems(
+  counts: Dict[str, Any], max_error_fraction: float, eval_only: bool = False
+) -> List[str]:
   """Why an output is not complete ([]: it is).
 
   An evaluation-only output is judged by its images: its source records are
@@ -34,52 +37,60 @@ def problems(counts: Dict[str, Any], max_error_fraction: float,
   out = []
   if not counts["accounted"]:
     out.append(
-        "the counts do not add up (examples written {w} + example errors {e} should equal the "
-        "examples made {m}, one per used unit and variant): an op dropped or added examples"
-        .format(w=sum(counts["examples_written"].values()), e=counts["example_errors"],
-                m=counts["examples_made"]))
+      "the counts do not add up (examples written {w} + example errors {e} should equal the "
+      "examples made {m}, one per used unit and variant): an op dropped or added examples".format(
+        w=sum(counts["examples_written"].values()),
+        e=counts["example_errors"],
+        m=counts["examples_made"],
+      )
+    )
   if not sum(counts["examples_written"].values()) and not (
-      eval_only and counts.get("source_records")):
+    eval_only and counts.get("source_records")
+  ):
     out.append("no record was written")
   for level, failed, found in LEVELS[:1] if eval_only else LEVELS:
     if counts[found] and counts[failed] / counts[found] > max_error_fraction:
-      out.append(f"{counts[failed]} of {counts[found]} {level} failed "
-                 f"({counts[failed] / counts[found]:.0%}), over --max-error-fraction "
-                 f"{max_error_fraction:g}")
+      out.append(
+        f"{counts[failed]} of {counts[found]} {level} failed "
+        f"({counts[failed] / counts[found]:.0%}), over --max-error-fraction "
+        f"{max_error_fraction:g}"
+      )
   return out
 
 
-def manifest(config: PrepConfig, table: FeatureTable, tally: Tally, seconds: float,
-             shards: Dict[str, Any]) -> Dict[str, Any]:
+def manifest(
+  config: PrepConfig, table: FeatureTable, tally: Tally, seconds: float, shards: Dict[str, Any]
+) -> Dict[str, Any]:
   """manifest.json: config, features, versions, counts, verdict, shards, timings."""
   task = config.task_object
   counts = tally.accounting(task.examples_per_unit(config), task.splits_objects(config))
   n_examples = sum(counts["examples_written"].values())
   found = problems(counts, config.max_error_fraction, config.eval_only)
   return {
-      "pipeline": config.task,
-      "splits_objects": task.splits_objects(config),
-      "eval_only": config.eval_only,
-      "config": config.to_dict(),
-      "versions": library_versions(),
-      "features": table.to_dict()["features"],
-      "paths": {
-          "records": FileSystems.join(config.output, keys.RECORDS_DIR),
-          "transform": (None if config.eval_only
-                        else FileSystems.join(config.output, keys.TRANSFORM_DIR)),
-          "errors": FileSystems.join(config.output, keys.ERRORS_DIR),
-          "preview": None,
-      },
-      "counts": counts,
-      "complete": not found,
-      "problems": found,
-      "error_examples": dict(sorted(tally.samples.items())),
-      "shards": shards,
-      "timing": {
-          "wall_seconds": round(seconds, 2),
-          "examples_per_second": round(n_examples / seconds, 2) if seconds else None,
-          "images_per_second": round(counts["inputs_read"] / seconds, 2) if seconds else None,
-      },
+    "pipeline": config.task,
+    "splits_objects": task.splits_objects(config),
+    "eval_only": config.eval_only,
+    "config": config.to_dict(),
+    "versions": library_versions(),
+    "features": table.to_dict()["features"],
+    "paths": {
+      "records": FileSystems.join(config.output, keys.RECORDS_DIR),
+      "transform": (
+        None if config.eval_only else FileSystems.join(config.output, keys.TRANSFORM_DIR)
+      ),
+      "errors": FileSystems.join(config.output, keys.ERRORS_DIR),
+      "preview": None,
+    },
+    "counts": counts,
+    "complete": not found,
+    "problems": found,
+    "error_examples": dict(sorted(tally.samples.items())),
+    "shards": shards,
+    "timing": {
+      "wall_seconds": round(seconds, 2),
+      "examples_per_second": round(n_examples / seconds, 2) if seconds else None,
+      "images_per_second": round(counts["inputs_read"] / seconds, 2) if seconds else None,
+    },
   }
 
 
@@ -87,23 +98,29 @@ def summary_lines(m: Dict[str, Any]) -> List[str]:
   """The end-of-run summary, a few lines a person reads at a glance."""
   c, t = m["counts"], m["timing"]
   ex = c["examples_written"]
-  inputs = (f"  inputs read      {c['inputs_read']} images ({c['images_used']} used, "
-            f"{c['images_failed']} failed)")
+  inputs = (
+    f"  inputs read      {c['inputs_read']} images ({c['images_used']} used, "
+    f"{c['images_failed']} failed)"
+  )
   if m.get("splits_objects"):
-    inputs += (f"; {c['objects_found']} objects ({c['objects_used']} used, "
-               f"{c['objects_failed']} failed)")
+    inputs += (
+      f"; {c['objects_found']} objects ({c['objects_used']} used, {c['objects_failed']} failed)"
+    )
     if c.get("objects_box_only"):
       inputs += f"; {c['objects_box_only']} box-only annotations (ignore regions)"
     if c.get("objects_margin_reduced"):
-      inputs += (f"; {c['objects_margin_reduced']} thinner than the click margin "
-                 "(clicked at their most interior pixels)")
-  source = (f"; eval images at their own size {c['source_records']}"
-            if c.get("source_records") else "")
+      inputs += (
+        f"; {c['objects_margin_reduced']} thinner than the click margin "
+        "(clicked at their most interior pixels)"
+      )
+  source = (
+    f"; eval images at their own size {c['source_records']}" if c.get("source_records") else ""
+  )
   lines = [
-      inputs,
-      f"  examples written train {ex.get('train', 0)}, eval {ex.get('eval', 0)} in "
-      f"{sum(c.get('records_written', {}).values())} records{source} -> {m['paths']['records']}",
-      f"  transform        {m['paths']['transform'] or 'none (an evaluation-only output)'}",
+    inputs,
+    f"  examples written train {ex.get('train', 0)}, eval {ex.get('eval', 0)} in "
+    f"{sum(c.get('records_written', {}).values())} records{source} -> {m['paths']['records']}",
+    f"  transform        {m['paths']['transform'] or 'none (an evaluation-only output)'}",
   ]
   if c["errors_total"]:
     reasons = ", ".join(f"{k} {v}" for k, v in c["errors_by_reason"].items())
@@ -112,9 +129,11 @@ def summary_lines(m: Dict[str, Any]) -> List[str]:
     lines.append("  errors           none")
   if m["paths"].get("preview"):
     lines.append(f"  preview          {m['paths']['preview']}")
-  lines.append(f"  time             {t['wall_seconds']:.1f} s, "
-               f"{t['examples_per_second']:.1f} examples/s, "
-               f"{t['images_per_second']:.1f} images/s")
+  lines.append(
+    f"  time             {t['wall_seconds']:.1f} s, "
+    f"{t['examples_per_second']:.1f} examples/s, "
+    f"{t['images_per_second']:.1f} images/s"
+  )
   return lines
 
 
@@ -123,8 +142,7 @@ def _example_line(reason: str, n: int, error: Dict[str, Any]) -> str:
   for k in (keys.OBJECT_ID, keys.VARIANT):
     if k in error:
       where += f", {k.replace('_id', '')} {error[k]}"
-  return (f"    {reason} x{n}: {error.get('stage', '?')}: {error.get('detail', '')} "
-          f"(e.g. {where})")
+  return f"    {reason} x{n}: {error.get('stage', '?')}: {error.get('detail', '')} (e.g. {where})"
 
 
 def failure_lines(m: Dict[str, Any]) -> List[str]:
@@ -132,8 +150,7 @@ def failure_lines(m: Dict[str, Any]) -> List[str]:
   lines = [f"  the output is not complete: {p}" for p in m["problems"]]
   reasons = sorted(m["counts"]["errors_by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))
   if reasons:
-    lines.append("  most frequent failures (all of them in "
-                 f"{m['paths']['errors']}):")
+    lines.append(f"  most frequent failures (all of them in {m['paths']['errors']}):")
   for reason, n in reasons[:REASONS_SHOWN]:
     lines.append(_example_line(reason, n, m["error_examples"].get(reason, {})))
   lines.append(f"  no {keys.SUCCESS_FILE} was written: beam-train refuses this output")

@@ -19,12 +19,14 @@ DATAFLOW_RUNNERS = ("DataflowRunner", "dataflow")
 def runner_name(options) -> str:
   """The --runner of `PipelineOptions` ("" when absent)."""
   from apache_beam.options.pipeline_options import StandardOptions  # pylint: disable=g-import-not-at-top
+
   return options.view_as(StandardOptions).runner or ""
 
 
 def runner_of(args: List[str]) -> str:
   """The --runner among Beam arguments ("" when absent)."""
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
+
   return runner_name(PipelineOptions(args))
 
 
@@ -45,7 +47,11 @@ def local_engine(options) -> Optional[object]:
   from apache_beam.portability.api import beam_provision_api_pb2
   from apache_beam.runners.portability.fn_api_runner import fn_runner
   from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
   # pylint: enable=g-import-not-at-top
   encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-  return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
-      beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+  return fn_runner.FnApiRunner(
+    provision_info=fn_runner.ExtendedProvisionInfo(
+      beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)
+    )
+  )

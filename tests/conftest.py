@@ -28,18 +28,38 @@ def _made_once(tmp_path_factory, name, make) -> str:
 @pytest.fixture(scope="session")
 def sample_dir(tmp_path_factory):
   from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
-  return _made_once(tmp_path_factory, "sample",
-                    lambda path: write_sample_data(path, count=10, seed=3))
+
+  return _made_once(
+    tmp_path_factory, "sample", lambda path: write_sample_data(path, count=10, seed=3)
+  )
 
 
 def _prep(sample, out):
   from pipelines import cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
-    cli.main(["segmentation", "--input", sample, "--output", out, "--preset", "smoke",
-              "--image-size", "64", "--variants", "2", "--eval-percent", "30",
-              "--target-shard-mb", "0.03",
-              # 64 px records: many sample objects are too small to click.
-              "--max-error-fraction", "1"])
+    cli.main(
+      [
+        "segmentation",
+        "--input",
+        sample,
+        "--output",
+        out,
+        "--preset",
+        "smoke",
+        "--image-size",
+        "64",
+        "--variants",
+        "2",
+        "--eval-percent",
+        "30",
+        "--target-shard-mb",
+        "0.03",
+        # 64 px records: many sample objects are too small to click.
+        "--max-error-fraction",
+        "1",
+      ]
+    )
   assert e.value.code == 0
 
 
@@ -51,11 +71,32 @@ def prep_dir(sample_dir, tmp_path_factory):
 
 def _guided(sample, out):
   from pipelines import cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
-    cli.main(["segmentation", "--input", sample, "--output", out, "--preset", "smoke",
-              "--image-size", "48", "--variants", "1", "--eval-percent", "30",
-              "--click-encoding", "disks", "--previous-mask", "--max-error-fraction", "1",
-              "--progress-seconds", "0"])
+    cli.main(
+      [
+        "segmentation",
+        "--input",
+        sample,
+        "--output",
+        out,
+        "--preset",
+        "smoke",
+        "--image-size",
+        "48",
+        "--variants",
+        "1",
+        "--eval-percent",
+        "30",
+        "--click-encoding",
+        "disks",
+        "--previous-mask",
+        "--max-error-fraction",
+        "1",
+        "--progress-seconds",
+        "0",
+      ]
+    )
   assert e.value.code == 0
 
 
@@ -67,10 +108,29 @@ def guided_prep(sample_dir, tmp_path_factory):
 
 def _fit(prep, model_dir):
   from train import cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
-    cli.main(["fit", "--data", prep, "--model-dir", model_dir, "--steps", "6",
-              "--batch-size", "4", "--width", "4", "--depth", "2", "--histogram-every", "0",
-              "--noc-clicks", "0"])
+    cli.main(
+      [
+        "fit",
+        "--data",
+        prep,
+        "--model-dir",
+        model_dir,
+        "--steps",
+        "6",
+        "--batch-size",
+        "4",
+        "--width",
+        "4",
+        "--depth",
+        "2",
+        "--histogram-every",
+        "0",
+        "--noc-clicks",
+        "0",
+      ]
+    )
   assert e.value.code == 0
 
 

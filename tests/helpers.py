@@ -34,6 +34,7 @@ def assert_encoded_answer(got, want):
   against the array signature's outputs (`want`): the mask exactly (0 / 255
   greyscale), the probabilities' grey levels within 1 of round(p * 255)."""
   from train import signatures as sig  # pylint: disable=g-import-not-at-top
+
   mask, grey = unpng(got[sig.MASK_BYTES]), unpng(got[sig.PROBABILITIES_BYTES])
   assert mask.dtype == grey.dtype == np.uint8, (mask.dtype, grey.dtype)
   np.testing.assert_array_equal(mask, want[sig.MASK] * 255)
@@ -69,6 +70,7 @@ def red_disk_data(root, h, w, cx, cy, r):
 def run_cli(argv):
   """Runs `beam-prep` in-process; returns its exit code."""
   from pipelines import cli  # pylint: disable=g-import-not-at-top
+
   try:
     cli.main(argv)
   except SystemExit as e:
@@ -82,25 +84,32 @@ def manifest(out) -> dict:
 
 
 def dead_letters(out):
-  return [json.loads(l) for f in sorted(glob.glob(os.path.join(out, "errors", "*.jsonl")))
-          for l in open(f)]
+  return [
+    json.loads(line)
+    for f in sorted(glob.glob(os.path.join(out, "errors", "*.jsonl")))
+    for line in open(f)
+  ]
 
 
 def records(out, split="*"):
   """The records of a split ("*": train and eval, not the source records)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
+
   splits = (keys.TRAIN_SPLIT, keys.EVAL_SPLIT) if split == "*" else (split,)
   files = sorted(f for s in splits for f in glob.glob(keys.record_pattern(out, s)))
   comp = keys.compression_of(files[0]) if files else ""
-  return [tf.train.Example.FromString(r.numpy())
-          for r in tf.data.TFRecordDataset(files, compression_type=comp)]
+  return [
+    tf.train.Example.FromString(r.numpy())
+    for r in tf.data.TFRecordDataset(files, compression_type=comp)
+  ]
 
 
 def examples(out, split="*"):
   """The examples of a split's records, decoded by the output's features.json
   (one dict of numpy arrays per (object, variant))."""
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
+
   table = FeatureTable.load(out)
   decoded = table.decode_records([r.SerializeToString() for r in records(out, split)])
   return [ex for examples in decoded for ex in examples]
@@ -129,6 +138,7 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
   from train.data import Decoder, Parser  # pylint: disable=g-import-not-at-top
   from train.export import SegmentationServer, latest_export  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
+
   table = FeatureTable.load(prep_dir)
   tft_out = tft.TFTransformOutput(os.path.join(prep_dir, keys.TRANSFORM_DIR))
   task = make_task(table, tft_out)
@@ -147,29 +157,37 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
     # Every variant of the record: the example view, and what the trainer
     # reads of it (the step makes the click inputs from the clicks).
     raw = decoder.decode(tf.constant([serialized]), training=False)
-    train_all, _ = parser(reader.stored(tf.constant([serialized]), training=False),
-                          training=False)
+    train_all, _ = parser(reader.stored(tf.constant([serialized]), training=False), training=False)
     for i, rec in enumerate(table.decode_examples(serialized)):
       clicks = {k: rec[k] for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
-      served = server.raw_model_input({keys.IMAGE: tf.constant(rec[keys.IMAGE]), **frame,
-                                       **{k: tf.constant(v) for k, v in clicks.items()}})
+      served = server.raw_model_input(
+        {
+          keys.IMAGE: tf.constant(rec[keys.IMAGE]),
+          **frame,
+          **{k: tf.constant(v) for k, v in clicks.items()},
+        }
+      )
       assert set(served) == set(table.keys("model_input"))
       for key, value in served.items():  # uint8 exact: the very bytes of the records
         assert value.numpy() == raw[key][i].numpy(), key
-      train_inputs = train_all[i:i + 1]
+      train_inputs = train_all[i : i + 1]
       np.testing.assert_array_equal(
-          server.model_input({k: v[None] for k, v in served.items()}).numpy(),
-          train_inputs.numpy())
+        server.model_input({k: v[None] for k, v in served.items()}).numpy(), train_inputs.numpy()
+      )
       if crops:  # The record's image is its crop already: scored as it is.
-        out = {k: v[0] for k, v in signatures["serve_examples"](
-            examples=tf.constant([table.encode(rec)])).items()}
+        out = {
+          k: v[0]
+          for k, v in signatures["serve_examples"](
+            examples=tf.constant([table.encode(rec)])
+          ).items()
+        }
       else:
         out = signatures["serving_default"](
-            image=tf.constant(rec[keys.IMAGE]),
-            **{k: tf.constant(v, tf.int32) for k, v in clicks.items()})
+          image=tf.constant(rec[keys.IMAGE]),
+          **{k: tf.constant(v, tf.int32) for k, v in clicks.items()},
+        )
       want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
       np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
-      np.testing.assert_array_equal(out["mask"].numpy(),
-                                    (want > clicker.PRED_THR).astype(np.uint8))
+      np.testing.assert_array_equal(out["mask"].numpy(), (want > clicker.PRED_THR).astype(np.uint8))
       checked += 1
   assert checked, f"no eval records in {prep_dir}"

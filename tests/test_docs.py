@@ -14,9 +14,14 @@ README = os.path.join(ROOT, "README.md")
 
 
 def test_the_site_builds_with_strict(tmp_path):
-  r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                      str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
-                     timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+  r = subprocess.run(
+    [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+  )
   assert r.returncode == 0, r.stdout + r.stderr
   assert os.path.exists(tmp_path / "site" / "index.html")
 

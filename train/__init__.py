@@ -36,8 +36,10 @@ __all__ = ["dataset", "register_model"]
 def __getattr__(name):
   if name == "dataset":
     from train.data import dataset  # pylint: disable=g-import-not-at-top
+
     return dataset
   if name == "register_model":
     from train.models import register_model  # pylint: disable=g-import-not-at-top
+
     return register_model
   raise AttributeError(f"module 'train' has no attribute {name!r}")

@@ -43,14 +43,17 @@ def parse(spec: str) -> Tuple[str, ...]:
   names = tuple(n.strip() for n in spec.split(",") if n.strip() and n.strip() != "none")
   unknown = [n for n in names if n not in AUGMENTATIONS]
   if unknown:
-    raise ValueError(f"--augment: unknown {', '.join(unknown)}; give a comma-separated "
-                     f"subset of {', '.join(AUGMENTATIONS)}, or none")
+    raise ValueError(
+      f"--augment: unknown {', '.join(unknown)}; give a comma-separated "
+      f"subset of {', '.join(AUGMENTATIONS)}, or none"
+    )
   return names
 
 
 @dataclasses.dataclass(frozen=True)
 class ColourJitter:
   """The field's colour jitter, in pixel levels of 0..`top`."""
+
   brightness: Tuple[float, float] = (-0.25, 0.25)  # times `top`, added
   contrast: Tuple[float, float] = (-0.15, 0.4)  # 1 + this, multiplied
   shift: float = 10.0  # per channel, added
@@ -60,6 +63,7 @@ class ColourJitter:
   def __call__(self, pixels, seed: int = 0):
     """float [B, H, W, C] pixel values -> the same, jittered per example."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     b = tf.shape(pixels)[0]
 
     def draw(shape, low, high, salt):
@@ -84,21 +88,34 @@ class Colour:
       affine in the pixel values.
   """
 
-  def __init__(self, table, transform: Callable, transform_keys,
-               jitter: ColourJitter = ColourJitter(), seed: int = 0):
+  def __init__(
+    self,
+    table,
+    transform: Callable,
+    transform_keys,
+    jitter: ColourJitter = ColourJitter(),
+    seed: int = 0,
+  ):
     if keys.IMAGE not in table.keys("model_input"):
-      raise ValueError("--augment colour jitters the 'image' model input, which these "
-                       "records do not have; give --augment flip or none")
+      raise ValueError(
+        "--augment colour jitters the 'image' model input, which these "
+        "records do not have; give --augment flip or none"
+      )
     from train.serving_inputs import probe_inputs  # pylint: disable=g-import-not-at-top
-    points = {v: transform(probe_inputs(table, transform_keys, 1, {keys.IMAGE: [v]}))[keys.IMAGE]
-              .numpy()[0] for v in (0, 128, 255)}
+
+    points = {
+      v: transform(probe_inputs(table, transform_keys, 1, {keys.IMAGE: [v]}))[keys.IMAGE].numpy()[0]
+      for v in (0, 128, 255)
+    }
     self.offset = points[0][0, 0].astype(np.float32)
     self.scale = ((points[255][0, 0] - self.offset) / jitter.top).astype(np.float32)
     affine = np.allclose(points[128], self.offset + 128 * self.scale, rtol=1e-3, atol=1e-3)
     if not affine or np.any(self.scale == 0):
-      raise ValueError("--augment colour needs a transform affine in the image's pixel "
-                       "values (the default preprocessing's standardization is); this one "
-                       "is not: give --augment flip or none")
+      raise ValueError(
+        "--augment colour needs a transform affine in the image's pixel "
+        "values (the default preprocessing's standardization is); this one "
+        "is not: give --augment flip or none"
+      )
     self.jitter = jitter
     self.seed = seed
 
@@ -111,5 +128,6 @@ class Colour:
 def flip(inputs, labels: Dict[str, Any], task, seed: int = 0):
   """A random left-right flip per example of the inputs and the task's labels."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   flipped = tf.random.uniform([tf.shape(inputs)[0], 1, 1, 1], seed=seed) < 0.5
   return tf.where(flipped, tf.reverse(inputs, axis=[2]), inputs), task.flip_labels(labels, flipped)

@@ -79,6 +79,7 @@ def edt_squared(mask: tf.Tensor) -> tf.Tensor:
 
 def _edt_squared_scipy(mask: np.ndarray) -> np.ndarray:
   from beam_prep.ops.clicks import edt_outside_padded  # pylint: disable=g-import-not-at-top
+
   out = np.zeros(mask.shape, np.int32)
   for i, m in enumerate(mask):
     if m.any():
@@ -173,8 +174,9 @@ def next_click_of(pred: np.ndarray, label: np.ndarray, positive, negative):
     return None, None
   h, w = label.shape[1:]
   xy = np.asarray(list(positive) + list(negative), np.int64).reshape(1, -1, 2)
-  kinds = np.array([[POSITIVE] * len(positive) + [NEGATIVE] * len(negative)],
-                   np.int32).reshape(1, -1)
+  kinds = np.array([[POSITIVE] * len(positive) + [NEGATIVE] * len(negative)], np.int32).reshape(
+    1, -1
+  )
   clicked = clicked_map(tf.constant(xy), tf.constant(kinds), h, w)
   at, kind = next_click(pred, label, clicked)
   return tuple(int(v) for v in at[0].numpy()), int(kind[0])
@@ -234,13 +236,17 @@ def nearest_click_logits(clicks, kinds, h, w):
   start = tf.fill(tf.stack([tf.shape(kinds)[0], h, w]), far)
 
   def one_click(k, pos, neg):  # One [B, H, W] at a time.
-    d2 = (tf.square(ys - clicks[:, k, 1, None, None]) + tf.square(xs - clicks[:, k, 0, None, None]))
+    d2 = tf.square(ys - clicks[:, k, 1, None, None]) + tf.square(xs - clicks[:, k, 0, None, None])
     kind = kinds[:, k, None, None]
-    return (k + 1, tf.where(kind == POSITIVE, tf.minimum(pos, d2), pos),
-            tf.where(kind == NEGATIVE, tf.minimum(neg, d2), neg))
+    return (
+      k + 1,
+      tf.where(kind == POSITIVE, tf.minimum(pos, d2), pos),
+      tf.where(kind == NEGATIVE, tf.minimum(neg, d2), neg),
+    )
 
-  _, pos, neg = tf.while_loop(lambda k, *_: k < tf.shape(kinds)[1], one_click,
-                              [tf.constant(0), start, start])
+  _, pos, neg = tf.while_loop(
+    lambda k, *_: k < tf.shape(kinds)[1], one_click, [tf.constant(0), start, start]
+  )
   return tf.where(pos < neg, 1.0, -1.0)
 
 

@@ -22,32 +22,67 @@ from train import augment
 TASK_OPTIONS: List[type] = []
 
 TRAIN_PRESETS: Dict[str, Dict[str, Any]] = {
-    # What the tests run: a few hundred small steps on CPU.
-    "smoke": {"width": 12, "depth": 3, "steps": 240, "batch_size": 8, "checkpoint_every": 80,
-              "log_every": 40, "histogram_every": 120},
-    # What `make demo` runs: a cosine learning rate, NoC on 24 objects.
-    "demo": {"width": 8, "depth": 3, "steps": 300, "batch_size": 8, "learning_rate": 2e-3,
-             "lr_schedule": "cosine", "noc_objects": 24, "checkpoint_every": 100,
-             "log_every": 50, "histogram_every": 0},
-    # Real photographs in about 15 minutes on 2 CPU cores (0.53-0.57 steps/s
-    # at batch 16 with the rounds and corrective clicks, measured on COCO-MVal
-    # by `python -m benchmarks --real`): mask guidance and corrective clicks
-    # (RITM's iterative training), normalized focal loss (NoC@90 12.83 and
-    # 13.18 in two runs against 13.93 with bce_iou, 800 steps), a cosine
-    # learning rate.
-    "real": {"steps": 500, "batch_size": 16, "learning_rate": 2e-3, "lr_schedule": "cosine",
-             "loss": "normalized_focal",
-             "mask_rounds": 3, "corrective_clicks": True, "noc_objects": 40,
-             "checkpoint_every": 100, "log_every": 50, "histogram_every": 0},
-    # The field's scale (RITM's recipe): a ResNet-50 U-Net from ImageNet
-    # weights, batch 28, Adam 5e-4, normalized focal loss, up to 3 corrective
-    # rounds, the colour jitter; for a GPU.
-    "field": {"model": "unet_resnet50", "backbone_weights": "imagenet", "steps": 60000,
-              "batch_size": 28, "learning_rate": 5e-4, "lr_schedule": "cosine",
-              "loss": "normalized_focal", "mask_rounds": 3, "corrective_clicks": True,
-              "augment": "flip,colour",
-              "checkpoint_every": 2000, "log_every": 100, "histogram_every": 1000},
-    "default": {},
+  # What the tests run: a few hundred small steps on CPU.
+  "smoke": {
+    "width": 12,
+    "depth": 3,
+    "steps": 240,
+    "batch_size": 8,
+    "checkpoint_every": 80,
+    "log_every": 40,
+    "histogram_every": 120,
+  },
+  # What `make demo` runs: a cosine learning rate, NoC on 24 objects.
+  "demo": {
+    "width": 8,
+    "depth": 3,
+    "steps": 300,
+    "batch_size": 8,
+    "learning_rate": 2e-3,
+    "lr_schedule": "cosine",
+    "noc_objects": 24,
+    "checkpoint_every": 100,
+    "log_every": 50,
+    "histogram_every": 0,
+  },
+  # Real photographs in about 15 minutes on 2 CPU cores (0.53-0.57 steps/s
+  # at batch 16 with the rounds and corrective clicks, measured on COCO-MVal
+  # by `python -m benchmarks --real`): mask guidance and corrective clicks
+  # (RITM's iterative training), normalized focal loss (NoC@90 12.83 and
+  # 13.18 in two runs against 13.93 with bce_iou, 800 steps), a cosine
+  # learning rate.
+  "real": {
+    "steps": 500,
+    "batch_size": 16,
+    "learning_rate": 2e-3,
+    "lr_schedule": "cosine",
+    "loss": "normalized_focal",
+    "mask_rounds": 3,
+    "corrective_clicks": True,
+    "noc_objects": 40,
+    "checkpoint_every": 100,
+    "log_every": 50,
+    "histogram_every": 0,
+  },
+  # The field's scale (RITM's recipe): a ResNet-50 U-Net from ImageNet
+  # weights, batch 28, Adam 5e-4, normalized focal loss, up to 3 corrective
+  # rounds, the colour jitter; for a GPU.
+  "field": {
+    "model": "unet_resnet50",
+    "backbone_weights": "imagenet",
+    "steps": 60000,
+    "batch_size": 28,
+    "learning_rate": 5e-4,
+    "lr_schedule": "cosine",
+    "loss": "normalized_focal",
+    "mask_rounds": 3,
+    "corrective_clicks": True,
+    "augment": "flip,colour",
+    "checkpoint_every": 2000,
+    "log_every": 100,
+    "histogram_every": 1000,
+  },
+  "default": {},
 }
 
 
@@ -66,53 +101,84 @@ class TrainConfig:
       run's task takes those it has. Flat in a dict (`from_dict`, config
       files), beside the others.
   """
+
   data: str = option("", "beam_prep output directory", required=True)
   model_dir: str = option("", "checkpoints, logs, metrics, export", required=True)
-  model: str = option("", "registered model name ('': the task's: segmentation_fcn, or "
-                      "cnn_classifier for classification records)", show_default=False)
-  model_module: str = option("", "module (or comma-separated modules) to import first; it "
-                             "registers models with train.register_model (searched on the "
-                             "Python path and in the current folder)")
+  model: str = option(
+    "",
+    "registered model name ('': the task's: segmentation_fcn, or "
+    "cnn_classifier for classification records)",
+    show_default=False,
+  )
+  model_module: str = option(
+    "",
+    "module (or comma-separated modules) to import first; it "
+    "registers models with train.register_model (searched on the "
+    "Python path and in the current folder)",
+  )
   model_args: Dict[str, Any] = dataclasses.field(default_factory=dict)
   width: int = option(16, "built-in models: channels of the first block")
   depth: int = option(3, "built-in models: down-sampling blocks")
-  backbone_weights: str = option("imagenet", "unet_mobilenetv2 / unet_resnet50: ImageNet "
-                                 "weights (downloaded), none, or a weights file of the "
-                                 "backbone", metavar="imagenet|none|PATH")
-  steps: int = option(300, "total steps for the model directory (a resumed run trains until "
-                      "the global step reaches it)")
-  max_minutes: float = option(0.0, "stop after this many minutes of training even before "
-                              "--steps, then evaluate and export as at the end (0: no limit)")
+  backbone_weights: str = option(
+    "imagenet",
+    "unet_mobilenetv2 / unet_resnet50: ImageNet "
+    "weights (downloaded), none, or a weights file of the "
+    "backbone",
+    metavar="imagenet|none|PATH",
+  )
+  steps: int = option(
+    300,
+    "total steps for the model directory (a resumed run trains until the global step reaches it)",
+  )
+  max_minutes: float = option(
+    0.0,
+    "stop after this many minutes of training even before "
+    "--steps, then evaluate and export as at the end (0: no limit)",
+  )
   batch_size: int = option(8, "examples per replica per step")
   learning_rate: float = option(2e-3, "Adam learning rate (the peak, with a schedule)")
-  lr_schedule: str = option("constant", "constant, or cosine decay to 5%% of the learning rate "
-                            "over --steps", choices=("constant", "cosine"))
+  lr_schedule: str = option(
+    "constant",
+    "constant, or cosine decay to 5%% of the learning rate over --steps",
+    choices=("constant", "cosine"),
+  )
   scale_learning_rate: bool = option(False, "multiply the learning rate by the replica count")
   shuffle_buffer: int = option(256, "examples in the shuffle buffer")
-  augment: str = option(augment.DEFAULT, "the step's augmentation, comma-separated: flip "
-                        "(left-right), colour (the field's brightness/contrast and RGB shift "
-                        "of the image), or none")
+  augment: str = option(
+    augment.DEFAULT,
+    "the step's augmentation, comma-separated: flip "
+    "(left-right), colour (the field's brightness/contrast and RGB shift "
+    "of the image), or none",
+  )
   checkpoint_every: int = option(100, "a checkpoint every N steps (and at the end)")
   log_every: int = option(25, "progress and TensorBoard scalars every N steps")
-  histogram_every: int = option(100, "weight/gradient histograms and predicted masks every N "
-                                "steps (0: off)")
+  histogram_every: int = option(
+    100, "weight/gradient histograms and predicted masks every N steps (0: off)"
+  )
   eval_batches: int = option(0, "eval batches at the end (0: the whole eval split)")
   seed: int = option(0, "seed of model initialization and input shuffling")
-  export: bool = option(True, "train without writing the serving SavedModel to "
-                        "MODEL_DIR/export/<version>/")
+  export: bool = option(
+    True, "train without writing the serving SavedModel to MODEL_DIR/export/<version>/"
+  )
   init_from: str = option("", "checkpoint or model dir whose weights start a new run")
   freeze: str = option("", "regular expression of layer names not to train")
-  mixed_precision: str = option("", "mixed precision policy", none="",
-                                choices=("none", "mixed_float16", "mixed_bfloat16"))
-  xla: bool = option(False, "compile the training step's rounds, model and gradient with "
-                     "XLA (the parse, the transform and the optimizer's step stay outside)")
-  memory_growth: bool = option(True, "take GPU memory as needed (--no-memory-growth: "
-                               "TensorFlow takes it all up front)")
+  mixed_precision: str = option(
+    "", "mixed precision policy", none="", choices=("none", "mixed_float16", "mixed_bfloat16")
+  )
+  xla: bool = option(
+    False,
+    "compile the training step's rounds, model and gradient with "
+    "XLA (the parse, the transform and the optimizer's step stay outside)",
+  )
+  memory_growth: bool = option(
+    True, "take GPU memory as needed (--no-memory-growth: TensorFlow takes it all up front)"
+  )
   gpu_memory_limit_mb: int = option(0, "cap each GPU's memory, in MB (0: no cap)")
   intra_op_threads: int = option(0, "TensorFlow intra-op threads (0: TensorFlow decides)")
   inter_op_threads: int = option(0, "TensorFlow inter-op threads (0: TensorFlow decides)")
-  cpu_replicas: int = option(0, "mirror over N logical CPU devices (multi-replica without "
-                             "GPUs; 0: off)")
+  cpu_replicas: int = option(
+    0, "mirror over N logical CPU devices (multi-replica without GPUs; 0: off)"
+  )
   profile_steps: Tuple[int, ...] = ()
   skip_corrupt_records: bool = option(False, "skip unreadable records instead of stopping")
   task_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -140,6 +206,7 @@ class TrainConfig:
         raise ValueError(f"--profile-steps must be two steps A <= B, got {self.profile_steps}")
     if self.freeze:
       import re  # pylint: disable=g-import-not-at-top
+
       try:
         re.compile(self.freeze)
       except re.error as e:
@@ -182,27 +249,42 @@ def _text(thresholds) -> str:
 @dataclasses.dataclass(frozen=True)
 class EvalConfig(CommandConfig):
   """`beam-train evaluate`: NoC of a model (or of the baseline alone) on a prep output."""
-  model: str = option("", "a beam-train fit model dir or an export (none: the nearest-click "
-                      "baseline alone)")
-  data: str = option("", "beam_prep output, e.g. a benchmark set (default: the one the model "
-                     "was trained on)")
-  resolution: str = option("auto", "source: the eval images at their own size (the field's "
-                           "protocol); records: the records' size, with the model dir's Keras "
-                           "model; auto: source when the data holds source records",
-                           choices=("auto", "source", "records"))
-  max_clicks: int = option(keys.NOC_MAX_CLICKS, "clicks per object at most; NoC counts this "
-                           "when never reached")
+
+  model: str = option(
+    "", "a beam-train fit model dir or an export (none: the nearest-click baseline alone)"
+  )
+  data: str = option(
+    "", "beam_prep output, e.g. a benchmark set (default: the one the model was trained on)"
+  )
+  resolution: str = option(
+    "auto",
+    "source: the eval images at their own size (the field's "
+    "protocol); records: the records' size, with the model dir's Keras "
+    "model; auto: source when the data holds source records",
+    choices=("auto", "source", "records"),
+  )
+  max_clicks: int = option(
+    keys.NOC_MAX_CLICKS, "clicks per object at most; NoC counts this when never reached"
+  )
   iou: str = option(_text(keys.NOC_IOU_THRESHOLDS), "IoU thresholds, comma-separated")
   max_objects: int = option(0, "evaluate the first N eval objects only (0: all)")
   batch_size: int = option(16, "objects per batch (records resolution)")
-  min_area: int = option(0, "source resolution: leave out objects under N pixels, listed in "
-                         "noc.json's skipped_objects (0: every object, the field's protocol)")
-  pred_thr: float = option(keys.PRED_THR, "a pixel is object where the model's probability "
-                           "exceeds this (RITM's)")
-  output: str = option("", "report folder (default: MODEL/eval; required without --model)",
-                       show_default=False)
-  flip: bool = option(False, "source resolution: average each prediction with the mirrored "
-                      "image's (noc.json's extras say so)")
+  min_area: int = option(
+    0,
+    "source resolution: leave out objects under N pixels, listed in "
+    "noc.json's skipped_objects (0: every object, the field's protocol)",
+  )
+  pred_thr: float = option(
+    keys.PRED_THR, "a pixel is object where the model's probability exceeds this (RITM's)"
+  )
+  output: str = option(
+    "", "report folder (default: MODEL/eval; required without --model)", show_default=False
+  )
+  flip: bool = option(
+    False,
+    "source resolution: average each prediction with the mirrored "
+    "image's (noc.json's extras say so)",
+  )
 
   @property
   def thresholds(self) -> Tuple[float, ...]:
@@ -213,46 +295,57 @@ class EvalConfig(CommandConfig):
 
   def __post_init__(self):
     t = self.thresholds
-    checks = [(t and all(0 < v <= 1 for v in t), f"--iou takes thresholds in (0, 1], got "
-               f"{self.iou!r}"),
-              (self.max_clicks >= 1, f"--max-clicks must be at least 1, got {self.max_clicks}"),
-              (0 < self.pred_thr < 1, f"--pred-thr must be in (0, 1), got {self.pred_thr}"),
-              (self.model or self.data, "--data is required without --model"),
-              (self.model or self.output, "--output is required without --model"),
-              (self.model or self.resolution != "records",
-               "--resolution records needs --model (a model dir)"),
-              (not self.min_area or self.resolution != "records",
-               "--min-area is for the images' own size, not --resolution records"),
-              (not self.flip or self.resolution != "records",
-               "--flip is for the images' own size, not --resolution records")]
+    checks = [
+      (t and all(0 < v <= 1 for v in t), f"--iou takes thresholds in (0, 1], got {self.iou!r}"),
+      (self.max_clicks >= 1, f"--max-clicks must be at least 1, got {self.max_clicks}"),
+      (0 < self.pred_thr < 1, f"--pred-thr must be in (0, 1), got {self.pred_thr}"),
+      (self.model or self.data, "--data is required without --model"),
+      (self.model or self.output, "--output is required without --model"),
+      (
+        self.model or self.resolution != "records",
+        "--resolution records needs --model (a model dir)",
+      ),
+      (
+        not self.min_area or self.resolution != "records",
+        "--min-area is for the images' own size, not --resolution records",
+      ),
+      (
+        not self.flip or self.resolution != "records",
+        "--flip is for the images' own size, not --resolution records",
+      ),
+    ]
     for ok, message in checks:
       if not ok:
         raise ValueError(message)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class PredictConfig(CommandConfig):
   """`beam-train predict`: one image and its clicks through the export."""
+
   model: str = option("", "model dir (newest export) or one export dir", required=True)
-  image: str = option("", "image file (PNG, JPEG, ...; EXIF orientation applied)",
-                      required=True)
-  positive: Tuple[str, ...] = option((), "a click on the object (x = column, y = row); repeat "
-                                     "for more", metavar="X,Y")
-  negative: Tuple[str, ...] = option((), "a click off the object; repeat for more",
-                                     metavar="X,Y")
+  image: str = option("", "image file (PNG, JPEG, ...; EXIF orientation applied)", required=True)
+  positive: Tuple[str, ...] = option(
+    (), "a click on the object (x = column, y = row); repeat for more", metavar="X,Y"
+  )
+  negative: Tuple[str, ...] = option((), "a click off the object; repeat for more", metavar="X,Y")
   output: str = option("", "mask PNG to write (segmentation)")
 
 
 @dataclasses.dataclass(frozen=True)
 class ExportConfig(CommandConfig):
   """`beam-train export`: the serving SavedModel of a trained model."""
+
   data: str = option("", "the beam_prep output the model was trained on", required=True)
   model_file: str = option("", "a Keras model file (.keras)")
   model_dir: str = option("", "or a beam-train fit model dir (model.json and checkpoints)")
   model_module: str = option("", "module(s) to import first (custom layers, registered models)")
-  output: str = option("", "export base; the SavedModel goes to OUTPUT/<version>/ (default: "
-                       "MODEL_DIR/export with --model-dir)", show_default=False)
+  output: str = option(
+    "",
+    "export base; the SavedModel goes to OUTPUT/<version>/ (default: "
+    "MODEL_DIR/export with --model-dir)",
+    show_default=False,
+  )
 
   def __post_init__(self):
     if not (self.output or self.model_dir):

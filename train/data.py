@@ -61,8 +61,14 @@ class Parser:
   batches) pass through into `labels`.
   """
 
-  def __init__(self, tft_output: tft.TFTransformOutput, table: FeatureTable, task,
-               seed: int = 0, augment: Sequence[str] = ()):
+  def __init__(
+    self,
+    tft_output: tft.TFTransformOutput,
+    table: FeatureTable,
+    task,
+    seed: int = 0,
+    augment: Sequence[str] = (),
+  ):
     self._transform = tft_output.transform_features_layer()
     self._table = table
     self._task = task
@@ -117,10 +123,16 @@ class InputReader:
     augment: the training batches' augmentation (`train.augment`).
   """
 
-  def __init__(self, prep: PrepOutput, task, batch_size: int,
-               shuffle_buffer: int = TrainConfig.shuffle_buffer,
-               seed: int = 0, skip_corrupt_records: bool = False,
-               augment: Sequence[str] = augment_.parse(augment_.DEFAULT)):
+  def __init__(
+    self,
+    prep: PrepOutput,
+    task,
+    batch_size: int,
+    shuffle_buffer: int = TrainConfig.shuffle_buffer,
+    seed: int = 0,
+    skip_corrupt_records: bool = False,
+    augment: Sequence[str] = augment_.parse(augment_.DEFAULT),
+  ):
     self.prep = prep
     table = prep.table
     self.parser = Parser(prep.tft_output, table, task, seed, augment)
@@ -136,33 +148,41 @@ class InputReader:
     """The split's shards; FileNotFoundError when there is none."""
     files = self.prep.files(split)
     if not files:
-      raise FileNotFoundError(f"no {split} records match "
-                              f"{keys.record_pattern(self.prep.path, split)}")
+      raise FileNotFoundError(
+        f"no {split} records match {keys.record_pattern(self.prep.path, split)}"
+      )
     return files
 
-  def records(self, split: str, training: bool,
-              input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+  def records(
+    self, split: str, training: bool, input_context: Optional[tf.distribute.InputContext] = None
+  ) -> tf.data.Dataset:
     """Serialized records of a split: this input pipeline's shards, interleaved."""
     files = self.files(split)
     compression = keys.compression_of(files[0])
     ds = tf.data.Dataset.from_tensor_slices(files)
     if input_context and input_context.num_input_pipelines > 1:
       if len(files) < input_context.num_input_pipelines:
-        raise ValueError(f"{len(files)} {split} shards cannot feed "
-                         f"{input_context.num_input_pipelines} input pipelines; write more "
-                         "shards (a smaller beam-prep --target-shard-mb)")
+        raise ValueError(
+          f"{len(files)} {split} shards cannot feed "
+          f"{input_context.num_input_pipelines} input pipelines; write more "
+          "shards (a smaller beam-prep --target-shard-mb)"
+        )
       ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if training:
       ds = ds.shuffle(len(files), seed=self._seed, reshuffle_each_iteration=True)
-    ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
-                       cycle_length=min(len(files), 8), num_parallel_calls=tf.data.AUTOTUNE,
-                       deterministic=not training)
+    ds = ds.interleave(
+      lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+      cycle_length=min(len(files), 8),
+      num_parallel_calls=tf.data.AUTOTUNE,
+      deterministic=not training,
+    )
     if self._skip:
       ds = ds.ignore_errors()
     return ds
 
-  def dataset(self, split: str, training: bool,
-              input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+  def dataset(
+    self, split: str, training: bool, input_context: Optional[tf.distribute.InputContext] = None
+  ) -> tf.data.Dataset:
     """Batches for the step; training: shuffled, repeated, full batches.
 
     Elements are the picked records' features as stored (`Decoder.stored`)
@@ -175,17 +195,22 @@ class InputReader:
       ds = ds.shuffle(self._shuffle_buffer, seed=self._seed).repeat()
       # Batch before parsing: one parse_example (and transform) call per batch.
       ds = ds.batch(self._batch_size, drop_remainder=True)
-      ds = ds.map(graphs.dataset_fn(decoder.stored), num_parallel_calls=tf.data.AUTOTUNE,
-                  deterministic=False)
+      ds = ds.map(
+        graphs.dataset_fn(decoder.stored), num_parallel_calls=tf.data.AUTOTUNE, deterministic=False
+      )
     else:
       # Every variant is an eval example: records are parsed and expanded,
       # then rebatched into examples.
       ds = ds.batch(self._batch_size).map(
-          graphs.dataset_fn(lambda s: decoder.stored(s, training=False)))
+        graphs.dataset_fn(lambda s: decoder.stored(s, training=False))
+      )
       ds = ds.unbatch().batch(self._batch_size)
     if not self.transform_in_step:
-      ds = ds.map(graphs.dataset_fn(lambda raw: self.parser(raw, training)),
-                  num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+      ds = ds.map(
+        graphs.dataset_fn(lambda raw: self.parser(raw, training)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=not training,
+      )
     return ds.prefetch(tf.data.AUTOTUNE)
 
   def model_batches(self, split: str, training: bool) -> tf.data.Dataset:
@@ -196,10 +221,16 @@ class InputReader:
     return ds
 
 
-def dataset(data_dir: str, split: str = keys.TRAIN_SPLIT,
-            batch_size: int = TrainConfig.batch_size, training: bool = True,
-            shuffle_buffer: int = TrainConfig.shuffle_buffer, seed: int = TrainConfig.seed,
-            keras_form: bool = True, augment: str = TrainConfig.augment) -> tf.data.Dataset:
+def dataset(
+  data_dir: str,
+  split: str = keys.TRAIN_SPLIT,
+  batch_size: int = TrainConfig.batch_size,
+  training: bool = True,
+  shuffle_buffer: int = TrainConfig.shuffle_buffer,
+  seed: int = TrainConfig.seed,
+  keras_form: bool = True,
+  augment: str = TrainConfig.augment,
+) -> tf.data.Dataset:
   """The records of a beam-prep output, as the trainer's step receives them.
 
   Reads `data_dir`'s records with its `features.json` and exported
@@ -229,8 +260,9 @@ def dataset(data_dir: str, split: str = keys.TRAIN_SPLIT,
   prep = PrepOutput(data_dir)
   prep.check_trainable()
   task = make_task(prep.table, prep.tft_output)
-  reader = InputReader(prep, task, batch_size, shuffle_buffer, seed,
-                       augment=augment_.parse(augment))
+  reader = InputReader(
+    prep, task, batch_size, shuffle_buffer, seed, augment=augment_.parse(augment)
+  )
   ds = reader.model_batches(split, training)
   if keras_form:
     ds = ds.map(graphs.dataset_fn(task.keras_form), num_parallel_calls=tf.data.AUTOTUNE)

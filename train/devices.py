@@ -23,13 +23,15 @@ def configure(config: TrainConfig) -> None:
   for gpu in tf.config.list_physical_devices("GPU"):
     if config.gpu_memory_limit_mb:
       tf.config.set_logical_device_configuration(
-          gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=config.gpu_memory_limit_mb)])
+        gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=config.gpu_memory_limit_mb)]
+      )
     elif config.memory_growth:
       tf.config.experimental.set_memory_growth(gpu, True)
   if config.cpu_replicas > 1:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * config.cpu_replicas)
+      cpu, [tf.config.LogicalDeviceConfiguration()] * config.cpu_replicas
+    )
   keras.mixed_precision.set_global_policy(config.mixed_precision or "float32")
 
 
@@ -47,8 +49,9 @@ def choose_strategy(config: TrainConfig) -> tf.distribute.Strategy:
   log = logs.get()
   if _cluster_workers() > 1:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    log.info("train: MultiWorkerMirroredStrategy, %d replicas in sync",
-             strategy.num_replicas_in_sync)
+    log.info(
+      "train: MultiWorkerMirroredStrategy, %d replicas in sync", strategy.num_replicas_in_sync
+    )
     return strategy
   gpus = tf.config.list_logical_devices("GPU")
   if len(gpus) > 1:
@@ -57,8 +60,9 @@ def choose_strategy(config: TrainConfig) -> tf.distribute.Strategy:
     return strategy
   if config.cpu_replicas > 1:
     cpus = tf.config.list_logical_devices("CPU")
-    strategy = tf.distribute.MirroredStrategy([c.name for c in cpus],
-                                              cross_device_ops=tf.distribute.ReductionToOneDevice())
+    strategy = tf.distribute.MirroredStrategy(
+      [c.name for c in cpus], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
     log.info("train: MirroredStrategy over %d logical CPU devices", len(cpus))
     return strategy
   log.info("train: one device (%s)", gpus[0].name if gpus else "CPU")
@@ -70,5 +74,7 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
   if resolver is None or not resolver.task_type:
     return True
   return resolver.task_type == "chief" or (
-      resolver.task_type == "worker" and resolver.task_id == 0
-      and "chief" not in resolver.cluster_spec().as_dict())
+    resolver.task_type == "worker"
+    and resolver.task_id == 0
+    and "chief" not in resolver.cluster_spec().as_dict()
+  )

@@ -49,23 +49,35 @@ MIN_TRAIN_MINUTES = 0.25
 @dataclasses.dataclass(frozen=True)
 class EngineConfig(CommandConfig):
   """A data engine round."""
-  labels: str = option("", "the label store's folder (beam-train serve --save-dir)",
-                       required=True)
-  model: str = option("", "the served model dir: the first round starts from its weights, and "
-                      "every round's export is published under its export/", required=True)
+
+  labels: str = option("", "the label store's folder (beam-train serve --save-dir)", required=True)
+  model: str = option(
+    "",
+    "the served model dir: the first round starts from its weights, and "
+    "every round's export is published under its export/",
+    required=True,
+  )
   workdir: str = option("", "where the rounds are kept ('': LABELS/engine)", show_default=False)
   steps: int = option(300, "fine-tuning steps of a round")
-  max_minutes: float = option(5.0, "a round's budget: its training stops early enough for "
-                              "the round (records, training, export) to end within this many "
-                              "minutes, even before --steps (0: --steps only)")
-  min_new: int = option(1, "run a round only when at least this many images were labelled "
-                        "since the last one")
-  lr_scale: float = option(1.0, "a round's learning rate, as a multiple of the one MODEL was "
-                           "trained with")
-  base_share: float = option(0.0, "the share of a round's training records that are those "
-                             "MODEL was first trained on (its prep output's train split), "
-                             "the labels' records repeated to make up the rest, so the "
-                             "model keeps what it knew (0: the labels alone)")
+  max_minutes: float = option(
+    5.0,
+    "a round's budget: its training stops early enough for "
+    "the round (records, training, export) to end within this many "
+    "minutes, even before --steps (0: --steps only)",
+  )
+  min_new: int = option(
+    1, "run a round only when at least this many images were labelled since the last one"
+  )
+  lr_scale: float = option(
+    1.0, "a round's learning rate, as a multiple of the one MODEL was trained with"
+  )
+  base_share: float = option(
+    0.0,
+    "the share of a round's training records that are those "
+    "MODEL was first trained on (its prep output's train split), "
+    "the labels' records repeated to make up the rest, so the "
+    "model keeps what it knew (0: the labels alone)",
+  )
 
   def __post_init__(self):
     if self.steps < 1 or self.min_new < 1 or self.max_minutes < 0:
@@ -91,12 +103,14 @@ def rounds(root: str) -> List[Dict[str, Any]]:
 
 def _last_saved(entry: Dict[str, Any]) -> float:
   from train.serve import exports  # pylint: disable=g-import-not-at-top
+
   return max((a.get(exports.SAVED) or 0.0 for a in entry["annotations"]), default=0.0)
 
 
 def _labelled(labels_dir: str):
   """(entries, time of the newest label) of the label store, its files written."""
   from train.serve.store import Labels  # pylint: disable=g-import-not-at-top
+
   labels = Labels(labels_dir)
   try:
     entries = labels.entries()
@@ -117,23 +131,46 @@ def _run(cmd: List[str], log_path: str) -> float:
     out.flush()
     done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
   if done.returncode:
-    raise RuntimeError(f"{' '.join(cmd[2:4])} failed (exit {done.returncode}); its output is "
-                       f"in {log_path}")
+    raise RuntimeError(
+      f"{' '.join(cmd[2:4])} failed (exit {done.returncode}); its output is in {log_path}"
+    )
   return time.time() - started
 
 
 def _prep(config: EngineConfig, current: str, out: str, log_path: str) -> float:
   """The label store's images -> records read with the current model's transform."""
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+
   base = PrepOutput.of_model(current)
-  return _run([sys.executable, "-m", "pipelines", "segmentation",
-               "--config", base.join(keys.CONFIG_FILE), "--input", config.labels,
-               "--layout", "folders", "--output", out, "--transform-from", current,
-               "--eval-percent", "0", "--overwrite", "--progress-seconds", "0"], log_path)
+  return _run(
+    [
+      sys.executable,
+      "-m",
+      "pipelines",
+      "segmentation",
+      "--config",
+      base.join(keys.CONFIG_FILE),
+      "--input",
+      config.labels,
+      "--layout",
+      "folders",
+      "--output",
+      out,
+      "--transform-from",
+      current,
+      "--eval-percent",
+      "0",
+      "--overwrite",
+      "--progress-seconds",
+      "0",
+    ],
+    log_path,
+  )
 
 
-def _fit(config: EngineConfig, current: str, data: str, model_dir: str, log_path: str,
-         spent_s: float) -> float:
+def _fit(
+  config: EngineConfig, current: str, data: str, model_dir: str, log_path: str, spent_s: float
+) -> float:
   """The current model fine-tuned on `data`, with its own settings, its
   training cut to what is left of the round's budget after `spent_s`."""
   minutes = 0.0
@@ -142,11 +179,30 @@ def _fit(config: EngineConfig, current: str, data: str, model_dir: str, log_path
     minutes = max(left, MIN_TRAIN_MINUTES)
   with open(os.path.join(config.model, keys.MODEL_CONFIG_FILE), encoding="utf-8") as f:
     rate = json.load(f)["learning_rate"] * config.lr_scale
-  return _run([sys.executable, "-m", "train", "fit",
-               "--config", os.path.join(current, keys.MODEL_CONFIG_FILE), "--data", data,
-               "--model-dir", model_dir, "--init-from", current, "--steps", str(config.steps),
-               "--max-minutes", f"{minutes:.3f}", "--learning-rate", repr(rate), "--export"],
-              log_path)
+  return _run(
+    [
+      sys.executable,
+      "-m",
+      "train",
+      "fit",
+      "--config",
+      os.path.join(current, keys.MODEL_CONFIG_FILE),
+      "--data",
+      data,
+      "--model-dir",
+      model_dir,
+      "--init-from",
+      current,
+      "--steps",
+      str(config.steps),
+      "--max-minutes",
+      f"{minutes:.3f}",
+      "--learning-rate",
+      repr(rate),
+      "--export",
+    ],
+    log_path,
+  )
 
 
 def _link(source: str, target: str) -> None:
@@ -175,20 +231,28 @@ def mix_base(config: EngineConfig, prep_dir: str) -> Dict[str, int]:
     RuntimeError: the base's records hold other features than the round's.
   """
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+
   base, own = PrepOutput.of_model(config.model), PrepOutput(prep_dir)
   if base.table.to_json() != own.table.to_json():
-    raise RuntimeError(f"--base-share: the records of {base.path} hold other features than "
-                       f"the round's ({own.path}); they cannot be trained on together")
+    raise RuntimeError(
+      f"--base-share: the records of {base.path} hold other features than "
+      f"the round's ({own.path}); they cannot be trained on together"
+    )
   records = lambda p: p.manifest["shards"][keys.TRAIN_SPLIT]["records"]  # pylint: disable=unnecessary-lambda-assignment
-  labels_files, copies = own.files(keys.TRAIN_SPLIT), label_copies(
-      records(base), records(own), config.base_share)
+  labels_files, copies = (
+    own.files(keys.TRAIN_SPLIT),
+    label_copies(records(base), records(own), config.base_share),
+  )
   sets = [("base", f) for f in base.files(keys.TRAIN_SPLIT)]
   sets += [(f"copy{i}", f) for i in range(1, copies) for f in labels_files]
   for name, source in sets:
-    _link(source, own.join(keys.RECORDS_DIR, f"{keys.TRAIN_SPLIT}-{name}-"
-                           f"{os.path.basename(source).split('-', 1)[1]}"))
-  return {"base_records": records(base), "label_records": records(own),
-          "label_copies": copies}
+    _link(
+      source,
+      own.join(
+        keys.RECORDS_DIR, f"{keys.TRAIN_SPLIT}-{name}-{os.path.basename(source).split('-', 1)[1]}"
+      ),
+    )
+  return {"base_records": records(base), "label_records": records(own), "label_copies": copies}
 
 
 def publish(export_dir: str, model: str) -> str:
@@ -225,43 +289,89 @@ def run_round(config: EngineConfig, log) -> Optional[Dict[str, Any]]:
     since = done[-1]["labels_until"] if done else 0.0
     new = sum(1 for e in entries if _last_saved(e) > since)
     if new < config.min_new:
-      log.info("engine: %d image(s) labelled since the last round (--min-new %d): no round",
-               new, config.min_new)
+      log.info(
+        "engine: %d image(s) labelled since the last round (--min-new %d): no round",
+        new,
+        config.min_new,
+      )
       return None
     return _round(config, log, done, entries, new, newest)
 
 
+def _fresh_folder(root: str, number: int) -> str:
+  """Round `number`'s folder, emptied of what a failed try of it left."""
+  folder = os.path.join(root, f"round-{number:03d}")
+  shutil.rmtree(folder, ignore_errors=True)
+  os.makedirs(folder)
+  return folder
+
+
+def _mixed(config: EngineConfig, prep_dir: str, number: int, log) -> Dict[str, int]:
+  """`mix_base`, said on the log."""
+  mix = mix_base(config, prep_dir)
+  log.info(
+    "engine: round %d: with the %d train records of %s; the labels' %d records read %d time(s)",
+    number,
+    mix["base_records"],
+    config.model,
+    mix["label_records"],
+    mix["label_copies"],
+  )
+  return mix
+
+
 def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
   from train.export import latest_export  # pylint: disable=g-import-not-at-top
+
   number = len(done) + 1
-  folder = os.path.join(config.root, f"round-{number:03d}")
-  shutil.rmtree(folder, ignore_errors=True)  # What a failed try of this round left.
-  os.makedirs(folder)
+  folder = _fresh_folder(config.root, number)
   current = done[-1]["model_dir"] if done else config.model
   log_path = os.path.join(folder, "round.log")
   objects = sum(len(e["annotations"]) for e in entries)
-  log.info("engine: round %d: %d labelled images (%d new), %d objects; from %s", number,
-           len(entries), new, objects, current)
+  log.info(
+    "engine: round %d: %d labelled images (%d new), %d objects; from %s",
+    number,
+    len(entries),
+    new,
+    objects,
+    current,
+  )
   started = time.time()
   prep_s = _prep(config, current, os.path.join(folder, "prep"), log_path)
   log.info("engine: round %d: records in %.0f s", number, prep_s)
-  mix = mix_base(config, os.path.join(folder, "prep")) if config.base_share else None
-  if mix:
-    log.info("engine: round %d: with the %d train records of %s; the labels' %d records "
-             "read %d time(s)", number, mix["base_records"], config.model,
-             mix["label_records"], mix["label_copies"])
+  mix = _mixed(config, os.path.join(folder, "prep"), number, log) if config.base_share else None
   model_dir = os.path.join(folder, "model")
-  fit_s = _fit(config, current, os.path.join(folder, "prep"), model_dir, log_path,
-               time.time() - started)
+  fit_s = _fit(
+    config, current, os.path.join(folder, "prep"), model_dir, log_path, time.time() - started
+  )
   published = publish(latest_export(model_dir), config.model)
-  entry = {"round": number, "images": len(entries), "new_images": new, "objects": objects,
-           "labels_until": newest, "started": started, "from": current, "model_dir": model_dir,
-           "published": published, "version": int(os.path.basename(published)), "mix": mix,
-           "seconds": {"prep": round(prep_s, 1), "fit": round(fit_s, 1),
-                       "total": round(time.time() - started, 1)}}
+  entry = {
+    "round": number,
+    "images": len(entries),
+    "new_images": new,
+    "objects": objects,
+    "labels_until": newest,
+    "started": started,
+    "from": current,
+    "model_dir": model_dir,
+    "published": published,
+    "version": int(os.path.basename(published)),
+    "mix": mix,
+    "seconds": {
+      "prep": round(prep_s, 1),
+      "fit": round(fit_s, 1),
+      "total": round(time.time() - started, 1),
+    },
+  }
   _write_rounds(config.root, done + [entry])
-  log.info("engine: round %d: trained in %.0f s; version %d published to %s (%.0f s in all)",
-           number, fit_s, entry["version"], published, entry["seconds"]["total"])
+  log.info(
+    "engine: round %d: trained in %.0f s; version %d published to %s (%.0f s in all)",
+    number,
+    fit_s,
+    entry["version"],
+    published,
+    entry["seconds"]["total"],
+  )
   return entry
 
 

@@ -56,7 +56,8 @@ Segmentation, signatures `serve_encoded` and `serve_iterative_encoded`
                             probabilities are the array signatures')
 Each file is decoded in the graph by the twin of the chain's op that reads
 image files (`serving_inputs.image_decoder`: EXIF orientation applied;
-JPEGs with libjpeg's accurate DCT, the pixels PIL gives the Beam job) and given to `serving_default`'s (`serve_iterative`'s)
+JPEGs with libjpeg's accurate DCT, the pixels PIL gives the Beam job) and given to
+`serving_default`'s (`serve_iterative`'s)
 own function, so each answer is that signature's on the decoded pixels,
 encoded. Each image keeps its own size.
 
@@ -91,16 +92,18 @@ from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.prep_output import PrepOutput
 from train import graphs, models
+
 # ServingPlanError and to_raw_bytes are imported from here too (the twins'
 # tests, the benchmark), though they live in train.serving_inputs.
-from train.serving_inputs import ServingPlanError, to_raw_bytes  # pylint: disable=unused-import
+from train.serving_inputs import ServingPlanError, to_raw_bytes  # noqa: F401
 from train.serving_inputs import serving_plan
 from train.servers import ClassificationServer, SegmentationServer  # noqa: F401  (importers)
 from train.tasks import make_task, task_class
 
 
-def export_model(model, tft_output: tft.TFTransformOutput, table: FeatureTable,
-                 export_base: str) -> str:
+def export_model(
+  model, tft_output: tft.TFTransformOutput, table: FeatureTable, export_base: str
+) -> str:
   """Writes `EXPORT_BASE/<unix time>/` for the table's task and returns its path."""
   server = task_class(table.task).server(model, tft_output, table)
   version = int(time.time())
@@ -112,8 +115,9 @@ def export_model(model, tft_output: tft.TFTransformOutput, table: FeatureTable,
   return path
 
 
-def export_trained(data_dir: str, output: str, model_file: str = "", model_dir: str = "",
-                   model_module: str = "") -> str:
+def export_trained(
+  data_dir: str, output: str, model_file: str = "", model_dir: str = "", model_module: str = ""
+) -> str:
   """`beam-train export`: serves a trained Keras model with the records' preprocessing.
 
   Args:
@@ -131,8 +135,9 @@ def export_trained(data_dir: str, output: str, model_file: str = "", model_dir: 
       inputs or give the task's outputs (the message says which).
   """
   if bool(model_file) == bool(model_dir):
-    raise ValueError("give one of --model-file (a .keras file) or --model-dir (a beam-train "
-                     "fit model dir)")
+    raise ValueError(
+      "give one of --model-file (a .keras file) or --model-dir (a beam-train fit model dir)"
+    )
   prep = PrepOutput(data_dir)
   task = make_task(prep.table, prep.tft_output)
   serving_plan(prep.table)  # An op without a twin fails before the model is loaded.
@@ -145,8 +150,10 @@ def export_trained(data_dir: str, output: str, model_file: str = "", model_dir: 
     try:
       model = keras.saving.load_model(model_file, compile=False)
     except Exception as e:  # pylint: disable=broad-except
-      raise ValueError(f"cannot load the Keras model {model_file}: {type(e).__name__}: {e} "
-                       "(a custom layer's module goes in --model-module)") from None
+      raise ValueError(
+        f"cannot load the Keras model {model_file}: {type(e).__name__}: {e} "
+        "(a custom layer's module goes in --model-module)"
+      ) from None
     name = model_file
   task.check_model(model, name)
   return export_model(model, prep.tft_output, prep.table, output)
@@ -158,12 +165,18 @@ def latest_export(model: str) -> str:
   if tf.io.gfile.exists(os.path.join(model, "saved_model.pb")):
     return model
   for base in (model, os.path.join(model, keys.EXPORT_DIR)):
-    versions = ([v.rstrip("/") for v in tf.io.gfile.listdir(base)]
-                if tf.io.gfile.isdir(base) else [])
-    versions = sorted((int(v) for v in versions if v.isdigit()
-                       and tf.io.gfile.exists(os.path.join(base, v, "saved_model.pb"))),
-                      reverse=True)
+    versions = [v.rstrip("/") for v in tf.io.gfile.listdir(base)] if tf.io.gfile.isdir(base) else []
+    versions = sorted(
+      (
+        int(v)
+        for v in versions
+        if v.isdigit() and tf.io.gfile.exists(os.path.join(base, v, "saved_model.pb"))
+      ),
+      reverse=True,
+    )
     if versions:
       return os.path.join(base, str(versions[0]))
-  raise FileNotFoundError(f"no SavedModel at {model}, and no version under it or under "
-                          f"{os.path.join(model, keys.EXPORT_DIR)}")
+  raise FileNotFoundError(
+    f"no SavedModel at {model}, and no version under it or under "
+    f"{os.path.join(model, keys.EXPORT_DIR)}"
+  )

@@ -16,10 +16,12 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-ADVICE = ("a model, twin or task traced here uses a tensor as a Python bool or iterates over "
-          "it (if/while/for on a tensor). Write that with tf.cond, tf.where or "
-          "tf.while_loop, or decorate the function that does it with @tf.function (which "
-          "converts its Python control flow with AutoGraph)")
+ADVICE = (
+  "a model, twin or task traced here uses a tensor as a Python bool or iterates over "
+  "it (if/while/for on a tensor). Write that with tf.cond, tf.where or "
+  "tf.while_loop, or decorate the function that does it with @tf.function (which "
+  "converts its Python control flow with AutoGraph)"
+)
 
 
 def function(fn: Optional[Callable] = None, **kwargs):

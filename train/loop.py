@@ -65,9 +65,10 @@ class FinalizedFunction:
         self._first_spec = spec
       else:
         self._error = RetraceError(
-            f"{self._name} would be traced again (trace {self.traces}): the step is "
-            f"finalized after its first trace. First inputs: {self._first_spec}; "
-            f"now: {spec}")
+          f"{self._name} would be traced again (trace {self.traces}): the step is "
+          f"finalized after its first trace. First inputs: {self._first_spec}; "
+          f"now: {spec}"
+        )
         raise self._error
       return fn(*args)
 
@@ -78,8 +79,9 @@ class FinalizedFunction:
     """Traces for inputs of these specs (e.g. a dataset's `element_spec`,
     whose variable-length features vary from batch to batch), not for the
     first call's shapes. Before the first call only."""
-    self._function = graphs.function(self._traced, input_signature=element_spec,
-                                 reduce_retracing=False)
+    self._function = graphs.function(
+      self._traced, input_signature=element_spec, reduce_retracing=False
+    )
 
   def __call__(self, *args):
     try:
@@ -121,8 +123,10 @@ class _StopRequest:
     if self.requested and signum == signal.SIGINT:
       raise KeyboardInterrupt
     self.requested = True
-    logs.get().info("\ntrain: %s: stopping after this step (Ctrl-C again to stop now)",
-                    signal.Signals(signum).name)
+    logs.get().info(
+      "\ntrain: %s: stopping after this step (Ctrl-C again to stop now)",
+      signal.Signals(signum).name,
+    )
 
   def restore(self) -> None:
     for sig, handler in self._previous.items():
@@ -152,8 +156,9 @@ def _init_from(model: keras.Model, path: str) -> str:
   """Restores model weights from a checkpoint prefix or a model dir."""
   ckpt = path
   if tf.io.gfile.isdir(path):
-    ckpt = tf.train.latest_checkpoint(os.path.join(path, keys.CHECKPOINTS_DIR)) or \
-        tf.train.latest_checkpoint(path)
+    ckpt = tf.train.latest_checkpoint(
+      os.path.join(path, keys.CHECKPOINTS_DIR)
+    ) or tf.train.latest_checkpoint(path)
   if not ckpt:
     raise FileNotFoundError(f"--init-from {path}: no checkpoint found")
   tf.train.Checkpoint(model=model).restore(ckpt).expect_partial()
@@ -168,14 +173,17 @@ def _freeze(model: keras.Model, pattern: str) -> int:
       layer.trainable = False
       frozen += 1
   if not frozen:
-    raise ValueError(f"--freeze {pattern!r} matches no layer with weights; layers: "
-                     + ", ".join(l.name for l in model.layers if l.weights))
+    raise ValueError(
+      f"--freeze {pattern!r} matches no layer with weights; layers: "
+      + ", ".join(layer.name for layer in model.layers if layer.weights)
+    )
   return frozen
 
 
 @dataclasses.dataclass
 class _Run:
   """Everything a training run holds between setup, the loop and the end."""
+
   prep: PrepOutput
   task: Any
   strategy: Any
@@ -196,6 +204,7 @@ class _Run:
 @dataclasses.dataclass
 class _Records:
   """What the shard check found before training."""
+
   skipped: Any  # With --skip-corrupt-records: what is skipped (else None).
   has_eval: bool  # Whether any eval shard holds a record.
 
@@ -203,6 +212,7 @@ class _Records:
 @dataclasses.dataclass
 class _LoopState:
   """What the loop measured."""
+
   start_step: int
   remaining: int
   loss: float = float("nan")
@@ -238,16 +248,26 @@ def _setup(config: TrainConfig) -> _Run:
   task = make_task(prep.table, prep.tft_output, config.task_options)
   strategy = devices.choose_strategy(config)
   chief = devices.is_chief(strategy)
-  model_dir = config.model_dir if chief else os.path.join(
-      config.model_dir, f"workertemp_{strategy.cluster_resolver.task_id}")
+  model_dir = (
+    config.model_dir
+    if chief
+    else os.path.join(config.model_dir, f"workertemp_{strategy.cluster_resolver.task_id}")
+  )
   _write_run_files(config, prep, model_dir)
   keras.utils.set_random_seed(config.seed)
 
   replicas = strategy.num_replicas_in_sync
   global_batch = config.batch_size * replicas
   lr = config.learning_rate * (replicas if config.scale_learning_rate else 1)
-  reader = InputReader(prep, task, config.batch_size, config.shuffle_buffer, config.seed,
-                       config.skip_corrupt_records, augment.parse(config.augment))
+  reader = InputReader(
+    prep,
+    task,
+    config.batch_size,
+    config.shuffle_buffer,
+    config.seed,
+    config.skip_corrupt_records,
+    augment.parse(config.augment),
+  )
   records = _check_records(config, prep)
 
   module_files = models.import_model_modules(config.model_module)
@@ -255,12 +275,29 @@ def _setup(config: TrainConfig) -> _Run:
   with strategy.scope():
     model, optimizer, global_step, schedule = _build_model(config, task, spec, lr)
   if chief:  # What `models.rebuild` needs to build this model again.
-    models.write_model_file(model_dir, dict(spec, task=task.name, model_module=config.model_module,
-                                            module_files=module_files))
+    models.write_model_file(
+      model_dir,
+      dict(spec, task=task.name, model_module=config.model_module, module_files=module_files),
+    )
   manager = _restore(config, model_dir, model, optimizer, global_step)
   step = _make_step(config, strategy, reader, task, model, optimizer, global_step, global_batch)
-  return _Run(prep, task, strategy, chief, model_dir, reader, model, optimizer, global_step,
-              manager, step, lr, schedule, global_batch, records)
+  return _Run(
+    prep,
+    task,
+    strategy,
+    chief,
+    model_dir,
+    reader,
+    model,
+    optimizer,
+    global_step,
+    manager,
+    step,
+    lr,
+    schedule,
+    global_batch,
+    records,
+  )
 
 
 def _open_data(config: TrainConfig) -> PrepOutput:
@@ -288,8 +325,9 @@ def _build_model(config: TrainConfig, task, spec: Dict[str, Any], lr: float):
   task.check_model(model, spec["name"])
   global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
   if config.freeze:
-    logs.get().info("train: froze %d layers matching %r", _freeze(model, config.freeze),
-                    config.freeze)
+    logs.get().info(
+      "train: froze %d layers matching %r", _freeze(model, config.freeze), config.freeze
+    )
   schedule = lr
   if config.lr_schedule == "cosine":
     schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=config.steps, alpha=0.05)
@@ -307,18 +345,21 @@ def _restore(config: TrainConfig, model_dir: str, model, optimizer, global_step)
   log = logs.get()
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=global_step)
   manager = tf.train.CheckpointManager(
-      checkpoint, os.path.join(model_dir, keys.CHECKPOINTS_DIR), max_to_keep=3)
+    checkpoint, os.path.join(model_dir, keys.CHECKPOINTS_DIR), max_to_keep=3
+  )
   if manager.latest_checkpoint:
     checkpoint.restore(manager.latest_checkpoint).expect_partial()
-    log.info("train: resumed from %s at step %d", manager.latest_checkpoint,
-             int(global_step.numpy()))
+    log.info(
+      "train: resumed from %s at step %d", manager.latest_checkpoint, int(global_step.numpy())
+    )
   elif config.init_from:
     log.info("train: weights from %s", _init_from(model, config.init_from))
   return manager
 
 
-def _make_step(config, strategy, reader, task, model, optimizer, global_step,
-               global_batch) -> "FinalizedFunction":
+def _make_step(
+  config, strategy, reader, task, model, optimizer, global_step, global_batch
+) -> "FinalizedFunction":
   """The finalized, distributed training step."""
   parser = reader.parser
   gradient = _gradient_fn(task, model, optimizer, global_batch, config.xla)
@@ -364,8 +405,9 @@ def _gradient_fn(task, model, optimizer, global_batch: int, xla: bool):
 
   def gradient_xla(inputs, labels):
     if isinstance(labels, dict):
-      labels = {k: v for k, v in labels.items()
-                if isinstance(v, tf.Tensor) and v.dtype != tf.string}
+      labels = {
+        k: v for k, v in labels.items() if isinstance(v, tf.Tensor) and v.dtype != tf.string
+      }
     return compiled(inputs, labels)
 
   return gradient_xla
@@ -374,15 +416,21 @@ def _gradient_fn(task, model, optimizer, global_batch: int, xla: bool):
 def _loop(run: _Run, config: TrainConfig) -> _LoopState:
   """Trains until --steps (or a stop request); logs, checkpoints, profiles."""
   log = logs.get()
-  batches = iter(run.strategy.distribute_datasets_from_function(
-      lambda ctx: run.reader.dataset(keys.TRAIN_SPLIT, training=True, input_context=ctx)))
+  batches = iter(
+    run.strategy.distribute_datasets_from_function(
+      lambda ctx: run.reader.dataset(keys.TRAIN_SPLIT, training=True, input_context=ctx)
+    )
+  )
   run.step.take(batches.element_spec)  # Its clicks vary in number from batch to batch.
   tb_dir = os.path.join(run.model_dir, keys.TENSORBOARD_DIR)
   start_step = int(run.global_step.numpy())
   state = _LoopState(start_step, max(config.steps - start_step, 0))
   if not state.remaining:
-    log.info("train: model dir already at step %d >= --steps %d; nothing to train",
-             start_step, config.steps)
+    log.info(
+      "train: model dir already at step %d >= --steps %d; nothing to train",
+      start_step,
+      config.steps,
+    )
   periodic = _Periodic(run, config, tf.summary.create_file_writer(os.path.join(tb_dir, "train")))
   profiler = _Profiler(config.profile_steps if run.chief else (), tb_dir)
   stop = _StopRequest()
@@ -391,12 +439,17 @@ def _loop(run: _Run, config: TrainConfig) -> _LoopState:
     for i in range(state.remaining):
       if stop.requested:
         state.interrupted = True
-        log.info("train: stopping at step %d as asked; saving a checkpoint",
-                 int(run.global_step.numpy()))
+        log.info(
+          "train: stopping at step %d as asked; saving a checkpoint", int(run.global_step.numpy())
+        )
         break
       if deadline is not None and time.monotonic() > deadline:
-        log.info("train: --max-minutes %g reached at step %d of %d", config.max_minutes,
-                 int(run.global_step.numpy()), config.steps)
+        log.info(
+          "train: --max-minutes %g reached at step %d of %d",
+          config.max_minutes,
+          int(run.global_step.numpy()),
+          config.steps,
+        )
         break
       current = start_step + i + 1  # The step this iteration completes.
       profiler.before(current)
@@ -405,14 +458,14 @@ def _loop(run: _Run, config: TrainConfig) -> _LoopState:
       profiler.after(current)
       if not np.isfinite(state.loss):
         raise FloatingPointError(
-            f"loss is {state.loss} at step {current}; stopped without saving. The last good "
-            f"checkpoint is {run.manager.latest_checkpoint or 'none (no checkpoint yet)'}; "
-            "lower --learning-rate or check the records")
+          f"loss is {state.loss} at step {current}; stopped without saving. The last good "
+          f"checkpoint is {run.manager.latest_checkpoint or 'none (no checkpoint yet)'}; "
+          "lower --learning-rate or check the records"
+        )
       periodic.after(current, state, batch)
   except KeyboardInterrupt:  # A second Ctrl-C, or one outside the loop.
     state.interrupted = True
-    log.info("\ntrain: interrupted; saving a checkpoint at step %d",
-             int(run.global_step.numpy()))
+    log.info("\ntrain: interrupted; saving a checkpoint at step %d", int(run.global_step.numpy()))
   finally:
     stop.restore()
     profiler.close()
@@ -451,8 +504,9 @@ class _Profiler:
   def after(self, current: int) -> None:
     if self._active and current == self._steps[1]:
       self.close()
-      logs.get().info("train: profiled steps %d-%d -> %s (TensorBoard, Profile tab)",
-                      *self._steps, self._dir)
+      logs.get().info(
+        "train: profiled steps %d-%d -> %s (TensorBoard, Profile tab)", *self._steps, self._dir
+      )
 
   def close(self) -> None:
     if self._active:
@@ -510,8 +564,11 @@ class _Window:
       lr = self._run.lr_schedule
       tf.summary.scalar("learning_rate", float(lr(current - 1)) if callable(lr) else lr)
     self._t, self._steps = now, 0
-    self._progress.update(current, f"loss {state.loss:.4f}  {rate:.1f} examples/s  "
-                          f"input wait {100 * wait:.0f}%", force=True)
+    self._progress.update(
+      current,
+      f"loss {state.loss:.4f}  {rate:.1f} examples/s  input wait {100 * wait:.0f}%",
+      force=True,
+    )
 
 
 def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]:
@@ -525,34 +582,41 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
 
   wait_fraction = (state.wait_s / state.busy_s) if state.busy_s else None
   metrics = {
-      "task": run.task.name,
-      "final_step": final_step,
-      "steps_this_run": final_step - state.start_step,
-      "final_loss": state.loss,
-      "replicas": run.strategy.num_replicas_in_sync,
-      "global_batch_size": run.global_batch,
-      "learning_rate": run.lr,
-      "input_channels": run.prep.table.input_channels,
-      "step_traces": run.step.traces,
-      "examples_per_second": ((state.timed_steps * run.global_batch / state.busy_s)
-                              if state.busy_s else None),
-      "input_wait_fraction": wait_fraction,
-      "input_bound": bool(wait_fraction is not None and wait_fraction > INPUT_BOUND_FRACTION),
-      "interrupted": state.interrupted,
+    "task": run.task.name,
+    "final_step": final_step,
+    "steps_this_run": final_step - state.start_step,
+    "final_loss": state.loss,
+    "replicas": run.strategy.num_replicas_in_sync,
+    "global_batch_size": run.global_batch,
+    "learning_rate": run.lr,
+    "input_channels": run.prep.table.input_channels,
+    "step_traces": run.step.traces,
+    "examples_per_second": (
+      (state.timed_steps * run.global_batch / state.busy_s) if state.busy_s else None
+    ),
+    "input_wait_fraction": wait_fraction,
+    "input_bound": bool(wait_fraction is not None and wait_fraction > INPUT_BOUND_FRACTION),
+    "interrupted": state.interrupted,
   }
   if run.records.skipped is not None:
     metrics["skipped_records"] = run.records.skipped
   if metrics["input_bound"]:
-    log.info("train: input-bound: %.0f%% of step time waits for the next batch. Give the "
-             "input more CPU (--intra-op-threads/--inter-op-threads, a machine with more "
-             "cores), read from local disk, write more and larger shards "
-             "(a smaller beam-prep --target-shard-mb), or precompute more per-example work in beam-prep.",
-             100 * wait_fraction)
+    log.info(
+      "train: input-bound: %.0f%% of step time waits for the next batch. Give the "
+      "input more CPU (--intra-op-threads/--inter-op-threads, a machine with more "
+      "cores), read from local disk, write more and larger shards "
+      "(a smaller beam-prep --target-shard-mb), or precompute more per-example work in beam-prep.",
+      100 * wait_fraction,
+    )
   if not state.interrupted:
     metrics.update(_evaluation(run, config, final_step))
     if config.export and run.chief:
-      metrics["export_dir"] = export.export_model(run.model, run.prep.tft_output, run.prep.table,
-                                                  os.path.join(config.model_dir, keys.EXPORT_DIR))
+      metrics["export_dir"] = export.export_model(
+        run.model,
+        run.prep.tft_output,
+        run.prep.table,
+        os.path.join(config.model_dir, keys.EXPORT_DIR),
+      )
   with tf.io.gfile.GFile(os.path.join(run.model_dir, keys.METRICS_FILE), "w") as f:
     json.dump(metrics, f, indent=2, sort_keys=True)
   if state.interrupted:
@@ -569,13 +633,13 @@ def _evaluation(run: _Run, config: TrainConfig, step: int) -> Dict[str, Any]:
   log = logs.get()
   more = run.task.end_evaluations() if run.chief else {}
   if not run.records.has_eval:
-    why = (f"{run.prep.no_records(keys.EVAL_SPLIT)}; evaluation needs images held out of "
-           f"training: run beam-prep with --eval-percent N (N > 0, e.g. 20"
-           f"{_ran_with_eval_percent(run.prep)})")
-    log.info("eval: skipped %s: %s", " and ".join(["evaluation", *more.values()]),
-             why)
-    return dict({"eval": {"examples": 0, "skipped": why}},
-                **{f"{m}_skipped": why for m in more})
+    why = (
+      f"{run.prep.no_records(keys.EVAL_SPLIT)}; evaluation needs images held out of "
+      f"training: run beam-prep with --eval-percent N (N > 0, e.g. 20"
+      f"{_ran_with_eval_percent(run.prep)})"
+    )
+    log.info("eval: skipped %s: %s", " and ".join(["evaluation", *more.values()]), why)
+    return dict({"eval": {"examples": 0, "skipped": why}}, **{f"{m}_skipped": why for m in more})
   out = {"eval": evaluate(run.model, run.reader, run.task, config.eval_batches)}
   if more and out["eval"].get("examples"):
     out.update(run.task.evaluate_end(run.model, run.prep, config.model_dir, run.model_dir, step))
@@ -598,16 +662,19 @@ def _check_records(config: TrainConfig, prep: PrepOutput) -> _Records:
     skipped, readable = _scan_records(prep, files, eval_files)
     has_train = skipped["train_records_readable"] > 0
     if not has_train and skipped["corrupt_shards"]:
-      raise RecordsError(f"no train record of {prep.path} is readable; corrupt: "
-                         + ", ".join(skipped["corrupt_shards"]))
+      raise RecordsError(
+        f"no train record of {prep.path} is readable; corrupt: "
+        + ", ".join(skipped["corrupt_shards"])
+      )
   else:
     skipped, readable = None, set(prep.check_shards(files + eval_files))
     has_train = any(p in readable for p in files)
   if not has_train:
     raise RecordsError(
-        f"{prep.no_records(keys.TRAIN_SPLIT)}: nothing to train on. "
-        f"{prep.join(keys.MANIFEST_FILE)} counts what the job read and wrote, and "
-        f"{prep.join(keys.ERRORS_DIR)}/ lists each input that failed and why")
+      f"{prep.no_records(keys.TRAIN_SPLIT)}: nothing to train on. "
+      f"{prep.join(keys.MANIFEST_FILE)} counts what the job read and wrote, and "
+      f"{prep.join(keys.ERRORS_DIR)}/ lists each input that failed and why"
+    )
   return _Records(skipped, any(p in readable for p in eval_files))
 
 
@@ -629,9 +696,12 @@ def _scan_records(prep: PrepOutput, files, eval_files):
     if expected is not None:
       report[f"{split}_records_skipped"] = max(expected.get(split, 0) - readable, 0)
   if corrupt:
-    logs.get().info("train: skipping the unreadable part of %d shard(s): %s; %s train records "
-                    "lost", len(corrupt), ", ".join(sorted(corrupt)),
-                    report.get("train_records_skipped", "an unknown number of"))
+    logs.get().info(
+      "train: skipping the unreadable part of %d shard(s): %s; %s train records lost",
+      len(corrupt),
+      ", ".join(sorted(corrupt)),
+      report.get("train_records_skipped", "an unknown number of"),
+    )
   return report, {p for p, v in scan.items() if v["records"] or v["error"]}
 
 
@@ -642,8 +712,10 @@ def _name_corrupt_shards(reader: InputReader, error: Exception) -> Exception:
   if not bad:
     return error
   return RecordsError(
-      "corrupt records in " + "; ".join(f"shard {p}: {e}" for p, e in sorted(bad.items()))
-      + " (pass --skip-corrupt-records to train on the readable records)")
+    "corrupt records in "
+    + "; ".join(f"shard {p}: {e}" for p, e in sorted(bad.items()))
+    + " (pass --skip-corrupt-records to train on the readable records)"
+  )
 
 
 def _histograms(writer, current, run: _Run, batch, gradients) -> None:
@@ -666,8 +738,7 @@ def _histograms(writer, current, run: _Run, batch, gradients) -> None:
       tf.summary.image("true_masks", labels[keys.LABEL][:3], max_outputs=3)
 
 
-def evaluate(model: keras.Model, reader: InputReader, task, max_batches: int = 0
-             ) -> Dict[str, Any]:
+def evaluate(model: keras.Model, reader: InputReader, task, max_batches: int = 0) -> Dict[str, Any]:
   """The task's metrics on the whole eval split (or `max_batches` of it)."""
   try:
     ds = reader.model_batches(keys.EVAL_SPLIT, training=False)

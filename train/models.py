@@ -56,9 +56,11 @@ BUILD_KEYS = ("name", "input_channels", "num_classes", "image_size", "model_args
 
 def register_model(name: str):
   """Decorator: `@register_model("my_unet")` makes a factory buildable by name."""
+
   def decorator(fn):
     _MODELS[name] = fn
     return fn
+
   return decorator
 
 
@@ -72,14 +74,20 @@ def model_factory(name: str) -> Callable[..., keras.Model]:
   try:
     return _MODELS[name]
   except KeyError:
-    raise ValueError(f"unknown model {name!r}; registered: {sorted(_MODELS)} (a model of your "
-                     "own: --model-module M, where M registers it)") from None
+    raise ValueError(
+      f"unknown model {name!r}; registered: {sorted(_MODELS)} (a model of your "
+      "own: --model-module M, where M registers it)"
+    ) from None
 
 
-def build_model(name: str, input_channels: int, num_classes: Optional[int] = None,
-                image_size: Optional[Tuple[int, int]] = None,
-                model_args: Optional[Dict[str, Any]] = None,
-                builtin: Optional[Dict[str, Any]] = None) -> keras.Model:
+def build_model(
+  name: str,
+  input_channels: int,
+  num_classes: Optional[int] = None,
+  image_size: Optional[Tuple[int, int]] = None,
+  model_args: Optional[Dict[str, Any]] = None,
+  builtin: Optional[Dict[str, Any]] = None,
+) -> keras.Model:
   """Calls the factory registered as `name` (see the module docstring).
 
   Args:
@@ -102,22 +110,25 @@ def build_model(name: str, input_channels: int, num_classes: Optional[int] = Non
   try:
     model = factory(**kwargs)
   except TypeError as e:
-    raise ValueError(f"model {name!r} ({where}) cannot be called with {sorted(kwargs)}: {e} "
-                     "(--model-args passes the rest as a JSON object)") from None
+    raise ValueError(
+      f"model {name!r} ({where}) cannot be called with {sorted(kwargs)}: {e} "
+      "(--model-args passes the rest as a JSON object)"
+    ) from None
   if not isinstance(model, keras.Model):
-    raise ValueError(f"model {name!r} ({where}) returned {type(model).__name__}, not a "
-                     "keras.Model")
+    raise ValueError(f"model {name!r} ({where}) returned {type(model).__name__}, not a keras.Model")
   return model
 
 
 def write_model_file(model_dir: str, record: Dict[str, Any]) -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   with tf.io.gfile.GFile(os.path.join(model_dir, MODEL_FILE), "w") as f:
     json.dump(record, f, indent=2, sort_keys=True)
 
 
 def read_model_file(model_dir: str) -> Dict[str, Any]:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   path = os.path.join(model_dir, MODEL_FILE)
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f"{path} not found: {model_dir} is not a beam-train model dir")
@@ -128,10 +139,12 @@ def read_model_file(model_dir: str) -> Dict[str, Any]:
 def rebuild(model_dir: str) -> keras.Model:
   """The model a `beam-train fit` run trained, with its newest checkpoint's weights."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   rec = read_model_file(model_dir)
   files = rec.get("module_files") or {}
-  import_model_modules(rec.get("model_module", ""),
-                       tuple(sorted({os.path.dirname(f) for f in files.values() if f})))
+  import_model_modules(
+    rec.get("model_module", ""), tuple(sorted({os.path.dirname(f) for f in files.values() if f}))
+  )
   args = {k: rec.get(k) for k in BUILD_KEYS}
   # The checkpoint holds every weight: no pretrained backbone to fetch again.
   args["builtin"] = dict(args.get("builtin") or {}, backbone_weights="none")
@@ -153,8 +166,7 @@ class PadToMultiple(keras.layers.Layer):
 
   def call(self, x):
     h, w = keras.ops.shape(x)[1], keras.ops.shape(x)[2]
-    return keras.ops.pad(x, [[0, 0], [0, (-h) % self.multiple], [0, (-w) % self.multiple],
-                             [0, 0]])
+    return keras.ops.pad(x, [[0, 0], [0, (-h) % self.multiple], [0, (-w) % self.multiple], [0, 0]])
 
   def get_config(self):
     return dict(super().get_config(), multiple=self.multiple)
@@ -165,7 +177,7 @@ class CropLike(keras.layers.Layer):
   """Crops [B, H', W', C] to the height and width of a reference tensor."""
 
   def call(self, x, reference):
-    return x[:, :keras.ops.shape(reference)[1], :keras.ops.shape(reference)[2]]
+    return x[:, : keras.ops.shape(reference)[1], : keras.ops.shape(reference)[2]]
 
 
 def _block(x, filters: int, name: str):
@@ -197,8 +209,9 @@ def segmentation_fcn(input_channels: int, width: int = 16, depth: int = 3) -> ke
 
 
 @register_model("cnn_classifier")
-def cnn_classifier(input_channels: int, num_classes: int, width: int = 16,
-                   depth: int = 3) -> keras.Model:
+def cnn_classifier(
+  input_channels: int, num_classes: int, width: int = 16, depth: int = 3
+) -> keras.Model:
   """A small CNN: `depth` conv blocks, global average pooling, class logits."""
   inputs = keras.Input((None, None, input_channels), name="inputs")
   x = inputs
@@ -214,12 +227,18 @@ def cnn_classifier(input_channels: int, num_classes: int, width: int = 16,
 # last activations at 1/2, 1/4, 1/8 and 1/16 of the input; the bottom is at
 # 1/32, so H and W must be multiples of 32.
 _BACKBONES = {
-    "mobilenetv2": ("MobileNetV2", "Conv1",
-                    ("block_1_expand_relu", "block_3_expand_relu", "block_6_expand_relu",
-                     "block_13_expand_relu"), "out_relu"),
-    "resnet50": ("ResNet50", "conv1_conv",
-                 ("conv1_relu", "conv2_block3_out", "conv3_block4_out", "conv4_block6_out"),
-                 "conv5_block3_out"),
+  "mobilenetv2": (
+    "MobileNetV2",
+    "Conv1",
+    ("block_1_expand_relu", "block_3_expand_relu", "block_6_expand_relu", "block_13_expand_relu"),
+    "out_relu",
+  ),
+  "resnet50": (
+    "ResNet50",
+    "conv1_conv",
+    ("conv1_relu", "conv2_block3_out", "conv3_block4_out", "conv4_block6_out"),
+    "conv5_block3_out",
+  ),
 }
 
 
@@ -228,39 +247,53 @@ def _encoder(backbone: str, input_channels: int, weights: str) -> keras.Model:
   file of the 3-channel backbone) go to every layer, and the first
   convolution's RGB part; its extra (click) channels start at zero."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   cls_name, first_conv, _, _ = _BACKBONES[backbone]
   cls = getattr(keras.applications, cls_name)
   model = cls(input_shape=(None, None, input_channels), include_top=False, weights=None)
   if weights in ("", "none", None):
     return model
   try:
-    source = cls(input_shape=(None, None, 3), include_top=False,
-                 weights="imagenet" if weights == "imagenet" else weights)
+    source = cls(
+      input_shape=(None, None, 3),
+      include_top=False,
+      weights="imagenet" if weights == "imagenet" else weights,
+    )
   except Exception as e:  # pylint: disable=broad-except
-    where = ("downloading the ImageNet weights (needs the internet)" if weights == "imagenet"
-             else f"reading the weights file {weights} (a {cls_name}(include_top=False) "
-             "model's save_weights, *.weights.h5)")
-    raise ValueError(f"backbone {backbone}: {where} failed: {type(e).__name__}: {e}; pass "
-                     "--backbone-weights none to start from random weights") from None
+    where = (
+      "downloading the ImageNet weights (needs the internet)"
+      if weights == "imagenet"
+      else f"reading the weights file {weights} (a {cls_name}(include_top=False) "
+      "model's save_weights, *.weights.h5)"
+    )
+    raise ValueError(
+      f"backbone {backbone}: {where} failed: {type(e).__name__}: {e}; pass "
+      "--backbone-weights none to start from random weights"
+    ) from None
   for layer in model.layers:
     if not layer.weights:
       continue
     values = source.get_layer(layer.name).get_weights()
     if layer.name == first_conv and input_channels != 3:
-      kernel = np.zeros(values[0].shape[:2] + (input_channels,) + values[0].shape[3:],
-                        values[0].dtype)
-      kernel[:, :, :min(3, input_channels)] = values[0][:, :, :min(3, input_channels)]
+      kernel = np.zeros(
+        values[0].shape[:2] + (input_channels,) + values[0].shape[3:], values[0].dtype
+      )
+      kernel[:, :, : min(3, input_channels)] = values[0][:, :, : min(3, input_channels)]
       values = [kernel] + values[1:]
     layer.set_weights(values)
   return model
 
 
-def _backbone_unet(backbone: str, input_channels: int, width: int,
-                   backbone_weights: str) -> keras.Model:
+def _backbone_unet(
+  backbone: str, input_channels: int, width: int, backbone_weights: str
+) -> keras.Model:
   _, _, skip_names, bottom_name = _BACKBONES[backbone]
   encoder = _encoder(backbone, input_channels, backbone_weights)
-  features = keras.Model(encoder.input, [encoder.get_layer(n).output for n in skip_names]
-                         + [encoder.get_layer(bottom_name).output], name=f"{backbone}_encoder")
+  features = keras.Model(
+    encoder.input,
+    [encoder.get_layer(n).output for n in skip_names] + [encoder.get_layer(bottom_name).output],
+    name=f"{backbone}_encoder",
+  )
   inputs = keras.Input((None, None, input_channels), name="inputs")
   *skips, x = features(PadToMultiple(32, name="pad")(inputs))
   for i in reversed(range(len(skips))):
@@ -274,14 +307,16 @@ def _backbone_unet(backbone: str, input_channels: int, width: int,
 
 
 @register_model("unet_mobilenetv2")
-def unet_mobilenetv2(input_channels: int, width: int = 16,
-                     backbone_weights: str = "imagenet") -> keras.Model:
+def unet_mobilenetv2(
+  input_channels: int, width: int = 16, backbone_weights: str = "imagenet"
+) -> keras.Model:
   """U-Net decoder on a MobileNetV2 encoder (keras.applications)."""
   return _backbone_unet("mobilenetv2", input_channels, width, backbone_weights)
 
 
 @register_model("unet_resnet50")
-def unet_resnet50(input_channels: int, width: int = 16,
-                  backbone_weights: str = "imagenet") -> keras.Model:
+def unet_resnet50(
+  input_channels: int, width: int = 16, backbone_weights: str = "imagenet"
+) -> keras.Model:
   """U-Net decoder on a ResNet50 encoder (keras.applications)."""
   return _backbone_unet("resnet50", input_channels, width, backbone_weights)

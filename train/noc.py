@@ -37,11 +37,13 @@ from train import clicker, graphs
 from train.servers import SegmentationServer
 
 IOU_AT = (1, 2, 3, 5, 10, 20)
-PROTOCOL = ("RITM's clicker: the first click at the object's interior point farthest from its "
-            "boundary, then at the error pixel farthest from its error region's boundary "
-            "(negative at (0, 0) when no error is left); the mask is probability > pred_thr; "
-            "IoU over non-ignore pixels, an empty union never reaching a threshold; NoC is "
-            "max_clicks when never reached")
+PROTOCOL = (
+  "RITM's clicker: the first click at the object's interior point farthest from its "
+  "boundary, then at the error pixel farthest from its error region's boundary "
+  "(negative at (0, 0) when no error is left); the mask is probability > pred_thr; "
+  "IoU over non-ignore pixels, an empty union never reaching a threshold; NoC is "
+  "max_clicks when never reached"
+)
 SHEET_CLICKS = (1, 3, 5)
 NOC_FILE = "noc.json"
 PLOT_FILE = "iou_by_clicks.png"
@@ -53,6 +55,7 @@ class ModelPredictor:
   (`SegmentationServer.probabilities`: the twins of the records' ops,
   tf.Transform, the model, and for crop records the crop of the previous
   mask), as logits."""
+
   uses_previous_mask = True
 
   def __init__(self, model, tft_output, table):
@@ -70,13 +73,20 @@ def logits_per_image(probabilities, images, clicks, kinds, previous):
 
   def one(args):
     image, xy, kind, prev = args
-    prob = probabilities(image, tf.boolean_mask(xy, tf.equal(kind, clicker.POSITIVE)),
-                         tf.boolean_mask(xy, tf.equal(kind, clicker.NEGATIVE)), prev)
+    prob = probabilities(
+      image,
+      tf.boolean_mask(xy, tf.equal(kind, clicker.POSITIVE)),
+      tf.boolean_mask(xy, tf.equal(kind, clicker.NEGATIVE)),
+      prev,
+    )
     prob = tf.clip_by_value(prob, 1e-7, 1 - 1e-7)
     return tf.math.log(prob) - tf.math.log1p(-prob)
 
-  return tf.map_fn(one, (images, clicks, kinds, previous),
-                   fn_output_signature=tf.TensorSpec([None, None], tf.float32))
+  return tf.map_fn(
+    one,
+    (images, clicks, kinds, previous),
+    fn_output_signature=tf.TensorSpec([None, None], tf.float32),
+  )
 
 
 class ClickLoop:
@@ -93,8 +103,9 @@ class ClickLoop:
     pred_thr: a pixel is object where the probability exceeds it.
   """
 
-  def __init__(self, predictor: Callable, image_size, max_clicks: int,
-               pred_thr: float = clicker.PRED_THR):
+  def __init__(
+    self, predictor: Callable, image_size, max_clicks: int, pred_thr: float = clicker.PRED_THR
+  ):
     h, w = image_size or (None, None)
     above = clicker.logit_threshold(pred_thr)
     self.max_clicks = k = max_clicks
@@ -108,8 +119,13 @@ class ClickLoop:
       self.traces["first"] += 1
       none = tf.zeros(tf.shape(labels_), tf.bool)
       xy, kind = clicker.next_click(none, labels_, none)
-      return _put(xy, kind, tf.zeros([tf.shape(labels_)[0], k, 2], tf.int64),
-                  tf.zeros([tf.shape(labels_)[0], k], tf.int32), 0)
+      return _put(
+        xy,
+        kind,
+        tf.zeros([tf.shape(labels_)[0], k, 2], tf.int64),
+        tf.zeros([tf.shape(labels_)[0], k], tf.int32),
+        0,
+      )
 
     with_previous = getattr(predictor, "uses_previous_mask", False)
 
@@ -125,9 +141,17 @@ class ClickLoop:
       return (scores, pred) + _put(xy, kind, clicks_, kinds_, n)
 
     self._first = graphs.function(first, input_signature=[labels])
-    self._step = graphs.function(step, input_signature=[
-        images, labels, clicks, kinds, tf.TensorSpec([None, h, w], tf.bool),
-        tf.TensorSpec([], tf.int32)])
+    self._step = graphs.function(
+      step,
+      input_signature=[
+        images,
+        labels,
+        clicks,
+        kinds,
+        tf.TensorSpec([None, h, w], tf.bool),
+        tf.TensorSpec([], tf.int32),
+      ],
+    )
 
   def run(self, images: np.ndarray, labels: np.ndarray, keep: int = 0):
     """-> (IoU float32 [B, K] after 1..K clicks, clicks, kinds, kept masks).
@@ -149,10 +173,10 @@ class ClickLoop:
 def _put(xy, kind, clicks, kinds, n):
   """Clicks and kinds with click `n` (0-based; none past the last slot) set."""
   k = tf.shape(kinds)[1]
-  slot = tf.one_hot(tf.minimum(n, k - 1), k, on_value=True, off_value=False,
-                    dtype=tf.bool)[None, :] & (n < k)
-  return (tf.where(slot[..., None], xy[:, None, :], clicks),
-          tf.where(slot, kind[:, None], kinds))
+  slot = tf.one_hot(tf.minimum(n, k - 1), k, on_value=True, off_value=False, dtype=tf.bool)[
+    None, :
+  ] & (n < k)
+  return (tf.where(slot[..., None], xy[:, None, :], clicks), tf.where(slot, kind[:, None], kinds))
 
 
 def object_noc(scores: np.ndarray, t: float) -> np.ndarray:
@@ -182,8 +206,9 @@ def summarize(scores: np.ndarray, thresholds: Sequence[float]) -> Dict[str, Any]
     out[noc_key(t)] = float(first.mean()) if n else None
     out[f">={k}@{name}"] = int((first >= k).sum())
     out[f"never_reached@{name}"] = float(1 - reached.any(axis=1).mean()) if n else None
-  out["mean_iou_by_clicks"] = {str(c): float(scores[:, c - 1].mean())
-                               for c in IOU_AT if c <= k} if n else {}
+  out["mean_iou_by_clicks"] = (
+    {str(c): float(scores[:, c - 1].mean()) for c in IOU_AT if c <= k} if n else {}
+  )
   out["mean_iou_curve"] = scores.mean(axis=0).round(6).tolist() if n else []
   return out
 
@@ -198,28 +223,41 @@ def eval_objects(prep: PrepOutput, max_objects: int = 0):
     FileNotFoundError: the eval split holds no record.
   """
   best = {}
-  for rec in prep.read_numpy(keys.EVAL_SPLIT, [keys.IMAGE_ID, keys.OBJECT_ID, keys.VARIANT,
-                                               keys.IMAGE, keys.MASK]):
+  for rec in prep.read_numpy(
+    keys.EVAL_SPLIT, [keys.IMAGE_ID, keys.OBJECT_ID, keys.VARIANT, keys.IMAGE, keys.MASK]
+  ):
     key = (str(rec[keys.IMAGE_ID]), int(np.ravel(rec[keys.OBJECT_ID])[0]))
     variant = int(np.ravel(rec.get(keys.VARIANT, 0))[0])
     if key not in best or variant < best[key][0]:
       best[key] = (variant, rec[keys.IMAGE], rec[keys.MASK][..., 0])
   if not best:
-    raise FileNotFoundError(f"{prep.no_records(keys.EVAL_SPLIT)}; NoC needs an eval split "
-                            "(beam-prep --eval-percent)")
+    raise FileNotFoundError(
+      f"{prep.no_records(keys.EVAL_SPLIT)}; NoC needs an eval split (beam-prep --eval-percent)"
+    )
   chosen = sorted(best)
   if max_objects:
     chosen = chosen[:max_objects]
-  return (np.stack([best[k][1] for k in chosen]), np.stack([best[k][2] for k in chosen]),
-          [f"{i}/{o}" for i, o in chosen])
+  return (
+    np.stack([best[k][1] for k in chosen]),
+    np.stack([best[k][2] for k in chosen]),
+    [f"{i}/{o}" for i, o in chosen],
+  )
 
 
-def evaluate(model, prep: PrepOutput, out_dir: str, max_clicks: int = keys.NOC_MAX_CLICKS,
-             thresholds: Sequence[float] = keys.NOC_IOU_THRESHOLDS, batch_size: int = 16,
-             max_objects: int = 0, sheet_objects: int = 4,
-             summary_dir: Optional[str] = None, step: int = 0,
-             pred_thr: float = clicker.PRED_THR,
-             trained_on: Optional[PrepOutput] = None) -> Dict[str, Any]:
+def evaluate(
+  model,
+  prep: PrepOutput,
+  out_dir: str,
+  max_clicks: int = keys.NOC_MAX_CLICKS,
+  thresholds: Sequence[float] = keys.NOC_IOU_THRESHOLDS,
+  batch_size: int = 16,
+  max_objects: int = 0,
+  sheet_objects: int = 4,
+  summary_dir: Optional[str] = None,
+  step: int = 0,
+  pred_thr: float = clicker.PRED_THR,
+  trained_on: Optional[PrepOutput] = None,
+) -> Dict[str, Any]:
   """NoC of `model` and of the nearest-click baseline on the eval objects of `prep`.
 
   The model's inputs are made as for the data it was trained on, `trained_on`
@@ -230,17 +268,23 @@ def evaluate(model, prep: PrepOutput, out_dir: str, max_clicks: int = keys.NOC_M
   trained_on = trained_on or prep
   table = trained_on.table
   images, labels, names = eval_objects(prep, max_objects)
-  predictors = {"model": ModelPredictor(model, trained_on.tft_output, table),
-                "baseline": clicker.baseline_logits}
-  report: Dict[str, Any] = {"protocol": PROTOCOL, "pred_thr": pred_thr,
-                            "thresholds": list(thresholds),
-                            "image_size": list(prep.table.image_size)}
+  predictors = {
+    "model": ModelPredictor(model, trained_on.tft_output, table),
+    "baseline": clicker.baseline_logits,
+  }
+  report: Dict[str, Any] = {
+    "protocol": PROTOCOL,
+    "pred_thr": pred_thr,
+    "thresholds": list(thresholds),
+    "image_size": list(prep.table.image_size),
+  }
   curves, traces, sheet = {}, {}, None
   for name, predictor in predictors.items():
     loop = ClickLoop(predictor, prep.table.image_size, max_clicks, pred_thr)
     # The contact sheet shows the model's masks only.
-    scores, kept = _run_loop(loop, images, labels, batch_size,
-                             sheet_objects if name == "model" else 0)
+    scores, kept = _run_loop(
+      loop, images, labels, batch_size, sheet_objects if name == "model" else 0
+    )
     sheet = kept if kept is not None else sheet
     report[name] = summarize(scores, thresholds)
     curves[name] = scores.mean(axis=0)
@@ -264,8 +308,9 @@ def _run_loop(loop: ClickLoop, images, labels, batch_size: int, sheet_objects: i
   scores, kept, click_sets = [], {}, []
   for start in range(0, len(images), batch_size):
     keep = max(0, sheet_objects - start)
-    s, clicks, kinds, k = loop.run(images[start:start + batch_size],
-                                   labels[start:start + batch_size], keep=keep)
+    s, clicks, kinds, k = loop.run(
+      images[start : start + batch_size], labels[start : start + batch_size], keep=keep
+    )
     scores.append(s)
     if keep:
       click_sets.append((clicks[:keep], kinds[:keep]))
@@ -273,14 +318,21 @@ def _run_loop(loop: ClickLoop, images, labels, batch_size: int, sheet_objects: i
         kept.setdefault(c, []).append(masks)
   sheet = None
   if click_sets:
-    sheet = ({c: np.concatenate(v) for c, v in kept.items()},
-             np.concatenate([c for c, _ in click_sets]),
-             np.concatenate([k for _, k in click_sets]))
+    sheet = (
+      {c: np.concatenate(v) for c, v in kept.items()},
+      np.concatenate([c for c, _ in click_sets]),
+      np.concatenate([k for _, k in click_sets]),
+    )
   return np.concatenate(scores), sheet
 
 
-def write_report(report: Dict[str, Any], curves: Dict[str, np.ndarray], out_dir: str,
-                  summary_dir: Optional[str], step: int) -> None:
+def write_report(
+  report: Dict[str, Any],
+  curves: Dict[str, np.ndarray],
+  out_dir: str,
+  summary_dir: Optional[str],
+  step: int,
+) -> None:
   """noc.json and the plot in `out_dir`; NoC scalars to TensorBoard under `summary_dir`."""
   tf.io.gfile.makedirs(out_dir)
   with tf.io.gfile.GFile(os.path.join(out_dir, NOC_FILE), "w") as f:
@@ -297,12 +349,12 @@ def write_report(report: Dict[str, Any], curves: Dict[str, np.ndarray], out_dir:
 
 def brief(report: Dict[str, Any]) -> Dict[str, Any]:
   """The headline numbers of a report, model and baseline (for metrics.json and logs)."""
-  out = {"objects": report["baseline"]["objects"],
-         "max_clicks": report["baseline"]["max_clicks"]}
+  out = {"objects": report["baseline"]["objects"], "max_clicks": report["baseline"]["max_clicks"]}
   for name in ("model", "baseline"):
     if name in report:
-      out[name] = {k: v for k, v in report[name].items()
-                   if k.startswith(("noc@", "never_reached@", ">="))}
+      out[name] = {
+        k: v for k, v in report[name].items() if k.startswith(("noc@", "never_reached@", ">="))
+      }
   return out
 
 
@@ -313,11 +365,16 @@ def lines(brief: Dict[str, Any]) -> List[str]:
   for key in sorted(k for k in b if k.startswith("noc@")):
     t = key.split("@")[1]
     over = f">={brief['max_clicks']}@{t}"
-    said = {name: f"{r[key]:.2f} ({over} {r[over]}, never reached "
-                  f"{100 * r['never_reached@' + t]:.0f}%)"
-            for name, r in brief.items() if name in ("model", "baseline")}
-    text = (f"NoC@{t} {said['model']} vs nearest-click baseline {said['baseline']}"
-            if "model" in said else f"NoC@{t} of the nearest-click baseline {said['baseline']}")
+    said = {
+      name: f"{r[key]:.2f} ({over} {r[over]}, never reached {100 * r['never_reached@' + t]:.0f}%)"
+      for name, r in brief.items()
+      if name in ("model", "baseline")
+    }
+    text = (
+      f"NoC@{t} {said['model']} vs nearest-click baseline {said['baseline']}"
+      if "model" in said
+      else f"NoC@{t} of the nearest-click baseline {said['baseline']}"
+    )
     out.append(f"{text}, {brief['objects']} objects, up to {brief['max_clicks']} clicks")
   return out
 
@@ -325,13 +382,20 @@ def lines(brief: Dict[str, Any]) -> List[str]:
 def write_plot(curves: Dict[str, np.ndarray], path: str) -> None:
   """Mean IoU against the number of clicks, one line per predictor."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.ticker  # pylint: disable=g-import-not-at-top,unused-import
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
   fig, ax = plt.subplots(figsize=(6, 4))
   for name, curve in curves.items():
-    ax.plot(np.arange(1, len(curve) + 1), curve, marker="o", markersize=3,
-            label="nearest-click baseline (no model)" if name == "baseline" else name)
+    ax.plot(
+      np.arange(1, len(curve) + 1),
+      curve,
+      marker="o",
+      markersize=3,
+      label="nearest-click baseline (no model)" if name == "baseline" else name,
+    )
   ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
   ax.set_xlabel("clicks")
   ax.set_ylabel("mean IoU")
@@ -357,12 +421,19 @@ def write_sheet(images, labels, names: List[str], kept, path: str, panel: int = 
     draw.text((c * pw + 4, 3), title, fill="black")
   for r in range(len(images)):
     ignore = labels[r] == keys.IGNORE
-    sheet.paste(drawing.overlay(images[r], labels[r] == 1, scale=scale, ignore=ignore),
-                (0, top + r * ph))
+    sheet.paste(
+      drawing.overlay(images[r], labels[r] == 1, scale=scale, ignore=ignore), (0, top + r * ph)
+    )
     for c, n in enumerate(steps, start=1):
       xy, kind = clicks[r][:n], kinds[r][:n]
-      im = drawing.overlay(images[r], masks[n][r], xy[kind == clicker.POSITIVE],
-                           xy[kind == clicker.NEGATIVE], scale, ignore)
+      im = drawing.overlay(
+        images[r],
+        masks[n][r],
+        xy[kind == clicker.POSITIVE],
+        xy[kind == clicker.NEGATIVE],
+        scale,
+        ignore,
+      )
       sheet.paste(im, (c * pw, top + r * ph))
     draw.text((4, top + r * ph + ph - 14), names[r], fill="white")
   with tf.io.gfile.GFile(path, "wb") as f:

@@ -20,7 +20,7 @@ from train.served import InvalidInput
 
 
 def parse_point(text: str) -> Tuple[int, int]:
-  """"X,Y" -> (x, y); x is the column, y the row."""
+  """ "X,Y" -> (x, y); x is the column, y the row."""
   try:
     x, y = (int(v) for v in text.split(","))
   except ValueError:
@@ -78,8 +78,9 @@ def classify(model, path: str) -> Dict[str, np.ndarray]:
 OVERLAY_MIN_SIDE = 512
 
 
-def write_outputs(output: str, image: np.ndarray, result: Dict[str, np.ndarray],
-                  positive, negative) -> Tuple[str, str]:
+def write_outputs(
+  output: str, image: np.ndarray, result: Dict[str, np.ndarray], positive, negative
+) -> Tuple[str, str]:
   """Writes the mask PNG and the overlay; returns both paths."""
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   mask = result[sig.MASK]

@@ -36,16 +36,21 @@ def graph_message(e: Exception) -> str:
   if parsed:
     return parsed
   # Not the frame: "Detected at node ...", its stack (indented), "[[{{node ...}}]]".
-  lines = [re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", l).strip()
-           for l in message.splitlines()
-           if l.strip() and not l[0].isspace()
-           and not l.startswith(("Graph execution error", "Detected at node", "<stack traces"))]
+  lines = [
+    re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line).strip()
+    for line in message.splitlines()
+    if line.strip()
+    and not line[0].isspace()
+    and not line.startswith(("Graph execution error", "Detected at node", "<stack traces"))
+  ]
   return lines[0] if lines else message
 
 
 # ParseExample's reasons (`serve_examples` parses its input with it).
-_TYPE = re.compile(r"Key: (\w+), Index: (\d+)\.\s+Data types don't match\. "
-                   r"Expected type: (\w+), Actual type: (\w+)")
+_TYPE = re.compile(
+  r"Key: (\w+), Index: (\d+)\.\s+Data types don't match\. "
+  r"Expected type: (\w+), Actual type: (\w+)"
+)
 _MISSING = re.compile(r"Feature: (\w+) \(data type: (\w+)\) is required but could not be found")
 
 
@@ -57,19 +62,25 @@ def parse_message(message: str) -> Optional[str]:
   wrong = _TYPE.search(message)
   if wrong:
     key, index, want, got = wrong.groups()
-    where = f"{sig.EXAMPLES}[{index}]: feature {key!r} holds {got} values where " \
-            f"{sig.SERVE_EXAMPLES} reads {want}"
+    where = (
+      f"{sig.EXAMPLES}[{index}]: feature {key!r} holds {got} values where "
+      f"{sig.SERVE_EXAMPLES} reads {want}"
+    )
     if got != "string":
       return where
-    return (f"{where}: beam-prep's records stack an object's click variants, one bytes value "
-            f"each; {sig.SERVE_EXAMPLES} takes one (object, variant) per tf.Example, as "
-            "FeatureTable.encode writes it (FeatureTable.decode_examples gives a record's "
-            "examples)")
+    return (
+      f"{where}: beam-prep's records stack an object's click variants, one bytes value "
+      f"each; {sig.SERVE_EXAMPLES} takes one (object, variant) per tf.Example, as "
+      "FeatureTable.encode writes it (FeatureTable.decode_examples gives a record's "
+      "examples)"
+    )
   missing = _MISSING.search(message)
   if missing:
-    return (f"{sig.EXAMPLES}: an example has no feature {missing.group(1)!r} "
-            f"({missing.group(2)}), which {sig.SERVE_EXAMPLES} reads (is it a serialized "
-            "tf.Example in the records' schema?)")
+    return (
+      f"{sig.EXAMPLES}: an example has no feature {missing.group(1)!r} "
+      f"({missing.group(2)}), which {sig.SERVE_EXAMPLES} reads (is it a serialized "
+      "tf.Example in the records' schema?)"
+    )
   if "Could not parse example input" in message:
     return _NOT_AN_EXAMPLE
   return None
@@ -98,7 +109,8 @@ class ServedModel:
     self._loaded = tf.saved_model.load(self.path)  # Holds the variables the signatures use.
     self._functions = dict(self._loaded.signatures)
     self.signatures: Dict[str, Dict[str, tf.TensorSpec]] = {
-        k: dict(fn.structured_input_signature[1]) for k, fn in self._functions.items()}
+      k: dict(fn.structured_input_signature[1]) for k, fn in self._functions.items()
+    }
 
   def takes(self, signature: str, *names: str) -> bool:
     """Whether the export has `signature` and it takes inputs `names`."""
@@ -117,8 +129,10 @@ class ServedModel:
   def require_segmentation(self) -> None:
     """Raises ValueError unless this is a segmentation model."""
     if not self.segments:
-      raise ValueError(f"{self.path}: {sig.SERVING_DEFAULT} does not take an image and clicks "
-                       "(not a segmentation model)")
+      raise ValueError(
+        f"{self.path}: {sig.SERVING_DEFAULT} does not take an image and clicks "
+        "(not a segmentation model)"
+      )
 
   def call(self, signature: str, inputs: Mapping[str, object]) -> Dict[str, tf.Tensor]:
     """Runs one signature on tensors or arrays (cast to its input dtypes).
@@ -128,14 +142,20 @@ class ServedModel:
     """
     specs = self.signatures[signature]
     try:
-      return self._functions[signature](**{k: tf.cast(v, specs[k].dtype) if tf.is_tensor(v)
-                                           else tf.constant(v, dtype=specs[k].dtype)
-                                           for k, v in inputs.items()})
+      return self._functions[signature](
+        **{
+          k: tf.cast(v, specs[k].dtype) if tf.is_tensor(v) else tf.constant(v, dtype=specs[k].dtype)
+          for k, v in inputs.items()
+        }
+      )
     except UnicodeDecodeError:
       # TensorFlow cannot make text of an error that echoes an input's bytes:
       # of the graph's errors, only the parser of `examples` does.
-      raise InvalidInput(_NOT_AN_EXAMPLE if sig.EXAMPLES in specs else
-                         "the graph refused the inputs (its reason is not text)") from None
+      raise InvalidInput(
+        _NOT_AN_EXAMPLE
+        if sig.EXAMPLES in specs
+        else "the graph refused the inputs (its reason is not text)"
+      ) from None
     except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
       raise InvalidInput(graph_message(e)) from None
 
@@ -147,8 +167,11 @@ class ServedModel:
     """(signature, inputs) for one image and its clicks: `serve_iterative`
     with the previous mask when one is given and the export has it,
     `serving_default` otherwise."""
-    inputs = {sig.IMAGE: image, sig.POSITIVE_CLICKS: _clicks(positive),
-              sig.NEGATIVE_CLICKS: _clicks(negative)}
+    inputs = {
+      sig.IMAGE: image,
+      sig.POSITIVE_CLICKS: _clicks(positive),
+      sig.NEGATIVE_CLICKS: _clicks(negative),
+    }
     if previous is not None and self.takes(sig.SERVE_ITERATIVE, sig.PREVIOUS_MASK):
       return sig.SERVE_ITERATIVE, dict(inputs, **{sig.PREVIOUS_MASK: previous})
     return sig.SERVING_DEFAULT, inputs
@@ -158,21 +181,24 @@ class ServedModel:
     clicks, a batch of one: `serve_iterative_encoded` with the previous mask,
     `serve_encoded` otherwise. The outputs are PNG files [1] (`mask_bytes`,
     `probabilities_bytes`)."""
-    inputs = {sig.IMAGE_BYTES: [image_bytes], sig.POSITIVE_CLICKS: _clicks(positive)[None],
-              sig.NEGATIVE_CLICKS: _clicks(negative)[None]}
+    inputs = {
+      sig.IMAGE_BYTES: [image_bytes],
+      sig.POSITIVE_CLICKS: _clicks(positive)[None],
+      sig.NEGATIVE_CLICKS: _clicks(negative)[None],
+    }
     if previous is not None:
       return sig.SERVE_ITERATIVE_ENCODED, dict(inputs, **{sig.PREVIOUS_MASK: previous[None]})
     return sig.SERVE_ENCODED, inputs
 
-  def segment(self, image, positive, negative,
-              previous: Optional[object] = None) -> Dict[str, np.ndarray]:
+  def segment(
+    self, image, positive, negative, previous: Optional[object] = None
+  ) -> Dict[str, np.ndarray]:
     """A segmentation model's outputs for one image and its clicks (numpy)."""
     return self.predict(*self.segment_inputs(image, positive, negative, previous))
 
   def probabilities(self, image, positive, negative, previous=None) -> tf.Tensor:
     """float32 [H, W]: the object probabilities for one image and its clicks (a tensor)."""
-    return self.call(*self.segment_inputs(image, positive, negative, previous))[
-        sig.PROBABILITIES]
+    return self.call(*self.segment_inputs(image, positive, negative, previous))[sig.PROBABILITIES]
 
   def classify(self, image_bytes) -> Dict[str, np.ndarray]:
     """A classification model's outputs for encoded images [B]."""

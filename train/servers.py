@@ -15,8 +15,16 @@ from beam_prep.features import FeatureTable
 from beam_prep.preprocessing import decode_feature
 from train import clicker, graphs
 from train import signatures as sig
-from train.serving_inputs import (Example, image_decoder, model_inputs, raw_inputs, run_plan,
-                                  run_twins, serving_plan, serving_side)
+from train.serving_inputs import (
+  Example,
+  image_decoder,
+  model_inputs,
+  raw_inputs,
+  run_plan,
+  run_twins,
+  serving_plan,
+  serving_side,
+)
 
 
 def _outputs(prob: tf.Tensor) -> Dict[str, tf.Tensor]:
@@ -35,8 +43,10 @@ def _png_outputs(prob: tf.Tensor) -> Dict[str, tf.Tensor]:
   the protocol's mask (`_outputs`) as a PNG of 0 / 255, the probabilities as
   a PNG of grey levels round(p * 255)."""
   grey = tf.round(tf.clip_by_value(prob, 0.0, 1.0) * 255.0)
-  return {sig.MASK_BYTES: _png(_outputs(prob)[sig.MASK] * 255),
-          sig.PROBABILITIES_BYTES: _png(tf.cast(grey, tf.uint8))}
+  return {
+    sig.MASK_BYTES: _png(_outputs(prob)[sig.MASK] * 255),
+    sig.PROBABILITIES_BYTES: _png(tf.cast(grey, tf.uint8)),
+  }
 
 
 class _Server(tf.Module):
@@ -96,10 +106,12 @@ class SegmentationServer(_Server):
       positive_clicks, negative_clicks: int [N, 2], (x, y) in the image.
       previous_mask: bool [H, W], the previous prediction; all False: none.
     """
-    ex = {keys.IMAGE: image,
-          keys.POSITIVE_CLICKS: tf.cast(positive_clicks, tf.int64),
-          keys.NEGATIVE_CLICKS: tf.cast(negative_clicks, tf.int64),
-          keys.PREVIOUS_MASK: previous_mask}
+    ex = {
+      keys.IMAGE: image,
+      keys.POSITIVE_CLICKS: tf.cast(positive_clicks, tf.int64),
+      keys.NEGATIVE_CLICKS: tf.cast(negative_clicks, tf.int64),
+      keys.PREVIOUS_MASK: previous_mask,
+    }
     return self._source_probabilities(self._side.prepare(ex))
 
   def _source_probabilities(self, ex):
@@ -113,17 +125,24 @@ class SegmentationServer(_Server):
 
   def _serve(self, image, positive_clicks, negative_clicks, previous_mask):
     h, w = tf.shape(image)[0], tf.shape(image)[1]
-    with tf.control_dependencies([
+    with tf.control_dependencies(
+      [
         tf.debugging.assert_positive(h * w, message="image: the image is empty"),
-        tf.debugging.assert_positive(tf.shape(positive_clicks)[0],
-                                     message="positive_clicks: at least one positive click is "
-                                     "required"),
-        tf.debugging.assert_equal(tf.shape(previous_mask), tf.stack([h, w]),
-                                  message="previous_mask: must have the image's height and "
-                                  "width")]):
+        tf.debugging.assert_positive(
+          tf.shape(positive_clicks)[0],
+          message="positive_clicks: at least one positive click is required",
+        ),
+        tf.debugging.assert_equal(
+          tf.shape(previous_mask),
+          tf.stack([h, w]),
+          message="previous_mask: must have the image's height and width",
+        ),
+      ]
+    ):
       image = tf.identity(image)
-    prob = self.probabilities(image, positive_clicks, negative_clicks,
-                              tf.cast(previous_mask, tf.bool))
+    prob = self.probabilities(
+      image, positive_clicks, negative_clicks, tf.cast(previous_mask, tf.bool)
+    )
     return _outputs(prob)
 
   @graphs.function(input_signature=sig.specs(*sig.CLICK_INPUTS))
@@ -131,8 +150,9 @@ class SegmentationServer(_Server):
     """`serve_iterative` with no previous mask (all zeros): its graph, traced once
     for both signatures."""
     shape = tf.shape(image)
-    return self.serve_iterative(image, positive_clicks, negative_clicks,
-                                tf.zeros(shape[:2], tf.uint8))
+    return self.serve_iterative(
+      image, positive_clicks, negative_clicks, tf.zeros(shape[:2], tf.uint8)
+    )
 
   @graphs.function(input_signature=sig.specs(*sig.CLICK_INPUTS, sig.PREVIOUS_MASK))
   def serve_iterative(self, image, positive_clicks, negative_clicks, previous_mask):
@@ -142,15 +162,16 @@ class SegmentationServer(_Server):
   def serve_encoded(self, image_bytes, positive_clicks, negative_clicks):
     return self._serve_encoded(image_bytes, positive_clicks, negative_clicks)
 
-  @graphs.function(input_signature=sig.specs(*sig.ENCODED_CLICK_INPUTS, sig.PREVIOUS_MASK,
-                                             batch=True))
-  def serve_iterative_encoded(self, image_bytes, positive_clicks, negative_clicks,
-                              previous_mask):
+  @graphs.function(
+    input_signature=sig.specs(*sig.ENCODED_CLICK_INPUTS, sig.PREVIOUS_MASK, batch=True)
+  )
+  def serve_iterative_encoded(self, image_bytes, positive_clicks, negative_clicks, previous_mask):
     return self._serve_encoded(image_bytes, positive_clicks, negative_clicks, previous_mask)
 
   def _serve_encoded(self, image_bytes, positive_clicks, negative_clicks, previous_mask=None):
     """[B] encoded files, each decoded as the records' images were (the
-    decode op's twin, `image_decoder`: EXIF orientation applied), given to `serve` (no previous mask) or `serve_iterative`, the
+    decode op's twin, `image_decoder`: EXIF orientation applied), given to `serve` (no previous
+    mask) or `serve_iterative`, the
     array signatures' own functions, and its answer encoded as PNG files
     (`_png_outputs`). Each image keeps its own size."""
     n = tf.shape(image_bytes)[0]
@@ -168,33 +189,43 @@ class SegmentationServer(_Server):
         prob = self.serve_iterative(image, args[1], args[2], args[3])[sig.PROBABILITIES]
       return _png_outputs(prob)
 
-    with tf.control_dependencies([tf.debugging.assert_positive(
-        n, message=f"{sig.IMAGE_BYTES}: at least one image is required")]):
-      return tf.map_fn(one, elems, fn_output_signature={
-          k: tf.TensorSpec([], tf.string) for k in sig.ENCODED_OUTPUTS})
+    with tf.control_dependencies(
+      [
+        tf.debugging.assert_positive(
+          n, message=f"{sig.IMAGE_BYTES}: at least one image is required"
+        )
+      ]
+    ):
+      return tf.map_fn(
+        one,
+        elems,
+        fn_output_signature={k: tf.TensorSpec([], tf.string) for k in sig.ENCODED_OUTPUTS},
+      )
 
   @graphs.function(input_signature=sig.specs(sig.EXAMPLES, batch=True))
   def serve_examples(self, examples):
     """[B] serialized tf.Examples of one (object, variant) each, in the example
     view (`FeatureTable.encode`: raw `image` bytes and int64 click lists), not
     the job's records, which stack an object's variants."""
-    spec = self._table.raw_feature_spec(
-        [keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS])
+    spec = self._table.raw_feature_spec([keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS])
     parsed = tf.io.parse_example(examples, spec)
     clicks = {k: tf.RaggedTensor.from_sparse(parsed[k]) for k in sig.CLICKS}
     with tf.control_dependencies(self._example_checks(parsed[keys.IMAGE], clicks)):
-      images = decode_feature(parsed[keys.IMAGE], self._table[keys.IMAGE],
-                              self._table.image_size)
+      images = decode_feature(parsed[keys.IMAGE], self._table[keys.IMAGE], self._table.image_size)
 
     def one(args):
       image, pos, neg = args
-      ex = {keys.IMAGE: image, keys.POSITIVE_CLICKS: tf.reshape(pos, [-1, 2]),
-            keys.NEGATIVE_CLICKS: tf.reshape(neg, [-1, 2])}
+      ex = {
+        keys.IMAGE: image,
+        keys.POSITIVE_CLICKS: tf.reshape(pos, [-1, 2]),
+        keys.NEGATIVE_CLICKS: tf.reshape(neg, [-1, 2]),
+      }
       ex.update(self._side.frame())
       return self.raw_model_input(ex)
 
-    raw = self.batched_raw((images, clicks[keys.POSITIVE_CLICKS],
-                            clicks[keys.NEGATIVE_CLICKS]), one)
+    raw = self.batched_raw(
+      (images, clicks[keys.POSITIVE_CLICKS], clicks[keys.NEGATIVE_CLICKS]), one
+    )
     prob = self._predict(self.model_input(raw))
     return _outputs(prob)
 
@@ -204,24 +235,36 @@ class SegmentationServer(_Server):
     h, w = self._table.image_size
     size = self._table.example_view[keys.IMAGE].stored_bytes(self._table.image_size)
     where = f"{sig.EXAMPLES}: feature"
-    checks = [tf.debugging.assert_equal(
-        tf.strings.length(image), size,
+    checks = [
+      tf.debugging.assert_equal(
+        tf.strings.length(image),
+        size,
         message=f"{where} '{keys.IMAGE}' must hold the raw bytes of uint8 [{h}, {w}, 3], the "
-        f"records' size ({size} bytes, as FeatureTable.encode writes it)"),
-              tf.debugging.assert_positive(
+        f"records' size ({size} bytes, as FeatureTable.encode writes it)",
+      ),
+      tf.debugging.assert_positive(
         clicks[keys.POSITIVE_CLICKS].row_lengths(),
-        message=f"{where} '{keys.POSITIVE_CLICKS}': each example needs a positive click")]
+        message=f"{where} '{keys.POSITIVE_CLICKS}': each example needs a positive click",
+      ),
+    ]
     for k, c in clicks.items():
-      checks.append(tf.debugging.assert_equal(
-          c.row_lengths() % 2, tf.constant(0, tf.int64),
-          message=f"{where} '{k}' must hold (x, y) pairs: an even number of values"))
+      checks.append(
+        tf.debugging.assert_equal(
+          c.row_lengths() % 2,
+          tf.constant(0, tf.int64),
+          message=f"{where} '{k}' must hold (x, y) pairs: an even number of values",
+        )
+      )
     return checks
 
   def signatures(self):
-    return {sig.SERVING_DEFAULT: self.serve, sig.SERVE_ITERATIVE: self.serve_iterative,
-            sig.SERVE_ENCODED: self.serve_encoded,
-            sig.SERVE_ITERATIVE_ENCODED: self.serve_iterative_encoded,
-            sig.SERVE_EXAMPLES: self.serve_examples}
+    return {
+      sig.SERVING_DEFAULT: self.serve,
+      sig.SERVE_ITERATIVE: self.serve_iterative,
+      sig.SERVE_ENCODED: self.serve_encoded,
+      sig.SERVE_ITERATIVE_ENCODED: self.serve_iterative_encoded,
+      sig.SERVE_EXAMPLES: self.serve_examples,
+    }
 
 
 class ClassificationServer(_Server):
@@ -233,13 +276,14 @@ class ClassificationServer(_Server):
 
   @graphs.function(input_signature=sig.specs(sig.IMAGE_BYTES, batch=True))
   def serve(self, image_bytes):
-    raw = self.batched_raw(image_bytes,
-                            lambda data: self.raw_model_input({keys.IMAGE_BYTES: data}))
+    raw = self.batched_raw(image_bytes, lambda data: self.raw_model_input({keys.IMAGE_BYTES: data}))
     logits = self.model(self.model_input(raw), training=False)
     prob = tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)
-    return {sig.PROBABILITIES: prob,
-            sig.LABEL: tf.gather(self.classes, tf.argmax(prob, axis=-1)),
-            sig.CLASSES: self.classes}
+    return {
+      sig.PROBABILITIES: prob,
+      sig.LABEL: tf.gather(self.classes, tf.argmax(prob, axis=-1)),
+      sig.CLASSES: self.classes,
+    }
 
   def signatures(self):
     return {sig.SERVING_DEFAULT: self.serve}

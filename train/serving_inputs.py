@@ -51,8 +51,9 @@ def to_raw_bytes(x: tf.Tensor) -> tf.Tensor:
   return tf.strings.reduce_join(tf.gather(table, tf.reshape(tf.cast(x, tf.int32), [-1])))
 
 
-def probe_inputs(table: FeatureTable, transform_keys, batch: int,
-                 fill: Dict[str, Sequence[Union[int, bytes]]]) -> Dict[str, tf.Tensor]:
+def probe_inputs(
+  table: FeatureTable, transform_keys, batch: int, fill: Dict[str, Sequence[Union[int, bytes]]]
+) -> Dict[str, tf.Tensor]:
   """Raw inputs of the transform for `batch` made-up examples, to ask it what
   it does: example i of each per-pixel feature `key` of `fill` holds
   `fill[key][i]`, its raw bytes, or an int repeated at every byte; every other
@@ -63,11 +64,13 @@ def probe_inputs(table: FeatureTable, transform_keys, batch: int,
     if e.feature.per_pixel:
       size = e.stored_bytes(table.image_size)
       values = fill.get(key, [0] * batch)
-      out[key] = tf.constant([v if isinstance(v, bytes) else bytes([int(v)]) * size
-                              for v in values])
+      out[key] = tf.constant(
+        [v if isinstance(v, bytes) else bytes([int(v)]) * size for v in values]
+      )
     elif isinstance(spec, tf.io.VarLenFeature):
-      out[key] = tf.sparse.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], spec.dtype),
-                                        [batch, 0])
+      out[key] = tf.sparse.SparseTensor(
+        tf.zeros([0, 2], tf.int64), tf.zeros([0], spec.dtype), [batch, 0]
+      )
     else:
       out[key] = tf.zeros([batch, *spec.shape], spec.dtype)
   return out
@@ -83,8 +86,9 @@ def _import_ops(table: FeatureTable) -> None:
     registry.import_ops_modules(table.ops_module)
   except ImportError as e:
     raise ServingPlanError(
-        f"features.json names the ops module {table.ops_module!r}, which cannot be imported "
-        f"({e}); put it on PYTHONPATH so the serving graph can use its ops' twins") from None
+      f"features.json names the ops module {table.ops_module!r}, which cannot be imported "
+      f"({e}); put it on PYTHONPATH so the serving graph can use its ops' twins"
+    ) from None
 
 
 def serving_plan(table: FeatureTable) -> List[Tuple[str, Callable[[Example], Example]]]:
@@ -108,12 +112,13 @@ def serving_plan(table: FeatureTable) -> List[Tuple[str, Callable[[Example], Exa
     twin = registry.build_twin(spec)
     if twin is None:
       raise ServingPlanError(
-          f"op {spec.name!r} produces the model input(s) {', '.join(touched)} but has no "
-          f"TensorFlow twin, so the serving graph cannot compute what the records hold. Give "
-          f"it one: register_op({spec.name!r}, produces=..., twin=fn) with fn(example, "
-          f"*args) doing the same on one example's tensors; or declare those features "
-          f"with role='metadata' if the model does not need them at serving time; or train "
-          f"with --no-export, which writes no serving model.")
+        f"op {spec.name!r} produces the model input(s) {', '.join(touched)} but has no "
+        f"TensorFlow twin, so the serving graph cannot compute what the records hold. Give "
+        f"it one: register_op({spec.name!r}, produces=..., twin=fn) with fn(example, "
+        f"*args) doing the same on one example's tensors; or declare those features "
+        f"with role='metadata' if the model does not need them at serving time; or train "
+        f"with --no-export, which writes no serving model."
+      )
     plan.append((str(spec), twin))
   return plan
 
@@ -128,13 +133,16 @@ def image_decoder(table: FeatureTable) -> Callable[[tf.Tensor], tf.Tensor]:
   """
   _import_ops(table)
   for spec in registry.parse_chain(table.chain):
-    twin = (registry.build_twin(spec)
-            if keys.IMAGE_BYTES in registry.op_entry(spec.name).reads else None)
+    twin = (
+      registry.build_twin(spec) if keys.IMAGE_BYTES in registry.op_entry(spec.name).reads else None
+    )
     if twin is not None:
       return lambda data: twin({keys.IMAGE_BYTES: data})[keys.IMAGE]
-  raise ServingPlanError(f"no op of the chain ({table.chain}) decodes {keys.IMAGE_BYTES!r} "
-                         "with a TensorFlow twin, so the encoded-image signatures cannot "
-                         "decode a file")
+  raise ServingPlanError(
+    f"no op of the chain ({table.chain}) decodes {keys.IMAGE_BYTES!r} "
+    "with a TensorFlow twin, so the encoded-image signatures cannot "
+    "decode a file"
+  )
 
 
 def serving_side(table: FeatureTable) -> ServingSide:
@@ -146,12 +154,18 @@ def serving_side(table: FeatureTable) -> ServingSide:
       the ops module cannot be imported.
   """
   _import_ops(table)
-  sides = [(str(spec), side) for spec in registry.parse_chain(table.chain)
-           for side in [registry.build_serving(spec)] if side is not None]
+  sides = [
+    (str(spec), side)
+    for spec in registry.parse_chain(table.chain)
+    for side in [registry.build_serving(spec)]
+    if side is not None
+  ]
   if len(sides) > 1:
-    raise ServingPlanError(f"ops {', '.join(name for name, _ in sides)} each change the "
-                           "image's geometry; the serving graph places a prediction back "
-                           "through one")
+    raise ServingPlanError(
+      f"ops {', '.join(name for name, _ in sides)} each change the "
+      "image's geometry; the serving graph places a prediction back "
+      "through one"
+    )
   return sides[0][1] if sides else ServingSide()
 
 
@@ -172,11 +186,14 @@ def raw_inputs(table: FeatureTable, ex: Example) -> Dict[str, tf.Tensor]:
   out = {}
   for e in table.model_inputs:
     if e.key not in ex:
-      raise ServingPlanError(f"the serving graph has no {e.key!r} after the chain's twins "
-                             f"(declared by op {e.op!r})")
+      raise ServingPlanError(
+        f"the serving graph has no {e.key!r} after the chain's twins (declared by op {e.op!r})"
+      )
     value = ex[e.key]
     if value.dtype != tf.as_dtype(e.feature.dtype):
-      raise ServingPlanError(f"the twin of op {e.op!r} gives {e.key!r} as {value.dtype.name}; "
-                             f"features.json declares {e.feature.dtype}")
+      raise ServingPlanError(
+        f"the twin of op {e.op!r} gives {e.key!r} as {value.dtype.name}; "
+        f"features.json declares {e.feature.dtype}"
+      )
     out[e.key] = to_raw_bytes(value)
   return out

@@ -53,12 +53,12 @@ LABEL = "label"
 CLASSES = "classes"
 
 _SPECS = {
-    IMAGE: tf.TensorSpec([None, None, 3], tf.uint8, name=IMAGE),
-    POSITIVE_CLICKS: tf.TensorSpec([None, 2], tf.int32, name=POSITIVE_CLICKS),
-    NEGATIVE_CLICKS: tf.TensorSpec([None, 2], tf.int32, name=NEGATIVE_CLICKS),
-    PREVIOUS_MASK: tf.TensorSpec([None, None], tf.uint8, name=PREVIOUS_MASK),
-    EXAMPLES: tf.TensorSpec([], tf.string, name=EXAMPLES),
-    IMAGE_BYTES: tf.TensorSpec([], tf.string, name=IMAGE_BYTES),
+  IMAGE: tf.TensorSpec([None, None, 3], tf.uint8, name=IMAGE),
+  POSITIVE_CLICKS: tf.TensorSpec([None, 2], tf.int32, name=POSITIVE_CLICKS),
+  NEGATIVE_CLICKS: tf.TensorSpec([None, 2], tf.int32, name=NEGATIVE_CLICKS),
+  PREVIOUS_MASK: tf.TensorSpec([None, None], tf.uint8, name=PREVIOUS_MASK),
+  EXAMPLES: tf.TensorSpec([], tf.string, name=EXAMPLES),
+  IMAGE_BYTES: tf.TensorSpec([], tf.string, name=IMAGE_BYTES),
 }
 
 # The inputs that carry clicks, one [x, y] row each (the server caps their
@@ -75,8 +75,7 @@ def specs(*names: str, batch: bool = False):
   with `batch`, each with a first dimension of any size in front."""
   if not batch:
     return [_SPECS[n] for n in names]
-  return [tf.TensorSpec([None] + _SPECS[n].shape.as_list(), _SPECS[n].dtype, name=n)
-          for n in names]
+  return [tf.TensorSpec([None] + _SPECS[n].shape.as_list(), _SPECS[n].dtype, name=n) for n in names]
 
 
 def takes(inputs, *names: str) -> bool:

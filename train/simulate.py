@@ -34,9 +34,12 @@ class Annotator:
     """POSTs JSON (or one file as a multipart upload); the JSON answer."""
     import urllib.error  # pylint: disable=g-import-not-at-top
     import urllib.request  # pylint: disable=g-import-not-at-top
+
     if upload:
-      data = (b'--b\r\nContent-Disposition: form-data; name="file"; filename="image.png"\r\n'
-              b"Content-Type: image/png\r\n\r\n" + upload + b"\r\n--b--\r\n")
+      data = (
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="image.png"\r\n'
+        b"Content-Type: image/png\r\n\r\n" + upload + b"\r\n--b--\r\n"
+      )
       kind = "multipart/form-data; boundary=b"
     else:
       data, kind = json.dumps(body).encode("utf-8"), "application/json"
@@ -50,6 +53,7 @@ class Annotator:
   def label_image(self, image: np.ndarray, objects: List[Dict[str, Any]]) -> List[Dict]:
     """Labels each object of one image in turn; saves the image's objects."""
     from beam_prep.drawing import png  # pylint: disable=g-import-not-at-top
+
     key = self._post("/page/upload", upload=png(image))["id"]
     results, saved = [], []
     for obj in objects:
@@ -65,6 +69,7 @@ class Annotator:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from train import clicker  # pylint: disable=g-import-not-at-top
     from train.serve.page import DEFAULT_LEVEL  # pylint: disable=g-import-not-at-top
+
     pos, neg, prob, ious, version = [], [], None, [], None
     pred = np.zeros(label.shape, bool)
     while len(ious) < MAX_CLICKS:
@@ -75,8 +80,9 @@ class Annotator:
       if not pos:
         break  # An object with no pixel: nothing to click on.
       t = time.time()
-      out = self._post("/page/segment", {"id": key, "positive": pos, "negative": neg,
-                                         "previous": prob})
+      out = self._post(
+        "/page/segment", {"id": key, "positive": pos, "negative": neg, "previous": prob}
+      )
       self.latencies.append((t, 1000 * (time.time() - t)))
       prob, version = out["probabilities"], out["version"]
       pred = _levels(prob) >= DEFAULT_LEVEL
@@ -84,14 +90,22 @@ class Annotator:
       if ious[-1] >= TARGET_IOU:
         break
     clicks = len(ious) if ious and ious[-1] >= TARGET_IOU else MAX_CLICKS
-    kept = ({"probabilities": prob, "positive": pos, "negative": neg, "version": version}
-            if prob is not None and pred.any() else None)
-    return {"clicks": clicks, "iou_at_1": ious[0] if ious else 0.0,
-            "label_iou": ious[-1] if ious else 0.0, "version": version}, kept
+    kept = (
+      {"probabilities": prob, "positive": pos, "negative": neg, "version": version}
+      if prob is not None and pred.any()
+      else None
+    )
+    return {
+      "clicks": clicks,
+      "iou_at_1": ious[0] if ious else 0.0,
+      "label_iou": ious[-1] if ious else 0.0,
+      "version": version,
+    }, kept
 
 
 def _levels(data_url: str) -> np.ndarray:
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   return np.asarray(Image.open(io.BytesIO(base64.b64decode(data_url.split(",", 1)[1]))))
 
 
@@ -113,12 +127,19 @@ def source_objects(prep_dir: str) -> List[Dict[str, Any]]:
   image, label (uint8: 1 object, 0 background, 255 ignore)}."""
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   from train.source_eval import object_labels, source_images  # pylint: disable=g-import-not-at-top
+
   found = []
   for record in source_images(PrepOutput(prep_dir)):
     ids, labels, _ = object_labels(record[keys.INSTANCE_MASK])
     for oid, label in zip(ids, labels):
-      found.append({"image_id": record[keys.IMAGE_ID], "object_id": int(oid),
-                    "image": record[keys.IMAGE], "label": label})
+      found.append(
+        {
+          "image_id": record[keys.IMAGE_ID],
+          "object_id": int(oid),
+          "image": record[keys.IMAGE],
+          "label": label,
+        }
+      )
   return sorted(found, key=lambda o: (o["image_id"], o["object_id"]))
 
 

@@ -43,6 +43,7 @@ class ServedPredictor:
   `serving_default` for an export without it. With `flip`, each prediction
   is the mean of the image's and its mirror's (clicks and previous mask
   mirrored too), mirrored back."""
+
   uses_previous_mask = True
 
   def __init__(self, model: str, flip: bool = False):
@@ -52,8 +53,9 @@ class ServedPredictor:
     self.flip = flip
 
   def __call__(self, images, clicks, kinds, previous):
-    probabilities = flip_averaged(self.model.probabilities) if self.flip else (
-        self.model.probabilities)
+    probabilities = (
+      flip_averaged(self.model.probabilities) if self.flip else (self.model.probabilities)
+    )
     return noc.logits_per_image(probabilities, images, clicks, kinds, previous)
 
   def extras(self) -> Dict[str, Any]:
@@ -62,9 +64,11 @@ class ServedPredictor:
     (its features.json; None: a bare export), and flip averaging."""
     table = _trained_table(self.path)
     inputs = None if table is None else table.keys("model_input")
-    return {"previous_mask_input": None if table is None else keys.PREV_MASK in inputs,
-            "zoom_in": None if table is None else "crop_objects" in table.chain,
-            "flip_averaging": self.flip}
+    return {
+      "previous_mask_input": None if table is None else keys.PREV_MASK in inputs,
+      "zoom_in": None if table is None else "crop_objects" in table.chain,
+      "flip_averaging": self.flip,
+    }
 
 
 def flip_averaged(probabilities):
@@ -78,8 +82,12 @@ def flip_averaged(probabilities):
 
   def averaged(image, positive, negative, previous):
     w = tf.shape(image)[1]
-    mirrored = probabilities(tf.reverse(image, [1]), mirror_clicks(positive, w),
-                             mirror_clicks(negative, w), tf.reverse(previous, [1]))
+    mirrored = probabilities(
+      tf.reverse(image, [1]),
+      mirror_clicks(positive, w),
+      mirror_clicks(negative, w),
+      tf.reverse(previous, [1]),
+    )
     return (probabilities(image, positive, negative, previous) + tf.reverse(mirrored, [1])) / 2
 
   return averaged
@@ -89,6 +97,7 @@ def _trained_table(export_path: str):
   """The FeatureTable of the model dir an export sits in (MODEL/export/<version>), or None."""
   import os  # pylint: disable=g-import-not-at-top
   from beam_prep.features import FEATURES_FILE, FeatureTable  # pylint: disable=g-import-not-at-top
+
   model_dir = os.path.dirname(os.path.dirname(os.path.abspath(export_path)))
   if not os.path.exists(os.path.join(model_dir, FEATURES_FILE)):
     return None
@@ -105,15 +114,17 @@ def source_images(prep: PrepOutput) -> Iterator[Dict[str, Any]]:
   files = prep.files(source_records.SPLIT)
   if not files or not prep.has_records(source_records.SPLIT):
     raise FileNotFoundError(
-        f"{prep.path} has no source records ({keys.RECORDS_DIR}/{source_records.SPLIT}-*): "
-        "they are written for the eval split by beam-prep segmentation (--eval-percent N; "
-        "100 for a whole benchmark set)")
+      f"{prep.path} has no source records ({keys.RECORDS_DIR}/{source_records.SPLIT}-*): "
+      "they are written for the eval split by beam-prep segmentation (--eval-percent N; "
+      "100 for a whole benchmark set)"
+    )
   for serialized in prep.dataset(source_records.SPLIT):
     yield source_records.decode(serialized.numpy())
 
 
-def object_labels(instance_mask: np.ndarray, min_area: int = 0
-                  ) -> Tuple[List[int], np.ndarray, List[int]]:
+def object_labels(
+  instance_mask: np.ndarray, min_area: int = 0
+) -> Tuple[List[int], np.ndarray, List[int]]:
   """(object ids, labels uint8 [N, H, W]: 1 the object, 0 background, IGNORE
   kept, and the ids of objects under `min_area` pixels, left out)."""
   areas = instance_areas(instance_mask)
@@ -123,8 +134,11 @@ def object_labels(instance_mask: np.ndarray, min_area: int = 0
     present = []
   small = [i for i in present if areas[i] < min_area]
   ids = [i for i in present if areas[i] >= min_area]
-  labels = np.stack([object_label(instance_mask, i) for i in ids]) if ids else np.zeros(
-      (0,) + instance_mask.shape, np.uint8)
+  labels = (
+    np.stack([object_label(instance_mask, i) for i in ids])
+    if ids
+    else np.zeros((0,) + instance_mask.shape, np.uint8)
+  )
   return ids, labels, small
 
 
@@ -134,9 +148,16 @@ def _batches(n: int, pixels: int) -> Iterator[slice]:
     yield slice(start, min(start + size, n))
 
 
-def run(prep: PrepOutput, predictors: Dict[str, Any], max_clicks: int,
-        thresholds: Sequence[float], pred_thr: float, max_objects: int = 0,
-        min_area: int = 0, skipped: Optional[List[Dict[str, Any]]] = None):
+def run(
+  prep: PrepOutput,
+  predictors: Dict[str, Any],
+  max_clicks: int,
+  thresholds: Sequence[float],
+  pred_thr: float,
+  max_objects: int = 0,
+  min_area: int = 0,
+  skipped: Optional[List[Dict[str, Any]]] = None,
+):
   """The loop of each predictor over every object -> (per-object rows, scores
   by predictor); objects under `min_area` pixels are appended to `skipped`."""
   loops = {name: noc.ClickLoop(p, None, max_clicks, pred_thr) for name, p in predictors.items()}
@@ -146,7 +167,10 @@ def run(prep: PrepOutput, predictors: Dict[str, Any], max_clicks: int,
     if skipped is not None:
       skipped += [{"image_id": image[keys.IMAGE_ID], "object_id": i} for i in small]
     if max_objects:
-      ids, labels = ids[:max(max_objects - len(rows), 0)], labels[:max(max_objects - len(rows), 0)]
+      ids, labels = (
+        ids[: max(max_objects - len(rows), 0)],
+        labels[: max(max_objects - len(rows), 0)],
+      )
     h, w = labels.shape[1:]
     images = np.broadcast_to(image[keys.IMAGE], (len(ids), h, w, 3))
     got = {name: [] for name in predictors}
@@ -156,23 +180,38 @@ def run(prep: PrepOutput, predictors: Dict[str, Any], max_clicks: int,
     for name in predictors:
       s = np.concatenate(got[name]) if got[name] else np.zeros((0, max_clicks), np.float32)
       scores[name].append(s)
-    nocs = {name: {noc.noc_key(t): noc.object_noc(scores[name][-1], t)
-                   for t in thresholds} for name in predictors}
+    nocs = {
+      name: {noc.noc_key(t): noc.object_noc(scores[name][-1], t) for t in thresholds}
+      for name in predictors
+    }
     for i, object_id in enumerate(ids):
-      rows.append({"image_id": image[keys.IMAGE_ID], "object_id": object_id, "height": h,
-                   "width": w, **{name: {k: int(v[i]) for k, v in by_t.items()}
-                                  for name, by_t in nocs.items()}})
+      rows.append(
+        {
+          "image_id": image[keys.IMAGE_ID],
+          "object_id": object_id,
+          "height": h,
+          "width": w,
+          **{name: {k: int(v[i]) for k, v in by_t.items()} for name, by_t in nocs.items()},
+        }
+      )
     if max_objects and len(rows) >= max_objects:
       break
-  return rows, {name: np.concatenate(v) if v else np.zeros((0, max_clicks)) for name, v in
-                scores.items()}
+  return rows, {
+    name: np.concatenate(v) if v else np.zeros((0, max_clicks)) for name, v in scores.items()
+  }
 
 
-def evaluate(prep: PrepOutput, out_dir: str, model: Optional[str] = None,
-             max_clicks: int = keys.NOC_MAX_CLICKS,
-             thresholds: Sequence[float] = keys.NOC_IOU_THRESHOLDS,
-             pred_thr: float = clicker.PRED_THR, max_objects: int = 0,
-             min_area: int = 0, flip: bool = False) -> Dict[str, Any]:
+def evaluate(
+  prep: PrepOutput,
+  out_dir: str,
+  model: Optional[str] = None,
+  max_clicks: int = keys.NOC_MAX_CLICKS,
+  thresholds: Sequence[float] = keys.NOC_IOU_THRESHOLDS,
+  pred_thr: float = clicker.PRED_THR,
+  max_objects: int = 0,
+  min_area: int = 0,
+  flip: bool = False,
+) -> Dict[str, Any]:
   """NoC at source resolution of `model` (an export or a model dir; None: the
   baseline alone) and of the nearest-click baseline; writes OUT_DIR/noc.json
   and the IoU-by-clicks plot. Returns the report.
@@ -189,20 +228,30 @@ def evaluate(prep: PrepOutput, out_dir: str, model: Optional[str] = None,
     predictors["model"] = served
   predictors["baseline"] = clicker.baseline_logits
   skipped: List[Dict[str, Any]] = []
-  rows, scores = run(prep, predictors, max_clicks, thresholds, pred_thr, max_objects, min_area,
-                     skipped)
+  rows, scores = run(
+    prep, predictors, max_clicks, thresholds, pred_thr, max_objects, min_area, skipped
+  )
   if not rows:
-    raise FileNotFoundError(f"{prep.path}: its source records hold no object" + (
-        f" of --min-area {min_area} pixels or more ({len(skipped)} smaller)" if skipped else ""))
+    raise FileNotFoundError(
+      f"{prep.path}: its source records hold no object"
+      + (f" of --min-area {min_area} pixels or more ({len(skipped)} smaller)" if skipped else "")
+    )
   report: Dict[str, Any] = {
-      "protocol": noc.PROTOCOL, "pred_thr": pred_thr, "thresholds": list(thresholds),
-      "resolution": "source", "data": prep.path,
-      "model_path": served.path if model else None, "versions": library_versions(),
-      "extras": served.extras() if model else {},
-      "min_area": min_area, "skipped_objects": skipped}
+    "protocol": noc.PROTOCOL,
+    "pred_thr": pred_thr,
+    "thresholds": list(thresholds),
+    "resolution": "source",
+    "data": prep.path,
+    "model_path": served.path if model else None,
+    "versions": library_versions(),
+    "extras": served.extras() if model else {},
+    "min_area": min_area,
+    "skipped_objects": skipped,
+  }
   for name, s in scores.items():
     report[name] = noc.summarize(s, thresholds)
   report["objects"] = rows
-  noc.write_report(report, {name: s.mean(axis=0) for name, s in scores.items()}, out_dir,
-                   summary_dir=None, step=0)
+  noc.write_report(
+    report, {name: s.mean(axis=0) for name, s in scores.items()}, out_dir, summary_dir=None, step=0
+  )
   return report

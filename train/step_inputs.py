@@ -56,6 +56,7 @@ class ClickInput:
     (`lookup_tables`), which `add_click` looks its result up in (set by
     `exact`; None until then).
   """
+
   key: str
   op: str
   offset: int
@@ -76,19 +77,23 @@ def click_inputs(table: FeatureTable) -> List[ClickInput]:
     op = registry.op_entry(e.op)
     if set(CLICK_KEYS) & set(op.reads or ()) and not set(CLICK_KEYS) & set(op.produces):
       scale = None if e.feature.normalize == "standardize" else (e.feature.scale or 1.0)
-      out.append(ClickInput(e.key, e.op, offset, e.feature.channels, scale,
-                            registry.build_add_click(specs[e.op])))
+      out.append(
+        ClickInput(
+          e.key, e.op, offset, e.feature.channels, scale, registry.build_add_click(specs[e.op])
+        )
+      )
     offset += e.feature.channels
   return out
 
 
 def put(x: tf.Tensor, offset: int, channels: int, value: tf.Tensor) -> tf.Tensor:
   """`x` [B, H, W, C] with channels offset:offset + channels replaced by `value`."""
-  return tf.concat([x[..., :offset], value, x[..., offset + channels:]], axis=-1)
+  return tf.concat([x[..., :offset], value, x[..., offset + channels :]], axis=-1)
 
 
-def exact(inputs: List[ClickInput], transform: Callable, table: FeatureTable,
-          transform_keys: List[str]) -> List[ClickInput]:
+def exact(
+  inputs: List[ClickInput], transform: Callable, table: FeatureTable, transform_keys: List[str]
+) -> List[ClickInput]:
   """`inputs`, each with the table of its transform (`lookup_tables`), so that
   `add_click` gives the very value the transform gives the op's map of all
   clicks: the raw value is its model value times `scale`, rounded (checked
@@ -103,10 +108,13 @@ def exact(inputs: List[ClickInput], transform: Callable, table: FeatureTable,
   out = []
   for c in inputs:
     lut = luts[c.key]
-    if lut is None or not np.array_equal(np.round(lut * c.scale),
-                                         np.repeat(np.arange(256.0)[:, None], c.channels, 1)):
-      raise ValueError(f"model input {c.key!r}: the transform is not its raw value / "
-                       f"{c.scale:g}, pixel by pixel, so one more click cannot update it")
+    if lut is None or not np.array_equal(
+      np.round(lut * c.scale), np.repeat(np.arange(256.0)[:, None], c.channels, 1)
+    ):
+      raise ValueError(
+        f"model input {c.key!r}: the transform is not its raw value / "
+        f"{c.scale:g}, pixel by pixel, so one more click cannot update it"
+      )
     out.append(dataclasses.replace(c, lut=lut))
   return out
 
@@ -115,7 +123,7 @@ def add_click(x: tf.Tensor, inputs: List[ClickInput], xy, positive, valid) -> tf
   """The model input `x` with one more click in each of `inputs`, where
   `valid` [B] (the others keep theirs); `inputs` come from `exact`."""
   for c in inputs:
-    value = x[..., c.offset:c.offset + c.channels]
+    value = x[..., c.offset : c.offset + c.channels]
     raw = c.add(tf.round(tf.cast(value, tf.float32) * c.scale), xy, positive)
     at = tf.cast(raw, tf.int32) * c.channels + tf.range(c.channels)
     new = tf.cast(tf.gather(c.lut.reshape(-1), at), x.dtype)
@@ -171,8 +179,7 @@ class StepInputs:
       luts = lookup_tables(table, transform, transform_keys, [c for c, _ in candidates])
       for c, value in candidates:
         if luts[c.key] is None:
-          self.read_from_records[c.key] = ("the transform does not map each pixel by its "
-                                           "own value")
+          self.read_from_records[c.key] = "the transform does not map each pixel by its own value"
           continue
         self._drawn.append(c)
         self._twins.append(self._twin(c.key))
@@ -201,13 +208,20 @@ class StepInputs:
     if not set(CLICK_KEYS) <= set(table.keys()):
       return "the records hold no clicks"
     order = [s.name for s in self._chain]
-    last = {k: max((i for i, name in enumerate(order) if name == table[k].op), default=-1)
-            for k in (c.key, *CLICK_KEYS)}
+    last = {
+      k: max((i for i, name in enumerate(order) if name == table[k].op), default=-1)
+      for k in (c.key, *CLICK_KEYS)
+    }
     later = [table[k].op for k in CLICK_KEYS if last[k] > last[c.key]]
-    return (f"it is {table[c.key].feature.dtype}, not uint8"
-            if table[c.key].feature.dtype != "uint8" else
-            f"op {later[0]!r} changes the clicks after op {c.op!r} encoded them" if later else
-            f"op {c.op!r} has no twin" if self._twin(c.key) is None else "")
+    return (
+      f"it is {table[c.key].feature.dtype}, not uint8"
+      if table[c.key].feature.dtype != "uint8"
+      else f"op {later[0]!r} changes the clicks after op {c.op!r} encoded them"
+      if later
+      else f"op {c.op!r} has no twin"
+      if self._twin(c.key) is None
+      else ""
+    )
 
   def _twin(self, key: str):
     spec = [s for s in self._chain if s.name == self._table[key].op]
@@ -221,9 +235,11 @@ class StepInputs:
     if twin is None:
       return None
     with tf.init_scope():
-      ex = {keys.IMAGE: tf.zeros([h, w, 3], tf.uint8),
-            keys.POSITIVE_CLICKS: tf.zeros([0, 2], tf.int64),
-            keys.NEGATIVE_CLICKS: tf.zeros([0, 2], tf.int64)}
+      ex = {
+        keys.IMAGE: tf.zeros([h, w, 3], tf.uint8),
+        keys.POSITIVE_CLICKS: tf.zeros([0, 2], tf.int64),
+        keys.NEGATIVE_CLICKS: tf.zeros([0, 2], tf.int64),
+      }
       try:
         value = np.asarray(twin(ex)[key])
       except (KeyError, ValueError, TypeError, tf.errors.OpError):
@@ -244,17 +260,22 @@ class StepInputs:
       return x
     h, w = self._table.image_size
     image = tf.zeros([h, w, 3], tf.uint8)  # Its size is all the twins read of it.
-    specs = [tf.TensorSpec(self._table[self._drawn[i].key].shape((h, w)), tf.uint8)
-             for i in drawn]
+    specs = [tf.TensorSpec(self._table[self._drawn[i].key].shape((h, w)), tf.uint8) for i in drawn]
 
     def one(clicks):
-      ex = {keys.IMAGE: image, keys.POSITIVE_CLICKS: tf.reshape(clicks[0], [-1, 2]),
-            keys.NEGATIVE_CLICKS: tf.reshape(clicks[1], [-1, 2])}
-      return [tf.reshape(self._twins[i](ex)[self._drawn[i].key], spec.shape)
-              for i, spec in zip(drawn, specs)]
+      ex = {
+        keys.IMAGE: image,
+        keys.POSITIVE_CLICKS: tf.reshape(clicks[0], [-1, 2]),
+        keys.NEGATIVE_CLICKS: tf.reshape(clicks[1], [-1, 2]),
+      }
+      return [
+        tf.reshape(self._twins[i](ex)[self._drawn[i].key], spec.shape)
+        for i, spec in zip(drawn, specs)
+      ]
 
-    maps = tf.map_fn(one, tuple(tf.RaggedTensor.from_sparse(raw[k]) for k in CLICK_KEYS),
-                     fn_output_signature=specs)
+    maps = tf.map_fn(
+      one, tuple(tf.RaggedTensor.from_sparse(raw[k]) for k in CLICK_KEYS), fn_output_signature=specs
+    )
     for i, m in zip(drawn, maps):
       c = self._drawn[i]
       at = tf.cast(m, tf.int32) * c.channels + tf.range(c.channels)
@@ -262,8 +283,9 @@ class StepInputs:
     return x
 
 
-def lookup_tables(table: FeatureTable, transform: Callable, transform_keys: List[str],
-                   inputs: List[ClickInput]) -> Dict[str, Optional[np.ndarray]]:
+def lookup_tables(
+  table: FeatureTable, transform: Callable, transform_keys: List[str], inputs: List[ClickInput]
+) -> Dict[str, Optional[np.ndarray]]:
   """{key: what the transform gives each uint8 value of each channel,
   float32 [256, C]; None when it is not a function of the pixel's own value}.
 
@@ -277,8 +299,9 @@ def lookup_tables(table: FeatureTable, transform: Callable, transform_keys: List
   return {c.key: known[(c.key, table.image_size)] for c in inputs}
 
 
-def _probe(table: FeatureTable, transform: Callable, transform_keys: List[str],
-           inputs: List[ClickInput]) -> Dict[str, Optional[np.ndarray]]:
+def _probe(
+  table: FeatureTable, transform: Callable, transform_keys: List[str], inputs: List[ClickInput]
+) -> Dict[str, Optional[np.ndarray]]:
   """`lookup_tables` of `inputs`, asking the transform: one batch where
   example v holds v at every pixel (v = 0..255), the last one every value in
   turn, pixel after pixel, which must map through the table.
@@ -290,9 +313,8 @@ def _probe(table: FeatureTable, transform: Callable, transform_keys: List[str],
     # In chunks: the eager transform's time grows faster than its batch (at
     # 128 px, 257 examples at once took 22 s, in chunks of 16 about 2 s).
     for start in range(0, 257, PROBE_CHUNK):
-      chunk = {k: v[start:start + PROBE_CHUNK] for k, v in fill.items()}
-      out = transform(probe_inputs(table, transform_keys, len(next(iter(chunk.values()))),
-                                   chunk))
+      chunk = {k: v[start : start + PROBE_CHUNK] for k, v in fill.items()}
+      out = transform(probe_inputs(table, transform_keys, len(next(iter(chunk.values()))), chunk))
       for c in inputs:
         parts[c.key].append(np.asarray(out[c.key], np.float32))
   got = {k: np.concatenate(v) for k, v in parts.items()}
@@ -300,8 +322,10 @@ def _probe(table: FeatureTable, transform: Callable, transform_keys: List[str],
   for c in inputs:
     g = got[c.key]
     lut = g[:256, 0, 0, :]  # [256, C]
-    ok = (g.shape[0] == 257 and np.array_equal(g[:256], np.broadcast_to(
-        lut[:, None, None, :], g[:256].shape)) and np.array_equal(
-            g[256], lut[ramp[c.key].reshape(g[256].shape), np.arange(c.channels)]))
+    ok = (
+      g.shape[0] == 257
+      and np.array_equal(g[:256], np.broadcast_to(lut[:, None, None, :], g[:256].shape))
+      and np.array_equal(g[256], lut[ramp[c.key].reshape(g[256].shape), np.arange(c.channels)])
+    )
     tables[c.key] = lut if ok else None
   return tables

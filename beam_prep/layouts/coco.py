@@ -33,7 +33,8 @@ A detection-only row (`segmentation` missing or `[]`, with a `bbox` [x, y,
 w, h] of positive size) has no mask to teach: its box (every pixel it
 touches) becomes ignore, so the object in it is never taught as background,
 and the row is counted as `objects_box_only`, apart from the found objects
-(it is neither used nor failed; `objects_found` does not include it). Where a failed annotation still covers
+(it is neither used nor failed; `objects_found` does not include it). Where a failed annotation
+still covers
 pixels of the image (a polygon that leaves the image, an object past the
 254th), those pixels become ignore pixels, not background.
 """
@@ -90,7 +91,7 @@ class _Stream:
       return False
     data = self._f.read(size)
     self.dropped += self.pos
-    self.buf = self.buf[self.pos:] + self._utf8.decode(data, final=not data)
+    self.buf = self.buf[self.pos :] + self._utf8.decode(data, final=not data)
     self.pos = 0
     self.eof = not data
     return True
@@ -110,8 +111,10 @@ class _Stream:
   def take(self, expected: str) -> str:
     c = self.peek()
     if c not in expected:
-      raise ValueError(f"expected one of {list(expected)} at character {self.offset}, "
-                       f"found {c or 'the end of the file'!r}")
+      raise ValueError(
+        f"expected one of {list(expected)} at character {self.offset}, "
+        f"found {c or 'the end of the file'!r}"
+      )
     self.pos += 1
     return c
 
@@ -180,8 +183,9 @@ def _image_id(entry_id: Any) -> str:
   return str(entry_id)
 
 
-def _error(reason: str, detail: str, source: str, image_id: str = "",
-           annotation_id: Any = None) -> Dict[str, Any]:
+def _error(
+  reason: str, detail: str, source: str, image_id: str = "", annotation_id: Any = None
+) -> Dict[str, Any]:
   stage = READ_STAGE if annotation_id is None else ANNOTATION_STAGE
   rec = error_record(stage, reason, detail, {keys.SOURCE: source, keys.IMAGE_ID: image_id})
   if annotation_id is not None:
@@ -205,12 +209,23 @@ class _EntriesFn(beam.DoFn):
           if key == "images":
             ok = isinstance(value, dict) and "id" in value and value.get("file_name")
             if not ok:
-              yield beam.pvalue.TaggedOutput("errors", _error(
-                  "bad_image_entry", "an images entry needs 'id' and 'file_name'", where))
+              yield beam.pvalue.TaggedOutput(
+                "errors",
+                _error("bad_image_entry", "an images entry needs 'id' and 'file_name'", where),
+              )
               continue
-            yield beam.pvalue.TaggedOutput("images", (_image_id(value["id"]), {
-                "file_name": str(value["file_name"]), "height": value.get("height"),
-                "width": value.get("width"), "where": where}))
+            yield beam.pvalue.TaggedOutput(
+              "images",
+              (
+                _image_id(value["id"]),
+                {
+                  "file_name": str(value["file_name"]),
+                  "height": value.get("height"),
+                  "width": value.get("width"),
+                  "where": where,
+                },
+              ),
+            )
           else:
             ok = isinstance(value, dict) and "image_id" in value
             ann = {"where": where}
@@ -246,9 +261,12 @@ class _JoinFn(beam.DoFn):
     if len(images) != 1:
       if images:
         for e in images:
-          yield beam.pvalue.TaggedOutput("errors", _error(
-              "duplicate_image_id", f"{len(images)} images entries have id {key}",
-              e["where"], key))
+          yield beam.pvalue.TaggedOutput(
+            "errors",
+            _error(
+              "duplicate_image_id", f"{len(images)} images entries have id {key}", e["where"], key
+            ),
+          )
         reason, detail = "duplicate_image_id", f"image id {key} names {len(images)} images"
       else:
         reason, detail = "unknown_image_id", f"no images entry has id {key}"
@@ -257,25 +275,36 @@ class _JoinFn(beam.DoFn):
         r, d = a.get("error") or (reason, detail)
         errors.append(_error(r, d, a["where"], "" if key == _ORPHAN else key, a.get("id")))
       if errors:  # Failed objects of no image: counted, then dead-lettered.
-        yield {keys.IMAGE_ID: f"annotations of image id {key}", keys.SOURCE: self._json,
-               "no_image": True, "object_errors": errors}
+        yield {
+          keys.IMAGE_ID: f"annotations of image id {key}",
+          keys.SOURCE: self._json,
+          "no_image": True,
+          "object_errors": errors,
+        }
       return
     image = images[0]
     try:
       source = common.resolve(self._root, image["file_name"], self._root, self._allow)
     except ValueError as e:
-      yield beam.pvalue.TaggedOutput("errors", _error(
-          "path_outside_root", str(e), image["where"], key))
+      yield beam.pvalue.TaggedOutput(
+        "errors", _error("path_outside_root", str(e), image["where"], key)
+      )
       return
     yield {
-        keys.IMAGE_ID: posixpath.splitext(image["file_name"])[0],
-        keys.SOURCE: source,
-        # Known before the image is read: if it cannot be, they failed with it.
-        "objects_listed": sum(1 for a in anns if not a.get("iscrowd") and not box_only(a)),
-        "objects_box_only": sum(1 for a in anns if box_only(a)),
-        "coco": {"id": key, "height": image["height"], "width": image["width"],
-                 "annotations": [{k: a.get(k) for k in ("id", "segmentation", "iscrowd", "bbox",
-                                                        "where", "error")} for a in anns]},
+      keys.IMAGE_ID: posixpath.splitext(image["file_name"])[0],
+      keys.SOURCE: source,
+      # Known before the image is read: if it cannot be, they failed with it.
+      "objects_listed": sum(1 for a in anns if not a.get("iscrowd") and not box_only(a)),
+      "objects_box_only": sum(1 for a in anns if box_only(a)),
+      "coco": {
+        "id": key,
+        "height": image["height"],
+        "width": image["width"],
+        "annotations": [
+          {k: a.get(k) for k in ("id", "segmentation", "iscrowd", "bbox", "where", "error")}
+          for a in anns
+        ],
+      },
     }
 
 
@@ -294,15 +323,21 @@ class ListCoco(beam.PTransform):
     self._allow = allow_outside_root
 
   def expand(self, pbegin):
-    entries = (pbegin
-               | "CocoFile" >> beam.Create([self._json])
-               | "ReadEntries" >> beam.ParDo(_EntriesFn()).with_outputs(
-                   "images", "errors", main="annotations"))
-    joined = ({"images": entries.images, "annotations": entries.annotations}
-              | "JoinByImageId" >> beam.CoGroupByKey()
-              | "Pointers" >> beam.ParDo(_JoinFn(self._json, self._root, self._allow))
-              .with_outputs("errors", main="pointers"))
-    errors = ((entries.errors, joined.errors) | "CocoErrors" >> beam.Flatten())
+    entries = (
+      pbegin
+      | "CocoFile" >> beam.Create([self._json])
+      | "ReadEntries"
+      >> beam.ParDo(_EntriesFn()).with_outputs("images", "errors", main="annotations")
+    )
+    joined = (
+      {"images": entries.images, "annotations": entries.annotations}
+      | "JoinByImageId" >> beam.CoGroupByKey()
+      | "Pointers"
+      >> beam.ParDo(_JoinFn(self._json, self._root, self._allow)).with_outputs(
+        "errors", main="pointers"
+      )
+    )
+    errors = (entries.errors, joined.errors) | "CocoErrors" >> beam.Flatten()
     return joined.pointers, errors
 
 
@@ -312,9 +347,13 @@ def box_only(ann: Dict[str, Any]) -> bool:
   if ann.get("error") or ann.get("segmentation") not in (None, []):
     return False
   box = ann.get("bbox")
-  return (isinstance(box, (list, tuple)) and len(box) == 4
-          and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)
-          and box[2] > 0 and box[3] > 0)
+  return (
+    isinstance(box, (list, tuple))
+    and len(box) == 4
+    and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)
+    and box[2] > 0
+    and box[3] > 0
+  )
 
 
 def _box_region(box, height: int, width: int) -> np.ndarray:
@@ -323,12 +362,11 @@ def _box_region(box, height: int, width: int) -> np.ndarray:
   region = np.zeros((height, width), bool)
   x0, y0 = max(int(np.floor(x)), 0), max(int(np.floor(y)), 0)
   x1, y1 = min(int(np.ceil(x + w)), width), min(int(np.ceil(y + h)), height)
-  region[y0:max(y1, y0), x0:max(x1, x0)] = True
+  region[y0 : max(y1, y0), x0 : max(x1, x0)] = True
   return region
 
 
 class _AnnotationError(Exception):
-
   def __init__(self, reason: str, detail: str, region=None):
     super().__init__(detail)
     self.reason, self.detail, self.region = reason, detail, region
@@ -336,6 +374,7 @@ class _AnnotationError(Exception):
 
 def _polygons(seg, height: int, width: int):
   from pycocotools import mask as mask_utils  # pylint: disable=g-import-not-at-top
+
   if seg and all(isinstance(v, (int, float)) for v in seg):
     seg = [seg]  # A single polygon written flat.
   polys = []
@@ -343,8 +382,9 @@ def _polygons(seg, height: int, width: int):
     if not isinstance(poly, list) or not all(isinstance(v, (int, float)) for v in poly):
       raise _AnnotationError("bad_segmentation", "a polygon must be a list of numbers")
     if len(poly) % 2:
-      raise _AnnotationError("bad_segmentation", f"a polygon has {len(poly)} coordinates, "
-                             "an odd number")
+      raise _AnnotationError(
+        "bad_segmentation", f"a polygon has {len(poly)} coordinates, an odd number"
+      )
     if len(poly) >= 6:  # Fewer than 3 points enclose nothing.
       polys.append([float(v) for v in poly])
   if not polys:
@@ -354,33 +394,45 @@ def _polygons(seg, height: int, width: int):
   for poly in polys:
     xs, ys = np.asarray(poly[0::2]), np.asarray(poly[1::2])
     tol_x, tol_y = max(OUTSIDE_TOLERANCE, 0.01 * width), max(OUTSIDE_TOLERANCE, 0.01 * height)
-    if (xs.min() < -tol_x or ys.min() < -tol_y or xs.max() > width + tol_x
-        or ys.max() > height + tol_y):
+    if (
+      xs.min() < -tol_x
+      or ys.min() < -tol_y
+      or xs.max() > width + tol_x
+      or ys.max() > height + tol_y
+    ):
       raise _AnnotationError(
-          "polygon_outside_image",
-          f"a polygon spans x {xs.min():g}..{xs.max():g}, y {ys.min():g}..{ys.max():g}; "
-          f"the image is {width}x{height}", region=region)
+        "polygon_outside_image",
+        f"a polygon spans x {xs.min():g}..{xs.max():g}, y {ys.min():g}..{ys.max():g}; "
+        f"the image is {width}x{height}",
+        region=region,
+      )
   return region
 
 
 def _rle(seg: Dict[str, Any], height: int, width: int):
   from pycocotools import mask as mask_utils  # pylint: disable=g-import-not-at-top
+
   size, counts = seg.get("size"), seg.get("counts")
   if not isinstance(size, list) or len(size) != 2 or counts is None:
     raise _AnnotationError("bad_rle", "an RLE needs 'size' [height, width] and 'counts'")
   if [int(v) for v in size] != [height, width]:
-    raise _AnnotationError("rle_size_mismatch",
-                           f"the RLE is {size[1]}x{size[0]}, the image is {width}x{height}")
+    raise _AnnotationError(
+      "rle_size_mismatch", f"the RLE is {size[1]}x{size[0]}, the image is {width}x{height}"
+    )
   if isinstance(counts, list):  # Uncompressed: run lengths from the first pixel (column-major).
     if not all(isinstance(v, int) and v >= 0 for v in counts) or sum(counts) != height * width:
-      raise _AnnotationError("bad_rle", f"uncompressed counts sum to {sum(map(int, counts))}, "
-                             f"not {height * width} pixels"
-                             if all(isinstance(v, int) for v in counts)
-                             else "uncompressed counts must be non-negative integers")
+      raise _AnnotationError(
+        "bad_rle",
+        f"uncompressed counts sum to {sum(map(int, counts))}, not {height * width} pixels"
+        if all(isinstance(v, int) for v in counts)
+        else "uncompressed counts must be non-negative integers",
+      )
     rle = mask_utils.frPyObjects(seg, height, width)
   elif isinstance(counts, (str, bytes)):
-    rle = {"size": [height, width],
-           "counts": counts.encode("ascii") if isinstance(counts, str) else counts}
+    rle = {
+      "size": [height, width],
+      "counts": counts.encode("ascii") if isinstance(counts, str) else counts,
+    }
   else:
     raise _AnnotationError("bad_rle", "RLE counts must be a list or a string")
   try:
@@ -397,8 +449,9 @@ def _region(seg, height: int, width: int) -> np.ndarray:
     if region is None:
       raise _AnnotationError("empty_segmentation", "the segmentation is empty")
   else:
-    raise _AnnotationError("bad_segmentation",
-                           f"segmentation is a {type(seg).__name__}, not polygons or an RLE")
+    raise _AnnotationError(
+      "bad_segmentation", f"segmentation is a {type(seg).__name__}, not polygons or an RLE"
+    )
   region = region.astype(bool)
   if not region.any():
     raise _AnnotationError("empty_segmentation", "the segmentation covers no pixel")
@@ -432,8 +485,9 @@ def instance_mask(coco: Dict[str, Any], image_id: str) -> Tuple[np.ndarray, List
       raise ValueError
   except (TypeError, ValueError, KeyError):
     raise ImageEntryError(
-        f"images entry {coco.get('id')} has no valid height and width "
-        f"({coco.get('height')!r} x {coco.get('width')!r})") from None
+      f"images entry {coco.get('id')} has no valid height and width "
+      f"({coco.get('height')!r} x {coco.get('width')!r})"
+    ) from None
   errors, objects, ignore = [], [], np.zeros((height, width), bool)
 
   def fail(ann, reason, detail):
@@ -461,8 +515,10 @@ def instance_mask(coco: Dict[str, Any], image_id: str) -> Tuple[np.ndarray, List
     fail(ann, "too_many_objects", f"an instance mask holds at most {MAX_OBJECTS} objects")
     ignore |= region
   objects = objects[:MAX_OBJECTS]
-  mask = paint_objects([region for _, region in objects],
-                       np.where(ignore, keys.IGNORE, keys.BACKGROUND).astype(np.uint8))
+  mask = paint_objects(
+    [region for _, region in objects],
+    np.where(ignore, keys.IGNORE, keys.BACKGROUND).astype(np.uint8),
+  )
   for i, (ann, _) in enumerate(objects):
     if not (mask == i + 1).any():
       fail(ann, "hidden_object", "other objects painted over every pixel of this one")
@@ -474,6 +530,7 @@ def _displayed_size(image_bytes: bytes):
   from its header; None when it cannot be read (decode will say why)."""
   import io  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   try:
     im = Image.open(io.BytesIO(image_bytes))
     width, height = im.size
@@ -486,12 +543,15 @@ def _displayed_size(image_bytes: bytes):
 @register_layout
 class Coco(Layout):
   """COCO instance annotations: one JSON file, images under an image root."""
+
   name = "coco"
   labels = ("instances",)
   gives = (keys.INSTANCE_MASK,)
-  expects = ("--input instances.json [--image-root DIR]: COCO instance annotations "
-             "(polygons, RLE; iscrowd regions become ignore pixels), as COCO, LVIS, CVAT, "
-             "Label Studio and Roboflow write them")
+  expects = (
+    "--input instances.json [--image-root DIR]: COCO instance annotations "
+    "(polygons, RLE; iscrowd regions become ignore pixels), as COCO, LVIS, CVAT, "
+    "Label Studio and Roboflow write them"
+  )
   priority = 10
   takes_image_root = True
 
@@ -502,12 +562,16 @@ class Coco(Layout):
 
   def check_input(self, options: ReadOptions) -> None:
     if common.is_folder(options.root):
-      raise InputError(f"{options.root} is a folder; the coco layout reads one annotation "
-                       "file: --input instances.json [--image-root IMAGES_DIR]")
+      raise InputError(
+        f"{options.root} is a folder; the coco layout reads one annotation "
+        "file: --input instances.json [--image-root IMAGES_DIR]"
+      )
     image_root = image_root_of(options.root, options.image_root)
     if not keys.is_remote(image_root) and not common.is_folder(image_root):
-      raise InputError(f"image root {image_root} (of the COCO file {options.root}) is not a "
-                       "folder; give --image-root")
+      raise InputError(
+        f"image root {image_root} (of the COCO file {options.root}) is not a "
+        "folder; give --image-root"
+      )
 
   def list_inputs(self, options: ReadOptions):
     return ListCoco(options.root, options.image_root, options.allow_outside_root)

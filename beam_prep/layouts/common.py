@@ -58,8 +58,10 @@ def resolve(base: str, path: str, root: str, allow_outside_root: bool) -> str:
       full = f"{scheme}://" + posixpath.normpath(posixpath.join(rest, path))
   root_dir = root.rstrip("/") + "/"
   if not allow_outside_root and not full.startswith(root_dir):
-    raise ValueError(f"path {path!r} resolves to {full}, outside the data root {root_dir} "
-                     "(pass --allow-outside-root to permit)")
+    raise ValueError(
+      f"path {path!r} resolves to {full}, outside the data root {root_dir} "
+      "(pass --allow-outside-root to permit)"
+    )
   return full
 
 
@@ -94,10 +96,12 @@ class GlobPointers(beam.PTransform):
     self._to_pointer = to_pointer
 
   def expand(self, pbegin) -> Tuple[beam.PCollection, beam.PCollection]:
-    pointers = (pbegin
-                | "Pattern" >> beam.Create([self._pattern])
-                | "Match" >> fileio.MatchAll()
-                | "Paths" >> beam.Map(lambda m: m.path)
-                | "SkipHidden" >> beam.Filter(lambda p: not hidden(p))
-                | "Pointers" >> beam.Map(self._to_pointer))
+    pointers = (
+      pbegin
+      | "Pattern" >> beam.Create([self._pattern])
+      | "Match" >> fileio.MatchAll()
+      | "Paths" >> beam.Map(lambda m: m.path)
+      | "SkipHidden" >> beam.Filter(lambda p: not hidden(p))
+      | "Pointers" >> beam.Map(self._to_pointer)
+    )
     return pointers, pbegin | "NoListErrors" >> beam.Create([])

@@ -12,7 +12,7 @@ from beam_prep.layouts.registry import register_layout
 @register_layout
 class Davis(paired.PairedFolders):
   name = "davis"
-  expects = ("ROOT/img/NAME.* + ROOT/gt/NAME.* (paired by NAME; any non-zero pixel is the object)")
+  expects = "ROOT/img/NAME.* + ROOT/gt/NAME.* (paired by NAME; any non-zero pixel is the object)"
   priority = 35
   images_dir = "img"
   masks_dir = "gt"

@@ -25,8 +25,10 @@ class Folders(Layout):
   name = "folders"
   labels = ("instances",)
   gives = (keys.MASK_BYTES,)
-  expects = ("ROOT/images/NAME.png|jpg + ROOT/masks/NAME.png (instance ids: 0 background, "
-             "1..254 objects, 255 ignore; a mask of only 0 and 255 is one object)")
+  expects = (
+    "ROOT/images/NAME.png|jpg + ROOT/masks/NAME.png (instance ids: 0 background, "
+    "1..254 objects, 255 ignore; a mask of only 0 and 255 is one object)"
+  )
   priority = 40
 
   def detect(self, root: str, offline: bool = False) -> bool:
@@ -50,9 +52,13 @@ class Folders(Layout):
   @staticmethod
   def pointer(root: str, path: str):
     """The pointer of the image file `path` under `root`."""
-    return {keys.IMAGE_ID: common.stem(path), keys.SOURCE: path,
-            keys.MASK_SOURCE: FileSystems.join(root.rstrip("/"), MASKS_DIR,
-                                            common.stem(path) + MASK_SUFFIX)}
+    return {
+      keys.IMAGE_ID: common.stem(path),
+      keys.SOURCE: path,
+      keys.MASK_SOURCE: FileSystems.join(
+        root.rstrip("/"), MASKS_DIR, common.stem(path) + MASK_SUFFIX
+      ),
+    }
 
   def list_inputs(self, options: ReadOptions):
     root = options.root

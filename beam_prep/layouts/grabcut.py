@@ -14,8 +14,10 @@ from beam_prep.layouts.registry import register_layout
 @register_layout
 class GrabCut(paired.PairedFolders):
   name = "grabcut"
-  expects = ("ROOT/data_GT/NAME.* + ROOT/boundary_GT/NAME.* (paired by NAME; grey: 255 object, "
-             "128 ignore band, 0 background)")
+  expects = (
+    "ROOT/data_GT/NAME.* + ROOT/boundary_GT/NAME.* (paired by NAME; grey: 255 object, "
+    "128 ignore band, 0 background)"
+  )
   priority = 32
   images_dir = "data_GT"
   masks_dir = "boundary_GT"

@@ -69,20 +69,24 @@ class _RowsFn(beam.DoFn):
         yield _pointer(row, base, self._allow)
       except ValueError as e:
         reason, detail = e.args
-        yield beam.pvalue.TaggedOutput(common.ERRORS_TAG, error_record(
-            READ_STAGE, reason, detail, {keys.SOURCE: f"{manifest}:{n}"}))
+        yield beam.pvalue.TaggedOutput(
+          common.ERRORS_TAG,
+          error_record(READ_STAGE, reason, detail, {keys.SOURCE: f"{manifest}:{n}"}),
+        )
 
 
 class _ListManifest(beam.PTransform):
-
   def __init__(self, path: str, allow: bool):
     super().__init__()
     self._path, self._allow = path, allow
 
   def expand(self, pbegin):
-    rows = (pbegin | "Manifest" >> beam.Create([self._path])
-            | "ParseManifest" >> beam.ParDo(_RowsFn(self._allow)).with_outputs(
-                common.ERRORS_TAG, main="pointers"))
+    rows = (
+      pbegin
+      | "Manifest" >> beam.Create([self._path])
+      | "ParseManifest"
+      >> beam.ParDo(_RowsFn(self._allow)).with_outputs(common.ERRORS_TAG, main="pointers")
+    )
     return rows.pointers, rows[common.ERRORS_TAG]
 
 
@@ -91,8 +95,9 @@ class Manifest(Layout):
   name = "manifest"
   labels = ("instances", "classes")
   gives = (keys.MASK_BYTES, keys.LABEL)
-  expects = ("--input FILE.csv|jsonl with columns image[,mask][,label][,split]; paths relative "
-             "to the file")
+  expects = (
+    "--input FILE.csv|jsonl with columns image[,mask][,label][,split]; paths relative to the file"
+  )
   priority = 30
 
   def detect(self, root: str, offline: bool = False) -> bool:
@@ -100,8 +105,9 @@ class Manifest(Layout):
 
   def check_input(self, options: ReadOptions) -> None:
     if common.is_folder(options.root):
-      raise InputError(f"{options.root} is a folder; the manifest layout reads one "
-                       f"{'/'.join(SUFFIXES)} file")
+      raise InputError(
+        f"{options.root} is a folder; the manifest layout reads one {'/'.join(SUFFIXES)} file"
+      )
 
   def list_inputs(self, options: ReadOptions):
     return _ListManifest(options.root, options.allow_outside_root)

@@ -54,9 +54,10 @@ def trimap(pixels: np.ndarray, path: str) -> np.ndarray:
   if differs.any():
     y, x = (int(v[0]) for v in np.nonzero(differs))
     raise ExampleError(
-        "unexpected_mask_value",
-        f"{path}: a colour mask (pixel x={x}, y={y} is RGB {tuple(pixels[y, x].tolist())}); "
-        "these masks are grey: 255 object, 128 ignore, 0 background")
+      "unexpected_mask_value",
+      f"{path}: a colour mask (pixel x={x}, y={y} is RGB {tuple(pixels[y, x].tolist())}); "
+      "these masks are grey: 255 object, 128 ignore, 0 background",
+    )
   out = np.zeros(grey.shape, np.uint8)
   out[(grey > TRIMAP_IGNORE) | (grey == OBJECT)] = OBJECT
   out[grey == TRIMAP_IGNORE] = keys.IGNORE
@@ -99,8 +100,9 @@ def pair_by_name(image_paths: List[str], mask_paths: List[str]) -> List[Dict[str
   for path in sorted(image_paths):
     name = common.stem(path)
     image_id = name if names[name] == 1 else path.rstrip("/").split("/")[-1]
-    pointers.append({keys.IMAGE_ID: image_id, keys.SOURCE: path,
-                     "mask_sources": sorted(masks.get(name, []))})
+    pointers.append(
+      {keys.IMAGE_ID: image_id, keys.SOURCE: path, "mask_sources": sorted(masks.get(name, []))}
+    )
   return pointers
 
 
@@ -113,10 +115,11 @@ class _ListPairs(beam.PTransform):
 
   def expand(self, pbegin):
     images, masks = self._patterns
-    pointers = (pbegin
-                | "Root" >> beam.Create([None])
-                | "Pair" >> beam.FlatMap(
-                    lambda _: pair_by_name(match_files(images), match_files(masks))))
+    pointers = (
+      pbegin
+      | "Root" >> beam.Create([None])
+      | "Pair" >> beam.FlatMap(lambda _: pair_by_name(match_files(images), match_files(masks)))
+    )
     return pointers, pbegin | "NoListErrors" >> beam.Create([])
 
 
@@ -131,6 +134,7 @@ class PairedFolders(Layout):
     coding: `trimap` or `nonzero` (a function of the mask's RGB pixels and
       its path).
   """
+
   labels = ("instances",)
   gives = (keys.INSTANCE_MASK,)
   images_dir = ""
@@ -144,8 +148,7 @@ class PairedFolders(Layout):
     return self.has_files(root)
 
   def has_files(self, root: str) -> bool:
-    return all(common.exists(FileSystems.join(root, d)) for d in (self.images_dir,
-                                                                  self.masks_dir))
+    return all(common.exists(FileSystems.join(root, d)) for d in (self.images_dir, self.masks_dir))
 
   def check_input(self, options: ReadOptions) -> None:
     for folder, what in ((self.images_dir, "image"), (self.masks_dir, "mask")):
@@ -163,10 +166,12 @@ class PairedFolders(Layout):
     if len(masks) != 1:
       folder = source.rstrip("/").rsplit("/", 2)[0] + "/" + self.masks_dir
       if not masks:
-        raise ExampleError("missing_mask",
-                           f"{source}: no file named {common.stem(source)}.* in {folder}")
-      raise ExampleError("ambiguous_mask",
-                         f"{source}: {len(masks)} masks share its name: {', '.join(masks)}")
+        raise ExampleError(
+          "missing_mask", f"{source}: no file named {common.stem(source)}.* in {folder}"
+        )
+      raise ExampleError(
+        "ambiguous_mask", f"{source}: {len(masks)} masks share its name: {', '.join(masks)}"
+      )
     ex[keys.MASK_SOURCE] = masks[0]
     ex[keys.IMAGE_BYTES] = common.read_bytes(source)
     ex[keys.INSTANCE_MASK] = self.coding(read_mask_pixels(masks[0]), masks[0])

@@ -49,6 +49,7 @@ class ReadOptions:
       to ("" = the annotation file's folder), for layouts with `image_root`.
     allow_outside_root: let listed paths leave the data root.
   """
+
   root: str
   image_root: str = ""
   allow_outside_root: bool = False
@@ -66,6 +67,7 @@ class Layout:
     priority: `--layout auto` asks layouts in increasing priority.
     takes_image_root: whether `--image-root` means something to it.
   """
+
   name = ""
   labels: Tuple[str, ...] = ()
   gives: Tuple[str, ...] = ()
@@ -111,20 +113,21 @@ def register_layout(cls):
     raise ValueError(f"layout name {layout.name!r} must be an identifier other than {AUTO!r}")
   existing = _LAYOUTS.get(layout.name)
   if existing is not None and type(existing).__qualname__ != cls.__qualname__:
-    raise ValueError(f"layout {layout.name!r} is already registered by "
-                     f"{type(existing).__qualname__}")
+    raise ValueError(
+      f"layout {layout.name!r} is already registered by {type(existing).__qualname__}"
+    )
   _LAYOUTS[layout.name] = layout
   return cls
 
 
 def layouts_for(labels: str = "") -> List[Layout]:
   """The registered layouts whose inputs carry `labels` (all for ""), by priority."""
-  found = [l for l in _LAYOUTS.values() if not labels or labels in l.labels]
-  return sorted(found, key=lambda l: (l.priority, l.name))
+  found = [lay for lay in _LAYOUTS.values() if not labels or labels in lay.labels]
+  return sorted(found, key=lambda lay: (lay.priority, lay.name))
 
 
 def layout_names(labels: str = "") -> List[str]:
-  return [l.name for l in layouts_for(labels)]
+  return [lay.name for lay in layouts_for(labels)]
 
 
 def get_layout(name: str, labels: str = "") -> Layout:
@@ -135,11 +138,14 @@ def get_layout(name: str, labels: str = "") -> Layout:
   """
   layout = _LAYOUTS.get(name)
   if layout is None:
-    raise ValueError(f"--layout must be {AUTO} or one of {', '.join(layout_names(labels))}, "
-                     f"got {name!r}")
+    raise ValueError(
+      f"--layout must be {AUTO} or one of {', '.join(layout_names(labels))}, got {name!r}"
+    )
   if labels and labels not in layout.labels:
-    raise ValueError(f"the {name} layout gives {' or '.join(layout.labels)}, not the {labels} "
-                     f"this task needs; layouts that do: {', '.join(layout_names(labels))}")
+    raise ValueError(
+      f"the {name} layout gives {' or '.join(layout.labels)}, not the {labels} "
+      f"this task needs; layouts that do: {', '.join(layout_names(labels))}"
+    )
   return layout
 
 
@@ -169,4 +175,4 @@ def also_readable(root: str, chosen: Layout, labels: str = "") -> List[Layout]:
 
 def describe(labels: str = "") -> str:
   """One line per layout: name and what it expects (for --help and errors)."""
-  return "\n".join(f"  {l.name:<10}{l.expects}" for l in layouts_for(labels))
+  return "\n".join(f"  {lay.name:<10}{lay.expects}" for lay in layouts_for(labels))

@@ -53,7 +53,8 @@ def data_root(root: str) -> str:
   root = root.rstrip("/")
   nested = FileSystems.join(root, "dataset")
   if not common.exists(FileSystems.join(root, "inst")) and common.exists(
-      FileSystems.join(nested, "inst")):
+    FileSystems.join(nested, "inst")
+  ):
     return nested
   return root
 
@@ -73,8 +74,9 @@ def _read_lists(root: str) -> Dict[str, set]:
 
 
 def _present_lists(root: str) -> List[str]:
-  return [name for name in common.LIST_SPLITS
-          if FileSystems.exists(FileSystems.join(root, f"{name}.txt"))]
+  return [
+    name for name in common.LIST_SPLITS if FileSystems.exists(FileSystems.join(root, f"{name}.txt"))
+  ]
 
 
 def _list_inputs(root: str):
@@ -84,63 +86,87 @@ def _list_inputs(root: str):
   for name, found in sorted(splits.items()):
     image = FileSystems.join(root, "img", name + ".jpg")
     if len(found) > 1:
-      yield beam.pvalue.TaggedOutput(common.ERRORS_TAG, error_record(
-          READ_STAGE, "in_both_split_lists", f"{name} is in train.txt and in val.txt of {root}",
-          {keys.SOURCE: image, keys.IMAGE_ID: name}))
+      yield beam.pvalue.TaggedOutput(
+        common.ERRORS_TAG,
+        error_record(
+          READ_STAGE,
+          "in_both_split_lists",
+          f"{name} is in train.txt and in val.txt of {root}",
+          {keys.SOURCE: image, keys.IMAGE_ID: name},
+        ),
+      )
       continue
-    yield {keys.IMAGE_ID: name, keys.SOURCE: image,
-           keys.MASK_SOURCE: FileSystems.join(root, "inst", name + ".mat"), keys.SPLIT: found.pop()}
+    yield {
+      keys.IMAGE_ID: name,
+      keys.SOURCE: image,
+      keys.MASK_SOURCE: FileSystems.join(root, "inst", name + ".mat"),
+      keys.SPLIT: found.pop(),
+    }
   if len(_present_lists(root)) < len(common.LIST_SPLITS):
     return  # One list alone is the data set.
   for m in FileSystems.match([FileSystems.join(root, "img", "*.jpg")])[0].metadata_list:
     name = common.stem(m.path)
     if name not in splits and not common.hidden(m.path):
-      yield beam.pvalue.TaggedOutput(common.ERRORS_TAG, error_record(
-          READ_STAGE, "not_in_split_list",
+      yield beam.pvalue.TaggedOutput(
+        common.ERRORS_TAG,
+        error_record(
+          READ_STAGE,
+          "not_in_split_list",
           f"{name} is in neither train.txt nor val.txt of {root}: it belongs to no split",
-          {keys.SOURCE: m.path, keys.IMAGE_ID: name}))
+          {keys.SOURCE: m.path, keys.IMAGE_ID: name},
+        ),
+      )
 
 
 class _ListSbd(beam.PTransform):
-
   def __init__(self, root: str):
     super().__init__()
     self._root = root
 
   def expand(self, pbegin):
-    listed = (pbegin
-              | "Root" >> beam.Create([self._root])
-              | "ReadLists" >> beam.FlatMap(_list_inputs).with_outputs(common.ERRORS_TAG,
-                                                                       main="pointers"))
+    listed = (
+      pbegin
+      | "Root" >> beam.Create([self._root])
+      | "ReadLists" >> beam.FlatMap(_list_inputs).with_outputs(common.ERRORS_TAG, main="pointers")
+    )
     return listed.pointers, listed[common.ERRORS_TAG]
 
 
 def segmentation(data: bytes, path: str) -> np.ndarray:
   """GTinst.Segmentation of a .mat file's bytes, uint8 [H, W] (ExampleError naming `path`)."""
   from scipy import io as sio  # pylint: disable=g-import-not-at-top
+
   try:
     mat = sio.loadmat(io.BytesIO(data))
   except Exception as e:  # pylint: disable=broad-except
-    raise ExampleError("unreadable_mask", f"{path}: not a MATLAB file scipy reads: "
-                       f"{type(e).__name__}: {e}") from None
+    raise ExampleError(
+      "unreadable_mask", f"{path}: not a MATLAB file scipy reads: {type(e).__name__}: {e}"
+    ) from None
   gt = mat.get("GTinst")
   if gt is None:
     names = ", ".join(k for k in mat if not k.startswith("__")) or "none"
     raise ExampleError("missing_gtinst", f"{path}: no GTinst struct (variables: {names})")
   fields = gt.dtype.names or ()
   if "Segmentation" not in fields or gt.size == 0:
-    raise ExampleError("missing_gtinst", f"{path}: GTinst has no Segmentation "
-                       f"(fields: {', '.join(fields) or 'none'})")
+    raise ExampleError(
+      "missing_gtinst",
+      f"{path}: GTinst has no Segmentation (fields: {', '.join(fields) or 'none'})",
+    )
   seg = np.asarray(gt.flat[0]["Segmentation"])
   if seg.ndim != 2 or not np.issubdtype(seg.dtype, np.number) or seg.dtype.kind == "c":
-    raise ExampleError("unexpected_mask_value", f"{path}: GTinst.Segmentation is a "
-                       f"{seg.dtype} array of shape {seg.shape}, not a 2-D instance mask")
+    raise ExampleError(
+      "unexpected_mask_value",
+      f"{path}: GTinst.Segmentation is a "
+      f"{seg.dtype} array of shape {seg.shape}, not a 2-D instance mask",
+    )
   bad = (seg != np.round(seg)) | (seg < 0) | (seg > MAX_ID)
   if bad.any():
     y, x = (int(v[0]) for v in np.nonzero(bad))
-    raise ExampleError("unexpected_mask_value",
-                       f"{path}: GTinst.Segmentation holds {seg[y, x]} at x={x}, y={y}; "
-                       f"instance ids must be integers 0..{MAX_ID}")
+    raise ExampleError(
+      "unexpected_mask_value",
+      f"{path}: GTinst.Segmentation holds {seg[y, x]} at x={x}, y={y}; "
+      f"instance ids must be integers 0..{MAX_ID}",
+    )
   return seg.astype(np.uint8)
 
 
@@ -162,8 +188,10 @@ class Sbd(Layout):
   name = "sbd"
   labels = ("instances",)
   gives = (keys.INSTANCE_MASK,)
-  expects = ("ROOT/img/NAME.jpg + ROOT/inst/NAME.mat (GTinst.Segmentation instance ids) + "
-             "ROOT/{train,val}.txt (the lists fix the split); ROOT may hold dataset/")
+  expects = (
+    "ROOT/img/NAME.jpg + ROOT/inst/NAME.mat (GTinst.Segmentation instance ids) + "
+    "ROOT/{train,val}.txt (the lists fix the split); ROOT may hold dataset/"
+  )
   priority = 33
 
   def detect(self, root: str, offline: bool = False) -> bool:
@@ -194,11 +222,15 @@ class Sbd(Layout):
     if ex.get(keys.SPLIT) == keys.TRAIN_SPLIT:
       for i, fill in sparse_objects(inst):
         inst[inst == i] = keys.IGNORE
-        errors.append(error_record(
-            READ_STAGE, "sparse_object",
+        errors.append(
+          error_record(
+            READ_STAGE,
+            "sparse_object",
             f"{mat}: object {i} covers {fill:.1%} of its bounding box (under "
             f"{MIN_BOX_FILL:.0%}: an annotation error; its pixels are ignored)",
-            {**ex, keys.OBJECT_ID: i}))
+            {**ex, keys.OBJECT_ID: i},
+          )
+        )
     ex[keys.INSTANCE_MASK] = inst
     ex["object_errors"] = errors
     return ex

@@ -11,36 +11,35 @@ from beam_prep.layouts import common
 from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register_layout
 
 
-
 def _pointers(list_path: str, root: str):
   name = common.stem(list_path)
   if name not in common.LIST_SPLITS:
     return
   with FileSystems.open(list_path) as f:
-    ids = [l.strip() for l in f.read().decode("utf-8").splitlines() if l.strip()]
+    ids = [line.strip() for line in f.read().decode("utf-8").splitlines() if line.strip()]
   for image_id in ids:
     yield {
-        keys.IMAGE_ID: image_id,
-        keys.SOURCE: FileSystems.join(root, "JPEGImages", image_id + ".jpg"),
-        keys.MASK_SOURCE: FileSystems.join(root, "SegmentationObject", image_id + ".png"),
-        keys.SPLIT: common.LIST_SPLITS[name],
+      keys.IMAGE_ID: image_id,
+      keys.SOURCE: FileSystems.join(root, "JPEGImages", image_id + ".jpg"),
+      keys.MASK_SOURCE: FileSystems.join(root, "SegmentationObject", image_id + ".png"),
+      keys.SPLIT: common.LIST_SPLITS[name],
     }
 
 
 class _ListVoc(beam.PTransform):
-
   def __init__(self, root: str):
     super().__init__()
     self._root = root
 
   def expand(self, pbegin):
     root = self._root
-    pointers = (pbegin
-                | "Lists" >> beam.Create(
-                    [FileSystems.join(root, "ImageSets", "Segmentation", "*.txt")])
-                | "MatchLists" >> fileio.MatchAll()
-                | "ListPaths" >> beam.Map(lambda m: m.path)
-                | "ReadLists" >> beam.FlatMap(_pointers, root))
+    pointers = (
+      pbegin
+      | "Lists" >> beam.Create([FileSystems.join(root, "ImageSets", "Segmentation", "*.txt")])
+      | "MatchLists" >> fileio.MatchAll()
+      | "ListPaths" >> beam.Map(lambda m: m.path)
+      | "ReadLists" >> beam.FlatMap(_pointers, root)
+    )
     return pointers, pbegin | "NoListErrors" >> beam.Create([])
 
 
@@ -49,8 +48,10 @@ class Voc(Layout):
   name = "voc"
   labels = ("instances",)
   gives = (keys.MASK_BYTES,)
-  expects = ("ROOT/JPEGImages, ROOT/SegmentationObject, "
-             "ROOT/ImageSets/Segmentation/{train,val}.txt (the lists fix the split)")
+  expects = (
+    "ROOT/JPEGImages, ROOT/SegmentationObject, "
+    "ROOT/ImageSets/Segmentation/{train,val}.txt (the lists fix the split)"
+  )
   priority = 20
 
   def detect(self, root: str, offline: bool = False) -> bool:

@@ -57,12 +57,18 @@ _INT = Feature("int64", shape=(), role="metadata")
 def example_rng(seed: int, image_id: str, object_id: int, variant: int) -> np.random.Generator:
   """A generator that depends only on its arguments (stable across processes)."""
   return np.random.default_rng(
-      [int(seed), zlib.crc32(image_id.encode("utf-8")), int(object_id), int(variant)])
+    [int(seed), zlib.crc32(image_id.encode("utf-8")), int(object_id), int(variant)]
+  )
 
 
-def _spaced_sample(candidates: np.ndarray, n: int, d_step: float,
-                   rng: np.random.Generator, accept=None,
-                   exact_pool=None) -> np.ndarray:
+def _spaced_sample(
+  candidates: np.ndarray,
+  n: int,
+  d_step: float,
+  rng: np.random.Generator,
+  accept=None,
+  exact_pool=None,
+) -> np.ndarray:
   """Up to `n` points pairwise >= d_step apart, uniform over the valid ones.
 
   Rejection sampling first: draw a row of `candidates` ([M, 2] as (y, x)),
@@ -135,7 +141,7 @@ def protocol_click(pred: np.ndarray, label: np.ndarray, clicked: np.ndarray):
   fn_d = edt_outside_padded(gt & ~pred & care)
   fp_d = edt_outside_padded(~gt & pred & care)
   # Compared as integers (squared distances), as the TensorFlow twin does.
-  fn_d, fp_d = np.rint(fn_d ** 2).astype(np.int64), np.rint(fp_d ** 2).astype(np.int64)
+  fn_d, fp_d = np.rint(fn_d**2).astype(np.int64), np.rint(fp_d**2).astype(np.int64)
   fn_d[clicked] = 0
   fp_d[clicked] = 0
   positive = fn_d.max() > fp_d.max()
@@ -185,17 +191,19 @@ class ObjectGeometry:
     d_margin: margin from the object boundary.
   """
 
-  def __init__(self, mask: np.ndarray, instance_mask: Optional[np.ndarray],
-               d: float, d_margin: float):
+  def __init__(
+    self, mask: np.ndarray, instance_mask: Optional[np.ndarray], d: float, d_margin: float
+  ):
     h, w = mask.shape
     self.mask = mask
     obj = mask == 1
     ys, xs = np.nonzero(obj)
     if ys.size == 0:
       raise ExampleError(
-          "object_too_small",
-          f"no pixel of the object is left at the records' size ({h}x{w}): it is smaller "
-          "or thinner than one pixel there; a larger --image-size keeps it")
+        "object_too_small",
+        f"no pixel of the object is left at the records' size ({h}x{w}): it is smaller "
+        "or thinner than one pixel there; a larger --image-size keeps it",
+      )
     # Window: the object's box grown by d + 1, so every distance <= d from the
     # object is computed exactly inside it; everything outside is farther.
     pad = int(np.ceil(d)) + 1
@@ -213,7 +221,7 @@ class ObjectGeometry:
     self._obj, self._ys, self._xs = obj, ys, xs
     self.d_margin = d_margin
     r = int(np.ceil(d_margin))
-    dy, dx = np.mgrid[-r:r + 1, -r:r + 1]
+    dy, dx = np.mgrid[-r : r + 1, -r : r + 1]
     near = dy * dy + dx * dx < d_margin * d_margin
     self._disk = (dy[near], dx[near])
     self._positive_pool = None
@@ -233,8 +241,7 @@ class ObjectGeometry:
     # Strategy 2: pixels of other objects, at least d_margin from this one.
     # Outside the window every pixel is farther than d >= d_margin.
     if instance_mask is not None:
-      others = ((instance_mask != keys.BACKGROUND) & (instance_mask != keys.IGNORE)
-                & ~(mask == 1))
+      others = (instance_mask != keys.BACKGROUND) & (instance_mask != keys.IGNORE) & ~(mask == 1)
       near = np.zeros_like(others)
       near[y0:y1, x0:x1] = outside < d_margin
       self.strategy2 = np.argwhere(others & ~near)
@@ -255,7 +262,7 @@ class ObjectGeometry:
     if self._inside is None:
       ys, xs = self._ys, self._xs
       by0, bx0 = ys.min(), xs.min()
-      box = self._obj[by0:ys.max() + 1, bx0:xs.max() + 1]
+      box = self._obj[by0 : ys.max() + 1, bx0 : xs.max() + 1]
       self._inside = (edt_outside_padded(box), np.array([by0, bx0]))
     return self._inside
 
@@ -273,14 +280,16 @@ class ObjectGeometry:
     margin = inside.max()
     return np.argwhere(inside == margin) + origin, float(margin)
 
-  def sample_positive(self, n: int, d_step: float, rng: np.random.Generator
-                      ) -> Tuple[np.ndarray, float]:
+  def sample_positive(
+    self, n: int, d_step: float, rng: np.random.Generator
+  ) -> Tuple[np.ndarray, float]:
     """Up to `n` (at least one) interior pixels, d_step apart, and the margin
     they keep from the boundary: `d_margin`, or for an object with no pixel
     that far, the largest it allows (its most interior pixels)."""
     pixels = np.stack([self._ys, self._xs], axis=1)
-    pos = _spaced_sample(pixels, n, d_step, rng, accept=self.interior,
-                         exact_pool=self.positive_pool)
+    pos = _spaced_sample(
+      pixels, n, d_step, rng, accept=self.interior, exact_pool=self.positive_pool
+    )
     if pos.shape[0]:
       return pos, self.d_margin
     deepest, margin = self.deepest_pixels()
@@ -297,9 +306,18 @@ def click_count(rng: np.random.Generator, low: int, high: int, gamma: float) -> 
   return low + int(rng.choice(high - low + 1, p=p / p.sum()))
 
 
-def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
-                   min_positive: int, max_positive: int, negatives, d_step: float,
-                   strategies, protocol_clicks_max: int = 10, prob_gamma: float = 0.0) -> dict:
+def sample_variant(
+  geometry: ObjectGeometry,
+  rng: np.random.Generator,
+  *,
+  min_positive: int,
+  max_positive: int,
+  negatives,
+  d_step: float,
+  strategies,
+  protocol_clicks_max: int = 10,
+  prob_gamma: float = 0.0,
+) -> dict:
   """Samples one variant's clicks from an object's candidates.
 
   With `prob_gamma` 0 the variant has min_positive..max_positive positive
@@ -320,8 +338,12 @@ def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
   if PROTOCOL in usable and int(usable[rng.integers(len(usable))]) == PROTOCOL:
     n = int(rng.integers(1, protocol_clicks_max + 1))
     pos, neg = protocol_clicks(geometry.mask, n)
-    return {"positive_clicks": pos, "negative_clicks": neg, "negative_strategy": PROTOCOL,
-            **reduced}
+    return {
+      "positive_clicks": pos,
+      "negative_clicks": neg,
+      "negative_strategy": PROTOCOL,
+      **reduced,
+    }
   usable = [s for s in usable if s != PROTOCOL]
   if usable:
     strategy = int(usable[rng.integers(len(usable))])
@@ -335,21 +357,53 @@ def sample_variant(geometry: ObjectGeometry, rng: np.random.Generator, *,
   else:
     strategy, neg = 0, np.zeros((0, 2), np.int64)
   return {
-      "positive_clicks": pos[:, ::-1].copy(),  # (y, x) -> (x, y)
-      "negative_clicks": neg[:, ::-1].copy(),
-      "negative_strategy": strategy,
-      **reduced,
+    "positive_clicks": pos[:, ::-1].copy(),  # (y, x) -> (x, y)
+    "negative_clicks": neg[:, ::-1].copy(),
+    "negative_strategy": strategy,
+    **reduced,
   }
 
 
-@register_op("sample_clicks", reads=(keys.IMAGE_ID, keys.OBJECT_ID, keys.MASK),
-             produces={keys.POSITIVE_CLICKS: CLICKS, keys.NEGATIVE_CLICKS: CLICKS,
-                       keys.NEGATIVE_STRATEGY: _INT, keys.VARIANT: _INT},
-             intermediate=(MARGIN_REDUCED,))
-def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
-                  max_positive: int = 5, negatives=(10, 5, 10), d: float = 40,
-                  d_margin: float = 5, d_step: float = 10, strategies=(1, 2, 3),
-                  protocol_clicks: int = 10, prob_gamma: float = 0.0):
+def _check_sampling(
+  variants, min_positive, max_positive, strategies, protocol_clicks, prob_gamma
+) -> None:
+  """`sample_clicks`' settings, checked: a ValueError naming the one out of range."""
+  if variants < 1:
+    raise ValueError(f"variants must be >= 1, got {variants}")
+  if not 1 <= min_positive <= max_positive:
+    raise ValueError(f"need 1 <= min_positive <= max_positive, got {min_positive}, {max_positive}")
+  if not strategies or any(s not in (1, 2, 3, PROTOCOL) for s in strategies):
+    raise ValueError(f"strategies must be a non-empty subset of (1, 2, 3, 4), got {strategies}")
+  if protocol_clicks < 1:
+    raise ValueError(f"protocol_clicks must be >= 1, got {protocol_clicks}")
+  if not 0 <= prob_gamma <= 1:
+    raise ValueError(f"prob_gamma must be in [0, 1], got {prob_gamma}")
+
+
+@register_op(
+  "sample_clicks",
+  reads=(keys.IMAGE_ID, keys.OBJECT_ID, keys.MASK),
+  produces={
+    keys.POSITIVE_CLICKS: CLICKS,
+    keys.NEGATIVE_CLICKS: CLICKS,
+    keys.NEGATIVE_STRATEGY: _INT,
+    keys.VARIANT: _INT,
+  },
+  intermediate=(MARGIN_REDUCED,),
+)
+def sample_clicks(
+  variants: int = 1,
+  seed: int = 0,
+  min_positive: int = 1,
+  max_positive: int = 5,
+  negatives=(10, 5, 10),
+  d: float = 40,
+  d_margin: float = 5,
+  d_step: float = 10,
+  strategies=(1, 2, 3),
+  protocol_clicks: int = 10,
+  prob_gamma: float = 0.0,
+):
   """Fans one object out into `variants` independent click samplings.
 
   Args:
@@ -369,17 +423,8 @@ def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
       else RITM's draw of both counts (`click_count`; its recipe: up to 24
       clicks, 0.8).
   """
-  if variants < 1:
-    raise ValueError(f"variants must be >= 1, got {variants}")
-  if not 1 <= min_positive <= max_positive:
-    raise ValueError(f"need 1 <= min_positive <= max_positive, got {min_positive}, {max_positive}")
   strategies = tuple(int(s) for s in strategies)
-  if not strategies or any(s not in (1, 2, 3, PROTOCOL) for s in strategies):
-    raise ValueError(f"strategies must be a non-empty subset of (1, 2, 3, 4), got {strategies}")
-  if protocol_clicks < 1:
-    raise ValueError(f"protocol_clicks must be >= 1, got {protocol_clicks}")
-  if not 0 <= prob_gamma <= 1:
-    raise ValueError(f"prob_gamma must be in [0, 1], got {prob_gamma}")
+  _check_sampling(variants, min_positive, max_positive, strategies, protocol_clicks, prob_gamma)
 
   def fn(ex):
     geometry = ObjectGeometry(ex[keys.MASK], ex.get(keys.INSTANCE_MASK), d, d_margin)
@@ -387,11 +432,19 @@ def sample_clicks(variants: int = 1, seed: int = 0, min_positive: int = 1,
     for v in range(variants):
       rng = example_rng(seed, ex[keys.IMAGE_ID], ex[keys.OBJECT_ID], v)
       variant = dict(ex)
-      variant.update(sample_variant(geometry, rng, min_positive=min_positive,
-                                    max_positive=max_positive, negatives=negatives,
-                                    d_step=d_step, strategies=strategies,
-                                    protocol_clicks_max=protocol_clicks,
-                                    prob_gamma=prob_gamma))
+      variant.update(
+        sample_variant(
+          geometry,
+          rng,
+          min_positive=min_positive,
+          max_positive=max_positive,
+          negatives=negatives,
+          d_step=d_step,
+          strategies=strategies,
+          protocol_clicks_max=protocol_clicks,
+          prob_gamma=prob_gamma,
+        )
+      )
       variant[keys.VARIANT] = v
       out.append(variant)
     return out

@@ -36,8 +36,16 @@ from scipy import ndimage
 from beam_prep import keys
 from beam_prep.features import Feature
 from beam_prep.ops.clicks import example_rng
-from beam_prep.ops.image import (IMAGE, IMAGE_PAD, MASK, OBJECT_ID, bilinear_from,
-                                 listed_objects, nearest_indices, object_label)
+from beam_prep.ops.image import (
+  IMAGE,
+  IMAGE_PAD,
+  MASK,
+  OBJECT_ID,
+  bilinear_from,
+  listed_objects,
+  nearest_indices,
+  object_label,
+)
 from beam_prep.ops.registry import ExampleError, register_op
 from beam_prep.ops.serving import ServingSide
 
@@ -65,8 +73,7 @@ def square_box(top, left, bottom, right, ratio: int, min_side: int, xp=np):
   return (top + bottom + 1 - side) // 2, (left + right + 1 - side) // 2, side
 
 
-def jittered_box(top, left, bottom, right, y0, x0, side, jitter: float,
-                 rng: np.random.Generator):
+def jittered_box(top, left, bottom, right, y0, x0, side, jitter: float, rng: np.random.Generator):
   """A box grown by a random factor in [1, 1 + jitter] (log-uniform) and moved
   at random, the bounding box rows top..bottom, columns left..right staying
   inside it -> (y0, x0, side)."""
@@ -97,8 +104,9 @@ def _take(array: np.ndarray, ys: np.ndarray, xs: np.ndarray, fill: int) -> np.nd
 def crop_image(image: np.ndarray, y0: int, x0: int, side: int, size: int) -> np.ndarray:
   """uint8 [size, size, 3]: the box of `image`, padded with `IMAGE_PAD`, resized
   bilinearly (only the pixels the output reads are touched)."""
-  out = bilinear_from(lambda ys, xs: _take(image, y0 + ys, x0 + xs, IMAGE_PAD), side, side,
-                      size, size)
+  out = bilinear_from(
+    lambda ys, xs: _take(image, y0 + ys, x0 + xs, IMAGE_PAD), side, side, size, size
+  )
   return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 
@@ -114,6 +122,7 @@ def crop_labels(labels: np.ndarray, y0: int, x0: int, side: int, size: int) -> n
 def _bilinear_weights_tf(in_size, out_size: int):
   """`image._bilinear_weights` in TensorFlow: the same float32 arithmetic."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   scale = tf.cast(in_size, tf.float32) / tf.cast(out_size, tf.float32)
   src = (tf.cast(tf.range(out_size), tf.float32) + 0.5) * scale - 0.5
   floor = tf.floor(src)
@@ -125,11 +134,12 @@ def _bilinear_weights_tf(in_size, out_size: int):
 def crop_image_tf(image, y0, x0, side, size: int):
   """`crop_image` in TensorFlow: the same bytes."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   shape = tf.shape(image, out_type=tf.int64)
 
   def take(ys, xs):
     ys, xs = ys + y0, xs + x0
-    inside = (((ys >= 0) & (ys < shape[0]))[:, None] & ((xs >= 0) & (xs < shape[1]))[None, :])
+    inside = ((ys >= 0) & (ys < shape[0]))[:, None] & ((xs >= 0) & (xs < shape[1]))[None, :]
     rows = tf.gather(image, tf.clip_by_value(ys, 0, shape[0] - 1), axis=0)
     pixels = tf.gather(rows, tf.clip_by_value(xs, 0, shape[1] - 1), axis=1)
     pixels = tf.where(inside[..., None], pixels, tf.constant(IMAGE_PAD, image.dtype))
@@ -151,12 +161,13 @@ def crop_mask_tf(mask, y0, x0, side, size: int):
   """bool [size, size]: the box of a bool mask [H, W], nearest resize (half-
   pixel centres, as `crop_labels`), False outside the image."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   shape = tf.shape(mask, out_type=tf.int64)
   scale = tf.cast(side, tf.float32) / float(size)
   idx = tf.cast(tf.floor((tf.range(size, dtype=tf.float32) + 0.5) * scale), tf.int64)
   idx = tf.minimum(idx, tf.cast(side, tf.int64) - 1)
   ys, xs = idx + y0, idx + x0
-  inside = (((ys >= 0) & (ys < shape[0]))[:, None] & ((xs >= 0) & (xs < shape[1]))[None, :])
+  inside = ((ys >= 0) & (ys < shape[0]))[:, None] & ((xs >= 0) & (xs < shape[1]))[None, :]
   rows = tf.gather(mask, tf.clip_by_value(ys, 0, shape[0] - 1), axis=0)
   out = tf.gather(rows, tf.clip_by_value(xs, 0, shape[1] - 1), axis=1) & inside
   out.set_shape([size, size])
@@ -167,17 +178,26 @@ def derived_box(mask, positive_clicks, ratio: int, min_side: int):
   """(y0, x0, side) of the pixels of `mask` (bool [H, W]) and the positive
   clicks (int64 [P, 2], (x, y)), in TensorFlow."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   rows = tf.where(tf.reduce_any(mask, axis=1))[:, 0]
   cols = tf.where(tf.reduce_any(mask, axis=0))[:, 0]
   ys = tf.concat([rows, positive_clicks[:, 1]], 0)
   xs = tf.concat([cols, positive_clicks[:, 0]], 0)
-  return square_box(tf.reduce_min(ys), tf.reduce_min(xs), tf.reduce_max(ys),
-                    tf.reduce_max(xs), ratio, min_side, xp=tf)
+  return square_box(
+    tf.reduce_min(ys),
+    tf.reduce_min(xs),
+    tf.reduce_max(ys),
+    tf.reduce_max(xs),
+    ratio,
+    min_side,
+    xp=tf,
+  )
 
 
 def box_tensor(y0, x0, side):
   """`crop_box` of a box, in TensorFlow."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   return tf.stack([x0, y0, x0 + side, y0 + side])
 
 
@@ -186,6 +206,7 @@ def whole_image_box(height, width):
   whole image, fitted as `resize` fits it (a crop record's own frame, for
   `serve_examples`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   side = tf.cast(tf.maximum(height, width), tf.int64)
   zero = tf.constant(0, tf.int64)
   return tf.stack([zero, zero, side, side])
@@ -197,22 +218,30 @@ def clicks_to_source(clicks_xy: np.ndarray, box, size: int) -> np.ndarray:
   does not magnify)."""
   x0, y0, x1, _ = (int(v) for v in box)
   c = np.asarray(clicks_xy, np.int64).reshape(-1, 2)
-  return np.stack([x0 + (2 * c[:, 0] + 1) * (x1 - x0) // (2 * size),
-                   y0 + (2 * c[:, 1] + 1) * (x1 - x0) // (2 * size)], axis=1)
+  return np.stack(
+    [
+      x0 + (2 * c[:, 0] + 1) * (x1 - x0) // (2 * size),
+      y0 + (2 * c[:, 1] + 1) * (x1 - x0) // (2 * size),
+    ],
+    axis=1,
+  )
 
 
 def clicks_in_image(clicks_xy, shape):
   """Clicks (x, y) -> int64 [N, 2] clamped into an image of `shape` (H, W, ...)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   shape = tf.cast(shape, tf.int64)
-  return tf.clip_by_value(tf.reshape(tf.cast(clicks_xy, tf.int64), [-1, 2]), 0,
-                          tf.stack([shape[1] - 1, shape[0] - 1]))
+  return tf.clip_by_value(
+    tf.reshape(tf.cast(clicks_xy, tf.int64), [-1, 2]), 0, tf.stack([shape[1] - 1, shape[0] - 1])
+  )
 
 
 def clicks_to_crop(clicks_xy, x0, y0, side, size: int, keep_outside: bool = False):
   """Source clicks (x, y) -> the crop's pixels of nearest centre; clicks that
   fall outside the box are dropped (or clamped into it, `keep_outside`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   c = tf.reshape(tf.cast(clicks_xy, tf.int64), [-1, 2])
   x = ((c[:, 0] - x0) * 2 + 1) * size // (2 * side)
   y = ((c[:, 1] - y0) * 2 + 1) * size // (2 * side)
@@ -223,9 +252,15 @@ def clicks_to_crop(clicks_xy, x0, y0, side, size: int, keep_outside: bool = Fals
   return tf.boolean_mask(out, inside)
 
 
-def crop_objects_twin(ex, size: int, context: float = DEFAULT_CONTEXT,
-                      min_side: int = DEFAULT_MIN_SIDE, jitter: float = 0.0, seed: int = 0,
-                      max_objects: int = 0):
+def crop_objects_twin(
+  ex,
+  size: int,
+  context: float = DEFAULT_CONTEXT,
+  min_side: int = DEFAULT_MIN_SIDE,
+  jitter: float = 0.0,
+  seed: int = 0,
+  max_objects: int = 0,
+):
   """`crop_objects` in TensorFlow, on one request: the box is `crop_box`
   when the request holds one, else derived from `crop_mask` or
   `previous_mask` (when given) and the positive clicks (clamped into the
@@ -235,6 +270,7 @@ def crop_objects_twin(ex, size: int, context: float = DEFAULT_CONTEXT,
   `crop_box` is set for `place_back`."""
   del jitter, seed, max_objects  # A request is one object, its box derived exactly.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   image = ex[keys.IMAGE]
   shape = tf.shape(image, out_type=tf.int64)
   out = dict(ex)
@@ -244,17 +280,20 @@ def crop_objects_twin(ex, size: int, context: float = DEFAULT_CONTEXT,
     y0, x0, side = box[1], box[0], box[2] - box[0]
   else:
     mask = ex.get(keys.CROP_MASK, ex.get(keys.PREVIOUS_MASK))
-    mask = tf.zeros(tf.cast(shape[:2], tf.int32), tf.bool) if mask is None else (
-        tf.cast(mask, tf.bool))
+    mask = (
+      tf.zeros(tf.cast(shape[:2], tf.int32), tf.bool) if mask is None else (tf.cast(mask, tf.bool))
+    )
     y0, x0, side = derived_box(mask, positive, context_ratio(context), int(min_side))
   if keys.PREVIOUS_MASK in ex:
-    out[keys.PREVIOUS_MASK] = crop_mask_tf(tf.cast(ex[keys.PREVIOUS_MASK], tf.bool), y0, x0,
-                                           side, int(size))
+    out[keys.PREVIOUS_MASK] = crop_mask_tf(
+      tf.cast(ex[keys.PREVIOUS_MASK], tf.bool), y0, x0, side, int(size)
+    )
   out[keys.IMAGE] = crop_image_tf(image, y0, x0, side, int(size))
   out[keys.POSITIVE_CLICKS] = clicks_to_crop(positive, x0, y0, side, int(size), True)
   if keys.NEGATIVE_CLICKS in ex:
-    out[keys.NEGATIVE_CLICKS] = clicks_to_crop(clicks_in_image(ex[keys.NEGATIVE_CLICKS], shape), x0, y0, side,
-                                               int(size))
+    out[keys.NEGATIVE_CLICKS] = clicks_to_crop(
+      clicks_in_image(ex[keys.NEGATIVE_CLICKS], shape), x0, y0, side, int(size)
+    )
   out[keys.CROP_BOX] = box_tensor(y0, x0, side)
   return out
 
@@ -263,14 +302,16 @@ def place_back(prob, box, height, width):
   """[S, S] values of a crop -> [height, width] of the source: bilinear (half-
   pixel centres, edges clamped) inside the box `crop_box`, 0 outside it."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   size = tf.shape(prob, out_type=tf.int64)[0]
   box = tf.cast(box, tf.int64)
 
   def axis(n, start):
     i = tf.range(tf.cast(n, tf.int64))
     r = (tf.cast(i - start, tf.float32) + 0.5) * tf.cast(size, tf.float32) / tf.cast(
-        box[2] - box[0], tf.float32) - 0.5
-    r = tf.clip_by_value(r, 0., tf.cast(size - 1, tf.float32))
+      box[2] - box[0], tf.float32
+    ) - 0.5
+    r = tf.clip_by_value(r, 0.0, tf.cast(size - 1, tf.float32))
     lower = tf.cast(tf.floor(r), tf.int64)
     upper = tf.minimum(lower + 1, size - 1)
     inside = (i >= start) & (i < start + box[2] - box[0])
@@ -289,9 +330,15 @@ class CropServing(ServingSide):
   with no previous mask, around the whole image (`prepare`);
   the crop's probabilities go back into its box, 0 outside (`place_back`)."""
 
-  def __init__(self, size: int, context: float = DEFAULT_CONTEXT,
-               min_side: int = DEFAULT_MIN_SIDE, jitter: float = 0.0, seed: int = 0,
-               max_objects: int = 0):
+  def __init__(
+    self,
+    size: int,
+    context: float = DEFAULT_CONTEXT,
+    min_side: int = DEFAULT_MIN_SIDE,
+    jitter: float = 0.0,
+    seed: int = 0,
+    max_objects: int = 0,
+  ):
     # The twin crops with the same arguments; a request's box is derived exactly.
     del context, min_side, jitter, seed, max_objects
     self.size = (int(size), int(size))
@@ -305,10 +352,12 @@ class CropServing(ServingSide):
     growing windows around the click and 0.130 for the nearest-click
     baseline). `previous_mask` stays what the request gave (the model's input)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     previous = tf.cast(ex[keys.PREVIOUS_MASK], tf.bool)
     whole = tf.ones_like(previous)
-    return dict(ex, **{keys.CROP_MASK: tf.cond(tf.reduce_any(previous), lambda: previous,
-                                               lambda: whole)})
+    return dict(
+      ex, **{keys.CROP_MASK: tf.cond(tf.reduce_any(previous), lambda: previous, lambda: whole)}
+    )
 
   def frame(self):
     """A record is a crop already: its whole frame is the box."""
@@ -321,12 +370,22 @@ class CropServing(ServingSide):
 # ---- the op --------------------------------------------------------------------
 
 
-@register_op("crop_objects", reads=(keys.IMAGE, keys.INSTANCE_MASK, keys.IMAGE_ID),
-             produces={keys.IMAGE: IMAGE, keys.OBJECT_ID: OBJECT_ID, keys.MASK: MASK,
-                       keys.CROP_BOX: CROP_BOX},
-             intermediate=(keys.INSTANCE_MASK,), twin=crop_objects_twin, serving=CropServing)
-def crop_objects(size: int, context: float = DEFAULT_CONTEXT, min_side: int = DEFAULT_MIN_SIDE,
-                 jitter: float = 0.0, seed: int = 0, max_objects: int = 0):
+@register_op(
+  "crop_objects",
+  reads=(keys.IMAGE, keys.INSTANCE_MASK, keys.IMAGE_ID),
+  produces={keys.IMAGE: IMAGE, keys.OBJECT_ID: OBJECT_ID, keys.MASK: MASK, keys.CROP_BOX: CROP_BOX},
+  intermediate=(keys.INSTANCE_MASK,),
+  twin=crop_objects_twin,
+  serving=CropServing,
+)
+def crop_objects(
+  size: int,
+  context: float = DEFAULT_CONTEXT,
+  min_side: int = DEFAULT_MIN_SIDE,
+  jitter: float = 0.0,
+  seed: int = 0,
+  max_objects: int = 0,
+):
   """Fans a scene out into one object-centred crop per object.
 
   For each object (`listed_objects`: those `object_areas` measured, else
@@ -353,16 +412,27 @@ def crop_objects(size: int, context: float = DEFAULT_CONTEXT, min_side: int = DE
     for i in listed_objects(ex, max_objects):
       if slices[i - 1] is None:
         raise ExampleError("object_empty", f"object {i} has no pixel in the mask")
-      bbox = (slices[i - 1][0].start, slices[i - 1][1].start, slices[i - 1][0].stop - 1,
-              slices[i - 1][1].stop - 1)
+      bbox = (
+        slices[i - 1][0].start,
+        slices[i - 1][1].start,
+        slices[i - 1][0].stop - 1,
+        slices[i - 1][1].stop - 1,
+      )
       y0, x0, side = (int(v) for v in square_box(*bbox, ratio, min_side))
-      y0, x0, side = jittered_box(*bbox, y0, x0, side, jitter,
-                                  example_rng(seed, ex[keys.IMAGE_ID], i, CROP_STREAM))
+      y0, x0, side = jittered_box(
+        *bbox, y0, x0, side, jitter, example_rng(seed, ex[keys.IMAGE_ID], i, CROP_STREAM)
+      )
       crop = crop_labels(inst, y0, x0, side, size)
       obj = dict(ex)
-      obj.update({keys.IMAGE: crop_image(image, y0, x0, side, size), keys.INSTANCE_MASK: crop,
-                  keys.MASK: object_label(crop, i), keys.OBJECT_ID: int(i),
-                  keys.CROP_BOX: box_feature(y0, x0, side)})
+      obj.update(
+        {
+          keys.IMAGE: crop_image(image, y0, x0, side, size),
+          keys.INSTANCE_MASK: crop,
+          keys.MASK: object_label(crop, i),
+          keys.OBJECT_ID: int(i),
+          keys.CROP_BOX: box_feature(y0, x0, side),
+        }
+      )
       out.append(obj)
     return out
 

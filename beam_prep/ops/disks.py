@@ -33,6 +33,7 @@ def disk_map(clicks_xy: np.ndarray, height: int, width: int, radius: float) -> n
 def tf_disk_map(clicks_xy, height, width, radius: float):
   """`disk_map` in TensorFlow: the same values."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   clicks = tf.cast(tf.reshape(clicks_xy, [-1, 2]), tf.int64)
   r2 = int(np.floor(radius * radius))
   rows = tf.range(tf.cast(height, tf.int64))
@@ -46,12 +47,17 @@ def tf_disk_map(clicks_xy, height, width, radius: float):
 def click_disks_twin(ex, radius: float = DEFAULT_RADIUS):
   """`click_disks` in TensorFlow, on one example's tensors."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   shape = tf.shape(ex[keys.IMAGE])
   h, w = shape[0], shape[1]
   out = dict(ex)
-  out[keys.CLICK_DISKS] = tf.stack([tf_disk_map(ex[keys.POSITIVE_CLICKS], h, w, radius),
-                                    tf_disk_map(ex[keys.NEGATIVE_CLICKS], h, w, radius)],
-                                   axis=-1)
+  out[keys.CLICK_DISKS] = tf.stack(
+    [
+      tf_disk_map(ex[keys.POSITIVE_CLICKS], h, w, radius),
+      tf_disk_map(ex[keys.NEGATIVE_CLICKS], h, w, radius),
+    ],
+    axis=-1,
+  )
   return out
 
 
@@ -59,14 +65,19 @@ def click_disks_add_click(value, click_xy, positive, radius: float = DEFAULT_RAD
   """One more click in disks [B, H, W, 2] (float32 0/1): its kind's channel
   is OR-ed (the maximum) with the click's disk."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return combine_click(value, click_xy, positive,
-                       lambda xy, h, w: tf_disk_map(xy, h, w, radius), tf.maximum)
+
+  return combine_click(
+    value, click_xy, positive, lambda xy, h, w: tf_disk_map(xy, h, w, radius), tf.maximum
+  )
 
 
-@register_op("click_disks", reads=(keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS),
-             produces={keys.CLICK_DISKS: Feature("uint8", channels=2, role="model_input",
-                                                     encoding="zlib")},
-             twin=click_disks_twin, add_click=click_disks_add_click)
+@register_op(
+  "click_disks",
+  reads=(keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS),
+  produces={keys.CLICK_DISKS: Feature("uint8", channels=2, role="model_input", encoding="zlib")},
+  twin=click_disks_twin,
+  add_click=click_disks_add_click,
+)
 def click_disks(radius: float = DEFAULT_RADIUS):
   """Adds `click_disks`: binary disks of `radius` pixels around each click."""
   if not radius > 0:
@@ -76,8 +87,12 @@ def click_disks(radius: float = DEFAULT_RADIUS):
     h, w = ex[keys.IMAGE].shape[:2]
     out = dict(ex)
     out[keys.CLICK_DISKS] = np.stack(
-        [disk_map(ex[keys.POSITIVE_CLICKS], h, w, radius),
-         disk_map(ex[keys.NEGATIVE_CLICKS], h, w, radius)], axis=-1)
+      [
+        disk_map(ex[keys.POSITIVE_CLICKS], h, w, radius),
+        disk_map(ex[keys.NEGATIVE_CLICKS], h, w, radius),
+      ],
+      axis=-1,
+    )
     return out
 
   return fn

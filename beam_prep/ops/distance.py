@@ -20,8 +20,9 @@ from beam_prep.features import Feature
 from beam_prep.ops.registry import combine_click, register_op
 
 
-def distance_map(clicks_xy: np.ndarray, height: int, width: int,
-                 cap: int = keys.MAX_DISTANCE) -> np.ndarray:
+def distance_map(
+  clicks_xy: np.ndarray, height: int, width: int, cap: int = keys.MAX_DISTANCE
+) -> np.ndarray:
   """Distance from each pixel to the nearest click, as uint8 capped at `cap`.
 
   Args:
@@ -51,11 +52,13 @@ def distance_map(clicks_xy: np.ndarray, height: int, width: int,
   return np.minimum(dist, cap).astype(np.uint8)
 
 
-def distance_maps(positive_xy: np.ndarray, negative_xy: np.ndarray,
-                  height: int, width: int) -> np.ndarray:
+def distance_maps(
+  positive_xy: np.ndarray, negative_xy: np.ndarray, height: int, width: int
+) -> np.ndarray:
   """Both maps stacked: uint8 [height, width, 2] (positive, negative)."""
-  return np.stack([distance_map(positive_xy, height, width),
-                   distance_map(negative_xy, height, width)], axis=-1)
+  return np.stack(
+    [distance_map(positive_xy, height, width), distance_map(negative_xy, height, width)], axis=-1
+  )
 
 
 def tf_distance_map(clicks_xy, height, width, cap: int = keys.MAX_DISTANCE):
@@ -68,6 +71,7 @@ def tf_distance_map(clicks_xy, height, width, cap: int = keys.MAX_DISTANCE):
     cap: largest stored distance.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   clicks = tf.cast(tf.reshape(clicks_xy, [-1, 2]), tf.int32)
   limit = (cap + 1) ** 2
   rows = tf.range(height, dtype=tf.int32)
@@ -83,11 +87,17 @@ def tf_distance_map(clicks_xy, height, width, cap: int = keys.MAX_DISTANCE):
 def distance_maps_twin(ex):
   """`distance_maps` in TensorFlow, on one example's tensors."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   shape = tf.shape(ex[keys.IMAGE])
   h, w = shape[0], shape[1]
   out = dict(ex)
-  out[keys.DISTANCE_MAPS] = tf.stack([tf_distance_map(ex[keys.POSITIVE_CLICKS], h, w),
-                                      tf_distance_map(ex[keys.NEGATIVE_CLICKS], h, w)], axis=-1)
+  out[keys.DISTANCE_MAPS] = tf.stack(
+    [
+      tf_distance_map(ex[keys.POSITIVE_CLICKS], h, w),
+      tf_distance_map(ex[keys.NEGATIVE_CLICKS], h, w),
+    ],
+    axis=-1,
+  )
   return out
 
 
@@ -97,24 +107,32 @@ def distance_maps_add_click(value, click_xy, positive, cap: int = keys.MAX_DISTA
   distance map, which is what the maps of all clicks are (the rounding and
   the cap are monotone, so they commute with the minimum)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return combine_click(value, click_xy, positive,
-                       lambda xy, h, w: tf_distance_map(xy, h, w, cap), tf.minimum)
+
+  return combine_click(
+    value, click_xy, positive, lambda xy, h, w: tf_distance_map(xy, h, w, cap), tf.minimum
+  )
 
 
-@register_op("distance_maps",
-             reads=(keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS),
-             produces={keys.DISTANCE_MAPS: Feature("uint8", channels=2, role="model_input",
-                                                   normalize=keys.MAX_DISTANCE,
-                                                   encoding="zlib")},
-             twin=distance_maps_twin, add_click=distance_maps_add_click)
+@register_op(
+  "distance_maps",
+  reads=(keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS),
+  produces={
+    keys.DISTANCE_MAPS: Feature(
+      "uint8", channels=2, role="model_input", normalize=keys.MAX_DISTANCE, encoding="zlib"
+    )
+  },
+  twin=distance_maps_twin,
+  add_click=distance_maps_add_click,
+)
 def distance_maps_op():
   """Adds `distance_maps` (Xu et al. 2016) from `positive_clicks` and `negative_clicks`."""
 
   def fn(ex):
     h, w = ex[keys.IMAGE].shape[:2]
     out = dict(ex)
-    out[keys.DISTANCE_MAPS] = distance_maps(ex[keys.POSITIVE_CLICKS], ex[keys.NEGATIVE_CLICKS],
-                                            h, w)
+    out[keys.DISTANCE_MAPS] = distance_maps(
+      ex[keys.POSITIVE_CLICKS], ex[keys.NEGATIVE_CLICKS], h, w
+    )
     return out
 
   return fn

@@ -36,12 +36,19 @@ def mirror(ex, width: int):
   return out
 
 
-@register_op("flip_variants",
-             reads=(keys.IMAGE, keys.MASK, keys.VARIANT) + _CLICK_KEYS,
-             produces={keys.IMAGE: IMAGE, keys.MASK: MASK, keys.FLIPPED:
-                       Feature("int64", shape=(), role="metadata"),
-                       keys.POSITIVE_CLICKS: CLICKS, keys.NEGATIVE_CLICKS: CLICKS},
-             intermediate=(keys.INSTANCE_MASK,), twin=flip_variants_twin)
+@register_op(
+  "flip_variants",
+  reads=(keys.IMAGE, keys.MASK, keys.VARIANT) + _CLICK_KEYS,
+  produces={
+    keys.IMAGE: IMAGE,
+    keys.MASK: MASK,
+    keys.FLIPPED: Feature("int64", shape=(), role="metadata"),
+    keys.POSITIVE_CLICKS: CLICKS,
+    keys.NEGATIVE_CLICKS: CLICKS,
+  },
+  intermediate=(keys.INSTANCE_MASK,),
+  twin=flip_variants_twin,
+)
 def flip_variants(every: int = 2):
   """Mirrors the variants whose index is `every - 1` modulo `every` (odd ones by default)."""
   if every < 1:

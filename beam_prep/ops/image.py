@@ -62,9 +62,10 @@ def _open(data: bytes, what: str, max_pixels: int) -> Image.Image:
       w, h = im.size
       if w * h > max_pixels:
         raise ExampleError(
-            "decompression_bomb",
-            f"the {what} declares {w}x{h} = {w * h} pixels, over the limit of "
-            f"{max_pixels} (raise --max-pixels if this is real)")
+          "decompression_bomb",
+          f"the {what} declares {w}x{h} = {w * h} pixels, over the limit of "
+          f"{max_pixels} (raise --max-pixels if this is real)",
+        )
       im.load()
   except ExampleError:
     raise
@@ -85,6 +86,7 @@ def displayed(im: Image.Image) -> Image.Image:
   photo and its mask would be silently misaligned. Masks are used as stored.
   """
   from PIL import ImageOps  # pylint: disable=g-import-not-at-top
+
   return ImageOps.exif_transpose(im)
 
 
@@ -111,10 +113,24 @@ def image_to_rgb(im: Image.Image) -> np.ndarray:
     grey = (arr * 255 + top // 2) // top
     return np.repeat(grey.astype(np.uint8)[..., None], 3, axis=-1)
   if mode == "F":
-    raise ExampleError("unsupported_image_mode",
-                       "floating-point image (mode F) has no defined value range")
-  if mode in ("L", "1", "LA", "La", "RGBA", "RGBX", "RGBa", "P", "PA", "CMYK", "YCbCr", "LAB",
-              "HSV"):
+    raise ExampleError(
+      "unsupported_image_mode", "floating-point image (mode F) has no defined value range"
+    )
+  if mode in (
+    "L",
+    "1",
+    "LA",
+    "La",
+    "RGBA",
+    "RGBX",
+    "RGBa",
+    "P",
+    "PA",
+    "CMYK",
+    "YCbCr",
+    "LAB",
+    "HSV",
+  ):
     return np.asarray(im.convert("RGB"), dtype=np.uint8)
   raise ExampleError("unsupported_image_mode", f"image mode {mode!r}")
 
@@ -146,7 +162,7 @@ def mask_to_ids(im: Image.Image) -> np.ndarray:
 def _is_binary(ids: np.ndarray) -> bool:
   """Whether uint8 `ids` hold only 0 and 255, and some 255."""
   counts = np.bincount(ids.ravel(), minlength=keys.IGNORE + 1)
-  return counts[keys.IGNORE] > 0 and not counts[keys.BACKGROUND + 1:keys.IGNORE].any()
+  return counts[keys.IGNORE] > 0 and not counts[keys.BACKGROUND + 1 : keys.IGNORE].any()
 
 
 def _mask_values(im: Image.Image) -> np.ndarray:
@@ -156,19 +172,21 @@ def _mask_values(im: Image.Image) -> np.ndarray:
   if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
     arr = np.asarray(im)
     if arr.min() < 0 or arr.max() > 255:
-      raise ExampleError("unsupported_mask",
-                         f"{im.mode} mask holds values outside 0..255 (max {arr.max()})")
+      raise ExampleError(
+        "unsupported_mask", f"{im.mode} mask holds values outside 0..255 (max {arr.max()})"
+      )
     return arr.astype(np.uint8)
   if im.mode in _COLOUR_CHANNELS:
-    colour = np.asarray(im, dtype=np.uint8)[..., :_COLOUR_CHANNELS[im.mode]]
+    colour = np.asarray(im, dtype=np.uint8)[..., : _COLOUR_CHANNELS[im.mode]]
     grey = colour[..., 0]
     if (colour == grey[..., None]).all() and _is_binary(grey):
       return grey
   raise ExampleError(
-      "unsupported_mask",
-      f"mask mode {im.mode!r}: a mask must be single-channel instance ids "
-      "(palette or grey PNG, as Pascal VOC's SegmentationObject), or black and "
-      "white (0 background, 255 the object)")
+    "unsupported_mask",
+    f"mask mode {im.mode!r}: a mask must be single-channel instance ids "
+    "(palette or grey PNG, as Pascal VOC's SegmentationObject), or black and "
+    "white (0 background, 255 the object)",
+  )
 
 
 def decode_file(data: bytes, max_pixels: int = keys.MAX_PIXELS) -> np.ndarray:
@@ -200,8 +218,7 @@ def declared_pixels(data: bytes) -> int:
   except (Image.UnidentifiedImageError, OSError, SyntaxError, ValueError):
     raise ValueError("not an image file (PNG, JPEG, GIF, BMP or WebP)") from None
   if im.format not in SERVED_FORMATS:
-    raise ValueError(f"a {im.format} file; the serving graph decodes "
-                     f"{', '.join(SERVED_FORMATS)}")
+    raise ValueError(f"a {im.format} file; the serving graph decodes {', '.join(SERVED_FORMATS)}")
   return im.size[0] * im.size[1]
 
 
@@ -214,10 +231,12 @@ def decode_image_tf(data):
   differs by a few levels); other formats are lossless.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   image = tf.cond(
-      tf.io.is_jpeg(data),
-      lambda: tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE"),
-      lambda: tf.io.decode_image(data, channels=3, expand_animations=False))
+    tf.io.is_jpeg(data),
+    lambda: tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE"),
+    lambda: tf.io.decode_image(data, channels=3, expand_animations=False),
+  )
   image.set_shape([None, None, 3])
   return _orient(image, _exif_orientation(data))
 
@@ -230,6 +249,7 @@ def decode_twin(ex, max_pixels: int = keys.MAX_PIXELS, require_mask: bool = True
   """
   del max_pixels, require_mask  # The serving graph decodes images only.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   out = dict(ex)
   if keys.IMAGE_BYTES in ex:
     out[keys.IMAGE] = decode_image_tf(ex[keys.IMAGE_BYTES])
@@ -250,6 +270,7 @@ def _exif_orientation(data):
   """The EXIF orientation (1..8) of an encoded image, in TensorFlow; 1 when
   the file has none. Reads IFD0 of the first EXIF block, as PIL does."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   head = tf.strings.substr(data, 0, _EXIF_SEARCH_BYTES)
   n = tf.strings.length(head)
   tiff = tf.reduce_min(tf.stack([_find(head, m) + len(m) for m in _EXIF_MARKERS]))
@@ -259,9 +280,14 @@ def _exif_orientation(data):
   body = tf.concat([body, tf.zeros([12 * 64 + 16], tf.int32)], 0)
   little = tf.equal(body[0], ord("I"))
   found &= (little | tf.equal(body[0], ord("M"))) & tf.equal(body[0], body[1])
-  weights = {size: tf.where(little, tf.constant([1 << (8 * i) for i in range(size)]),
-                            tf.constant([1 << (8 * i) for i in reversed(range(size))]))
-             for size in (2, 4)}
+  weights = {
+    size: tf.where(
+      little,
+      tf.constant([1 << (8 * i) for i in range(size)]),
+      tf.constant([1 << (8 * i) for i in reversed(range(size))]),
+    )
+    for size in (2, 4)
+  }
 
   def uint(at, size):
     """The unsigned integers of `size` bytes at offsets `at` (any shape) of the block."""
@@ -282,6 +308,7 @@ def _exif_orientation(data):
 def _find(head, marker: bytes):
   """Index of the first `marker` in the string `head`, or its length."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   before = tf.strings.split(head, sep=marker, maxsplit=1)
   return tf.strings.length(tf.concat([before, [""]], 0)[0])
 
@@ -289,21 +316,28 @@ def _find(head, marker: bytes):
 def _orient(image, orientation):
   """`image` as viewers show it under EXIF `orientation` (PIL's exif_transpose)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   t = lambda im: tf.transpose(im, [1, 0, 2])
-  ways = [lambda: image,  # 1
-          lambda: tf.reverse(image, [1]),  # 2: mirrored
-          lambda: tf.image.rot90(image, 2),  # 3
-          lambda: tf.reverse(image, [0]),  # 4
-          lambda: t(image),  # 5: transposed
-          lambda: tf.image.rot90(image, 3),  # 6: turned 90 degrees clockwise
-          lambda: tf.image.rot90(t(image), 2),  # 7: transversed
-          lambda: tf.image.rot90(image, 1)]  # 8
+  ways = [
+    lambda: image,  # 1
+    lambda: tf.reverse(image, [1]),  # 2: mirrored
+    lambda: tf.image.rot90(image, 2),  # 3
+    lambda: tf.reverse(image, [0]),  # 4
+    lambda: t(image),  # 5: transposed
+    lambda: tf.image.rot90(image, 3),  # 6: turned 90 degrees clockwise
+    lambda: tf.image.rot90(t(image), 2),  # 7: transversed
+    lambda: tf.image.rot90(image, 1),
+  ]  # 8
   return tf.switch_case(orientation - 1, ways)
 
 
-@register_op("decode", reads=(keys.IMAGE_BYTES,),
-             produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
-             intermediate=(keys.INSTANCE_MASK,), twin=decode_twin)
+@register_op(
+  "decode",
+  reads=(keys.IMAGE_BYTES,),
+  produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
+  intermediate=(keys.INSTANCE_MASK,),
+  twin=decode_twin,
+)
 def decode(max_pixels: int = keys.MAX_PIXELS, require_mask: bool = True):
   """Decodes `image_bytes` (and `mask_bytes`) into `image` (and `instance_mask`).
 
@@ -328,9 +362,10 @@ def decode(max_pixels: int = keys.MAX_PIXELS, require_mask: bool = True):
       mask = mask_to_ids(_open(ex[keys.MASK_BYTES], "mask", max_pixels))
     if mask.shape != image.shape[:2]:
       raise ExampleError(
-          "mask_size_mismatch",
-          f"the image is {image.shape[1]}x{image.shape[0]} (width x height), {what} "
-          f"{mask.shape[1]}x{mask.shape[0]}")
+        "mask_size_mismatch",
+        f"the image is {image.shape[1]}x{image.shape[0]} (width x height), {what} "
+        f"{mask.shape[1]}x{mask.shape[0]}",
+      )
     out[keys.INSTANCE_MASK] = mask
     return out
 
@@ -356,8 +391,9 @@ def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
   """
   if image.shape[:2] == (height, width):
     return image.astype(np.float32)
-  return bilinear_from(lambda ys, xs: image[ys][:, xs], image.shape[0], image.shape[1],
-                       height, width)
+  return bilinear_from(
+    lambda ys, xs: image[ys][:, xs], image.shape[0], image.shape[1], height, width
+  )
 
 
 def bilinear_from(take, in_height: int, in_width: int, height: int, width: int) -> np.ndarray:
@@ -421,7 +457,7 @@ def fitted_size(in_height, in_width, height, width, xp=np):
 def pad_to(array: np.ndarray, height: int, width: int, value: int) -> np.ndarray:
   """`array` [h, w, ...] at the top-left of a height x width frame filled with `value`."""
   out = np.full((height, width) + array.shape[2:], value, array.dtype)
-  out[:array.shape[0], :array.shape[1]] = array
+  out[: array.shape[0], : array.shape[1]] = array
   return out
 
 
@@ -433,19 +469,24 @@ def resize_twin(ex, size: int, width: int = None):
   move to the pixel of nearest centre in the fitted image, clamped into it.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   height, width = int(size), int(width or size)
   image = ex[keys.IMAGE]
   in_shape = tf.shape(image, out_type=tf.int64)
   in_h, in_w = in_shape[0], in_shape[1]
   fit_h, fit_w = fitted_size(in_h, in_w, height, width, xp=tf)
-  resized = tf.image.resize(tf.cast(image, tf.float32)[None],
-                            tf.cast(tf.stack([fit_h, fit_w]), tf.int32),
-                            method="bilinear", antialias=False)[0]
+  resized = tf.image.resize(
+    tf.cast(image, tf.float32)[None],
+    tf.cast(tf.stack([fit_h, fit_w]), tf.int32),
+    method="bilinear",
+    antialias=False,
+  )[0]
   resized = tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
   out = dict(ex)
   zero = tf.constant(0, tf.int64)
-  padding = tf.stack([tf.stack([zero, height - fit_h]), tf.stack([zero, width - fit_w]),
-                      tf.zeros([2], tf.int64)])
+  padding = tf.stack(
+    [tf.stack([zero, height - fit_h]), tf.stack([zero, width - fit_w]), tf.zeros([2], tf.int64)]
+  )
   out[keys.IMAGE] = tf.pad(resized, padding, constant_values=IMAGE_PAD)
   out[keys.IMAGE].set_shape([height, width, 3])
   out[keys.HEIGHT], out[keys.WIDTH] = in_h, in_w
@@ -453,8 +494,11 @@ def resize_twin(ex, size: int, width: int = None):
     if key in ex:
       out[key] = scale_clicks(ex[key], in_h, in_w, fit_h, fit_w)
   if keys.PREVIOUS_MASK in ex:  # Into the records' frame, nearest, padded with none.
-    previous = tf.image.resize(tf.cast(ex[keys.PREVIOUS_MASK], tf.uint8)[..., None],
-                               tf.cast(tf.stack([fit_h, fit_w]), tf.int32), method="nearest")
+    previous = tf.image.resize(
+      tf.cast(ex[keys.PREVIOUS_MASK], tf.uint8)[..., None],
+      tf.cast(tf.stack([fit_h, fit_w]), tf.int32),
+      method="nearest",
+    )
     out[keys.PREVIOUS_MASK] = tf.pad(previous[..., 0], padding[:2]) > 0
   return out
 
@@ -464,10 +508,11 @@ def scale_clicks(clicks_xy, in_height, in_width, height, width):
   centre in the height x width image, clamped into it (TensorFlow; the sizes
   may be tensors)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   c = tf.cast(tf.reshape(clicks_xy, [-1, 2]), tf.float32)
   f = lambda v: tf.cast(v, tf.float32)  # pylint: disable=unnecessary-lambda-assignment
-  x = tf.clip_by_value(tf.floor((c[:, 0] + 0.5) * f(width) / f(in_width)), 0., f(width) - 1)
-  y = tf.clip_by_value(tf.floor((c[:, 1] + 0.5) * f(height) / f(in_height)), 0., f(height) - 1)
+  x = tf.clip_by_value(tf.floor((c[:, 0] + 0.5) * f(width) / f(in_width)), 0.0, f(width) - 1)
+  y = tf.clip_by_value(tf.floor((c[:, 1] + 0.5) * f(height) / f(in_height)), 0.0, f(height) - 1)
   return tf.cast(tf.stack([x, y], axis=1), tf.int64)
 
 
@@ -483,14 +528,22 @@ class ResizeServing(ServingSide):
 
   def to_request(self, prob, out, height, width):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    fit_h, fit_w = fitted_size(tf.cast(height, tf.int64), tf.cast(width, tf.int64), self.height,
-                               self.width, xp=tf)
-    valid = prob[:tf.cast(fit_h, tf.int32), :tf.cast(fit_w, tf.int32)]
+
+    fit_h, fit_w = fitted_size(
+      tf.cast(height, tf.int64), tf.cast(width, tf.int64), self.height, self.width, xp=tf
+    )
+    valid = prob[: tf.cast(fit_h, tf.int32), : tf.cast(fit_w, tf.int32)]
     return tf.image.resize(valid[..., None], tf.stack([height, width]), method="bilinear")[..., 0]
 
 
-@register_op("resize", reads=(keys.IMAGE,), produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
-             intermediate=(keys.INSTANCE_MASK,), twin=resize_twin, serving=ResizeServing)
+@register_op(
+  "resize",
+  reads=(keys.IMAGE,),
+  produces={keys.IMAGE: IMAGE, **SIZE_FEATURES},
+  intermediate=(keys.INSTANCE_MASK,),
+  twin=resize_twin,
+  serving=ResizeServing,
+)
 def resize(size: int, width: int = None):
   """Fits `image` into a size x width frame with its aspect ratio kept.
 
@@ -506,12 +559,12 @@ def resize(size: int, width: int = None):
     in_h, in_w = ex[keys.IMAGE].shape[:2]
     fit_h, fit_w = (int(v) for v in fitted_size(in_h, in_w, height, width))
     out = dict(ex)
-    out[keys.IMAGE] = pad_to(resize_image(ex[keys.IMAGE], fit_h, fit_w), height, width,
-                             IMAGE_PAD)
+    out[keys.IMAGE] = pad_to(resize_image(ex[keys.IMAGE], fit_h, fit_w), height, width, IMAGE_PAD)
     out[keys.HEIGHT], out[keys.WIDTH] = in_h, in_w
     if keys.INSTANCE_MASK in ex:
-      out[keys.INSTANCE_MASK] = pad_to(resize_nearest(ex[keys.INSTANCE_MASK], fit_h, fit_w),
-                                       height, width, keys.IGNORE)
+      out[keys.INSTANCE_MASK] = pad_to(
+        resize_nearest(ex[keys.INSTANCE_MASK], fit_h, fit_w), height, width, keys.IGNORE
+      )
     return out
 
   return fn
@@ -557,8 +610,7 @@ def listed_objects(ex, max_objects: int = 0):
   keep = (ids != keys.BACKGROUND) & (ids != keys.IGNORE)
   ids, counts = ids[keep], counts[keep]
   if ids.size == 0:
-    raise ExampleError("mask_has_no_object",
-                       "the mask holds only background and ignore pixels")
+    raise ExampleError("mask_has_no_object", "the mask holds only background and ignore pixels")
   order = np.argsort(-counts, kind="stable")
   if max_objects:
     order = order[:max_objects]
@@ -573,8 +625,11 @@ def object_label(instance_mask: np.ndarray, object_id: int) -> np.ndarray:
   return np.where(ignore, keys.IGNORE, instance_mask == object_id).astype(np.uint8)
 
 
-@register_op("split_objects", reads=(keys.INSTANCE_MASK,),
-             produces={keys.OBJECT_ID: OBJECT_ID, keys.MASK: MASK})
+@register_op(
+  "split_objects",
+  reads=(keys.INSTANCE_MASK,),
+  produces={keys.OBJECT_ID: OBJECT_ID, keys.MASK: MASK},
+)
 def split_objects(max_objects: int = 0):
   """Fans a scene out into one example per object instance.
 
@@ -612,16 +667,19 @@ def require_min_area(min_area: int):
   def fn(ex):
     area = int(ex[keys.SOURCE_AREAS][int(ex[keys.OBJECT_ID])])
     if area < min_area:
-      raise ExampleError("object_below_min_area",
-                         f"object {int(ex[keys.OBJECT_ID])} covers {area} pixels at the source "
-                         f"resolution, under --min-object-area {min_area}")
+      raise ExampleError(
+        "object_below_min_area",
+        f"object {int(ex[keys.OBJECT_ID])} covers {area} pixels at the source "
+        f"resolution, under --min-object-area {min_area}",
+      )
     return ex
 
   return fn
 
 
-@register_op("require_label", reads=(),
-             produces={keys.LABEL: Feature("string", shape=(), role="label")})
+@register_op(
+  "require_label", reads=(), produces={keys.LABEL: Feature("string", shape=(), role="label")}
+)
 def require_label():
   """Classification: an example without a `label` is an error, not a guess."""
 

@@ -22,6 +22,7 @@ def prev_mask_twin(ex):
   """`prev_mask` in TensorFlow: the request's previous mask in the records'
   frame (bool or uint8 [H, W]), else zeros."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   shape = tf.shape(ex[keys.IMAGE])
   previous = ex.get(keys.PREVIOUS_MASK)
   if previous is None:
@@ -31,8 +32,9 @@ def prev_mask_twin(ex):
   return dict(ex, **{keys.PREV_MASK: mask})
 
 
-@register_op("prev_mask", reads=(keys.IMAGE,), produces={keys.PREV_MASK: PREV_MASK},
-             twin=prev_mask_twin)
+@register_op(
+  "prev_mask", reads=(keys.IMAGE,), produces={keys.PREV_MASK: PREV_MASK}, twin=prev_mask_twin
+)
 def prev_mask():
   """Adds `prev_mask`: no previous prediction yet, zeros [H, W, 1]."""
 

@@ -68,6 +68,7 @@ OpFactory = Callable[..., OpFn]
 @dataclasses.dataclass(frozen=True)
 class OpEntry:
   """A registered op: its factory, declarations and TensorFlow twin."""
+
   name: str
   factory: OpFactory
   produces: Mapping[str, Feature]
@@ -106,13 +107,31 @@ class ExampleError(Exception):
     self.detail = detail
 
 
-def register_op(name: str, produces: Optional[Mapping[str, Feature]] = None,
-                twin: Optional[Callable[..., Any]] = None,
-                intermediate: Sequence[str] = (),
-                reads: Optional[Sequence[str]] = None,
-                serving: Optional[Callable[..., Any]] = None,
-                add_click: Optional[Callable[..., Any]] = None
-                ) -> Callable[[OpFactory], OpFactory]:
+def _check_declaration(name: str, produces: Mapping[str, Feature], twin, intermediate) -> None:
+  """`register_op`'s arguments, checked (its Raises)."""
+  if not name.isidentifier():
+    raise ValueError(f"op name {name!r} is not an identifier")
+  for key, feature in produces.items():
+    if not isinstance(feature, Feature):
+      raise FeatureError(
+        f"op {name!r}: produces[{key!r}] must be a beam_prep.Feature, got {type(feature).__name__}"
+      )
+  overlap = set(produces) & set(intermediate)
+  if overlap:
+    raise FeatureError(f"op {name!r}: {sorted(overlap)} cannot be both produced and intermediate")
+  if twin is not None and not callable(twin):
+    raise ValueError(f"op {name!r}: twin must be a function")
+
+
+def register_op(
+  name: str,
+  produces: Optional[Mapping[str, Feature]] = None,
+  twin: Optional[Callable[..., Any]] = None,
+  intermediate: Sequence[str] = (),
+  reads: Optional[Sequence[str]] = None,
+  serving: Optional[Callable[..., Any]] = None,
+  add_click: Optional[Callable[..., Any]] = None,
+) -> Callable[[OpFactory], OpFactory]:
   """Registers an op factory under `name`, with what it reads and produces.
 
   Args:
@@ -141,27 +160,23 @@ def register_op(name: str, produces: Optional[Mapping[str, Feature]] = None,
     ValueError: if the name is taken by a different factory or is not an
       identifier, or a declaration is not a Feature.
   """
-  if not name.isidentifier():
-    raise ValueError(f"op name {name!r} is not an identifier")
   produces = dict(produces or {})
-  for key, feature in produces.items():
-    if not isinstance(feature, Feature):
-      raise FeatureError(f"op {name!r}: produces[{key!r}] must be a beam_prep.Feature, got "
-                         f"{type(feature).__name__}")
-  overlap = set(produces) & set(intermediate)
-  if overlap:
-    raise FeatureError(f"op {name!r}: {sorted(overlap)} cannot be both produced and "
-                       "intermediate")
-  if twin is not None and not callable(twin):
-    raise ValueError(f"op {name!r}: twin must be a function")
+  _check_declaration(name, produces, twin, intermediate)
 
   def decorator(factory: OpFactory) -> OpFactory:
     existing = _REGISTRY.get(name)
     if existing is not None and _qualname(existing.factory) != _qualname(factory):
-      raise ValueError(
-          f"op {name!r} is already registered by {_qualname(existing.factory)}")
-    _REGISTRY[name] = OpEntry(name, factory, produces, twin, tuple(intermediate),
-                              None if reads is None else tuple(reads), serving, add_click)
+      raise ValueError(f"op {name!r} is already registered by {_qualname(existing.factory)}")
+    _REGISTRY[name] = OpEntry(
+      name,
+      factory,
+      produces,
+      twin,
+      tuple(intermediate),
+      None if reads is None else tuple(reads),
+      serving,
+      add_click,
+    )
     return factory
 
   return decorator
@@ -186,9 +201,10 @@ def op_entry(name: str) -> OpEntry:
     return _REGISTRY[name]
   except KeyError:
     raise ValueError(
-        f"unknown op {name!r}; registered ops: {', '.join(registered_ops())}. "
-        "Register your own with beam_prep.register_op and import its module "
-        "before building the pipeline (--ops-module).") from None
+      f"unknown op {name!r}; registered ops: {', '.join(registered_ops())}. "
+      "Register your own with beam_prep.register_op and import its module "
+      "before building the pipeline (--ops-module)."
+    ) from None
 
 
 def default_arg(name: str, arg: str) -> Any:
@@ -222,6 +238,7 @@ def import_ops_modules(ops_module: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class OpSpec:
   """One parsed element of a chain: a name and literal arguments."""
+
   name: str
   args: Tuple[Any, ...] = ()
   kwargs: Tuple[Tuple[str, Any], ...] = ()
@@ -282,9 +299,10 @@ def check_chain(specs: Sequence[OpSpec], available: Sequence[str], where: str = 
     missing = [k for k in entry.reads or () if k not in have]
     if missing:
       raise FeatureError(
-          f"op {spec.name!r} reads {', '.join(repr(k) for k in missing)}, which neither "
-          f"{where or 'the input'} nor an op before it provides (available there: "
-          f"{', '.join(sorted(have))})")
+        f"op {spec.name!r} reads {', '.join(repr(k) for k in missing)}, which neither "
+        f"{where or 'the input'} nor an op before it provides (available there: "
+        f"{', '.join(sorted(have))})"
+      )
     have.update(entry.provides)
 
 
@@ -311,9 +329,11 @@ def build_twin(spec: OpSpec) -> Optional[Callable[[Dict[str, Any]], Dict[str, An
   try:
     inspect.signature(entry.twin).bind(None, *spec.args, **kwargs)
   except TypeError as e:
-    raise ValueError(f"the twin of op {spec} is called twin(example, *args, **kwargs) with "
-                     f"the op's arguments, and {_qualname(entry.twin)} does not accept "
-                     f"them: {e}") from None
+    raise ValueError(
+      f"the twin of op {spec} is called twin(example, *args, **kwargs) with "
+      f"the op's arguments, and {_qualname(entry.twin)} does not accept "
+      f"them: {e}"
+    ) from None
   return lambda ex: entry.twin(ex, *spec.args, **kwargs)
 
 
@@ -330,13 +350,22 @@ def combine_click(value, click_xy, positive, click_map, combine):
   tf.minimum) with `click_map(xy [1, 2], height, width)`, that click's own
   uint8 [H, W] map. What an op's `add_click` is made of."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   shape = tf.shape(value)
-  one = tf.map_fn(lambda xy: click_map(xy[None], shape[1], shape[2]),
-                  tf.cast(click_xy, tf.int64), fn_output_signature=tf.uint8)
+  one = tf.map_fn(
+    lambda xy: click_map(xy[None], shape[1], shape[2]),
+    tf.cast(click_xy, tf.int64),
+    fn_output_signature=tf.uint8,
+  )
   one = tf.cast(one, value.dtype)  # [B, H, W]
   pos = tf.reshape(positive, [-1, 1, 1])
-  return tf.stack([tf.where(pos, combine(value[..., 0], one), value[..., 0]),
-                   tf.where(pos, value[..., 1], combine(value[..., 1], one))], axis=-1)
+  return tf.stack(
+    [
+      tf.where(pos, combine(value[..., 0], one), value[..., 0]),
+      tf.where(pos, value[..., 1], combine(value[..., 1], one)),
+    ],
+    axis=-1,
+  )
 
 
 def build_add_click(spec: OpSpec) -> Optional[Callable[..., Any]]:
@@ -345,8 +374,9 @@ def build_add_click(spec: OpSpec) -> Optional[Callable[..., Any]]:
   entry = op_entry(spec.name)
   if entry.add_click is None:
     return None
-  return lambda value, xy, positive: entry.add_click(value, xy, positive, *spec.args,
-                                                     **dict(spec.kwargs))
+  return lambda value, xy, positive: entry.add_click(
+    value, xy, positive, *spec.args, **dict(spec.kwargs)
+  )
 
 
 def build_serving(spec: OpSpec):
@@ -357,13 +387,16 @@ def build_serving(spec: OpSpec):
   try:
     return entry.serving(*spec.args, **dict(spec.kwargs))
   except TypeError as e:
-    raise ValueError(f"the serving side of op {spec} is built with the op's arguments, and "
-                     f"{_qualname(entry.serving)} does not accept them: {e}") from None
+    raise ValueError(
+      f"the serving side of op {spec} is built with the op's arguments, and "
+      f"{_qualname(entry.serving)} does not accept them: {e}"
+    ) from None
 
 
 @dataclasses.dataclass
 class Failure:
   """An example that an op could not use: what, where and why."""
+
   stage: str
   reason: str
   detail: str
@@ -378,19 +411,21 @@ def _check_declared(entry: OpEntry, before: Example, after: Example) -> None:
       continue
     if key not in before:
       raise FeatureError(
-          f"op {entry.name!r} adds the array {key!r} ({value.dtype}, shape "
-          f"{list(np.shape(value))}) without declaring it: add {key!r} to its "
-          f"register_op(produces={{...}}) (or intermediate=(...) if the records must not "
-          "keep it)")
+        f"op {entry.name!r} adds the array {key!r} ({value.dtype}, shape "
+        f"{list(np.shape(value))}) without declaring it: add {key!r} to its "
+        f"register_op(produces={{...}}) (or intermediate=(...) if the records must not "
+        "keep it)"
+      )
     if before[key] is not value:
       raise FeatureError(
-          f"op {entry.name!r} changes {key!r} without declaring it: list {key!r} in its "
-          "register_op(produces={...}) so that the record schema and the serving graph "
-          "follow the change")
+        f"op {entry.name!r} changes {key!r} without declaring it: list {key!r} in its "
+        "register_op(produces={...}) so that the record schema and the serving graph "
+        "follow the change"
+      )
 
 
 def build_chain(
-    chain: Union[str, Sequence[OpSpec]]
+  chain: Union[str, Sequence[OpSpec]],
 ) -> Callable[[Example], Tuple[List[Example], List[Failure]]]:
   """Builds one function that applies a whole chain, with fan-out.
 

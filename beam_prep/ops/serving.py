@@ -28,6 +28,7 @@ Example = Dict[str, Any]
 
 class ServingSide:
   """The serving side of an op that leaves the geometry as it is: nothing to do."""
+
   size: Optional[Tuple[int, int]] = None
 
   def prepare(self, ex: Example) -> Example:

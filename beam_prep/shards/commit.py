@@ -6,12 +6,19 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep import keys
-from beam_prep.shards.files import (ERRORS_KIND, ERRORS_PREFIX, ERRORS_SUFFIX, RECORDS_KIND,
-                                    compression, record_suffix)
+from beam_prep.shards.files import (
+  ERRORS_KIND,
+  ERRORS_PREFIX,
+  ERRORS_SUFFIX,
+  RECORDS_KIND,
+  compression,
+  record_suffix,
+)
 
 
-def final_names(files: List[Dict[str, Any]], output_dir: str, gzip: bool,
-                splits: Iterable[str]) -> List[Tuple[Optional[str], str, Dict[str, Any]]]:
+def final_names(
+  files: List[Dict[str, Any]], output_dir: str, gzip: bool, splits: Iterable[str]
+) -> List[Tuple[Optional[str], str, Dict[str, Any]]]:
   """(temp path or None, final path, info) of every file, numbered in
   (split, group, part) order. A split with no records gets one empty shard,
   so every split a reader expects exists."""
@@ -29,11 +36,17 @@ def final_names(files: List[Dict[str, Any]], output_dir: str, gzip: bool,
     items = sorted(items, key=lambda f: (f["group"], f["part"]))
     n = max(len(items), 1)
     if not items:
-      out.append((None, FileSystems.join(records_dir, f"{split}-00000-of-00001{suffix}"),
-                  {"kind": RECORDS_KIND, "split": split, "records": 0, "bytes": 0}))
+      out.append(
+        (
+          None,
+          FileSystems.join(records_dir, f"{split}-00000-of-00001{suffix}"),
+          {"kind": RECORDS_KIND, "split": split, "records": 0, "bytes": 0},
+        )
+      )
     for i, f in enumerate(items):
-      out.append((f["temp"], FileSystems.join(records_dir, f"{split}-{i:05d}-of-{n:05d}{suffix}"),
-                  f))
+      out.append(
+        (f["temp"], FileSystems.join(records_dir, f"{split}-{i:05d}-of-{n:05d}{suffix}"), f)
+      )
   errors = sorted(errors, key=lambda f: (f["split"], f["group"], f["part"]))
   for i, f in enumerate(errors):
     name = f"{ERRORS_PREFIX}-{i:05d}-of-{len(errors):05d}{ERRORS_SUFFIX}"
@@ -51,12 +64,15 @@ def _move(temp: Optional[str], final: str, gzip: bool) -> None:
       FileSystems.delete([final])
     FileSystems.rename([temp], [final])
   elif not FileSystems.exists(final):
-    raise IOError(f"neither the temp file {temp} nor its final {final} exists: the output "
-                  "was changed while the job ran")
+    raise IOError(
+      f"neither the temp file {temp} nor its final {final} exists: the output "
+      "was changed while the job ran"
+    )
 
 
-def commit_files(files: List[Dict[str, Any]], output_dir: str, temp_root: str, gzip: bool,
-                 splits: Iterable[str]) -> Dict[str, Any]:
+def commit_files(
+  files: List[Dict[str, Any]], output_dir: str, temp_root: str, gzip: bool, splits: Iterable[str]
+) -> Dict[str, Any]:
   """Moves every complete file into place; safe to run again after a failure.
 
   Returns a summary per split: files, records and bytes (and the errors' files).

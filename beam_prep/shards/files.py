@@ -24,6 +24,7 @@ def compression(gzip: bool) -> str:
 
 def _masked_crc32c(data: bytes) -> int:
   import google_crc32c  # pylint: disable=g-import-not-at-top
+
   crc = google_crc32c.value(data)
   return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
@@ -31,8 +32,12 @@ def _masked_crc32c(data: bytes) -> int:
 def tfrecord_frame(payload: bytes) -> bytes:
   """One TFRecord: length, masked CRC-32C of the length, payload, its masked CRC."""
   length = struct.pack("<Q", len(payload))
-  return (length + struct.pack("<I", _masked_crc32c(length)) + payload
-          + struct.pack("<I", _masked_crc32c(payload)))
+  return (
+    length
+    + struct.pack("<I", _masked_crc32c(length))
+    + payload
+    + struct.pack("<I", _masked_crc32c(payload))
+  )
 
 
 class RollingFile:
@@ -59,6 +64,7 @@ class RollingFile:
   def close(self) -> None:
     if self._file is not None:
       self._file.close()
-      self.done.append({"part": len(self.done), "temp": self._path, "records": self._records,
-                        "bytes": self._size})
+      self.done.append(
+        {"part": len(self.done), "temp": self._path, "records": self._records, "bytes": self._size}
+      )
       self._file = None

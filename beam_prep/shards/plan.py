@@ -44,8 +44,11 @@ def pointer_order(pointer: Dict[str, Any]) -> Tuple[int, str]:
 def error_pointer(error: Dict[str, Any]) -> Dict[str, Any]:
   """An input that failed before it had files to read, as a pointer that
   travels to a shard writer like any other (its error is written there)."""
-  return {keys.IMAGE_ID: error.get(keys.IMAGE_ID) or error.get(keys.SOURCE, ""),
-          keys.SOURCE: error.get(keys.SOURCE, ""), "read_error": error}
+  return {
+    keys.IMAGE_ID: error.get(keys.IMAGE_ID) or error.get(keys.SOURCE, ""),
+    keys.SOURCE: error.get(keys.SOURCE, ""),
+    "read_error": error,
+  }
 
 
 def is_input(pointer: Dict[str, Any]) -> bool:
@@ -60,23 +63,31 @@ def probe(sample: List[Dict[str, Any]], kernel: Kernel) -> Dict[str, float]:
     data = b"".join(tfrecord_frame(r) for r in kernel.process(pointer).records)
     raw += len(data)
     packed += len(zlib.compress(data, 6)) if data else 0
-  return {"bytes_per_input": raw / max(len(sample), 1),
-          "gzip_ratio": packed / raw if raw else 1.0,
-          "probed_inputs": len(sample)}
+  return {
+    "bytes_per_input": raw / max(len(sample), 1),
+    "gzip_ratio": packed / raw if raw else 1.0,
+    "probed_inputs": len(sample),
+  }
 
 
-def plan_groups(sizes: Dict[str, int], measured: Dict[str, float], target_bytes: float,
-                gzip: bool) -> Dict[str, Any]:
+def plan_groups(
+  sizes: Dict[str, int], measured: Dict[str, float], target_bytes: float, gzip: bool
+) -> Dict[str, Any]:
   """Groups per split from the input counts and the measured bytes per input."""
   ratio = measured["gzip_ratio"] if gzip else 1.0
   per_input = measured["bytes_per_input"] * ratio
-  groups = {split: max(1, int(round(n * per_input / target_bytes)))
-            for split, n in sorted(sizes.items())}
-  return {"groups": groups, "inputs": dict(sorted(sizes.items())),
-          "bytes_per_input": round(per_input, 1), "target_bytes": target_bytes,
-          # A file is closed past twice the target (in uncompressed bytes).
-          "roll_bytes": 2 * target_bytes / ratio if ratio > 0 else 2 * target_bytes,
-          "probed_inputs": measured["probed_inputs"]}
+  groups = {
+    split: max(1, int(round(n * per_input / target_bytes))) for split, n in sorted(sizes.items())
+  }
+  return {
+    "groups": groups,
+    "inputs": dict(sorted(sizes.items())),
+    "bytes_per_input": round(per_input, 1),
+    "target_bytes": target_bytes,
+    # A file is closed past twice the target (in uncompressed bytes).
+    "roll_bytes": 2 * target_bytes / ratio if ratio > 0 else 2 * target_bytes,
+    "probed_inputs": measured["probed_inputs"],
+  }
 
 
 class PlanShards(beam.PTransform):
@@ -96,13 +107,18 @@ class PlanShards(beam.PTransform):
   def expand(self, keyed: beam.PCollection) -> beam.PCollection:
     kernel, target, gzip = self._kernel, self._target, self._gzip
     inputs = keyed | "InputsOnly" >> beam.Filter(lambda kv: is_input(kv[1]))
-    sizes = (inputs
-             | "Splits" >> beam.Keys()
-             | "CountSplits" >> beam.combiners.Count.PerElement()
-             | "SizesDict" >> beam.combiners.ToDict())
-    measured = (inputs
-                | "Pointers" >> beam.Values()
-                | "Sample" >> beam.combiners.Top.Smallest(PROBE_INPUTS, key=pointer_order)
-                | "MeasureBytes" >> beam.Map(probe, kernel))
+    sizes = (
+      inputs
+      | "Splits" >> beam.Keys()
+      | "CountSplits" >> beam.combiners.Count.PerElement()
+      | "SizesDict" >> beam.combiners.ToDict()
+    )
+    measured = (
+      inputs
+      | "Pointers" >> beam.Values()
+      | "Sample" >> beam.combiners.Top.Smallest(PROBE_INPUTS, key=pointer_order)
+      | "MeasureBytes" >> beam.Map(probe, kernel)
+    )
     return measured | "Plan" >> beam.Map(
-        lambda m, sizes: plan_groups(sizes, m, target, gzip), beam.pvalue.AsSingleton(sizes))
+      lambda m, sizes: plan_groups(sizes, m, target, gzip), beam.pvalue.AsSingleton(sizes)
+    )

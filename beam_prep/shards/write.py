@@ -19,8 +19,15 @@ from apache_beam.metrics import Metrics
 
 from beam_prep import keys, source_records
 from beam_prep.kernel import Kernel, Tally
-from beam_prep.shards.files import (ERRORS_KIND, ERRORS_PREFIX, ERRORS_SUFFIX, RECORDS_KIND,
-                                    RollingFile, record_suffix, tfrecord_frame)
+from beam_prep.shards.files import (
+  ERRORS_KIND,
+  ERRORS_PREFIX,
+  ERRORS_SUFFIX,
+  RECORDS_KIND,
+  RollingFile,
+  record_suffix,
+  tfrecord_frame,
+)
 from beam_prep.shards.plan import pointer_order, stable_hash
 
 # Outputs of WriteShards.
@@ -70,8 +77,9 @@ class Progress:
   _jobs: Dict[str, Dict[str, Any]] = {}
 
   @classmethod
-  def add(cls, job: str, interval: float, plan: Dict[str, Any], inputs: int,
-          objects: int) -> Optional[str]:
+  def add(
+    cls, job: str, interval: float, plan: Dict[str, Any], inputs: int, objects: int
+  ) -> Optional[str]:
     """Counts work done; returns the line when one is due (and logs it)."""
     if interval <= 0:
       return None
@@ -86,7 +94,8 @@ class Progress:
         size = plan["bytes_per_input"]
         size = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"
         logging.getLogger("beam_prep").info(
-            "prep: %d inputs in %s groups (about %s of records per input)", total, groups, size)
+          "prep: %d inputs in %s groups (about %s of records per input)", total, groups, size
+        )
       state["inputs"] += inputs
       state["objects"] += objects
       if now - state["last"] < interval:
@@ -94,8 +103,10 @@ class Progress:
       state["last"] = now
       done, elapsed = state["inputs"], now - state["start"]
       rate = done / elapsed if elapsed > 0 else 0.0
-      line = (f"prep: {done} of {total} inputs ({state['objects']} objects), "
-              f"{rate:.1f} inputs/s, {_duration(elapsed)} elapsed")
+      line = (
+        f"prep: {done} of {total} inputs ({state['objects']} objects), "
+        f"{rate:.1f} inputs/s, {_duration(elapsed)} elapsed"
+      )
       if rate > 0 and total > done:
         line += f", about {_duration((total - done) / rate)} left"
     logging.getLogger("beam_prep").info(line)
@@ -110,13 +121,19 @@ class _GroupFiles:
     attempt = FileSystems.join(temp_root, uuid.uuid4().hex)
     name = f"{split}-{group:05d}"
     self.split, self.group = split, group
-    self.records = RollingFile(FileSystems.join(attempt, name), record_suffix(gzip),
-                               plan["roll_bytes"], gzip)
-    self.errors = RollingFile(FileSystems.join(attempt, f"{ERRORS_PREFIX}-{name}"),
-                              ERRORS_SUFFIX, plan["roll_bytes"], False)
+    self.records = RollingFile(
+      FileSystems.join(attempt, name), record_suffix(gzip), plan["roll_bytes"], gzip
+    )
+    self.errors = RollingFile(
+      FileSystems.join(attempt, f"{ERRORS_PREFIX}-{name}"), ERRORS_SUFFIX, plan["roll_bytes"], False
+    )
     # Eval images at their own size, beside the eval records of the group.
-    self.sources = RollingFile(FileSystems.join(attempt, f"{source_records.SPLIT}-{name}"),
-                               record_suffix(gzip), plan["roll_bytes"], gzip)
+    self.sources = RollingFile(
+      FileSystems.join(attempt, f"{source_records.SPLIT}-{name}"),
+      record_suffix(gzip),
+      plan["roll_bytes"],
+      gzip,
+    )
 
   def write(self, result) -> None:
     for s in result.records:
@@ -128,8 +145,11 @@ class _GroupFiles:
 
   def close(self):
     """Closes the files; yields one info dict per file written."""
-    files = ((RECORDS_KIND, self.split, self.records), (ERRORS_KIND, self.split, self.errors),
-             (RECORDS_KIND, source_records.SPLIT, self.sources))
+    files = (
+      (RECORDS_KIND, self.split, self.records),
+      (ERRORS_KIND, self.split, self.errors),
+      (RECORDS_KIND, source_records.SPLIT, self.sources),
+    )
     for kind, split, f in files:
       f.close()
       for info in f.done:
@@ -166,8 +186,8 @@ class _WriteGroupFn(beam.DoFn):
         if previews < PREVIEW_PER_GROUP:
           previews += 1
           yield beam.pvalue.TaggedOutput(
-              PREVIEW_TAG, ((split != keys.TRAIN_SPLIT,) + pointer_order(pointer),
-                            result.records[0]))
+            PREVIEW_TAG, ((split != keys.TRAIN_SPLIT,) + pointer_order(pointer), result.records[0])
+          )
       files.write(result)
       self._count(result, plan)
     for info in files.close():
@@ -176,9 +196,13 @@ class _WriteGroupFn(beam.DoFn):
 
   def _count(self, result, plan) -> None:
     """Beam counters and the progress line."""
-    Progress.add(self._temp_root, self._progress_seconds, plan,
-                 result.tally.counts.get("inputs_read", 0),
-                 result.tally.counts.get("objects_found", 0))
+    Progress.add(
+      self._temp_root,
+      self._progress_seconds,
+      plan,
+      result.tally.counts.get("inputs_read", 0),
+      result.tally.counts.get("objects_found", 0),
+    )
     self._inputs.inc()
     self._written.inc(len(result.records))
     self._failed.inc(len(result.errors))
@@ -198,8 +222,7 @@ class WriteShards(beam.PTransform):
   (order key, serialized record) pairs per group).
   """
 
-  def __init__(self, kernel: Kernel, temp_root: str, gzip: bool,
-               progress_seconds: float = 0.0):
+  def __init__(self, kernel: Kernel, temp_root: str, gzip: bool, progress_seconds: float = 0.0):
     super().__init__()
     self._fn = _WriteGroupFn(kernel, temp_root, gzip, progress_seconds)
 
@@ -210,8 +233,12 @@ class WriteShards(beam.PTransform):
       split, pointer = kv
       return (split, stable_hash(pointer[keys.IMAGE_ID]) % plan["groups"].get(split, 1)), pointer
 
-    return (keyed
-            | "ToGroup" >> beam.Map(to_group, beam.pvalue.AsSingleton(plan))
-            | "GroupPointers" >> beam.GroupByKey()
-            | "WriteGroups" >> beam.ParDo(self._fn, beam.pvalue.AsSingleton(plan)).with_outputs(
-                FILES_TAG, TALLY_TAG, ANALYSIS_TAG, PREVIEW_TAG))
+    return (
+      keyed
+      | "ToGroup" >> beam.Map(to_group, beam.pvalue.AsSingleton(plan))
+      | "GroupPointers" >> beam.GroupByKey()
+      | "WriteGroups"
+      >> beam.ParDo(self._fn, beam.pvalue.AsSingleton(plan)).with_outputs(
+        FILES_TAG, TALLY_TAG, ANALYSIS_TAG, PREVIEW_TAG
+      )
+    )

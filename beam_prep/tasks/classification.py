@@ -15,9 +15,12 @@ class Classification(Task):
   def stages(self, config) -> List[Stage]:
     """Decode (per image), then check the label and run the user's ops (per record)."""
     return [
-        Stage("DecodeExamples", decode_chain(config.image_size, config.max_pixels,
-                                             require_mask=False), INPUT),
-        Stage("CheckLabels", join("require_label", config.ops), EXAMPLE),
+      Stage(
+        "DecodeExamples",
+        decode_chain(config.image_size, config.max_pixels, require_mask=False),
+        INPUT,
+      ),
+      Stage("CheckLabels", join("require_label", config.ops), EXAMPLE),
     ]
 
   def examples_per_unit(self, config) -> int:

@@ -35,6 +35,7 @@ class Stage:
   size (`image`, `instance_mask`); for eval inputs the kernel also writes it
   as a source record (`beam_prep.source_records`).
   """
+
   label: str
   chain: str
   level: str
@@ -72,6 +73,7 @@ class Task:
   evaluators) registers itself under `name` in `train.tasks`
   (`register_trainer`); the Beam job never imports it.
   """
+
   name = ""
   summary = ""
   labels = ""

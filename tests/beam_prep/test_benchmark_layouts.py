@@ -22,6 +22,7 @@ SBD_SIZE = 64  # Room for an object sparse in its box yet with clickable pixels.
 
 # ---- RITM's mask handling, transcribed (the reference) ------------------------
 
+
 def ritm_read(path):
   """cv2.imread(path) (BGR, 8 bits)."""
   return np.asarray(Image.open(path).convert("RGB"))[..., ::-1]
@@ -71,6 +72,7 @@ def as_ritm(instance_mask, object_id=1):
 
 # ---- writing data sets --------------------------------------------------------
 
+
 def _image(path, seed, size=S):
   os.makedirs(os.path.dirname(path), exist_ok=True)
   rgb = np.random.default_rng(seed).integers(0, 255, (size, size, 3), dtype=np.uint8)
@@ -85,17 +87,33 @@ def _mask(path, arr, mode=None):
 def _trimap(y0, x0, size, band=2):
   """A square object (255) with an unlabelled band (128) around it."""
   m = np.zeros((S, S), np.uint8)
-  m[y0 - band:y0 + size + band, x0 - band:x0 + size + band] = 128
-  m[y0:y0 + size, x0:x0 + size] = 255
+  m[y0 - band : y0 + size + band, x0 - band : x0 + size + band] = 128
+  m[y0 : y0 + size, x0 : x0 + size] = 255
   return m
 
 
 def _prep(root, out, size=S):
   """The job on whole images (`--crop none`): a record's mask is the layout's
   mask at the records' size, compared here with RITM's reading."""
-  return run_cli(["segmentation", "--input", str(root), "--output", str(out),
-                  "--image-size", str(size), "--variants", "1", "--eval-percent", "0",
-                  "--max-error-fraction", "1", "--crop", "none"])
+  return run_cli(
+    [
+      "segmentation",
+      "--input",
+      str(root),
+      "--output",
+      str(out),
+      "--image-size",
+      str(size),
+      "--variants",
+      "1",
+      "--eval-percent",
+      "0",
+      "--max-error-fraction",
+      "1",
+      "--crop",
+      "none",
+    ]
+  )
 
 
 def _masks(out, split="*", size=S):
@@ -114,6 +132,7 @@ def _run(root, out, size=S):
 
 # ---- the single-object sets through the CLI ----------------------------------
 
+
 def test_grabcut_keeps_the_ignore_band_and_refuses_a_colour_mask(tmp_path):
   root = tmp_path / "GrabCut"
   _image(root / "data_GT" / "a.jpg", 0)
@@ -131,9 +150,10 @@ def test_grabcut_keeps_the_ignore_band_and_refuses_a_colour_mask(tmp_path):
   for name, mask_file in (("a", "a.bmp"), ("b", "b.png")):
     source = np.asarray(Image.open(root / "boundary_GT" / mask_file))
     assert ((masks[name, 1] == keys.IGNORE) == (source == 128)).all()
-    np.testing.assert_array_equal(as_ritm(masks[name, 1]),
-                                  ritm_trimap(root / "boundary_GT" / mask_file))
-  letter, = dead_letters(str(tmp_path / "out"))
+    np.testing.assert_array_equal(
+      as_ritm(masks[name, 1]), ritm_trimap(root / "boundary_GT" / mask_file)
+    )
+  (letter,) = dead_letters(str(tmp_path / "out"))
   assert letter["source"].endswith("c.jpg") and "c.png: a colour mask" in letter["detail"]
 
 
@@ -148,10 +168,11 @@ def test_berkeley_is_told_from_instance_id_folders_by_its_name(tmp_path):
   assert c["errors_by_reason"] == {"missing_mask": 1}
   assert set(masks) == {("101085", 1), ("12003", 1)}
   for name in ("101085", "12003"):
-    np.testing.assert_array_equal(as_ritm(masks[name, 1]),
-                                  ritm_trimap(root / "masks" / f"{name}.png"))
+    np.testing.assert_array_equal(
+      as_ritm(masks[name, 1]), ritm_trimap(root / "masks" / f"{name}.png")
+    )
     assert (masks[name, 1] == keys.IGNORE).any()
-  letter, = dead_letters(str(tmp_path / "out"))
+  (letter,) = dead_letters(str(tmp_path / "out"))
   assert letter["reason"] == "missing_mask" and "no file named no_mask.*" in letter["detail"]
   # The same folders under another name are the instance-id layout.
   other = tmp_path / "instances"
@@ -167,7 +188,7 @@ def test_black_and_white_masks_in_images_and_masks_are_one_object_each(tmp_path)
   objects = {}
   for i, (name, mode) in enumerate((("a", "L"), ("b", "L"), ("c", "RGB"))):
     m = np.zeros((S, S), np.uint8)
-    m[4 + 3 * i:24, 5:20 + i] = 255
+    m[4 + 3 * i : 24, 5 : 20 + i] = 255
     objects[name] = m == 255
     _image(root / "images" / f"{name}.jpg", i)
     _mask(root / "masks" / f"{name}.png", np.repeat(m[..., None], 3, -1) if mode == "RGB" else m)
@@ -201,9 +222,10 @@ def test_davis_masks_are_object_wherever_non_zero(tmp_path):
   assert set(masks) == {("bear", 1), ("camel", 1)}
   for name in ("bear", "camel"):
     assert not (masks[name, 1] == keys.IGNORE).any()
-    np.testing.assert_array_equal(as_ritm(masks[name, 1]),
-                                  ritm_nonzero(root / "gt" / f"{name}.png"))
-  letter, = dead_letters(str(tmp_path / "out"))
+    np.testing.assert_array_equal(
+      as_ritm(masks[name, 1]), ritm_nonzero(root / "gt" / f"{name}.png")
+    )
+  (letter,) = dead_letters(str(tmp_path / "out"))
   assert letter["detail"].startswith(str(root / "gt" / "junk.png"))
 
 
@@ -211,7 +233,7 @@ def test_coco_mval_shares_the_format_and_is_picked_by_its_folder_name(tmp_path):
   root = tmp_path / "COCO_MVal"
   for i in range(2):
     m = np.zeros((S, S), np.uint8)
-    m[3 + 5 * i:20, 4:25] = 255
+    m[3 + 5 * i : 20, 4:25] = 255
     _image(root / "img" / f"{i:012d}.jpg", i)
     _mask(root / "gt" / f"{i:012d}.png", m)
   _image(root / "img" / "twice.jpg", 7)
@@ -222,9 +244,10 @@ def test_coco_mval_shares_the_format_and_is_picked_by_its_folder_name(tmp_path):
   assert c["errors_by_reason"] == {"ambiguous_mask": 1}
   assert set(masks) == {(f"{i:012d}", 1) for i in range(2)}
   for image_id, _ in masks:
-    np.testing.assert_array_equal(as_ritm(masks[image_id, 1]),
-                                  ritm_nonzero(root / "gt" / f"{image_id}.png"))
-  letter, = dead_letters(str(tmp_path / "out"))
+    np.testing.assert_array_equal(
+      as_ritm(masks[image_id, 1]), ritm_nonzero(root / "gt" / f"{image_id}.png")
+    )
+  (letter,) = dead_letters(str(tmp_path / "out"))
   assert "twice.bmp" in letter["detail"] and "twice.png" in letter["detail"]
   other = tmp_path / "frames"
   os.rename(root, other)
@@ -232,6 +255,7 @@ def test_coco_mval_shares_the_format_and_is_picked_by_its_folder_name(tmp_path):
 
 
 # ---- SBD -----------------------------------------------------------------------
+
 
 def _instances():
   """Three objects; object 3 is two far apart blobs (6% of its box): RITM's
@@ -247,8 +271,12 @@ def _instances():
 def _write_mat(path, seg, **fields):
   os.makedirs(os.path.dirname(path), exist_ok=True)
   # As SBD's files: GTinst is a 1x1 struct whose first field is Segmentation.
-  gt = {"Segmentation": seg, "Boundaries": np.zeros((1, 1), object),
-        "Categories": np.array([[15]], np.uint8), **fields}
+  gt = {
+    "Segmentation": seg,
+    "Boundaries": np.zeros((1, 1), object),
+    "Categories": np.array([[15]], np.uint8),
+    **fields,
+  }
   sio.savemat(path, {"GTinst": gt})
 
 
@@ -277,8 +305,7 @@ def test_sbd_lists_fix_the_split_and_bad_files_are_dead_letters(tmp_path):
   inst = _sbd(root / "dataset")
   layout, c, _ = _run(root, tmp_path / "out", SBD_SIZE)
   assert layout == "sbd"
-  assert c["errors_by_reason"] == {"missing_gtinst": 1, "not_in_split_list": 1,
-                                   "sparse_object": 2}
+  assert c["errors_by_reason"] == {"missing_gtinst": 1, "not_in_split_list": 1, "sparse_object": 2}
   train, val = (_masks(tmp_path / "out", split, SBD_SIZE) for split in ("train", "eval"))
   assert set(train) == {(n, i) for n in ("2008_000002", "2008_000003") for i in (1, 2)}
   assert set(val) == {("2008_000004", i) for i in (1, 2, 3)}
@@ -293,14 +320,17 @@ def test_sbd_lists_fix_the_split_and_bad_files_are_dead_letters(tmp_path):
   for d in dead_letters(str(tmp_path / "out")):
     by_reason.setdefault(d["reason"], []).append(d)
   assert by_reason["not_in_split_list"][0]["source"].endswith("2008_000009.jpg")
-  assert "2008_000005.mat: no GTinst struct (variables: GTcls)" in (
-      by_reason["missing_gtinst"][0]["detail"])
+  assert (
+    "2008_000005.mat: no GTinst struct (variables: GTcls)"
+    in (by_reason["missing_gtinst"][0]["detail"])
+  )
   assert {d["object_id"] for d in by_reason["sparse_object"]} == {3}
   # The folder holding img/ and inst/ is the layout too.
   assert resolve_layout(str(root / "dataset"), "auto", "instances").name == "sbd"
 
 
 # ---- codings against RITM on random masks --------------------------------------
+
 
 def test_trimap_coding_equals_ritms_on_a_random_mask(tmp_path):
   rng = np.random.default_rng(22)
@@ -315,8 +345,9 @@ def test_trimap_coding_equals_ritms_on_a_random_mask(tmp_path):
 
 def test_nonzero_coding_equals_ritms_on_a_random_colour_mask(tmp_path):
   rng = np.random.default_rng(23)
-  rgb = rng.integers(0, 3, (30, 40, 3)).astype(np.uint8) * rng.integers(0, 256, (30, 40, 3),
-                                                                         dtype=np.uint8)
+  rgb = rng.integers(0, 3, (30, 40, 3)).astype(np.uint8) * rng.integers(
+    0, 256, (30, 40, 3), dtype=np.uint8
+  )
   rgb[rng.random((30, 40)) < 0.4] = 0
   path = tmp_path / "m.png"
   _mask(path, rgb)
@@ -331,7 +362,7 @@ def test_sparse_objects_are_the_ones_ritms_training_loader_drops():
     y, x = rng.integers(0, 50, 2)
     kind = i % 3
     if kind == 0:
-      inst[y:y + rng.integers(2, 10), x:x + rng.integers(2, 10)] = i
+      inst[y : y + rng.integers(2, 10), x : x + rng.integers(2, 10)] = i
     elif kind == 1:
       n = rng.integers(5, 10)
       inst[y + np.arange(n), x + np.arange(n)] = i
@@ -343,12 +374,15 @@ def test_sparse_objects_are_the_ones_ritms_training_loader_drops():
   assert dropped == set(ritm_sbd_objects(inst, "val")) - kept
 
 
-@pytest.mark.parametrize("seg, detail", [
+@pytest.mark.parametrize(
+  "seg, detail",
+  [
     (np.full((4, 4), 300, np.int32), "holds 300"),
     (np.full((4, 4), -1, np.int32), "holds -1"),
     (np.full((4, 4), 1.5), "holds 1.5"),
     (np.zeros((2, 4, 4), np.uint8), "not a 2-D instance mask"),
-])
+  ],
+)
 def test_sbd_instance_ids_outside_0_254_are_refused(tmp_path, seg, detail):
   path = tmp_path / "bad.mat"
   _write_mat(path, seg)
@@ -359,8 +393,10 @@ def test_sbd_instance_ids_outside_0_254_are_refused(tmp_path, seg, detail):
 
 # ---- detection ---------------------------------------------------------------
 
+
 def test_an_unrecognised_input_lists_what_each_layout_expects(tmp_path):
   from beam_prep import layouts  # pylint: disable=g-import-not-at-top
+
   (tmp_path / "empty").mkdir()
   with pytest.raises(layouts.InputError) as e:
     resolve_layout(str(tmp_path / "empty"), "auto", "instances")
@@ -372,25 +408,31 @@ def test_an_unrecognised_input_lists_what_each_layout_expects(tmp_path):
 def _auto_log(caplog, monkeypatch):
   """The INFO lines of the `beam_prep` logger (which `beam-prep` keeps to itself)."""
   import logging  # pylint: disable=g-import-not-at-top
+
   monkeypatch.setattr(logging.getLogger("beam_prep"), "propagate", True)
   caplog.set_level(logging.INFO, logger="beam_prep")
   return lambda: [r.getMessage() for r in caplog.records if r.name == "beam_prep"]
 
 
-@pytest.mark.parametrize("name,folders,chosen,other", [
+@pytest.mark.parametrize(
+  "name,folders,chosen,other",
+  [
     ("horses", ("images", "masks"), "folders", "berkeley"),
     ("Berkeley", ("images", "masks"), "berkeley", "folders"),
     ("frames", ("img", "gt"), "davis", "coco_mval"),
     ("COCO_MVal", ("img", "gt"), "coco_mval", "davis"),
-])
-def test_auto_says_which_layout_it_chose_and_the_flag_of_the_other(tmp_path, auto_log, name,
-                                                                   folders, chosen, other):
+  ],
+)
+def test_auto_says_which_layout_it_chose_and_the_flag_of_the_other(
+  tmp_path, auto_log, name, folders, chosen, other
+):
   from beam_prep import layouts  # pylint: disable=g-import-not-at-top
+
   root = tmp_path / name
   for folder in folders:
     (root / folder).mkdir(parents=True)
   assert resolve_layout(str(root), "auto", "instances").name == chosen
-  line, = auto_log()
+  (line,) = auto_log()
   assert line.startswith(f"--layout auto: {root} read as {chosen} (")
   assert f"could also be read as {other}: give --layout {other} for that" in line
   assert layouts.get_layout(chosen).expects in line and layouts.get_layout(other).expects in line
@@ -411,9 +453,26 @@ def test_sbd_val_list_alone_is_an_evaluation_only_output(tmp_path):
   _sbd(data)
   (data / "train.txt").unlink()
   out = tmp_path / "out"
-  assert run_cli(["segmentation", "--input", str(data), "--output", str(out), "--image-size",
-                  str(SBD_SIZE), "--variants", "1", "--progress-seconds", "0",
-                  "--crop", "none"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(data),
+        "--output",
+        str(out),
+        "--image-size",
+        str(SBD_SIZE),
+        "--variants",
+        "1",
+        "--progress-seconds",
+        "0",
+        "--crop",
+        "none",
+      ]
+    )
+    == 0
+  )
   m = manifest(str(out))
   assert m["complete"] and m["eval_only"] and m["config"]["eval_percent"] == 100
   c = m["counts"]
@@ -421,10 +480,13 @@ def test_sbd_val_list_alone_is_an_evaluation_only_output(tmp_path):
   assert c["examples_written"] == {"train": 0, "eval": 3}
   assert not (out / "transform").exists()
   from train import cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
-    cli.main(["evaluate", "--data", str(out), "--output", str(tmp_path / "noc"),
-              "--max-clicks", "3"])
+    cli.main(
+      ["evaluate", "--data", str(out), "--output", str(tmp_path / "noc"), "--max-clicks", "3"]
+    )
   assert e.value.code == 0
   import json  # pylint: disable=g-import-not-at-top
+
   report = json.load(open(tmp_path / "noc" / "noc.json"))
   assert sorted(r["object_id"] for r in report["objects"]) == [1, 2, 3]

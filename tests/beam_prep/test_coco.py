@@ -49,39 +49,61 @@ def _dataset(root):
   (root / "images" / "sub").mkdir(parents=True)
   rng = np.random.default_rng(0)
   for name in ("a.png", "sub/b.png", "c.png"):
-    Image.fromarray(rng.integers(0, 255, (H, W, 3), dtype=np.uint8)).save(
-        root / "images" / name)
+    Image.fromarray(rng.integers(0, 255, (H, W, 3), dtype=np.uint8)).save(root / "images" / name)
   images = [
-      {"id": 1, "file_name": "a.png", "height": H, "width": W},
-      {"id": 2, "file_name": "sub/b.png", "height": H, "width": W},
-      {"id": 3, "file_name": "missing.png", "height": H, "width": W},
-      {"id": 4, "height": H, "width": W},  # No file_name.
-      {"id": 5, "file_name": "c.png", "height": H, "width": W},  # No annotation.
+    {"id": 1, "file_name": "a.png", "height": H, "width": W},
+    {"id": 2, "file_name": "sub/b.png", "height": H, "width": W},
+    {"id": 3, "file_name": "missing.png", "height": H, "width": W},
+    {"id": 4, "height": H, "width": W},  # No file_name.
+    {"id": 5, "file_name": "c.png", "height": H, "width": W},  # No annotation.
   ]
   annotations = [
-      {"id": 10, "image_id": 1, "iscrowd": 0, "segmentation": [_box(8, 8, 70, 70)]},
-      {"id": 11, "image_id": 1, "iscrowd": 0,
-       "segmentation": _rle_of(_region(40, 40, 64, 64), compressed=True)},
-      {"id": 12, "image_id": 1, "iscrowd": 1,
-       "segmentation": _rle_of(_region(80, 60, 120, 88), compressed=False)},
-      {"id": 20, "image_id": 2, "iscrowd": 0,
-       "segmentation": [_box(4, 4, 30, 30), _box(60, 40, 90, 80)]},
-      {"id": 21, "image_id": 2, "iscrowd": 0, "segmentation": []},
-      {"id": 22, "image_id": 2, "iscrowd": 0, "segmentation": [_box(100, 20, 400, 40)]},
-      {"id": 30, "image_id": 3, "iscrowd": 0, "segmentation": [_box(1, 1, 9, 9)]},
-      {"id": 40, "image_id": 999, "iscrowd": 0, "segmentation": [_box(1, 1, 9, 9)]},
+    {"id": 10, "image_id": 1, "iscrowd": 0, "segmentation": [_box(8, 8, 70, 70)]},
+    {
+      "id": 11,
+      "image_id": 1,
+      "iscrowd": 0,
+      "segmentation": _rle_of(_region(40, 40, 64, 64), compressed=True),
+    },
+    {
+      "id": 12,
+      "image_id": 1,
+      "iscrowd": 1,
+      "segmentation": _rle_of(_region(80, 60, 120, 88), compressed=False),
+    },
+    {
+      "id": 20,
+      "image_id": 2,
+      "iscrowd": 0,
+      "segmentation": [_box(4, 4, 30, 30), _box(60, 40, 90, 80)],
+    },
+    {"id": 21, "image_id": 2, "iscrowd": 0, "segmentation": []},
+    {"id": 22, "image_id": 2, "iscrowd": 0, "segmentation": [_box(100, 20, 400, 40)]},
+    {"id": 30, "image_id": 3, "iscrowd": 0, "segmentation": [_box(1, 1, 9, 9)]},
+    {"id": 40, "image_id": 999, "iscrowd": 0, "segmentation": [_box(1, 1, 9, 9)]},
   ]
   path = root / "annotations" / "instances.json"
   path.parent.mkdir()
-  path.write_text(json.dumps({"info": {"description": "tést"}, "images": images,
-                              "annotations": annotations,
-                              "categories": [{"id": 1, "name": "thing"}]}, indent=1))
+  path.write_text(
+    json.dumps(
+      {
+        "info": {"description": "tést"},
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": 1, "name": "thing"}],
+      },
+      indent=1,
+    )
+  )
   return str(path), images, annotations
 
 
 def _image(coco_json, annotations, image_id):
-  anns = [dict(a, where=f"x:annotations[{i}]") for i, a in enumerate(annotations)
-          if a["image_id"] == image_id]
+  anns = [
+    dict(a, where=f"x:annotations[{i}]")
+    for i, a in enumerate(annotations)
+    if a["image_id"] == image_id
+  ]
   return {"id": str(image_id), "height": H, "width": W, "annotations": anns}
 
 
@@ -102,15 +124,18 @@ def test_bad_annotations_are_errors_and_their_pixels_ignored(tmp_path):
   path, _, annotations = _dataset(tmp_path)
   mask, errors = coco.instance_mask(_image(path, annotations, 2), "sub/b")
   assert [(e["annotation_id"], e["reason"], e["stage"]) for e in errors] == [
-      (21, "empty_segmentation", "annotation"), (22, "polygon_outside_image", "annotation")]
-  assert all(e["source"].startswith("x:annotations[") and e["image_id"] == "sub/b"
-             for e in errors)
+    (21, "empty_segmentation", "annotation"),
+    (22, "polygon_outside_image", "annotation"),
+  ]
+  assert all(e["source"].startswith("x:annotations[") and e["image_id"] == "sub/b" for e in errors)
   # The part of the outside polygon that lies in the image is not background.
   assert (mask[22:38, 102:126] == keys.IGNORE).all()
   assert set(np.unique(mask)) == {0, 1, keys.IGNORE}
 
 
-@pytest.mark.parametrize("segmentation, reason", [
+@pytest.mark.parametrize(
+  "segmentation, reason",
+  [
     ({"size": [H + 1, W], "counts": "abc"}, "rle_size_mismatch"),
     ({"size": [H, W], "counts": [5, 3]}, "bad_rle"),
     ({"size": [H, W], "counts": "!!!!"}, "bad_rle"),
@@ -119,10 +144,15 @@ def test_bad_annotations_are_errors_and_their_pixels_ignored(tmp_path):
     ([[1, 2, 3]], "bad_segmentation"),
     ([[1, 2, 3, 4]], "empty_segmentation"),
     ({"size": [H, W], "counts": [H * W]}, "empty_segmentation"),
-])
+  ],
+)
 def test_each_unusable_segmentation_has_its_reason(segmentation, reason):
-  image = {"id": "7", "height": H, "width": W,
-           "annotations": [{"id": 1, "segmentation": segmentation, "where": "f:annotations[0]"}]}
+  image = {
+    "id": "7",
+    "height": H,
+    "width": W,
+    "annotations": [{"id": 1, "segmentation": segmentation, "where": "f:annotations[0]"}],
+  }
   mask, errors = coco.instance_mask(image, "x")
   assert [e["reason"] for e in errors] == [reason]
   assert (mask != keys.IGNORE).all() and not mask.any()
@@ -133,22 +163,22 @@ def test_more_objects_than_ids_and_hidden_objects():
     return _box((i % 16) * 4, (i // 16) * 3, (i % 16) * 4 + 2, (i // 16) * 3 + 2)
 
   anns = [{"id": i, "segmentation": [cell(i)], "where": f"f:{i}"} for i in range(256)]
-  mask, errors = coco.instance_mask({"id": "1", "height": H, "width": W, "annotations": anns},
-                                    "x")
+  mask, errors = coco.instance_mask({"id": "1", "height": H, "width": W, "annotations": anns}, "x")
   reasons = {e["annotation_id"]: e["reason"] for e in errors}
   assert reasons == {254: "too_many_objects", 255: "too_many_objects"}
   assert set(np.unique(mask)) == set(range(coco.MAX_OBJECTS + 1)) | {keys.IGNORE}
   assert (mask[45:47, 56:58] == keys.IGNORE).all() and (mask[45:47, 60:62] == keys.IGNORE).all()
-  anns = [{"id": 1, "segmentation": [_box(0, 0, 10, 10)], "where": "f:1"},
-          {"id": 2, "segmentation": [_box(0, 0, 4, 4)], "where": "f:2"},
-          {"id": 3, "segmentation": [_box(4, 0, 10, 10)], "where": "f:3"},
-          {"id": 4, "segmentation": [_box(0, 4, 4, 10)], "where": "f:4"}]
+  anns = [
+    {"id": 1, "segmentation": [_box(0, 0, 10, 10)], "where": "f:1"},
+    {"id": 2, "segmentation": [_box(0, 0, 4, 4)], "where": "f:2"},
+    {"id": 3, "segmentation": [_box(4, 0, 10, 10)], "where": "f:3"},
+    {"id": 4, "segmentation": [_box(0, 4, 4, 10)], "where": "f:4"},
+  ]
   _, errors = coco.instance_mask({"id": "1", "height": H, "width": W, "annotations": anns}, "x")
   assert [(e["annotation_id"], e["reason"]) for e in errors] == [(1, "hidden_object")]
 
 
 class _CountingFile(io.BytesIO):
-
   def __init__(self, data):
     super().__init__(data)
     self.largest_read = 0
@@ -159,11 +189,18 @@ class _CountingFile(io.BytesIO):
 
 
 def test_the_json_file_is_streamed_in_chunks_with_the_same_values():
-  annotations = [{"id": i, "image_id": i % 7, "segmentation": [[1.5e0, 2, 3, 4, 5, 6]],
-                  "name": "é" * (i % 5)} for i in range(3000)]
-  doc = {"info": {"year": 2017, "v": [1, 2.5, None, True]}, "licenses": [],
-         "images": [{"id": i, "file_name": f"{i}.jpg"} for i in range(7)],
-         "annotations": annotations, "categories": [{"id": 1}], "tail": 12345}
+  annotations = [
+    {"id": i, "image_id": i % 7, "segmentation": [[1.5e0, 2, 3, 4, 5, 6]], "name": "é" * (i % 5)}
+    for i in range(3000)
+  ]
+  doc = {
+    "info": {"year": 2017, "v": [1, 2.5, None, True]},
+    "licenses": [],
+    "images": [{"id": i, "file_name": f"{i}.jpg"} for i in range(7)],
+    "annotations": annotations,
+    "categories": [{"id": 1}],
+    "tail": 12345,
+  }
   data = json.dumps(doc, indent=2, ensure_ascii=False).encode("utf-8")
   f = _CountingFile(data)
   entries = coco.iter_entries(f, chunk=4096)
@@ -182,8 +219,11 @@ def test_the_json_file_is_streamed_in_chunks_with_the_same_values():
 
 
 def test_small_chunks_give_the_same_entries():
-  doc = {"images": [{"id": 12345678, "file_name": "x y.jpg", "h": 1.25e-3}], "annotations": [],
-         "n": 1234567890}
+  doc = {
+    "images": [{"id": 12345678, "file_name": "x y.jpg", "h": 1.25e-3}],
+    "annotations": [],
+    "n": 1234567890,
+  }
   data = json.dumps(doc).encode()
   for chunk in (1, 2, 3, 7):
     got = list(coco.iter_entries(io.BytesIO(data), chunk=chunk))
@@ -209,15 +249,41 @@ def test_broken_json_names_the_file_and_the_place(tmp_path):
 def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
   path, images, annotations = _dataset(tmp_path)
   out = str(tmp_path / "out")
-  assert run_cli(["segmentation", "--input", path, "--image-root", str(tmp_path / "images"),
-                  "--output", out, "--image-size", "64", "--variants", "1", "--crop", "none",
-                  "--eval-percent", "0", "--max-error-fraction", "1"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        path,
+        "--image-root",
+        str(tmp_path / "images"),
+        "--output",
+        out,
+        "--image-size",
+        "64",
+        "--variants",
+        "1",
+        "--crop",
+        "none",
+        "--eval-percent",
+        "0",
+        "--max-error-fraction",
+        "1",
+      ]
+    )
+    == 0
+  )
   m = manifest(out)
   assert m["config"]["layout"] == "coco"
   c = m["counts"]
   assert c["errors_by_reason"] == {
-      "bad_image_entry": 1, "missing_image": 1, "mask_has_no_object": 1,
-      "empty_segmentation": 1, "polygon_outside_image": 1, "unknown_image_id": 1}
+    "bad_image_entry": 1,
+    "missing_image": 1,
+    "mask_has_no_object": 1,
+    "empty_segmentation": 1,
+    "polygon_outside_image": 1,
+    "unknown_image_id": 1,
+  }
   assert (c["inputs_read"], c["images_used"], c["images_failed"]) == (len(images), 2, 3)
   # Objects: 2 in a, 1 used + 2 failed in b, 1 of an unknown image, 1 of the missing image.
   assert (c["objects_found"], c["objects_used"], c["objects_failed"]) == (7, 3, 4)
@@ -252,18 +318,21 @@ def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
 
 def test_image_root_is_refused_for_other_layouts(tmp_path):
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(ValueError, match="--image-root is for layouts"):
-    PrepConfig(input=str(tmp_path), output=str(tmp_path / "o"), layout="folders",
-               image_root=str(tmp_path))
+    PrepConfig(
+      input=str(tmp_path), output=str(tmp_path / "o"), layout="folders", image_root=str(tmp_path)
+    )
 
 
 def test_a_box_only_row_is_ignore_in_the_mask_and_no_failure():
-  anns = [{"id": 1, "segmentation": [_box(60, 10, 100, 50)], "where": "f:1"},
-          {"id": 2, "segmentation": [], "bbox": [10.5, 20, 30, 40.2], "where": "f:2"},
-          {"id": 3, "bbox": [70, 30, 50, 60], "where": "f:3"},  # Over object 1, and no key.
-          {"id": 4, "segmentation": [], "bbox": [0, 0, 0, 5], "where": "f:4"}]  # No area.
-  mask, errors = coco.instance_mask({"id": "1", "height": H, "width": W, "annotations": anns},
-                                    "x")
+  anns = [
+    {"id": 1, "segmentation": [_box(60, 10, 100, 50)], "where": "f:1"},
+    {"id": 2, "segmentation": [], "bbox": [10.5, 20, 30, 40.2], "where": "f:2"},
+    {"id": 3, "bbox": [70, 30, 50, 60], "where": "f:3"},  # Over object 1, and no key.
+    {"id": 4, "segmentation": [], "bbox": [0, 0, 0, 5], "where": "f:4"},
+  ]  # No area.
+  mask, errors = coco.instance_mask({"id": "1", "height": H, "width": W, "annotations": anns}, "x")
   assert [(e["annotation_id"], e["reason"]) for e in errors] == [(4, "empty_segmentation")]
   assert [coco.box_only(a) for a in anns] == [False, True, True, False]
   # Every pixel a box touches is ignore, unless an object with a mask is there.
@@ -278,23 +347,51 @@ def test_a_box_only_row_is_ignore_in_the_mask_and_no_failure():
 def test_coco_job_counts_box_only_rows_apart(tmp_path):
   (tmp_path / "images").mkdir()
   Image.fromarray(np.full((H, W, 3), 90, np.uint8)).save(tmp_path / "images" / "a.png")
-  images = [{"id": 1, "file_name": "a.png", "height": H, "width": W},
-            {"id": 2, "file_name": "gone.png", "height": H, "width": W}]
+  images = [
+    {"id": 1, "file_name": "a.png", "height": H, "width": W},
+    {"id": 2, "file_name": "gone.png", "height": H, "width": W},
+  ]
   annotations = [
-      {"id": 1, "image_id": 1, "iscrowd": 0, "segmentation": [_box(8, 8, 60, 60)],
-       "bbox": [8, 8, 52, 52]},
-      {"id": 2, "image_id": 1, "iscrowd": 0, "segmentation": [], "bbox": [70, 10, 40, 30]},
-      {"id": 3, "image_id": 1, "iscrowd": 0, "bbox": [70, 50, 40, 30]},
-      {"id": 4, "image_id": 1, "iscrowd": 0, "segmentation": []},  # Nothing: a failure.
-      {"id": 5, "image_id": 2, "iscrowd": 0, "segmentation": [_box(8, 8, 60, 60)]},
-      {"id": 6, "image_id": 2, "iscrowd": 0, "segmentation": [], "bbox": [1, 1, 5, 5]},
+    {
+      "id": 1,
+      "image_id": 1,
+      "iscrowd": 0,
+      "segmentation": [_box(8, 8, 60, 60)],
+      "bbox": [8, 8, 52, 52],
+    },
+    {"id": 2, "image_id": 1, "iscrowd": 0, "segmentation": [], "bbox": [70, 10, 40, 30]},
+    {"id": 3, "image_id": 1, "iscrowd": 0, "bbox": [70, 50, 40, 30]},
+    {"id": 4, "image_id": 1, "iscrowd": 0, "segmentation": []},  # Nothing: a failure.
+    {"id": 5, "image_id": 2, "iscrowd": 0, "segmentation": [_box(8, 8, 60, 60)]},
+    {"id": 6, "image_id": 2, "iscrowd": 0, "segmentation": [], "bbox": [1, 1, 5, 5]},
   ]
   path = tmp_path / "instances.json"
   path.write_text(json.dumps({"images": images, "annotations": annotations}))
   out = str(tmp_path / "out")
-  assert run_cli(["segmentation", "--input", str(path), "--image-root", str(tmp_path / "images"),
-                  "--output", out, "--image-size", "64", "--variants", "1", "--crop", "none",
-                  "--eval-percent", "0", "--max-error-fraction", "1"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(path),
+        "--image-root",
+        str(tmp_path / "images"),
+        "--output",
+        out,
+        "--image-size",
+        "64",
+        "--variants",
+        "1",
+        "--crop",
+        "none",
+        "--eval-percent",
+        "0",
+        "--max-error-fraction",
+        "1",
+      ]
+    )
+    == 0
+  )
   c = manifest(out)["counts"]
   assert c["objects_box_only"] == 3
   assert (c["objects_found"], c["objects_used"], c["objects_failed"]) == (3, 1, 2)
@@ -312,10 +409,24 @@ def test_coco_job_counts_box_only_rows_apart(tmp_path):
 
 def test_summary_line_names_box_only_rows():
   from pipelines import report  # pylint: disable=g-import-not-at-top
-  counts = {"inputs_read": 2, "images_used": 1, "images_failed": 1, "objects_found": 3,
-            "objects_used": 1, "objects_failed": 2, "objects_box_only": 3,
-            "examples_written": {"train": 1}, "errors_total": 0, "errors_by_reason": {}}
-  m = {"counts": counts, "splits_objects": True, "paths": {"records": "r", "transform": "t"},
-       "timing": {"wall_seconds": 1.0, "examples_per_second": 1.0, "images_per_second": 2.0}}
+
+  counts = {
+    "inputs_read": 2,
+    "images_used": 1,
+    "images_failed": 1,
+    "objects_found": 3,
+    "objects_used": 1,
+    "objects_failed": 2,
+    "objects_box_only": 3,
+    "examples_written": {"train": 1},
+    "errors_total": 0,
+    "errors_by_reason": {},
+  }
+  m = {
+    "counts": counts,
+    "splits_objects": True,
+    "paths": {"records": "r", "transform": "t"},
+    "timing": {"wall_seconds": 1.0, "examples_per_second": 1.0, "images_per_second": 2.0},
+  }
   assert "3 box-only annotations" in report.summary_lines(m)[0]
   assert "box-only" not in report.summary_lines(dict(m, counts=dict(counts, objects_box_only=0)))[0]

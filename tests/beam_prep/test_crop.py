@@ -37,13 +37,15 @@ def test_the_box_holds_the_object_and_is_the_same_in_tensorflow(seed):
     extent = max(bottom - top + 1, right - left + 1)
     assert side == max(-(-extent * ratio // 1000), min_side)
     assert y0 <= top and bottom < y0 + side and x0 <= left and right < x0 + side
-    got = crop.square_box(*(tf.constant(v, tf.int64) for v in (top, left, bottom, right)),
-                          ratio, min_side, xp=tf)
+    got = crop.square_box(
+      *(tf.constant(v, tf.int64) for v in (top, left, bottom, right)), ratio, min_side, xp=tf
+    )
     assert [int(v) for v in got] == [y0, x0, side]
 
 
-@pytest.mark.parametrize("box", [(-10, 5, 60), (20, -30, 500), (0, 0, 50), (400, 300, 17),
-                                 (10, 10, 200), (-40, -40, 20)])
+@pytest.mark.parametrize(
+  "box", [(-10, 5, 60), (20, -30, 500), (0, 0, 50), (400, 300, 17), (10, 10, 200), (-40, -40, 20)]
+)
 def test_the_crop_is_the_same_bytes_in_tensorflow(box):
   image = np.random.default_rng(1).integers(0, 256, (300, 400, 3), dtype=np.uint8)
   want = crop.crop_image(image, *box, 48)
@@ -66,8 +68,11 @@ def test_each_object_is_cut_with_context_and_others_are_background():
     mask = o[keys.MASK]
     assert set(np.unique(mask)) <= {0, 1, keys.IGNORE} and (mask == 1).any()
     # The other object shows in the crop's instance mask, as background in the label.
-    other = (o[keys.INSTANCE_MASK] != o[keys.OBJECT_ID]) & (o[keys.INSTANCE_MASK] != 0) & (
-        o[keys.INSTANCE_MASK] != keys.IGNORE)
+    other = (
+      (o[keys.INSTANCE_MASK] != o[keys.OBJECT_ID])
+      & (o[keys.INSTANCE_MASK] != 0)
+      & (o[keys.INSTANCE_MASK] != keys.IGNORE)
+    )
     assert (mask[other] == 0).all()
   # The second object's box reaches past the image: padding is black and ignore.
   last = outs[1]
@@ -94,18 +99,23 @@ def test_a_prediction_is_placed_back_where_its_crop_came_from():
   ex = _scene_example()
   for o in _crop_op("crop_objects(64)")(ex):
     truth = ex[keys.INSTANCE_MASK] == o[keys.OBJECT_ID]
-    placed = crop.place_back(tf.constant((o[keys.MASK] == 1).astype(np.float32)),
-                             tf.constant(o[keys.CROP_BOX]), 80, 80).numpy() > 0.5
+    placed = (
+      crop.place_back(
+        tf.constant((o[keys.MASK] == 1).astype(np.float32)), tf.constant(o[keys.CROP_BOX]), 80, 80
+      ).numpy()
+      > 0.5
+    )
     iou = (placed & truth).sum() / (placed | truth).sum()
     assert iou > 0.9, iou
     x0, y0, x1, y1 = o[keys.CROP_BOX]
     outside = np.ones((80, 80), bool)
-    outside[max(y0, 0):y1, max(x0, 0):x1] = False
+    outside[max(y0, 0) : y1, max(x0, 0) : x1] = False
     assert not placed[outside].any()
 
 
-@pytest.mark.parametrize("box,size", [((3, 7, 103, 107), 48), ((-20, -5, 180, 195), 64),
-                                      ((10, 10, 74, 74), 64)])
+@pytest.mark.parametrize(
+  "box,size", [((3, 7, 103, 107), 48), ((-20, -5, 180, 195), 64), ((10, 10, 74, 74), 64)]
+)
 def test_clicks_go_back_and_forth_when_the_crop_does_not_magnify(box, size):
   clicks = np.stack(np.meshgrid(np.arange(size), np.arange(size)), -1).reshape(-1, 2)
   source = crop.clicks_to_source(clicks, box, size)
@@ -124,18 +134,32 @@ def _photograph(root, n_objects=30, width=1000, height=872, seed=0):
     h = int(np.sqrt(area * rng.uniform(0.5, 2)))
     w = int(area / h)
     y, x = int(rng.integers(0, height - h)), int(rng.integers(0, width - w))
-    if taken[max(y - 4, 0):y + h + 4, max(x - 4, 0):x + w + 4].any():
+    if taken[max(y - 4, 0) : y + h + 4, max(x - 4, 0) : x + w + 4].any():
       continue
-    taken[y:y + h, x:x + w] = True
-    image[y:y + h, x:x + w] = rng.integers(0, 255, 3)
+    taken[y : y + h, x : x + w] = True
+    image[y : y + h, x : x + w] = rng.integers(0, 255, 3)
     poly = [float(v) for v in (x, y, x + w, y, x + w, y + h, x, y + h)]
-    annotations.append({"id": len(annotations) + 1, "image_id": 1, "category_id": 1,
-                        "segmentation": [poly], "area": float(w * h),
-                        "bbox": [x, y, w, h], "iscrowd": 0})
+    annotations.append(
+      {
+        "id": len(annotations) + 1,
+        "image_id": 1,
+        "category_id": 1,
+        "segmentation": [poly],
+        "area": float(w * h),
+        "bbox": [x, y, w, h],
+        "iscrowd": 0,
+      }
+    )
   Image.fromarray(image).save(root / "photo.jpg", quality=95)
-  (root / "instances.json").write_text(json.dumps({
-      "images": [{"id": 1, "file_name": "photo.jpg", "height": height, "width": width}],
-      "annotations": annotations, "categories": [{"id": 1, "name": "thing"}]}))
+  (root / "instances.json").write_text(
+    json.dumps(
+      {
+        "images": [{"id": 1, "file_name": "photo.jpg", "height": height, "width": width}],
+        "annotations": annotations,
+        "categories": [{"id": 1, "name": "thing"}],
+      }
+    )
+  )
   return str(root / "instances.json")
 
 
@@ -143,9 +167,27 @@ def _photograph(root, n_objects=30, width=1000, height=872, seed=0):
 def test_small_objects_of_a_photograph_get_records(tmp_path, crop_mode, least):
   coco_json = _photograph(tmp_path)
   out = str(tmp_path / f"out_{crop_mode}")
-  code = run_cli(["segmentation", "--input", coco_json, "--output", out, "--layout", "coco",
-                  "--image-size", "128", "--variants", "1", "--eval-percent", "0",
-                  "--crop", crop_mode, "--max-error-fraction", "1"])
+  code = run_cli(
+    [
+      "segmentation",
+      "--input",
+      coco_json,
+      "--output",
+      out,
+      "--layout",
+      "coco",
+      "--image-size",
+      "128",
+      "--variants",
+      "1",
+      "--eval-percent",
+      "0",
+      "--crop",
+      crop_mode,
+      "--max-error-fraction",
+      "1",
+    ]
+  )
   counts = manifest(out)["counts"]
   assert counts["objects_found"] == 30
   used = counts["objects_used"] / counts["objects_found"]
@@ -160,6 +202,7 @@ def test_the_serving_graph_makes_the_records_from_the_source_image(prep_dir):
   """For the job's crop records: given the record's box and its clicks (moved to
   the source), the serving twins give the records' bytes from the source image."""
   from train.serving_inputs import run_plan, serving_plan  # pylint: disable=g-import-not-at-top
+
   table = FeatureTable.load(prep_dir)
   assert keys.CROP_BOX in table
   plan = serving_plan(table)
@@ -174,15 +217,25 @@ def test_the_serving_graph_makes_the_records_from_the_source_image(prep_dir):
     for serialized in tf.data.TFRecordDataset(path):
       for rec in table.decode_examples(serialized.numpy()):
         box = rec[keys.CROP_BOX]
-        clicks = {k: crop.clicks_to_source(rec[k], box, size)
-                  for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
-        served = run_plan(plan, table, {keys.IMAGE: tf.constant(sources[rec[keys.IMAGE_ID]]),
-                                        keys.CROP_BOX: tf.constant(box),
-                                        **{k: tf.constant(v) for k, v in clicks.items()}})
+        clicks = {
+          k: crop.clicks_to_source(rec[k], box, size)
+          for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
+        }
+        served = run_plan(
+          plan,
+          table,
+          {
+            keys.IMAGE: tf.constant(sources[rec[keys.IMAGE_ID]]),
+            keys.CROP_BOX: tf.constant(box),
+            **{k: tf.constant(v) for k, v in clicks.items()},
+          },
+        )
         assert served[keys.IMAGE].numpy() == rec[keys.IMAGE].tobytes()
         images += 1
-        back = [crop.clicks_to_crop(tf.constant(clicks[k]), box[0], box[1], box[2] - box[0],
-                                    size).numpy() for k in clicks]
+        back = [
+          crop.clicks_to_crop(tf.constant(clicks[k]), box[0], box[1], box[2] - box[0], size).numpy()
+          for k in clicks
+        ]
         if all(np.array_equal(b, rec[k]) for b, k in zip(back, clicks)):
           for key in table.keys("model_input"):
             assert served[key].numpy() == rec[key].tobytes(), key
@@ -199,13 +252,31 @@ def _colour_model(tmp_path, image, instances, size):
   from train.data import Decoder  # pylint: disable=g-import-not-at-top
   from train.servers import SegmentationServer  # pylint: disable=g-import-not-at-top
   from train.serving_inputs import model_inputs  # pylint: disable=g-import-not-at-top
+
   for sub, arr, mode in (("images", image, None), ("masks", instances, "L")):
     (tmp_path / "data" / sub).mkdir(parents=True)
     (tmp_path / "data" / sub / "a.png").write_bytes(png(arr, mode))
   out = str(tmp_path / "prep")
-  assert run_cli(["segmentation", "--input", str(tmp_path / "data"), "--output", out,
-                  "--layout", "folders", "--image-size", str(size), "--variants", "1",
-                  "--eval-percent", "0"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(tmp_path / "data"),
+        "--output",
+        out,
+        "--layout",
+        "folders",
+        "--image-size",
+        str(size),
+        "--variants",
+        "1",
+        "--eval-percent",
+        "0",
+      ]
+    )
+    == 0
+  )
   table = FeatureTable.load(out)
   transform = tft.TFTransformOutput(f"{out}/{keys.TRANSFORM_DIR}")
   serialized = records(out)[0].SerializeToString()
@@ -214,8 +285,12 @@ def _colour_model(tmp_path, image, instances, size):
   redness = (x[0, ..., 0] - x[0, ..., 1]).numpy()
   label = table.decode_numpy(serialized)[keys.MASK].reshape(size, size)
   middle = (redness[label == 1].mean() + redness[label == 0].mean()) / 2
-  model = keras.Sequential([keras.Input((size, size, table.input_channels)), keras.layers.Lambda(
-      lambda t: 100.0 * (t[..., 0:1] - t[..., 1:2] - middle))])
+  model = keras.Sequential(
+    [
+      keras.Input((size, size, table.input_channels)),
+      keras.layers.Lambda(lambda t: 100.0 * (t[..., 0:1] - t[..., 1:2] - middle)),
+    ]
+  )
   return SegmentationServer(model, transform, table)
 
 
@@ -245,16 +320,21 @@ def test_a_model_trained_on_crops_is_served_on_the_crop_of_its_object(tmp_path):
   served = server.serve(tf.constant(image), click, none)["mask"].numpy().astype(bool)
   assert served.shape == (h, w)
   assert (served & obj).sum() / (served | obj).sum() > 0.7  # 378 px seen in 48
-  zoomed = server.serve_iterative(tf.constant(image), click, none,
-                                  tf.constant(served.astype(np.uint8)))["mask"].numpy() > 0
+  zoomed = (
+    server.serve_iterative(tf.constant(image), click, none, tf.constant(served.astype(np.uint8)))[
+      "mask"
+    ].numpy()
+    > 0
+  )
   assert (zoomed & obj).sum() / (zoomed | obj).sum() > 0.9
   previous = np.zeros((h, w), np.uint8)
   previous[5:15, 5:15] = 1
-  prob = server.serve_iterative(tf.constant(image), click, none,
-                                tf.constant(previous))["probabilities"].numpy()
+  prob = server.serve_iterative(tf.constant(image), click, none, tf.constant(previous))[
+    "probabilities"
+  ].numpy()
   y0, x0, side = crop.square_box(5, 5, cy, cx, 1400, 32)
   outside = np.ones((h, w), bool)
-  outside[max(y0, 0):y0 + side, max(x0, 0):x0 + side] = False
+  outside[max(y0, 0) : y0 + side, max(x0, 0) : x0 + side] = False
   assert outside.any() and (prob[outside] == 0).all() and prob[~outside].max() > 0
 
 
@@ -269,8 +349,9 @@ def test_the_first_click_sees_the_whole_image_and_the_next_zoom_in(tmp_path):
   mask = server.serve(tf.constant(image), click, none)["mask"].numpy().astype(bool)
   assert (mask & (instances == 2)).sum() / (instances == 2).sum() > 0.8  # the large disk
   assert (mask & (instances == 1)).any()  # the colour model sees the small one too
-  zoomed = server.serve_iterative(tf.constant(image), click, none,
-                                  tf.constant((instances == 2).astype(np.uint8)))
+  zoomed = server.serve_iterative(
+    tf.constant(image), click, none, tf.constant((instances == 2).astype(np.uint8))
+  )
   prob = zoomed["probabilities"].numpy()
   assert (prob[instances == 1] == 0).all()  # outside the crop around the previous mask
   obj = instances == 2

@@ -27,23 +27,45 @@ from beam_prep.ops import registry
 from tests.helpers import ROOT, assert_encoded_answer, assert_serving_parity, run_cli
 
 RUNS = {
-    "disks+edges": (["--click-encoding", "disks", "--ops-module", "tests.fixtures.edge_ops",
-                     "--ops", "edges"], 6),
-    "both+cap": (["--click-encoding", "both", "--flip-variants", "--previous-mask",
-                  "--ops-module", "tests.fixtures.user_ops", "--ops", "cap_distance(64)",
-                  "--crop", "none"], 8),
+  "disks+edges": (
+    ["--click-encoding", "disks", "--ops-module", "tests.fixtures.edge_ops", "--ops", "edges"],
+    6,
+  ),
+  "both+cap": (
+    [
+      "--click-encoding",
+      "both",
+      "--flip-variants",
+      "--previous-mask",
+      "--ops-module",
+      "tests.fixtures.user_ops",
+      "--ops",
+      "cap_distance(64)",
+      "--crop",
+      "none",
+    ],
+    8,
+  ),
 }
 # Each op with a twin, and a run whose chain holds it.
-OP_RUNS = {"decode": "disks+edges", "crop_objects": "disks+edges", "resize": "both+cap",
-           "flip_variants": "both+cap",
-           "click_disks": "disks+edges", "edges": "disks+edges", "distance_maps": "both+cap",
-           "cap_distance": "both+cap", "prev_mask": "both+cap"}
+OP_RUNS = {
+  "decode": "disks+edges",
+  "crop_objects": "disks+edges",
+  "resize": "both+cap",
+  "flip_variants": "both+cap",
+  "click_disks": "disks+edges",
+  "edges": "disks+edges",
+  "distance_maps": "both+cap",
+  "cap_distance": "both+cap",
+  "prev_mask": "both+cap",
+}
 SIZE = 48
 
 
 def _fit(args):
   """fit without the NoC evaluation (tests/train/test_noc.py covers it) unless asked."""
   from train import cli  # pylint: disable=g-import-not-at-top
+
   extra = [] if "--noc-clicks" in args else ["--noc-clicks", "0"]
   with pytest.raises(SystemExit) as e:
     cli.main(["fit"] + args + extra)
@@ -57,11 +79,48 @@ def runs(sample_dir, tmp_path_factory):
   for name, (args, _) in RUNS.items():
     root = tmp_path_factory.mktemp(name.replace("+", "_"))
     prep, model = str(root / "prep"), str(root / "model")
-    assert run_cli(["segmentation", "--input", sample_dir, "--output", prep,
-                    "--image-size", str(SIZE), "--variants", "1", "--eval-percent", "30",
-                    "--max-error-fraction", "1"] + args) == 0
-    assert _fit(["--data", prep, "--model-dir", model, "--steps", "4", "--batch-size", "4",
-                 "--width", "4", "--depth", "2", "--histogram-every", "0"]) == 0
+    assert (
+      run_cli(
+        [
+          "segmentation",
+          "--input",
+          sample_dir,
+          "--output",
+          prep,
+          "--image-size",
+          str(SIZE),
+          "--variants",
+          "1",
+          "--eval-percent",
+          "30",
+          "--max-error-fraction",
+          "1",
+        ]
+        + args
+      )
+      == 0
+    )
+    assert (
+      _fit(
+        [
+          "--data",
+          prep,
+          "--model-dir",
+          model,
+          "--steps",
+          "4",
+          "--batch-size",
+          "4",
+          "--width",
+          "4",
+          "--depth",
+          "2",
+          "--histogram-every",
+          "0",
+        ]
+      )
+      == 0
+    )
     out[name] = (prep, model)
   return out
 
@@ -81,16 +140,17 @@ def test_records_features_json_and_model_follow_the_declarations(runs, name):
   assert FeatureTable.load(model).to_dict() == table.to_dict()  # copied by the trainer
   metrics = json.load(open(os.path.join(model, "metrics.json")))
   assert metrics["input_channels"] == channels and metrics["step_traces"] == 1
-  with open(os.path.join(prep, "records", os.listdir(os.path.join(prep, "records"))[0]),
-            "rb") as f:
+  with open(os.path.join(prep, "records", os.listdir(os.path.join(prep, "records"))[0]), "rb") as f:
     assert f.read(1)  # a real shard
-  first = next(iter(tf.data.TFRecordDataset(
-      sorted(tf.io.gfile.glob(keys.record_pattern(prep, "train"))))))
+  first = next(
+    iter(tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(keys.record_pattern(prep, "train")))))
+  )
   stored = set(tf.train.Example.FromString(first.numpy()).features.feature)
   assert stored == set(table.keys())
   ex = table.decode_numpy(first.numpy())
   if "edges" in table:
     from tests.fixtures.edge_ops import gradient_magnitude  # pylint: disable=g-import-not-at-top
+
     grey = ex[keys.IMAGE].astype(np.int32).sum(-1) // 3
     np.testing.assert_array_equal(ex["edges"][..., 0], gradient_magnitude(grey))
   if keys.CLICK_DISKS in table:
@@ -117,6 +177,7 @@ def test_the_encoded_signatures_answer_as_the_array_ones(runs, name, sample_dir)
   files, as its decoded pixels are by serving_default (serve_iterative)."""
   from beam_prep.ops.image import decode_file  # pylint: disable=g-import-not-at-top
   from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+
   model = ServedModel(runs[name][1])
   folder = os.path.join(sample_dir, "images")
   data = open(os.path.join(folder, sorted(os.listdir(folder))[0]), "rb").read()
@@ -132,26 +193,45 @@ def test_the_encoded_signatures_answer_as_the_array_ones(runs, name, sample_dir)
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_export_serves_without_the_prep_output_or_the_ops_module(runs, name, sample_dir,
-                                                                 tmp_path):
+def test_export_serves_without_the_prep_output_or_the_ops_module(runs, name, sample_dir, tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
+
   prep, model_dir = runs[name]
   moved = str(tmp_path / "prep_moved")
   shutil.move(prep, moved)
   try:
-    image = os.path.join(sample_dir, "images", sorted(os.listdir(
-        os.path.join(sample_dir, "images")))[0])
+    image = os.path.join(
+      sample_dir, "images", sorted(os.listdir(os.path.join(sample_dir, "images")))[0]
+    )
     w, h = Image.open(image).size
     out = str(tmp_path / "mask.png")
     # A fresh process from a folder where `tests` is not importable: the
     # SavedModel must not need the user's ops module.
-    code = ("import sys; from train import cli; cli.main(sys.argv[1:])")
-    r = subprocess.run([sys.executable, "-c", code, "predict", "--model", model_dir,
-                        "--image", image, "--positive", f"{w // 2},{h // 2}",
-                        "--negative", "1,1", "--output", out], capture_output=True, text=True,
-                       timeout=300, cwd=str(tmp_path),
-                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    code = "import sys; from train import cli; cli.main(sys.argv[1:])"
+    r = subprocess.run(
+      [
+        sys.executable,
+        "-c",
+        code,
+        "predict",
+        "--model",
+        model_dir,
+        "--image",
+        image,
+        "--positive",
+        f"{w // 2},{h // 2}",
+        "--negative",
+        "1,1",
+        "--output",
+        out,
+      ],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      cwd=str(tmp_path),
+      env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert np.asarray(Image.open(out)).shape == (h, w)
   finally:
@@ -159,19 +239,55 @@ def test_export_serves_without_the_prep_output_or_the_ops_module(runs, name, sam
 
 
 def test_an_op_changing_a_model_input_without_a_twin_is_refused_before_training(
-    sample_dir, tmp_path, capsys):
+  sample_dir, tmp_path, capsys
+):
   prep, model = str(tmp_path / "prep"), str(tmp_path / "model")
-  assert run_cli(["segmentation", "--input", sample_dir, "--output", prep, "--image-size", "32",
-                  "--variants", "1", "--max-error-fraction", "1",
-                  "--ops-module", "tests.fixtures.user_ops",
-                  "--ops", "brighten(30)"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        sample_dir,
+        "--output",
+        prep,
+        "--image-size",
+        "32",
+        "--variants",
+        "1",
+        "--max-error-fraction",
+        "1",
+        "--ops-module",
+        "tests.fixtures.user_ops",
+        "--ops",
+        "brighten(30)",
+      ]
+    )
+    == 0
+  )
   capsys.readouterr()
-  args = ["--data", prep, "--model-dir", model, "--steps", "2", "--batch-size", "2",
-          "--width", "4", "--depth", "1", "--histogram-every", "0"]
+  args = [
+    "--data",
+    prep,
+    "--model-dir",
+    model,
+    "--steps",
+    "2",
+    "--batch-size",
+    "2",
+    "--width",
+    "4",
+    "--depth",
+    "1",
+    "--histogram-every",
+    "0",
+  ]
   assert _fit(args) == 1
   out = capsys.readouterr().out
-  assert re.search(r"op 'brighten' produces the model input\(s\) image but has no TensorFlow "
-                   r"twin", out), out
+  assert re.search(
+    r"op 'brighten' produces the model input\(s\) image but has no TensorFlow "
+    r"twin",
+    out,
+  ), out
   assert "twin=" in out and not os.path.exists(os.path.join(model, "checkpoints"))
   assert _fit(args + ["--no-export"]) == 0  # training without a serving model is allowed
 

@@ -12,14 +12,29 @@ MASK = png(np.pad(np.ones((6, 6), np.uint8), 2), "L")  # 10 x 10, one object
 
 
 def _decode(image_bytes, mask_bytes=MASK, **kw):
-  return decode(**kw)({"image_id": "x", "image_bytes": image_bytes, "mask_bytes": mask_bytes,
-                       "mask_source": "m.png"})
+  return decode(**kw)(
+    {"image_id": "x", "image_bytes": image_bytes, "mask_bytes": mask_bytes, "mask_source": "m.png"}
+  )
 
 
-@pytest.mark.parametrize("mode,fmt", [
-    ("RGB", "PNG"), ("L", "PNG"), ("LA", "PNG"), ("RGBA", "PNG"), ("P", "PNG"), ("1", "PNG"),
-    ("CMYK", "JPEG"), ("RGB", "JPEG"), ("L", "JPEG"), ("I;16", "PNG"), ("RGB", "BMP"),
-    ("RGB", "TIFF"), ("CMYK", "TIFF")])
+@pytest.mark.parametrize(
+  "mode,fmt",
+  [
+    ("RGB", "PNG"),
+    ("L", "PNG"),
+    ("LA", "PNG"),
+    ("RGBA", "PNG"),
+    ("P", "PNG"),
+    ("1", "PNG"),
+    ("CMYK", "JPEG"),
+    ("RGB", "JPEG"),
+    ("L", "JPEG"),
+    ("I;16", "PNG"),
+    ("RGB", "BMP"),
+    ("RGB", "TIFF"),
+    ("CMYK", "TIFF"),
+  ],
+)
 def test_convertible_modes_become_uint8_rgb(mode, fmt):
   im = Image.new(mode, (10, 10))
   out = _decode(encoded(im, fmt))
@@ -35,19 +50,28 @@ def test_sixteen_bit_grey_is_scaled_not_clipped():
   assert out["image"][0, :, 0].tolist() == [0, 128, 255]
 
 
-@pytest.mark.parametrize("data,mask,reason", [
+@pytest.mark.parametrize(
+  "data,mask,reason",
+  [
     (b"", MASK, "empty_image"),
     (b"hello, not an image", MASK, "not_an_image"),
-    (png(np.random.default_rng(0).integers(0, 255, (10, 10, 3), dtype=np.uint8))[:200], MASK,
-     "truncated_image"),
+    (
+      png(np.random.default_rng(0).integers(0, 255, (10, 10, 3), dtype=np.uint8))[:200],
+      MASK,
+      "truncated_image",
+    ),
     (encoded(Image.new("F", (10, 10)), "TIFF"), MASK, "unsupported_image_mode"),
     (encoded(Image.new("RGB", (10, 10))), None, "missing_mask"),
     (encoded(Image.new("RGB", (10, 10))), b"", "empty_mask"),
     (encoded(Image.new("RGB", (10, 10))), encoded(Image.new("RGB", (10, 10))), "unsupported_mask"),
     (encoded(Image.new("RGB", (12, 10))), MASK, "mask_size_mismatch"),
-    (encoded(Image.new("RGB", (10, 10))), encoded(Image.fromarray(
-        np.full((10, 10), 300, np.uint16))), "unsupported_mask"),
-])
+    (
+      encoded(Image.new("RGB", (10, 10))),
+      encoded(Image.fromarray(np.full((10, 10), 300, np.uint16))),
+      "unsupported_mask",
+    ),
+  ],
+)
 def test_unusable_inputs_raise_with_their_reason(data, mask, reason):
   with pytest.raises(ExampleError) as e:
     _decode(data, mask)
@@ -75,8 +99,11 @@ def _binary():
 def _mask_file(rgb, mode):
   """An RGB array saved as a `mode` PNG (RGBA and LA opaque; LA keeps the red channel)."""
   opaque = np.full(rgb.shape[:2] + (1,), 255, np.uint8)
-  arr = {"RGB": rgb, "RGBA": np.concatenate([rgb, opaque], -1),
-         "LA": np.concatenate([rgb[..., :1], opaque], -1)}[mode]
+  arr = {
+    "RGB": rgb,
+    "RGBA": np.concatenate([rgb, opaque], -1),
+    "LA": np.concatenate([rgb[..., :1], opaque], -1),
+  }[mode]
   return png(arr, mode)
 
 
@@ -92,9 +119,17 @@ def test_a_mask_of_only_0_and_255_is_one_object_and_voc_masks_are_unchanged():
   np.testing.assert_array_equal(_decode(image, encoded(palette))["instance_mask"], voc)
 
 
-@pytest.mark.parametrize("mode,colour", [
-    ("RGB", (200, 0, 0)), ("RGB", (255, 255, 0)), ("RGB", (1, 1, 1)), ("RGBA", (0, 0, 255)),
-    ("RGBA", (128, 128, 128)), ("LA", (128, 128, 128))])
+@pytest.mark.parametrize(
+  "mode,colour",
+  [
+    ("RGB", (200, 0, 0)),
+    ("RGB", (255, 255, 0)),
+    ("RGB", (1, 1, 1)),
+    ("RGBA", (0, 0, 255)),
+    ("RGBA", (128, 128, 128)),
+    ("LA", (128, 128, 128)),
+  ],
+)
 def test_a_black_and_white_colour_mask_is_one_object_and_a_coloured_one_refused(mode, colour):
   image = encoded(Image.new("RGB", (10, 10)))
   white = np.repeat(_binary()[..., None], 3, -1)
@@ -110,6 +145,7 @@ def _phone_photo(size=48):
   """A JPEG stored as the sensor saw it with EXIF orientation 6, and the mask
   an annotation tool drew on the displayed (rotated) picture."""
   import io  # pylint: disable=g-import-not-at-top
+
   shown = np.full((size, size, 3), (40, 90, 200), np.uint8)  # blue background
   shown[2:18, 4:30] = (230, 40, 30)  # a red object at the top of the displayed photo
   mask = np.zeros((size, size), np.uint8)
@@ -126,6 +162,7 @@ def _phone_photo(size=48):
 def test_exif_orientation_is_applied_so_photo_and_mask_align(tmp_path):
   from tests.helpers import examples, run_cli  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
+
   jpeg, mask, shown = _phone_photo()
   out = _decode(jpeg, mask)
   obj = out[keys.INSTANCE_MASK] == 1
@@ -138,14 +175,31 @@ def test_exif_orientation_is_applied_so_photo_and_mask_align(tmp_path):
   (root / "images" / "phone.jpg").write_bytes(jpeg)
   (root / "masks" / "phone.png").write_bytes(mask)
   prep = str(tmp_path / "prep")
-  assert run_cli(["segmentation", "--input", str(root), "--output", prep, "--image-size", "48",
-                  "--variants", "1", "--eval-percent", "0"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(root),
+        "--output",
+        prep,
+        "--image-size",
+        "48",
+        "--variants",
+        "1",
+        "--eval-percent",
+        "0",
+      ]
+    )
+    == 0
+  )
   ex = examples(prep)[0]
   image = ex[keys.IMAGE]
   label = ex[keys.MASK][..., 0] == 1
   assert np.abs(image[label].astype(int) - (230, 40, 30)).mean() < 25
   # ... and `beam-train predict` reads the photo the same way.
   from train.predict import load_image  # pylint: disable=g-import-not-at-top
+
   path = tmp_path / "phone.jpg"
   path.write_bytes(jpeg)
   np.testing.assert_array_equal(load_image(str(path)), out[keys.IMAGE])
@@ -159,6 +213,7 @@ def test_twin_applies_every_exif_orientation_as_the_job_does(fmt):
   import io  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.image import decode_file, decode_twin  # pylint: disable=g-import-not-at-top
+
   stored = np.random.default_rng(0).integers(0, 255, (13, 21, 3), dtype=np.uint8)
   shapes = set()
   for orientation in [None, *range(1, 9)]:

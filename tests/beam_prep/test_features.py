@@ -29,8 +29,7 @@ def test_feature_validation_says_what_is_wrong():
 
 
 def test_default_chain_table_in_declared_order():
-  config = PrepConfig.from_dict(dict(input="x", output="y", image_size=32,
-                                     click_encoding="both"))
+  config = PrepConfig.from_dict(dict(input="x", output="y", image_size=32, click_encoding="both"))
   table = config.features()
   assert table.keys("model_input") == [keys.IMAGE, keys.DISTANCE_MAPS, keys.CLICK_DISKS]
   assert table.input_channels == 7
@@ -54,8 +53,9 @@ def test_default_chain_table_in_declared_order():
 
 def test_a_later_declaration_of_a_key_wins_but_keeps_the_position():
   registry.import_ops_modules("tests.fixtures.user_ops")
-  config = PrepConfig(input="x", output="y", ops="cap_distance(8)|brighten",
-                      ops_module="tests.fixtures.user_ops")
+  config = PrepConfig(
+    input="x", output="y", ops="cap_distance(8)|brighten", ops_module="tests.fixtures.user_ops"
+  )
   table = config.features()
   assert table.keys("model_input") == [keys.IMAGE, keys.DISTANCE_MAPS]
   assert table[keys.DISTANCE_MAPS].op == "cap_distance" and table[keys.IMAGE].op == "brighten"
@@ -63,20 +63,29 @@ def test_a_later_declaration_of_a_key_wins_but_keeps_the_position():
 
 
 def _table():
-  return FeatureTable([
+  return FeatureTable(
+    [
       Entry("id", Feature("string", shape=(), role="metadata"), "read"),
       Entry("img", Feature("uint8", channels=3), "decode"),
       Entry("depth", Feature("float32", channels=1, normalize="standardize"), "depth_op"),
       Entry("pts", Feature("int64", shape=(None, 2), role="metadata"), "clicks"),
       Entry("vec", Feature("float32", shape=(3,), role="metadata"), "vec_op"),
-  ], (4, 5), "segmentation")
+    ],
+    (4, 5),
+    "segmentation",
+  )
 
 
 def _example():
   rng = np.random.default_rng(0)
-  return {"id": "a", "img": rng.integers(0, 255, (4, 5, 3), dtype=np.uint8),
-          "depth": rng.normal(size=(4, 5)).astype(np.float32),
-          "pts": np.array([[1, 2], [3, 0]]), "vec": [0.5, 1.5, 2.5], "extra": "ignored"}
+  return {
+    "id": "a",
+    "img": rng.integers(0, 255, (4, 5, 3), dtype=np.uint8),
+    "depth": rng.normal(size=(4, 5)).astype(np.float32),
+    "pts": np.array([[1, 2], [3, 0]]),
+    "vec": [0.5, 1.5, 2.5],
+    "extra": "ignored",
+  }
 
 
 def test_encode_decode_round_trip_and_the_raw_spec():
@@ -94,14 +103,20 @@ def test_encode_decode_round_trip_and_the_raw_spec():
   assert "extra" not in tf.train.Example.FromString(data).features.feature
 
 
-@pytest.mark.parametrize("change,message", [
+@pytest.mark.parametrize(
+  "change,message",
+  [
     (lambda ex: ex.pop("img"), "op 'decode' declares feature 'img' but the example has no"),
-    (lambda ex: ex.update(img=ex["img"].astype(np.float32)), "op 'decode'.*declared uint8.*float32"),
+    (
+      lambda ex: ex.update(img=ex["img"].astype(np.float32)),
+      "op 'decode'.*declared uint8.*float32",
+    ),
     (lambda ex: ex.update(img=ex["img"][:3]), r"op 'decode'.*declared \[4, 5, 3\].*\[3, 5, 3\]"),
     (lambda ex: ex.update(pts=np.zeros((2, 3), int)), "op 'clicks'.*shape"),
     (lambda ex: ex.update(vec=[1.0]), "op 'vec_op'.*shape"),
     (lambda ex: ex.update(id=3), "op 'read'.*string feature 'id'"),
-])
+  ],
+)
 def test_encoder_refuses_a_mismatch_naming_the_op_and_key(change, message):
   ex = _example()
   change(ex)
@@ -121,8 +136,9 @@ def test_the_records_size_is_the_one_the_chains_geometric_op_makes():
   chain = registry.parse_chain("decode|resize(40, width=24)|split_objects")
   assert registry.image_size(chain) == (40, 24)
   assert registry.image_size(registry.parse_chain("decode|split_objects")) is None
-  config = PrepConfig.from_dict(dict(input="x", output="y", image_size=32, crop="none",
-                                     task="segmentation"))
+  config = PrepConfig.from_dict(
+    dict(input="x", output="y", image_size=32, crop="none", task="segmentation")
+  )
   assert config.features().image_size == (32, 32)
   crop = PrepConfig(input="x", output="y", image_size=48)
   assert crop.features().image_size == (48, 48)

@@ -9,8 +9,9 @@ from tests.helpers import png, scene
 
 
 def _kernel(tmp_path, **kw):
-  config = PrepConfig.from_dict(dict(input=str(tmp_path), output="unused", layout="folders",
-                                     image_size=48, variants=2, **kw))
+  config = PrepConfig.from_dict(
+    dict(input=str(tmp_path), output="unused", layout="folders", image_size=48, variants=2, **kw)
+  )
   registry.import_ops_modules(config.ops_module)
   return Kernel(config.layout, config.stages, config.ops_module, config.features())
 
@@ -22,8 +23,11 @@ def _pointer(tmp_path, name="a", boxes=((4, 4, 30, 30), (36, 36, 38, 38)), mask=
   (tmp_path / "images" / f"{name}.png").write_bytes(png(img))
   if mask:
     (tmp_path / "masks" / f"{name}.png").write_bytes(png(inst, "L"))
-  return {"image_id": name, "source": str(tmp_path / "images" / f"{name}.png"),
-          "mask_source": str(tmp_path / "masks" / f"{name}.png")}
+  return {
+    "image_id": name,
+    "source": str(tmp_path / "images" / f"{name}.png"),
+    "mask_source": str(tmp_path / "masks" / f"{name}.png"),
+  }
 
 
 def test_one_input_counts_at_each_level(tmp_path):
@@ -51,8 +55,13 @@ def test_image_failures_and_listed_objects_are_counted_once(tmp_path):
   assert (c["inputs_read"], c["images_failed"]) == (1, 1)
   assert (c["objects_found"], c["objects_failed"], c["objects_of_failed_images"]) == (3, 3, 3)
   assert [e["reason"] for e in result.errors] == ["missing_mask"]
-  gone = kernel.process({"image_id": "c", "source": str(tmp_path / "nope.png"),
-                         "mask_source": str(tmp_path / "nope_mask.png")})
+  gone = kernel.process(
+    {
+      "image_id": "c",
+      "source": str(tmp_path / "nope.png"),
+      "mask_source": str(tmp_path / "nope_mask.png"),
+    }
+  )
   assert [e["reason"] for e in gone.errors] == ["missing_image"]
   total = Tally().merge(result.tally).merge(gone.tally)
   acc = total.accounting(per_unit=2, splits_objects=True)
@@ -71,11 +80,13 @@ def test_classification_counts_images_and_examples(tmp_path):
   (tmp_path / "cat").mkdir()
   img, _ = scene(48)
   (tmp_path / "cat" / "x.png").write_bytes(png(img))
-  config = PrepConfig(input=str(tmp_path), output="unused", task="classification",
-                      layout="classes", image_size=32)
+  config = PrepConfig(
+    input=str(tmp_path), output="unused", task="classification", layout="classes", image_size=32
+  )
   kernel = Kernel(config.layout, config.stages, "", config.features())
-  result = kernel.process({"image_id": "cat/x", "source": str(tmp_path / "cat" / "x.png"),
-                           "label": "cat"})
+  result = kernel.process(
+    {"image_id": "cat/x", "source": str(tmp_path / "cat" / "x.png"), "label": "cat"}
+  )
   acc = result.tally.accounting(per_unit=1, splits_objects=False)
   assert acc["accounted"] and acc["examples_made"] == 1 and len(result.records) == 1
   assert acc["objects_found"] == 0
@@ -89,8 +100,10 @@ def test_min_object_area_dead_letters_small_objects_with_their_source_area(tmp_p
   c = result.tally.counts
   assert (c["objects_found"], c["objects_failed"]) == (3, 2)
   details = sorted((e["object_id"], e["reason"], e["detail"]) for e in result.errors)
-  assert [(i, r) for i, r, _ in details] == [(2, "object_below_min_area"),
-                                            (3, "object_below_min_area")]
+  assert [(i, r) for i, r, _ in details] == [
+    (2, "object_below_min_area"),
+    (3, "object_below_min_area"),
+  ]
   assert "covers 9 pixels" in details[0][2] and "covers 4 pixels" in details[1][2]
   assert result.tally.accounting(per_unit=2, splits_objects=True)["accounted"]
 
@@ -99,6 +112,7 @@ def test_an_eval_image_keeps_its_source_record_only_when_it_was_used(tmp_path):
   """An eval input that decodes writes its image at its own size once; one
   that fails after decoding (a mask with no object) writes none."""
   from beam_prep import keys, source_records  # pylint: disable=g-import-not-at-top
+
   kernel = _kernel(tmp_path)
   used = kernel.process(_pointer(tmp_path), keys.EVAL_SPLIT)
   assert used.source is not None and used.tally.counts["examples/source"] == 1

@@ -41,8 +41,8 @@ def test_distance_map_caps_at_255():
 
 def _scene():
   inst = np.zeros((120, 160), np.uint8)
-  inst[20:80, 20:70] = 1        # a box
-  inst[60:110, 90:150] = 2      # another object
+  inst[20:80, 20:70] = 1  # a box
+  inst[60:110, 90:150] = 2  # another object
   inst[19, 20:70] = keys.IGNORE  # VOC-style ignore band
   return inst
 
@@ -92,8 +92,7 @@ def test_sample_clicks_is_deterministic_and_variants_differ():
 def test_object_too_small_is_an_example_error():
   mask = np.zeros((50, 50), np.uint8)
   mask[10:14, 10:14] = 1  # Thinner than the margin: clicked at its deepest pixels.
-  pos, margin = ObjectGeometry(mask, None, 40, 5).sample_positive(
-      3, 10, np.random.default_rng(0))
+  pos, margin = ObjectGeometry(mask, None, 40, 5).sample_positive(3, 10, np.random.default_rng(0))
   assert margin == 2.0 and pos.shape == (1, 2)
   mask[10:14, 10:14] = 0  # No pixel left at the records' size.
   with pytest.raises(registry.ExampleError) as e:
@@ -137,23 +136,32 @@ def test_chain_parsing_fanout_and_failures():
   areas = np.zeros(256, np.int64)
   areas[[1, 2, 3]] = (1600, 9, 1)  # 3 was measured at the source; no pixel of it is left
   apply = registry.build_chain("split_objects|sample_clicks(variants=2)|distance_maps")
-  outputs, failures = apply({"image_id": "a", "image": np.zeros((64, 64, 3), np.uint8),
-                             "instance_mask": inst, "source_areas": areas})
+  outputs, failures = apply(
+    {
+      "image_id": "a",
+      "image": np.zeros((64, 64, 3), np.uint8),
+      "instance_mask": inst,
+      "source_areas": areas,
+    }
+  )
   assert [(o["object_id"], o["variant"]) for o in outputs] == [(1, 0), (1, 1), (2, 0), (2, 1)]
   assert outputs[2]["positive_clicks"].tolist() == [[51, 51]]
   assert [(f.stage, f.reason, f.example["object_id"]) for f in failures] == [
-      ("sample_clicks", "object_too_small", 3)]
+    ("sample_clicks", "object_too_small", 3)
+  ]
   assert outputs[0]["distance_maps"].shape == (64, 64, 2)
 
 
 def test_user_registered_op_runs_in_a_chain():
   with registry.temporary_ops():
+
     @registry.register_op("test_invert", produces={"image": IMAGE})
     def _invert():
       def fn(ex):
         out = dict(ex)
         out["image"] = 255 - ex["image"]
         return out
+
       return fn
 
     apply = registry.build_chain("test_invert")
@@ -167,12 +175,19 @@ def test_user_registered_op_runs_in_a_chain():
 def test_builtin_ops_register_themselves_on_first_use():
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  code = ("from beam_prep.ops import registry\n"
-          "print(' '.join(registry.registered_ops()))\n")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, check=True).stdout.split()
-  for name in ("decode", "resize", "split_objects", "sample_clicks", "distance_maps",
-               "click_disks"):
+
+  code = "from beam_prep.ops import registry\nprint(' '.join(registry.registered_ops()))\n"
+  out = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+  ).stdout.split()
+  for name in (
+    "decode",
+    "resize",
+    "split_objects",
+    "sample_clicks",
+    "distance_maps",
+    "click_disks",
+  ):
     assert name in out
 
 
@@ -189,6 +204,7 @@ def test_click_disks_equal_a_distance_transform_threshold(radius):
 
 def test_flip_variants_mirrors_odd_variants_with_their_clicks():
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
+
   apply = registry.build_chain("split_objects|sample_clicks(variants=4, seed=2)|flip_variants")
   inst = np.zeros((40, 50), np.uint8)
   inst[5:30, 3:25] = 1
@@ -196,7 +212,8 @@ def test_flip_variants_mirrors_odd_variants_with_their_clicks():
   outs, failures = apply({"image_id": "a", "image": image, "instance_mask": inst})
   assert not failures and [o["flipped"] for o in outs] == [0, 1, 0, 1]
   plain = registry.build_chain("split_objects|sample_clicks(variants=4, seed=2)")(
-      {"image_id": "a", "image": image, "instance_mask": inst})[0]
+    {"image_id": "a", "image": image, "instance_mask": inst}
+  )[0]
   for out, base in zip(outs, plain):
     if out["flipped"]:
       np.testing.assert_array_equal(out["image"], base["image"][:, ::-1])
@@ -238,23 +255,28 @@ def test_min_area_is_measured_before_the_resize():
     assert f"covers {area} pixels at the source resolution" in detail and "500" in detail
   # Without the measurement, split_objects lists what the resized mask holds.
   plain, _ = registry.build_chain("resize(60)|split_objects")(
-      {"image_id": "a", "image": image, "instance_mask": inst})
+    {"image_id": "a", "image": image, "instance_mask": inst}
+  )
   assert 5 not in [o["object_id"] for o in plain]
 
 
 def test_min_area_without_the_measurement_is_refused_before_the_job():
   from beam_prep.features import FeatureError  # pylint: disable=g-import-not-at-top
+
   specs = registry.parse_chain("decode|resize(64)|split_objects|require_min_area(10)")
   with pytest.raises(FeatureError, match="op 'require_min_area' reads 'source_areas'"):
     registry.check_chain(specs, ["image_id", "image_bytes", "instance_mask"], "the test layout")
-  registry.check_chain(registry.parse_chain(
-      "decode|object_areas|resize(64)|split_objects|require_min_area(10)"),
-      ["image_id", "image_bytes", "instance_mask"], "the test layout")
+  registry.check_chain(
+    registry.parse_chain("decode|object_areas|resize(64)|split_objects|require_min_area(10)"),
+    ["image_id", "image_bytes", "instance_mask"],
+    "the test layout",
+  )
 
 
 def test_click_counts_drawn_as_ritm_draws_them():
   """prob_gamma g: low + k clicks with probability proportional to g^k; 0: uniform."""
   from beam_prep.ops.clicks import click_count  # pylint: disable=g-import-not-at-top
+
   rng = np.random.default_rng(0)
   counts = np.bincount([click_count(rng, 1, 24, 0.8) for _ in range(20000)], minlength=25)[1:]
   want = 0.8 ** np.arange(24)
@@ -262,16 +284,16 @@ def test_click_counts_drawn_as_ritm_draws_them():
   assert counts[0] > counts[4] > counts[12] > 0
   # 0 draws exactly what the uniform draw did, so default records are unchanged.
   a, b = np.random.default_rng(3), np.random.default_rng(3)
-  assert [click_count(a, 1, 5, 0.0) for _ in range(50)] == [int(b.integers(1, 6))
-                                                            for _ in range(50)]
+  assert [click_count(a, 1, 5, 0.0) for _ in range(50)] == [
+    int(b.integers(1, 6)) for _ in range(50)
+  ]
 
 
 def test_prob_gamma_varies_both_click_counts():
   inst = _scene()
   mask = (inst == 1).astype(np.uint8)
   ex = {"image_id": "s", "object_id": 1, "mask": mask, "instance_mask": inst}
-  out = sample_clicks(variants=200, seed=1, max_positive=24, prob_gamma=0.8,
-                      strategies=(1, 3))(ex)
+  out = sample_clicks(variants=200, seed=1, max_positive=24, prob_gamma=0.8, strategies=(1, 3))(ex)
   pos = [len(o["positive_clicks"]) for o in out]
   neg = [len(o["negative_clicks"]) for o in out]
   assert min(pos) == 1 and max(pos) > 5 and min(neg) < 10 and len(set(neg)) > 3
@@ -283,6 +305,7 @@ def test_prob_gamma_varies_both_click_counts():
 def test_the_field_preset_draws_up_to_24_clicks_and_the_default_chain_is_unchanged():
   from beam_prep import kit  # pylint: disable=g-import-not-at-top
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
+
   field = PrepConfig.from_dict({"input": "x", "output": "y", **kit.preset(PrepConfig, "field")})
   spec = next(s for s in registry.parse_chain(field.chain) if s.name == "sample_clicks")
   assert dict(spec.kwargs)["max_positive"] == 24 and dict(spec.kwargs)["prob_gamma"] == 0.8

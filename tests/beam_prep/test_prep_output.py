@@ -60,7 +60,8 @@ def test_shards_with_records_and_a_shard_from_another_run(prep_dir, tmp_path):
   scan = prep.scan_shards(files)
   assert holding == [p for p in files if scan[p]["records"] > 0]
   assert sum(v["records"] for v in scan.values()) == sum(
-      prep.manifest["counts"]["records_written"].values())
+    prep.manifest["counts"]["records_written"].values()
+  )
   assert prep.has_records(keys.TRAIN_SPLIT) and prep.has_records(keys.EVAL_SPLIT)
   assert not prep.has_records("nosuchsplit")
   # A shard of other records (here: with no per-pixel feature) is named.
@@ -94,13 +95,13 @@ def _model_dir(root, config):
   return str(root)
 
 
-def test_the_data_a_model_dir_recorded_is_found_from_any_folder(prep_dir, tmp_path,
-                                                                monkeypatch):
+def test_the_data_a_model_dir_recorded_is_found_from_any_folder(prep_dir, tmp_path, monkeypatch):
   work = tmp_path / "work"
   shutil.copytree(prep_dir, work / "out" / "prep")
   # Written by fit today: absolute.
-  model = _model_dir(work / "out" / "model", {"data": str(work / "out" / "prep"),
-                                              "model_dir": "out/model"})
+  model = _model_dir(
+    work / "out" / "model", {"data": str(work / "out" / "prep"), "model_dir": "out/model"}
+  )
   monkeypatch.chdir(tmp_path)
   assert PrepOutput.of_model(model).path == str(work / "out" / "prep")
   # Written by an older fit run in `work` as `--data out/prep --model-dir out/model`.

@@ -31,17 +31,33 @@ def _voc(root):
 def test_voc_layout_keeps_its_splits(tmp_path):
   ids = _voc(tmp_path / "voc")
   out = str(tmp_path / "out")
-  assert run_cli(["segmentation", "--input", str(tmp_path / "voc"), "--output", out,
-                  "--image-size", "32", "--variants", "1"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(tmp_path / "voc"),
+        "--output",
+        out,
+        "--image-size",
+        "32",
+        "--variants",
+        "1",
+      ]
+    )
+    == 0
+  )
   m = manifest(out)
   assert m["config"]["layout"] == "voc"
   c = m["counts"]
   assert c["inputs_read"] == 4 and c["images_failed"] == 1
   assert c["errors_by_reason"] == {"missing_image": 1}
-  train_ids = {r.features.feature["image_id"].bytes_list.value[0].decode()
-               for r in records(out, "train")}
-  eval_ids = {r.features.feature["image_id"].bytes_list.value[0].decode()
-              for r in records(out, "eval")}
+  train_ids = {
+    r.features.feature["image_id"].bytes_list.value[0].decode() for r in records(out, "train")
+  }
+  eval_ids = {
+    r.features.feature["image_id"].bytes_list.value[0].decode() for r in records(out, "eval")
+  }
   assert train_ids == set(ids["train"]) and eval_ids == set(ids["val"])
   assert dead_letters(out)[0]["source"].endswith("2007_999999.jpg")
 
@@ -54,11 +70,26 @@ def test_classification_from_class_folders(tmp_path):
     (root / label).mkdir(parents=True)
     for i in range(n):
       (root / label / f"img{i}.png").write_bytes(
-          png(rng.integers(0, 255, (20, 24), dtype=np.uint8), "L"))  # grey: converted
+        png(rng.integers(0, 255, (20, 24), dtype=np.uint8), "L")
+      )  # grey: converted
   (root / "normal" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
   out = str(tmp_path / "out")
-  assert run_cli(["classification", "--input", str(root), "--output", out, "--image-size", "16",
-                  "--eval-percent", "0"]) == 0
+  assert (
+    run_cli(
+      [
+        "classification",
+        "--input",
+        str(root),
+        "--output",
+        out,
+        "--image-size",
+        "16",
+        "--eval-percent",
+        "0",
+      ]
+    )
+    == 0
+  )
   c = manifest(out)["counts"]
   assert c["inputs_read"] == 11 and c["images_failed"] == 1
   assert c["examples_written"] == {"train": 10, "eval": 0} and c["accounted"]
@@ -71,7 +102,9 @@ def test_classification_from_class_folders(tmp_path):
   parsed = tf.io.parse_example([r.SerializeToString() for r in recs], tft_out.raw_feature_spec())
   t = tft_out.transform_raw_features(parsed)
   assert t["image"].shape[1:] == (16, 16, 3)
-  got = dict(zip([l.decode() for l in parsed["label"].numpy()], t["label"].numpy().tolist()))
+  got = dict(
+    zip([label.decode() for label in parsed["label"].numpy()], t["label"].numpy().tolist())
+  )
   assert got == {"drusen": 0, "normal": 1, "cnv": 2}
 
 
@@ -83,19 +116,52 @@ def test_manifest_csv_and_jsonl_with_escapes_refused(tmp_path):
   (data / "imgs" / "a_mask.png").write_bytes(png(inst, "L"))
   (tmp_path / "secret.png").write_bytes(png(img))
   (data / "list.csv").write_text(
-      "image,mask,split\nimgs/a.png,imgs/a_mask.png,eval\n../secret.png,imgs/a_mask.png,train\n")
+    "image,mask,split\nimgs/a.png,imgs/a_mask.png,eval\n../secret.png,imgs/a_mask.png,train\n"
+  )
   out = str(tmp_path / "out_csv")
-  assert run_cli(["segmentation", "--input", str(data / "list.csv"), "--output", out,
-                  "--image-size", "32", "--variants", "1"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(data / "list.csv"),
+        "--output",
+        out,
+        "--image-size",
+        "32",
+        "--variants",
+        "1",
+      ]
+    )
+    == 0
+  )
   c = manifest(out)["counts"]
   assert c["errors_by_reason"] == {"path_outside_root": 1}
   assert c["examples_written"] == {"train": 0, "eval": 1}
   (data / "list.jsonl").write_text(
-      '{"image": "imgs/a.png", "mask": "imgs/a_mask.png"}\n{not json\n{"mask": "x.png"}\n')
+    '{"image": "imgs/a.png", "mask": "imgs/a_mask.png"}\n{not json\n{"mask": "x.png"}\n'
+  )
   out = str(tmp_path / "out_jsonl")
-  assert run_cli(["segmentation", "--input", str(data / "list.jsonl"), "--output", out,
-                  "--image-size", "32", "--variants", "1",
-                  "--eval-percent", "0", "--max-error-fraction", "1"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(data / "list.jsonl"),
+        "--output",
+        out,
+        "--image-size",
+        "32",
+        "--variants",
+        "1",
+        "--eval-percent",
+        "0",
+        "--max-error-fraction",
+        "1",
+      ]
+    )
+    == 0
+  )
   c = manifest(out)["counts"]
   assert c["errors_by_reason"] == {"bad_manifest_row": 2}
   assert c["inputs_read"] == 3 and c["examples_written"]["train"] == 1
@@ -113,16 +179,38 @@ def _folders(root, n=3):
 def test_user_op_gzip_and_flipped_variants(tmp_path):
   _folders(tmp_path / "d")
   out = str(tmp_path / "out")
-  assert run_cli(["segmentation", "--input", str(tmp_path / "d"), "--output", out,
-                  "--image-size", "48", "--variants", "2", "--flip-variants",
-                  "--compression", "gzip", "--eval-percent", "0",
-                  "--ops-module", "tests.fixtures.user_ops", "--ops", "cap_distance(64)"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(tmp_path / "d"),
+        "--output",
+        out,
+        "--image-size",
+        "48",
+        "--variants",
+        "2",
+        "--flip-variants",
+        "--compression",
+        "gzip",
+        "--eval-percent",
+        "0",
+        "--ops-module",
+        "tests.fixtures.user_ops",
+        "--ops",
+        "cap_distance(64)",
+      ]
+    )
+    == 0
+  )
   assert "train-00000-of-00001.tfrecord.gz" in os.listdir(os.path.join(out, "records"))
   table = FeatureTable.load(out)
   # Flipping runs per variant, so each variant keeps its own (mirrored) image.
   assert table[keys.IMAGE].stacked and not table[keys.IMAGE_ID].stacked
-  examples = [ex for r in records(out, "train")
-              for ex in table.decode_examples(r.SerializeToString())]
+  examples = [
+    ex for r in records(out, "train") for ex in table.decode_examples(r.SerializeToString())
+  ]
   assert len(examples) == manifest(out)["counts"]["examples_written"]["train"] == 12
   for ex in examples:
     assert ex["distance_maps"].max() <= 64  # the user's op ran inside the pipeline
@@ -138,8 +226,24 @@ def test_max_error_fraction_fails_after_writing(tmp_path):
   _folders(tmp_path / "d", n=2)
   (tmp_path / "d" / "images" / "junk.png").write_bytes(b"junk")
   out = str(tmp_path / "out")
-  assert run_cli(["segmentation", "--input", str(tmp_path / "d"), "--output", out,
-                  "--image-size", "48", "--variants", "1", "--max-error-fraction", "0.05"]) == 1
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(tmp_path / "d"),
+        "--output",
+        out,
+        "--image-size",
+        "48",
+        "--variants",
+        "1",
+        "--max-error-fraction",
+        "0.05",
+      ]
+    )
+    == 1
+  )
   m = manifest(out)
   assert m["counts"]["errors_by_reason"] == {"not_an_image": 1}
   assert sum(m["counts"]["examples_written"].values()) == 4
@@ -153,17 +257,43 @@ def test_min_object_area_is_measured_at_the_source(tmp_path):
   (data / "images").mkdir(parents=True)
   (data / "masks").mkdir()
   inst = np.zeros((120, 240), np.uint8)
-  for i, (y0, x0, y1, x1) in enumerate(((10, 10, 50, 50), (60, 100, 90, 130),
-                                        (20, 150, 32, 162), (100, 200, 104, 204),
-                                        (70, 20, 71, 22)), start=1):
+  for i, (y0, x0, y1, x1) in enumerate(
+    (
+      (10, 10, 50, 50),
+      (60, 100, 90, 130),
+      (20, 150, 32, 162),
+      (100, 200, 104, 204),
+      (70, 20, 71, 22),
+    ),
+    start=1,
+  ):
     inst[y0:y1, x0:x1] = i
   img = np.where(inst[..., None] > 0, 220, 60).astype(np.uint8).repeat(3, -1)
   (data / "images" / "a.png").write_bytes(png(img))
   (data / "masks" / "a.png").write_bytes(png(inst, "L"))
   out = str(tmp_path / "out")
-  assert run_cli(["segmentation", "--input", str(data), "--output", out, "--image-size", "120",
-                  "--variants", "1", "--min-object-area", "500", "--eval-percent", "0",
-                  "--max-error-fraction", "1"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(data),
+        "--output",
+        out,
+        "--image-size",
+        "120",
+        "--variants",
+        "1",
+        "--min-object-area",
+        "500",
+        "--eval-percent",
+        "0",
+        "--max-error-fraction",
+        "1",
+      ]
+    )
+    == 0
+  )
   m = manifest(out)
   c = m["counts"]
   assert m["config"]["min_object_area"] == 500
@@ -173,5 +303,7 @@ def test_min_object_area_is_measured_at_the_source(tmp_path):
   assert sorted(letters) == [3, 4, 5]
   for object_id, area in ((3, 144), (4, 16), (5, 2)):
     assert f"covers {area} pixels at the source resolution" in letters[object_id]["detail"]
-  assert sorted(r.features.feature[keys.OBJECT_ID].int64_list.value[0]
-                for r in records(out)) == [1, 2]
+  assert sorted(r.features.feature[keys.OBJECT_ID].int64_list.value[0] for r in records(out)) == [
+    1,
+    2,
+  ]

@@ -14,25 +14,46 @@ from tests.helpers import ROOT, manifest, run_cli
 
 TARGET_MB = 0.06
 # 48 px records: many sample objects are thinner than the click margin.
-ARGS = ["--image-size", "48", "--variants", "2", "--target-shard-mb", str(TARGET_MB),
-        "--max-error-fraction", "1"]
+ARGS = [
+  "--image-size",
+  "48",
+  "--variants",
+  "2",
+  "--target-shard-mb",
+  str(TARGET_MB),
+  "--max-error-fraction",
+  "1",
+]
 
 
 def _data(tmp_path_factory, count, seed=11):
   from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
+
   path = str(tmp_path_factory.mktemp(f"data{count}"))
   write_sample_data(path, count=count, seed=seed)
   return path
 
 
 def _tree(root, sub):
-  return {os.path.relpath(p, root): open(p, "rb").read()
-          for p in sorted(glob.glob(os.path.join(root, sub, "*")))}
+  return {
+    os.path.relpath(p, root): open(p, "rb").read()
+    for p in sorted(glob.glob(os.path.join(root, sub, "*")))
+  }
 
 
 def _prep_in_new_process(data, out, extra=()):
-  cmd = [sys.executable, "-m", "pipelines", "segmentation", "--input", data, "--output", out,
-         *ARGS, *extra]
+  cmd = [
+    sys.executable,
+    "-m",
+    "pipelines",
+    "segmentation",
+    "--input",
+    data,
+    "--output",
+    out,
+    *ARGS,
+    *extra,
+  ]
   r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, r.stdout + r.stderr
   return r.stdout + r.stderr
@@ -40,6 +61,7 @@ def _prep_in_new_process(data, out, extra=()):
 
 def _largest_record(files):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   return max(len(r.numpy()) + 16 for r in tf.data.TFRecordDataset(files))
 
 
@@ -61,8 +83,9 @@ def large(tmp_path_factory):
   # The 4 objects under 100 pixels are dead letters: the error files are compared too.
   small_objects = ["--min-object-area", "100"]
   _prep_in_new_process(data, one, small_objects)
-  _prep_in_new_process(data, two, small_objects + ["--direct_running_mode=multi_threading",
-                                                   "--direct_num_workers=2"])
+  _prep_in_new_process(
+    data, two, small_objects + ["--direct_running_mode=multi_threading", "--direct_num_workers=2"]
+  )
   return one, two
 
 
@@ -103,6 +126,7 @@ def test_the_job_writes_success_last_and_leaves_no_temp_files(small):
 def test_trainer_refuses_an_output_without_success(small, tmp_path, capsys):
   import shutil  # pylint: disable=g-import-not-at-top
   from train import cli as train_cli  # pylint: disable=g-import-not-at-top
+
   partial = str(tmp_path / "partial")
   shutil.copytree(small, partial)
   os.remove(os.path.join(partial, keys.SUCCESS_FILE))
@@ -118,13 +142,26 @@ def test_commit_is_idempotent_and_numbers_files_in_group_order(tmp_path):
   temp = os.path.join(out, ".temp-x")
   os.makedirs(os.path.join(temp, "a"))
   files = []
-  for split, group, part, data in (("train", 1, 0, b"B"), ("train", 0, 1, b"A2"),
-                                   ("train", 0, 0, b"A1"), ("train", 3, 0, b"C")):
+  for split, group, part, data in (
+    ("train", 1, 0, b"B"),
+    ("train", 0, 1, b"A2"),
+    ("train", 0, 0, b"A1"),
+    ("train", 3, 0, b"C"),
+  ):
     path = os.path.join(temp, "a", f"{split}-{group}-{part}")
     with open(path, "wb") as f:
       f.write(data)
-    files.append({"kind": "records", "split": split, "group": group, "part": part,
-                  "temp": path, "records": 1, "bytes": len(data)})
+    files.append(
+      {
+        "kind": "records",
+        "split": split,
+        "group": group,
+        "part": part,
+        "temp": path,
+        "records": 1,
+        "bytes": len(data),
+      }
+    )
   # A first commit that stops after moving one file ...
   first = sharding.final_names(files, out, False, ("train", "eval"))
   os.makedirs(os.path.join(out, keys.RECORDS_DIR))
@@ -134,14 +171,16 @@ def test_commit_is_idempotent_and_numbers_files_in_group_order(tmp_path):
   summary = sharding.commit_files(files, out, temp, False, ("train", "eval"))
   names = sorted(os.listdir(os.path.join(out, keys.RECORDS_DIR)))
   assert names == ["eval-00000-of-00001.tfrecord"] + [
-      f"train-{i:05d}-of-00004.tfrecord" for i in range(4)]
+    f"train-{i:05d}-of-00004.tfrecord" for i in range(4)
+  ]
   contents = [open(os.path.join(out, keys.RECORDS_DIR, n), "rb").read() for n in names[1:]]
   assert contents == [b"A1", b"A2", b"B", b"C"]
   assert summary["train"]["files"] == 4 and summary["eval"]["records"] == 0
   assert not os.path.exists(temp)
   with pytest.raises(IOError, match="neither the temp file"):
-    sharding.commit_files(files[:1] + [dict(files[1], temp=files[1]["temp"] + "x")], out + "2",
-                          temp, False, ("train",))
+    sharding.commit_files(
+      files[:1] + [dict(files[1], temp=files[1]["temp"] + "x")], out + "2", temp, False, ("train",)
+    )
 
 
 def test_transform_statistics_weigh_every_image_once(small):
@@ -150,6 +189,7 @@ def test_transform_statistics_weigh_every_image_once(small):
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   from train.data import Decoder, Parser  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
+
   table = FeatureTable.load(small)
   tft_out = tft.TFTransformOutput(os.path.join(small, keys.TRANSFORM_DIR))
   task = make_task(table, tft_out)
@@ -166,10 +206,11 @@ def test_transform_statistics_weigh_every_image_once(small):
   assert np.abs(by_image - by_record).max() > 0.5  # the data tells the two apart
   # Solve out = (x - mean) / std per channel from two pixels of the transformed batch.
   parser = Parser(tft_out, table, task)
-  inputs, _ = parser(Decoder(table, task.transform_keys).stored(tf.constant(serialized[:4]),
-                                                                training=False),
-                     training=False)  # Every variant of the first 4 records, in order.
-  x = np.stack([ex[keys.IMAGE] for ex in examples[:len(inputs)]]).astype(np.float64)
+  inputs, _ = parser(
+    Decoder(table, task.transform_keys).stored(tf.constant(serialized[:4]), training=False),
+    training=False,
+  )  # Every variant of the first 4 records, in order.
+  x = np.stack([ex[keys.IMAGE] for ex in examples[: len(inputs)]]).astype(np.float64)
   x = x.reshape(-1, 3)
   y = inputs.numpy()[..., :3].reshape(-1, 3)
   for c in range(3):
@@ -181,20 +222,63 @@ def test_transform_statistics_weigh_every_image_once(small):
 
 def test_progress_lines_at_a_steady_interval(tmp_path_factory, capsys):
   import re  # pylint: disable=g-import-not-at-top
+
   data = _data(tmp_path_factory, 12, seed=5)
   out = str(tmp_path_factory.mktemp("progress") / "out")
-  assert run_cli(["segmentation", "--input", data, "--output", out, "--image-size", "48",
-                  "--variants", "1", "--progress-seconds", "0.001",
-                  "--max-error-fraction", "1"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        data,
+        "--output",
+        out,
+        "--image-size",
+        "48",
+        "--variants",
+        "1",
+        "--progress-seconds",
+        "0.001",
+        "--max-error-fraction",
+        "1",
+      ]
+    )
+    == 0
+  )
   printed = capsys.readouterr().out
   assert re.search(r"prep: 12 inputs in \d+ train \+ \d+ eval groups", printed), printed
-  done = [int(m) for m in re.findall(r"prep: (\d+) of 12 inputs \(\d+ objects\), [\d.]+ "
-                                      r"inputs/s, \d+ s elapsed", printed)]
+  done = [
+    int(m)
+    for m in re.findall(
+      r"prep: (\d+) of 12 inputs \(\d+ objects\), [\d.]+ "
+      r"inputs/s, \d+ s elapsed",
+      printed,
+    )
+  ]
   assert done and done == sorted(done) and done[-1] <= 12, printed
   assert "left" in printed
   quiet = str(tmp_path_factory.mktemp("quiet") / "out")
-  assert run_cli(["segmentation", "--input", data, "--output", quiet, "--image-size", "48",
-                  "--variants", "1", "--progress-seconds", "0", "--max-error-fraction", "1"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        data,
+        "--output",
+        quiet,
+        "--image-size",
+        "48",
+        "--variants",
+        "1",
+        "--progress-seconds",
+        "0",
+        "--max-error-fraction",
+        "1",
+      ]
+    )
+    == 0
+  )
   assert "inputs/s" not in capsys.readouterr().out
   assert _tree(out, keys.RECORDS_DIR).values() and (
-      list(_tree(out, keys.RECORDS_DIR).values()) == list(_tree(quiet, keys.RECORDS_DIR).values()))
+    list(_tree(out, keys.RECORDS_DIR).values()) == list(_tree(quiet, keys.RECORDS_DIR).values())
+  )

@@ -11,8 +11,13 @@ from scipy import ndimage
 
 from beam_prep import keys
 from beam_prep.ops import registry
-from beam_prep.ops.clicks import (MARGIN_REDUCED, ObjectGeometry, example_rng,
-                                  sample_clicks, sample_variant)
+from beam_prep.ops.clicks import (
+  MARGIN_REDUCED,
+  ObjectGeometry,
+  example_rng,
+  sample_clicks,
+  sample_variant,
+)
 from tests.helpers import dead_letters, examples, manifest, png, run_cli
 
 D_MARGIN = 5
@@ -37,8 +42,12 @@ def _scene_with_bar(size=128):
 
 
 def _object(inst, object_id, image_id="thin"):
-  return {keys.IMAGE_ID: image_id, keys.OBJECT_ID: object_id,
-          keys.MASK: (inst == object_id).astype(np.uint8), keys.INSTANCE_MASK: inst}
+  return {
+    keys.IMAGE_ID: image_id,
+    keys.OBJECT_ID: object_id,
+    keys.MASK: (inst == object_id).astype(np.uint8),
+    keys.INSTANCE_MASK: inst,
+  }
 
 
 def _check_clicks(variant, inst, object_id):
@@ -60,8 +69,9 @@ def test_the_bar_has_no_pixel_the_margin_from_its_boundary():
 @pytest.mark.parametrize("strategy", [1, 2, 3, 4])
 def test_a_thin_object_gets_clicks_with_every_strategy(strategy):
   inst = _scene_with_bar()
-  variants = sample_clicks(variants=4, seed=3, d_margin=D_MARGIN,
-                           strategies=(strategy,))(_object(inst, 1))
+  variants = sample_clicks(variants=4, seed=3, d_margin=D_MARGIN, strategies=(strategy,))(
+    _object(inst, 1)
+  )
   assert [v[keys.VARIANT] for v in variants] == [0, 1, 2, 3]
   for v in variants:
     assert v[MARGIN_REDUCED] is True
@@ -73,13 +83,14 @@ def test_a_thin_object_gets_clicks_with_every_strategy(strategy):
 
 def test_a_thin_object_gets_several_spaced_positive_clicks():
   inst = _scene_with_bar()
-  variants = sample_clicks(variants=8, seed=0, d_margin=D_MARGIN, d_step=10, min_positive=5,
-                           max_positive=5)(_object(inst, 1))
+  variants = sample_clicks(
+    variants=8, seed=0, d_margin=D_MARGIN, d_step=10, min_positive=5, max_positive=5
+  )(_object(inst, 1))
   for v in variants:
     pos = v[keys.POSITIVE_CLICKS]
     assert pos.shape[0] >= 2
-    d2 = ((pos[:, None] - pos[None]) ** 2).sum(-1) + 10 ** 2 * np.eye(len(pos))
-    assert d2.min() >= 10 ** 2
+    d2 = ((pos[:, None] - pos[None]) ** 2).sum(-1) + 10**2 * np.eye(len(pos))
+    assert d2.min() >= 10**2
 
 
 def test_thin_object_clicks_are_deterministic_and_per_variant():
@@ -91,13 +102,21 @@ def test_thin_object_clicks_are_deterministic_and_per_variant():
       np.testing.assert_array_equal(x[key], y[key])
   # A variant's clicks do not depend on the variants sampled before it.
   geometry = ObjectGeometry(_object(inst, 1)[keys.MASK], inst, 40, 5)
-  alone = sample_variant(geometry, example_rng(7, "thin", 1, 2), min_positive=1, max_positive=5,
-                         negatives=(10, 5, 10), d_step=10, strategies=(1, 2, 3))
+  alone = sample_variant(
+    geometry,
+    example_rng(7, "thin", 1, 2),
+    min_positive=1,
+    max_positive=5,
+    negatives=(10, 5, 10),
+    d_step=10,
+    strategies=(1, 2, 3),
+  )
   for key in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS, keys.NEGATIVE_STRATEGY):
     np.testing.assert_array_equal(alone[key], a[2][key])
   other = sample_clicks(variants=3, seed=8)(_object(inst, 1))
-  assert not all(np.array_equal(x[keys.NEGATIVE_CLICKS], y[keys.NEGATIVE_CLICKS])
-                 for x, y in zip(a, other))
+  assert not all(
+    np.array_equal(x[keys.NEGATIVE_CLICKS], y[keys.NEGATIVE_CLICKS]) for x, y in zip(a, other)
+  )
 
 
 def test_an_object_wide_enough_keeps_the_margin_and_is_not_marked():
@@ -113,12 +132,14 @@ def test_sample_positive_reports_the_margin_it_kept():
   mask = np.zeros((50, 50), np.uint8)
   mask[10:14, 10:14] = 1  # 4 x 4: its deepest pixels are 2 px from its boundary
   pos, margin = ObjectGeometry(mask, None, 40, D_MARGIN).sample_positive(
-      3, 10, np.random.default_rng(0))
+    3, 10, np.random.default_rng(0)
+  )
   assert margin == 2.0 and pos.shape[0] == 1
   assert tuple(pos[0]) in {(11, 11), (11, 12), (12, 11), (12, 12)}
   mask[20:40, 20:40] = 1
   _, margin = ObjectGeometry(mask, None, 40, D_MARGIN).sample_positive(
-      3, 10, np.random.default_rng(0))
+    3, 10, np.random.default_rng(0)
+  )
   assert margin == D_MARGIN
 
 
@@ -149,8 +170,24 @@ def _data(root):
 def test_the_job_writes_thin_objects_and_counts_them(tmp_path, capsys):
   data, out = tmp_path / "d", str(tmp_path / "out")
   _data(data)
-  assert run_cli(["segmentation", "--input", str(data), "--output", out, "--image-size", "128",
-                  "--variants", "2", "--eval-percent", "0"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(data),
+        "--output",
+        out,
+        "--image-size",
+        "128",
+        "--variants",
+        "2",
+        "--eval-percent",
+        "0",
+      ]
+    )
+    == 0
+  )
   printed = capsys.readouterr().out
   c = manifest(out)["counts"]
   assert (c["objects_found"], c["objects_used"], c["objects_failed"]) == (4, 3, 1)
@@ -160,8 +197,11 @@ def test_the_job_writes_thin_objects_and_counts_them(tmp_path, capsys):
   [letter] = dead_letters(out)
   assert (letter["image_id"], letter["object_id"]) == ("b", 2)
   assert "no pixel of the object is left at the records' size" in letter["detail"]
-  bar = [e for e in examples(out, keys.TRAIN_SPLIT)
-         if (e[keys.IMAGE_ID], int(e[keys.OBJECT_ID])) == ("a", 1)]
+  bar = [
+    e
+    for e in examples(out, keys.TRAIN_SPLIT)
+    if (e[keys.IMAGE_ID], int(e[keys.OBJECT_ID])) == ("a", 1)
+  ]
   assert len(bar) == 2
   for e in bar:
     mask = e[keys.MASK][..., 0]

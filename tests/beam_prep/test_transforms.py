@@ -24,13 +24,19 @@ def _png(arr, mode=None):
 def test_sample_clicks_and_distance_maps_transforms():
   mask = np.zeros((64, 64), np.uint8)
   mask[10:50, 10:50] = 1
-  obj = {"image_id": "x", "object_id": 1, "mask": mask, "instance_mask": mask,
-         "image": np.zeros((64, 64, 3), np.uint8)}
+  obj = {
+    "image_id": "x",
+    "object_id": 1,
+    "mask": mask,
+    "instance_mask": mask,
+    "image": np.zeros((64, 64, 3), np.uint8),
+  }
   with BeamTestPipeline() as p:
     variants, errors = p | beam.Create([obj]) | SampleClicks(variants=3, seed=0)
     maps, map_errors = variants | ComputeDistanceMaps()
-    summary = maps | beam.Map(lambda e: (e["variant"], e["distance_maps"].shape,
-                                         int(e["distance_maps"][..., 0].min())))
+    summary = maps | beam.Map(
+      lambda e: (e["variant"], e["distance_maps"].shape, int(e["distance_maps"][..., 0].min()))
+    )
     assert_that(summary, equal_to([(v, (64, 64, 2), 0) for v in range(3)]))
     assert_that(errors, equal_to([]), label="NoClickErrors")
     assert_that(map_errors, equal_to([]), label="NoMapErrors")
@@ -61,8 +67,11 @@ def test_pipeline_output_accounting_and_records(prep_dir, sample_dir):
   written = sum(c["examples_written"].values())
   assert written == 2 * c["objects_used"] > 0
   assert c["examples_written"]["eval"] > 0
-  errors = [json.loads(l) for f in glob.glob(os.path.join(prep_dir, "errors", "*.jsonl"))
-            for l in open(f)]
+  errors = [
+    json.loads(line)
+    for f in glob.glob(os.path.join(prep_dir, "errors", "*.jsonl"))
+    for line in open(f)
+  ]
   assert len(errors) == c["errors_total"]
   assert all(e["source"] and e["reason"] and e["stage"] for e in errors)
   for name in ("transform_fn", "transformed_metadata", "metadata"):
@@ -70,6 +79,7 @@ def test_pipeline_output_accounting_and_records(prep_dir, sample_dir):
   assert json.load(open(os.path.join(prep_dir, "config.json")))["image_size"] == 64
 
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   files = sorted(glob.glob(os.path.join(prep_dir, "records", "train-*.tfrecord")))
   assert len(files) == manifest["shards"]["train"]["files"] >= 2
   n = sum(1 for _ in tf.data.TFRecordDataset(files))
@@ -83,6 +93,7 @@ def test_pipeline_output_accounting_and_records(prep_dir, sample_dir):
 
 def test_bad_inputs_reach_the_dead_letters(tmp_path):
   from pipelines import cli  # pylint: disable=g-import-not-at-top
+
   root = tmp_path / "data"
   (root / "images").mkdir(parents=True)
   (root / "masks").mkdir()
@@ -101,8 +112,21 @@ def test_bad_inputs_reach_the_dead_letters(tmp_path):
   (root / "masks" / "blank.png").write_bytes(_png(np.zeros((40, 40), np.uint8), "L"))
   out = tmp_path / "out"
   with pytest.raises(SystemExit) as e:
-    cli.main(["segmentation", "--input", str(root), "--output", str(out), "--image-size", "32",
-              "--variants", "1", "--eval-percent", "0"])
+    cli.main(
+      [
+        "segmentation",
+        "--input",
+        str(root),
+        "--output",
+        str(out),
+        "--image-size",
+        "32",
+        "--variants",
+        "1",
+        "--eval-percent",
+        "0",
+      ]
+    )
   # 5 of 6 inputs failed, over the default --max-error-fraction (0.5): the job
   # fails, writes everything but _SUCCESS, and the trainer would refuse it.
   assert e.value.code == 1
@@ -110,19 +134,30 @@ def test_bad_inputs_reach_the_dead_letters(tmp_path):
   assert json.load(open(out / "manifest.json"))["complete"] is False
   m = json.load(open(out / "manifest.json"))["counts"]
   assert m["inputs_read"] == 6 and m["images_failed"] == 5 and m["images_used"] == 1
-  assert m["errors_by_reason"] == {"empty_image": 1, "mask_has_no_object": 1,
-                                   "mask_size_mismatch": 1, "missing_mask": 1,
-                                   "not_an_image": 1}
+  assert m["errors_by_reason"] == {
+    "empty_image": 1,
+    "mask_has_no_object": 1,
+    "mask_size_mismatch": 1,
+    "missing_mask": 1,
+    "not_an_image": 1,
+  }
   assert m["examples_written"]["train"] == 1
-  errors = [json.loads(l) for f in glob.glob(str(out / "errors" / "*.jsonl")) for l in open(f)]
+  errors = [
+    json.loads(line) for f in glob.glob(str(out / "errors" / "*.jsonl")) for line in open(f)
+  ]
   by_source = {os.path.basename(e["source"]): e["reason"] for e in errors}
-  assert by_source == {"empty.png": "empty_image", "blank.png": "mask_has_no_object",
-                       "small.png": "mask_size_mismatch", "nomask.png": "missing_mask",
-                       "text.png": "not_an_image"}
+  assert by_source == {
+    "empty.png": "empty_image",
+    "blank.png": "mask_has_no_object",
+    "small.png": "mask_size_mismatch",
+    "nomask.png": "missing_mask",
+    "text.png": "not_an_image",
+  }
 
 
 def test_non_empty_output_is_refused_without_overwrite(prep_dir, sample_dir, capsys):
   from pipelines import cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
     cli.main(["segmentation", "--input", sample_dir, "--output", prep_dir])
   assert e.value.code == 2
@@ -132,15 +167,18 @@ def test_non_empty_output_is_refused_without_overwrite(prep_dir, sample_dir, cap
 
 def test_missing_input_is_a_clear_error(tmp_path, capsys):
   from pipelines import cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
-    cli.main(["segmentation", "--input", str(tmp_path / "nothing"), "--output",
-              str(tmp_path / "out")])
+    cli.main(
+      ["segmentation", "--input", str(tmp_path / "nothing"), "--output", str(tmp_path / "out")]
+    )
   assert e.value.code == 2
   assert "does not exist" in capsys.readouterr().out
   (tmp_path / "empty").mkdir()
   with pytest.raises(SystemExit) as e:
-    cli.main(["segmentation", "--input", str(tmp_path / "empty"), "--output",
-              str(tmp_path / "out")])
+    cli.main(
+      ["segmentation", "--input", str(tmp_path / "empty"), "--output", str(tmp_path / "out")]
+    )
   assert e.value.code == 2
   assert "no input layout recognises" in capsys.readouterr().out
   assert not (tmp_path / "out").exists()

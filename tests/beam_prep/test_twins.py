@@ -48,20 +48,24 @@ def _crop_request(call, height=40, width=40):
 
 # op call -> (example builder, tolerance on uint8 levels)
 CASES = {
-    "decode": (_encoded_example, 0),
-    "resize(64)": (_decoded_example, 1),
-    "resize(48)": (lambda: _decoded_example(33, 91), 1),  # Wide, odd sizes: padded below.
-    "crop_objects(64)": (lambda: _crop_request("crop_objects(64)"), 0),  # magnified, padded
-    "crop_objects(16, jitter=1.0, seed=4)": (
-        lambda: _crop_request("crop_objects(16, jitter=1.0, seed=4)", 33, 91), 0),  # shrunk
-    "flip_variants": (_object_example, 0),  # variant 0: not flipped, as at serving time
-    "distance_maps": (_object_example, 0),
-    "click_disks(radius=5)": (_object_example, 0),
-    "click_disks(radius=2.5)": (_object_example, 0),
-    "cap_distance(64)": (lambda: registry.build_op(registry.parse_chain("distance_maps")[0])(
-        _object_example()), 0),
-    "edges": (_object_example, 0),
-    "prev_mask": (_object_example, 0),
+  "decode": (_encoded_example, 0),
+  "resize(64)": (_decoded_example, 1),
+  "resize(48)": (lambda: _decoded_example(33, 91), 1),  # Wide, odd sizes: padded below.
+  "crop_objects(64)": (lambda: _crop_request("crop_objects(64)"), 0),  # magnified, padded
+  "crop_objects(16, jitter=1.0, seed=4)": (
+    lambda: _crop_request("crop_objects(16, jitter=1.0, seed=4)", 33, 91),
+    0,
+  ),  # shrunk
+  "flip_variants": (_object_example, 0),  # variant 0: not flipped, as at serving time
+  "distance_maps": (_object_example, 0),
+  "click_disks(radius=5)": (_object_example, 0),
+  "click_disks(radius=2.5)": (_object_example, 0),
+  "cap_distance(64)": (
+    lambda: registry.build_op(registry.parse_chain("distance_maps")[0])(_object_example()),
+    0,
+  ),
+  "edges": (_object_example, 0),
+  "prev_mask": (_object_example, 0),
 }
 
 
@@ -103,8 +107,10 @@ def test_twin_gives_the_ops_model_inputs(call):
   assert checked, f"{call} produces no model input to compare"
 
 
-@pytest.mark.parametrize("h,w,n_pos,n_neg", [
-    (64, 64, 1, 10), (37, 91, 5, 0), (128, 80, 0, 3), (200, 200, 3, 25), (1, 7, 1, 1)])
+@pytest.mark.parametrize(
+  "h,w,n_pos,n_neg",
+  [(64, 64, 1, 10), (37, 91, 5, 0), (128, 80, 0, 3), (200, 200, 3, 25), (1, 7, 1, 1)],
+)
 def test_tf_distance_maps_equal_numpy(h, w, n_pos, n_neg):
   rng = np.random.default_rng(h + w + n_pos)
   pos = np.stack([rng.integers(0, w, n_pos), rng.integers(0, h, n_pos)], 1).reshape(-1, 2)
@@ -118,6 +124,7 @@ def test_tf_distance_maps_equal_numpy(h, w, n_pos, n_neg):
 
 def test_raw_bytes_equal_numpy_tobytes():
   from train.export import to_raw_bytes  # pylint: disable=g-import-not-at-top
+
   x = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
   assert to_raw_bytes(tf.constant(x)).numpy() == x.tobytes()
   f = np.random.default_rng(1).normal(size=(3, 4, 1)).astype("<f4")
@@ -126,12 +133,21 @@ def test_raw_bytes_equal_numpy_tobytes():
 
 # Square, both orientations of several aspect ratios, odd sizes, a one-pixel
 # row, and a frame that is not square.
-RESIZE_CASES = [((64, 64), "resize(64)"), ((120, 160), "resize(64)"), ((160, 120), "resize(64)"),
-                ((37, 200), "resize(64)"), ((200, 37), "resize(64)"),
-                ((300, 90), "resize(64)"), ((90, 300), "resize(64)"),
-                ((91, 33), "resize(63)"), ((33, 91), "resize(63)"), ((65, 63), "resize(64)"),
-                ((1, 97), "resize(64)"), ((120, 160), "resize(48, 80)"),
-                ((160, 120), "resize(48, 80)")]
+RESIZE_CASES = [
+  ((64, 64), "resize(64)"),
+  ((120, 160), "resize(64)"),
+  ((160, 120), "resize(64)"),
+  ((37, 200), "resize(64)"),
+  ((200, 37), "resize(64)"),
+  ((300, 90), "resize(64)"),
+  ((90, 300), "resize(64)"),
+  ((91, 33), "resize(63)"),
+  ((33, 91), "resize(63)"),
+  ((65, 63), "resize(64)"),
+  ((1, 97), "resize(64)"),
+  ((120, 160), "resize(48, 80)"),
+  ((160, 120), "resize(48, 80)"),
+]
 
 
 @pytest.mark.parametrize("shape,call", RESIZE_CASES)
@@ -157,8 +173,9 @@ def test_tf_resize_matches_the_beam_resize(shape, call):
   assert abs(fit_h - shape[0] * scale) <= 0.5 and abs(fit_w - shape[1] * scale) <= 0.5
   # The image at the top left, resized as a whole; padding around it.
   np.testing.assert_array_equal(want[keys.IMAGE][:fit_h, :fit_w], resize_image(img, fit_h, fit_w))
-  np.testing.assert_array_equal(want[keys.INSTANCE_MASK][:fit_h, :fit_w],
-                                resize_nearest(inst, fit_h, fit_w))
+  np.testing.assert_array_equal(
+    want[keys.INSTANCE_MASK][:fit_h, :fit_w], resize_nearest(inst, fit_h, fit_w)
+  )
   pad = np.ones(frame, bool)
   pad[:fit_h, :fit_w] = False
   assert (want[keys.IMAGE][pad] == IMAGE_PAD).all() and (g[pad] == IMAGE_PAD).all()
@@ -169,18 +186,23 @@ def test_fitted_size_is_the_same_in_tensorflow():
   for shape in [(h, w) for h in (1, 2, 3, 17, 64, 99, 1000, 4321) for w in (1, 5, 64, 333, 7000)]:
     for frame in ((64, 64), (63, 63), (48, 80)):
       want = tuple(int(v) for v in fitted_size(*shape, *frame))
-      got = fitted_size(tf.constant(shape[0], tf.int64), tf.constant(shape[1], tf.int64), *frame,
-                        xp=tf)
+      got = fitted_size(
+        tf.constant(shape[0], tf.int64), tf.constant(shape[1], tf.int64), *frame, xp=tf
+      )
       assert tuple(int(v) for v in got) == want, (shape, frame)
 
 
 def test_resize_twin_moves_clicks_to_the_nearest_centre_and_clamps():
   twin = registry.build_twin(registry.parse_chain("resize(64)")[0])
-  ex = {keys.IMAGE: tf.zeros([64, 64, 3], tf.uint8),
-        keys.POSITIVE_CLICKS: tf.constant([[0, 0], [63, 10], [70, -5]], tf.int64)}
+  ex = {
+    keys.IMAGE: tf.zeros([64, 64, 3], tf.uint8),
+    keys.POSITIVE_CLICKS: tf.constant([[0, 0], [63, 10], [70, -5]], tf.int64),
+  }
   assert twin(ex)[keys.POSITIVE_CLICKS].numpy().tolist() == [[0, 0], [63, 10], [63, 0]]
   # 128 x 32 fits as 64 x 16: both axes scale by one half, and clicks stay
   # in the valid region (x < 16), never in the padding.
-  ex = {keys.IMAGE: tf.zeros([128, 32, 3], tf.uint8),
-        keys.POSITIVE_CLICKS: tf.constant([[31, 127], [0, 1], [40, 3], [10, 64]], tf.int64)}
+  ex = {
+    keys.IMAGE: tf.zeros([128, 32, 3], tf.uint8),
+    keys.POSITIVE_CLICKS: tf.constant([[31, 127], [0, 1], [40, 3], [10, 64]], tf.int64),
+  }
   assert twin(ex)[keys.POSITIVE_CLICKS].numpy().tolist() == [[15, 63], [0, 0], [15, 1], [5, 32]]

@@ -9,24 +9,52 @@ import sys
 from benchmarks.run import SETTINGS, STORAGE_ROWS, TARGETS
 from tests.helpers import ROOT
 
-FIGURES = ("input.on_the_fly_img_s", "input.precomputed_img_s", "input.read_ceiling_img_s",
-           "train.synthetic_steps_s", "train.real_steps_s", "train.input_wait_fraction",
-           "prep.kernel_objects_s", "prep.beam_objects_s", "clicks.ms_per_sample",
-           "clicks.reference_ms_per_sample", "prep.peak_rss_mb.N", "prep.peak_rss_mb.16N",
-           "prep.kernel_objects_s.16N", "prep.two_workers_speedup", "serve.latency_ms_p50",
-           "serve.latency_ms_p95", "serve.rest_latency_ms_p50", "serve.rest_latency_ms_p95",
-           "serve.rest_vs_saved_model", "serve.page_latency_ms_p50", "serve.page_latency_ms_p95",
-           "serve.bad_5xx", "serve.bad_max_ms", "serve.bad_rss_after_vs_before",
-           "serve.encoded_latency_ms_p50", "serve.encoded_rest_latency_ms_p50",
-           "serve.encoded_rest_latency_ms_p95", "serve.encoded_rest_vs_saved_model",
-           "noc.baseline_object_clicks_s", "noc.model_object_clicks_s", "labels.save_ms_p50",
-           "labels.save_ms_p95", "labels.save_full_vs_empty")
+FIGURES = (
+  "input.on_the_fly_img_s",
+  "input.precomputed_img_s",
+  "input.read_ceiling_img_s",
+  "train.synthetic_steps_s",
+  "train.real_steps_s",
+  "train.input_wait_fraction",
+  "prep.kernel_objects_s",
+  "prep.beam_objects_s",
+  "clicks.ms_per_sample",
+  "clicks.reference_ms_per_sample",
+  "prep.peak_rss_mb.N",
+  "prep.peak_rss_mb.16N",
+  "prep.kernel_objects_s.16N",
+  "prep.two_workers_speedup",
+  "serve.latency_ms_p50",
+  "serve.latency_ms_p95",
+  "serve.rest_latency_ms_p50",
+  "serve.rest_latency_ms_p95",
+  "serve.rest_vs_saved_model",
+  "serve.page_latency_ms_p50",
+  "serve.page_latency_ms_p95",
+  "serve.bad_5xx",
+  "serve.bad_max_ms",
+  "serve.bad_rss_after_vs_before",
+  "serve.encoded_latency_ms_p50",
+  "serve.encoded_rest_latency_ms_p50",
+  "serve.encoded_rest_latency_ms_p95",
+  "serve.encoded_rest_vs_saved_model",
+  "noc.baseline_object_clicks_s",
+  "noc.model_object_clicks_s",
+  "labels.save_ms_p50",
+  "labels.save_ms_p95",
+  "labels.save_full_vs_empty",
+)
 
 
 def test_benchmark_reports_every_figure(tmp_path):
   out, plot = str(tmp_path / "b.json"), str(tmp_path / "b.png")
-  r = subprocess.run([sys.executable, "-m", "benchmarks", "--tiny", "--json", out, "--plot", plot],
-                     capture_output=True, text=True, timeout=900, cwd=ROOT)
+  r = subprocess.run(
+    [sys.executable, "-m", "benchmarks", "--tiny", "--json", out, "--plot", plot],
+    capture_output=True,
+    text=True,
+    timeout=900,
+    cwd=ROOT,
+  )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   result = json.load(open(out))
   for name in FIGURES:

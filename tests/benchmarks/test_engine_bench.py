@@ -9,17 +9,48 @@ import sys
 
 from tests.helpers import ROOT
 
-ROUND_FIELDS = ("round", "objects", "clicks_per_object", "frozen_clicks_per_object", "label_iou",
-                "iou_at_1", "frozen_iou_at_1", "retrain_seconds", "version")
+ROUND_FIELDS = (
+  "round",
+  "objects",
+  "clicks_per_object",
+  "frozen_clicks_per_object",
+  "label_iou",
+  "iou_at_1",
+  "frozen_iou_at_1",
+  "retrain_seconds",
+  "version",
+)
 
 
 def test_engine_benchmark_reports_every_round(sample_dir, trained, tmp_path):
   out = tmp_path / "engine.json"
-  r = subprocess.run([sys.executable, "-m", "benchmarks", "--engine", sample_dir,
-                      "--engine-base", trained, "--engine-rounds", "2", "--engine-objects", "1",
-                      "--engine-steps", "1", "--engine-minutes", "0",
-                      "--workdir", str(tmp_path / "work"), "--json", str(out)],
-                     capture_output=True, text=True, timeout=900, cwd=ROOT)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "benchmarks",
+      "--engine",
+      sample_dir,
+      "--engine-base",
+      trained,
+      "--engine-rounds",
+      "2",
+      "--engine-objects",
+      "1",
+      "--engine-steps",
+      "1",
+      "--engine-minutes",
+      "0",
+      "--workdir",
+      str(tmp_path / "work"),
+      "--json",
+      str(out),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=900,
+    cwd=ROOT,
+  )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   result = json.load(open(out))
   first, second = result["rounds"]

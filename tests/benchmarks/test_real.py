@@ -22,8 +22,12 @@ def coco_mval_set(root, count=12):
   os.makedirs(os.path.join(root, "gt"))
   yy, xx = np.mgrid[:48, :64]
   for i in range(count):
-    cy, cx, ry, rx = rng.integers(14, 34), rng.integers(18, 46), rng.integers(6, 13), \
-        rng.integers(8, 17)
+    cy, cx, ry, rx = (
+      rng.integers(14, 34),
+      rng.integers(18, 46),
+      rng.integers(6, 13),
+      rng.integers(8, 17),
+    )
     obj = ((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2 <= 1
     img = rng.integers(40, 120, (48, 64, 3), dtype=np.uint8)
     img[obj] = rng.integers(150, 255, 3, dtype=np.uint8)
@@ -32,8 +36,11 @@ def coco_mval_set(root, count=12):
 
 
 def listing(root):
-  return sorted((os.path.relpath(os.path.join(d, f), root), os.path.getsize(os.path.join(d, f)))
-                for d, _, files in os.walk(root) for f in files)
+  return sorted(
+    (os.path.relpath(os.path.join(d, f), root), os.path.getsize(os.path.join(d, f)))
+    for d, _, files in os.walk(root)
+    for f in files
+  )
 
 
 def check_arm(arm, objects):
@@ -59,11 +66,33 @@ def test_real_runs_the_arms_asked(tmp_path):
   coco_mval_set(data)
   before = listing(data)
   out, work = str(tmp_path / "real.json"), str(tmp_path / "work")
-  r = subprocess.run([sys.executable, "-m", "benchmarks", "--real", data, "--real-steps", "4",
-                      "--real-image-size", "48", "--real-batch", "4", "--real-max-clicks",
-                      str(MAX_CLICKS), "--real-arms", ",".join(reversed(RUN_ARMS)),
-                      "--workdir", work, "--json", out],
-                     capture_output=True, text=True, timeout=600, cwd=ROOT)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "benchmarks",
+      "--real",
+      data,
+      "--real-steps",
+      "4",
+      "--real-image-size",
+      "48",
+      "--real-batch",
+      "4",
+      "--real-max-clicks",
+      str(MAX_CLICKS),
+      "--real-arms",
+      ",".join(reversed(RUN_ARMS)),
+      "--workdir",
+      work,
+      "--json",
+      out,
+    ],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=ROOT,
+  )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   result = json.load(open(out))
   assert result["settings"]["layout"] == "coco_mval"
@@ -87,24 +116,33 @@ def test_real_runs_the_arms_asked(tmp_path):
 
 def test_real_missing_dir_exits_2(tmp_path):
   missing = str(tmp_path / "nowhere")
-  r = subprocess.run([sys.executable, "-m", "benchmarks", "--real", missing],
-                     capture_output=True, text=True, timeout=300, cwd=ROOT)
+  r = subprocess.run(
+    [sys.executable, "-m", "benchmarks", "--real", missing],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=ROOT,
+  )
   assert r.returncode == 2, r.stdout + r.stderr
   assert r.stderr.strip() == f"python -m benchmarks --real: {missing}: no such file or directory"
 
 
-@pytest.mark.parametrize("layout, message", [
+@pytest.mark.parametrize(
+  "layout, message",
+  [
     ("auto", "no input layout recognises"),
     ("nonsense", "--real-layout must be auto or one of"),
     ("coco_mval", "as the coco_mval layout"),
     ("auto --real-arms corrective,nope", "--real-arms: no arm named nope (arms: baseline,"),
-])
+  ],
+)
 def test_real_unreadable_layout_exits_2(tmp_path, capsys, layout, message):
   empty = tmp_path / "photos"
   empty.mkdir()
   with pytest.raises(SystemExit) as e:
-    run.main(["--real", str(empty), "--real-layout", *layout.split(),
-              "--workdir", str(tmp_path / "w")])
+    run.main(
+      ["--real", str(empty), "--real-layout", *layout.split(), "--workdir", str(tmp_path / "w")]
+    )
   assert e.value.code == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("python -m benchmarks --real: ") and message in err, err
@@ -118,7 +156,10 @@ def test_real_arm_with_unknown_flag_is_skipped_with_reason():
   assert "beam-prep segmentation --no-such-prep-flag" in reason
   assert "beam-train fit --no-such-fit-flag" in reason
   assert real.availability({"name": "single", "prep": [], "fit": []}) == {}
-  result = {"data": "D", "eval_percent": 20, "arms": [dict(arm, status="skipped", reason=reason)],
-            "settings": {"layout": "davis", "image_size": 48, "batch": 4, "steps": 4,
-                         "max_clicks": 5}}
+  result = {
+    "data": "D",
+    "eval_percent": 20,
+    "arms": [dict(arm, status="skipped", reason=reason)],
+    "settings": {"layout": "davis", "image_size": 48, "batch": 4, "steps": 4, "max_clicks": 5},
+  }
   assert f"| future | skipped: {reason} |" in real.table(result)

@@ -15,13 +15,32 @@ from PIL import Image
 
 def test_pipeline_train_export_predict_without_prep_dir(prep_dir, sample_dir, tmp_path):
   from train import cli as train_cli  # pylint: disable=g-import-not-at-top
+
   data = str(tmp_path / "prep")
   shutil.copytree(prep_dir, data)
   model_dir = str(tmp_path / "model")
   with pytest.raises(SystemExit) as e:
-    train_cli.main(["fit", "--data", data, "--model-dir", model_dir, "--steps", "12",
-                    "--batch-size", "4", "--width", "8", "--depth", "2", "--log-every", "6",
-                    "--checkpoint-every", "6"])
+    train_cli.main(
+      [
+        "fit",
+        "--data",
+        data,
+        "--model-dir",
+        model_dir,
+        "--steps",
+        "12",
+        "--batch-size",
+        "4",
+        "--width",
+        "8",
+        "--depth",
+        "2",
+        "--log-every",
+        "6",
+        "--checkpoint-every",
+        "6",
+      ]
+    )
   assert e.value.code == 0
   metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert metrics["final_step"] == 12 and metrics["step_traces"] == 1
@@ -32,13 +51,27 @@ def test_pipeline_train_export_predict_without_prep_dir(prep_dir, sample_dir, tm
 
   shutil.rmtree(data)
 
-  image_path = os.path.join(sample_dir, "images", sorted(os.listdir(
-      os.path.join(sample_dir, "images")))[0])
+  image_path = os.path.join(
+    sample_dir, "images", sorted(os.listdir(os.path.join(sample_dir, "images")))[0]
+  )
   w, h = Image.open(image_path).size
   out = str(tmp_path / "pred" / "mask.png")
   with pytest.raises(SystemExit) as e:
-    train_cli.main(["predict", "--model", model_dir, "--image", image_path,
-                    "--positive", f"{w // 2},{h // 2}", "--negative", "2,2", "--output", out])
+    train_cli.main(
+      [
+        "predict",
+        "--model",
+        model_dir,
+        "--image",
+        image_path,
+        "--positive",
+        f"{w // 2},{h // 2}",
+        "--negative",
+        "2,2",
+        "--output",
+        out,
+      ]
+    )
   assert e.value.code == 0
   mask = np.asarray(Image.open(out))
   assert mask.shape == (h, w) and set(np.unique(mask)) <= {0, 255}
@@ -53,9 +86,24 @@ def test_pipeline_train_export_predict_without_prep_dir(prep_dir, sample_dir, tm
 
 def test_resumed_run_reaches_the_same_step(prep_dir, tmp_path):
   from train import cli as train_cli  # pylint: disable=g-import-not-at-top
+
   model_dir = str(tmp_path / "model")
-  common = ["fit", "--data", prep_dir, "--model-dir", model_dir, "--batch-size", "4",
-            "--width", "4", "--depth", "1", "--checkpoint-every", "5", "--no-export"]
+  common = [
+    "fit",
+    "--data",
+    prep_dir,
+    "--model-dir",
+    model_dir,
+    "--batch-size",
+    "4",
+    "--width",
+    "4",
+    "--depth",
+    "1",
+    "--checkpoint-every",
+    "5",
+    "--no-export",
+  ]
   for steps in ("5", "9"):
     with pytest.raises(SystemExit) as e:
       train_cli.main(common + ["--steps", steps])

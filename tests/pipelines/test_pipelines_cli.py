@@ -14,34 +14,53 @@ from beam_prep.config import PrepConfig
 from pipelines import cli, dataflow, outputs, prep
 from tests.helpers import ROOT, run_cli
 
-GCS = ["--runner=DataflowRunner", "--project=acme-vision-prod-4711", "--region=europe-west4",
-       "--temp_location=gs://acme-vision-prep/tmp",
-       "--staging_location=gs://acme-vision-prep/staging"]
+GCS = [
+  "--runner=DataflowRunner",
+  "--project=acme-vision-prod-4711",
+  "--region=europe-west4",
+  "--temp_location=gs://acme-vision-prep/tmp",
+  "--staging_location=gs://acme-vision-prep/staging",
+]
 
 
 def test_settings_resolve_defaults_preset_file_flags(tmp_path):
   cfg_file = tmp_path / "c.json"
   cfg_file.write_text(json.dumps({"variants": 5, "seed": 9, "clicks": {"d": 30}}))
   known, beam_args = cli.prep_parser().parse_known_args(
-      ["--input", "in", "--output", "out", "--preset", "smoke", "--config", str(cfg_file),
-       "--seed", "3", "--runner=DirectRunner", "--direct_num_workers=2"])
+    [
+      "--input",
+      "in",
+      "--output",
+      "out",
+      "--preset",
+      "smoke",
+      "--config",
+      str(cfg_file),
+      "--seed",
+      "3",
+      "--runner=DirectRunner",
+      "--direct_num_workers=2",
+    ]
+  )
   config = cli.build_config(known)
-  assert config.image_size == 96          # preset
-  assert config.options.variants == 5     # file over preset
-  assert config.options.seed == 3         # flag over file
+  assert config.image_size == 96  # preset
+  assert config.options.variants == 5  # file over preset
+  assert config.options.seed == 3  # flag over file
   assert config.options.clicks.d == 30 and config.options.clicks.d_margin == 5
   assert beam_args == ["--runner=DirectRunner", "--direct_num_workers=2"]
   # The user's --direct_* options win: none of ours is added.
   assert cli.pipeline_args(beam_args) == ["--runner=DirectRunner", "--direct_num_workers=2"]
 
 
-@pytest.mark.parametrize("typo,suggestion", [
+@pytest.mark.parametrize(
+  "typo,suggestion",
+  [
     ("--varients", "--variants"),
     ("--direct_num_worker=2", "--direct_num_workers"),
     ("--imagesize", "--image-size"),
-])
-def test_unknown_options_are_refused_with_the_closest_known_one(typo, suggestion, tmp_path,
-                                                                capsys):
+  ],
+)
+def test_unknown_options_are_refused_with_the_closest_known_one(typo, suggestion, tmp_path, capsys):
   argv = ["segmentation", "--input", str(tmp_path), "--output", str(tmp_path / "o"), typo]
   if "=" not in typo:
     argv.append("4")
@@ -55,9 +74,13 @@ def test_help_shows_every_default(capsys):
   with pytest.raises(SystemExit):
     cli.main(["segmentation", "--help"])
   text = " ".join(capsys.readouterr().out.split())
-  for flag, default in (("--variants VARIANTS", "2"), ("--image-size IMAGE_SIZE", "128"),
-                        ("--target-shard-mb TARGET_SHARD_MB", "200.0"),
-                        ("--eval-percent EVAL_PERCENT", "20"), ("--seed SEED", "0")):
+  for flag, default in (
+    ("--variants VARIANTS", "2"),
+    ("--image-size IMAGE_SIZE", "128"),
+    ("--target-shard-mb TARGET_SHARD_MB", "200.0"),
+    ("--eval-percent EVAL_PERCENT", "20"),
+    ("--seed SEED", "0"),
+  ):
     after = text.split(flag, 2)[2] if text.count(flag) > 1 else text.split(flag, 1)[1]
     assert f"(default: {default})" in after.split(" --", 1)[0], flag
 
@@ -89,9 +112,12 @@ def test_local_mode_follows_input_size_and_cores(tmp_path):
   assert cli.direct_defaults(str(small), cores=4) == one
   assert cli.direct_defaults(str(large), cores=1) == one
   assert cli.direct_defaults(str(large), cores=4) == [
-      "--direct_running_mode=multi_threading", "--direct_num_workers=4"]
+    "--direct_running_mode=multi_threading",
+    "--direct_num_workers=4",
+  ]
   assert cli.direct_defaults(str(large), cores=64)[1] == (
-      f"--direct_num_workers={cli.MAX_LOCAL_WORKERS}")
+    f"--direct_num_workers={cli.MAX_LOCAL_WORKERS}"
+  )
   assert cli.pipeline_args([], str(large)) == cli.direct_defaults(str(large))
   manifest_file = tmp_path / "m.csv"
   rows = cli.PARALLEL_MIN_INPUTS + 1
@@ -99,12 +125,15 @@ def test_local_mode_follows_input_size_and_cores(tmp_path):
   assert cli.direct_defaults(str(manifest_file), cores=2)[1] == "--direct_num_workers=2"
 
 
-@pytest.mark.parametrize("argv,message", [
+@pytest.mark.parametrize(
+  "argv,message",
+  [
     (["--input", "x"], "--output"),
     (["--input", "x", "--output", "y", "--image-size", "4"], "--image-size must be"),
     (["--input", "x", "--output", "y", "--layout", "zip"], "layout"),
     (["--input", "x", "--output", "y", "--eval-percent", "101"], "--eval-percent must be"),
-])
+  ],
+)
 def test_bad_options_are_refused_with_a_reason(argv, message, capsys):
   assert run_cli(["segmentation"] + argv) == 2
   assert message in capsys.readouterr().out
@@ -112,8 +141,10 @@ def test_bad_options_are_refused_with_a_reason(argv, message, capsys):
 
 def test_bad_config_file_key(tmp_path, capsys):
   (tmp_path / "c.json").write_text('{"variantz": 3}')
-  assert run_cli(["segmentation", "--input", "x", "--output", "y", "--config",
-                  str(tmp_path / "c.json")]) == 2
+  assert (
+    run_cli(["segmentation", "--input", "x", "--output", "y", "--config", str(tmp_path / "c.json")])
+    == 2
+  )
   assert "unknown config keys: ['variantz']" in capsys.readouterr().out
 
 
@@ -121,8 +152,19 @@ def test_overwrite_replaces_everything(sample_dir, tmp_path):
   out = tmp_path / "out"
   out.mkdir()
   (out / "stale.txt").write_text("old run")
-  args = ["segmentation", "--input", sample_dir, "--output", str(out), "--image-size", "48",
-          "--variants", "1", "--max-error-fraction", "1"]
+  args = [
+    "segmentation",
+    "--input",
+    sample_dir,
+    "--output",
+    str(out),
+    "--image-size",
+    "48",
+    "--variants",
+    "1",
+    "--max-error-fraction",
+    "1",
+  ]
   assert run_cli(args) == 2
   assert (out / "stale.txt").exists()
   assert run_cli(args + ["--overwrite"]) == 0
@@ -138,12 +180,18 @@ def test_a_remote_output_of_any_scheme_is_listed_never_made_on_disk(tmp_path, mo
   assert not list(tmp_path.iterdir())  # No local "s3:" folder.
 
 
-@pytest.mark.parametrize("drop,add,message", [
+@pytest.mark.parametrize(
+  "drop,add,message",
+  [
     ("--project=acme-vision-prod-4711", [], "--project is required"),
     ("--region=europe-west4", [], "--region is required"),
-    ("--temp_location=gs://acme-vision-prep/tmp", ["--temp_location=/tmp/x"],
-     "--temp_location must be on GCS"),
-])
+    (
+      "--temp_location=gs://acme-vision-prep/tmp",
+      ["--temp_location=/tmp/x"],
+      "--temp_location must be on GCS",
+    ),
+  ],
+)
 def test_dataflow_options_are_validated_offline(drop, add, message):
   args = [a for a in GCS if a != drop] + add
   config = PrepConfig(input="gs://acme-vision-prep/data", output="gs://acme-vision-prep/out")
@@ -151,14 +199,17 @@ def test_dataflow_options_are_validated_offline(drop, add, message):
     dataflow.check_and_complete(args, config)
 
 
-@pytest.mark.parametrize("path,reason", [
+@pytest.mark.parametrize(
+  "path,reason",
+  [
     ("gs://b/tmp", "has 1 characters"),
     ("gs://Acme_Prep/tmp", "not a valid name"),
     ("gs://acme-/tmp", "not a valid name"),
     ("gs://192.168.5.4/tmp", "IP address"),
     ("gs://google-prep/tmp", "'google'"),
     ("gs://" + "a" * 64 + "/tmp", "has 64 characters"),
-])
+  ],
+)
 def test_bucket_names_are_checked_offline_before_beam_sees_them(path, reason):
   assert dataflow.bucket_problem(path) and reason in dataflow.bucket_problem(path)
   args = [a for a in GCS if not a.startswith(("--temp_location", "--staging_location"))]
@@ -174,15 +225,17 @@ def test_valid_bucket_names_pass():
 
 
 def test_dataflow_refuses_local_paths(tmp_path, capsys):
-  assert run_cli(["segmentation", "--input", str(tmp_path), "--output", str(tmp_path / "o")]
-                 + GCS) == 2
+  assert (
+    run_cli(["segmentation", "--input", str(tmp_path), "--output", str(tmp_path / "o")] + GCS) == 2
+  )
   out = capsys.readouterr().out
   assert "--input" in out and "--output" in out and "not on GCS" in out
 
 
 def test_dataflow_dry_run_builds_the_job_with_our_package(tmp_path):
-  config = PrepConfig(input="gs://acme-vision-prep/data", output="gs://acme-vision-prep/out",
-                      image_size=64)
+  config = PrepConfig(
+    input="gs://acme-vision-prep/data", output="gs://acme-vision-prep/out", image_size=64
+  )
   args = dataflow.check_and_complete(GCS + ["--dry_run=True"], config)
   assert f"--setup_file={dataflow.package_setup_file()}" in args
   result = prep.run(config, PipelineOptions(args))
@@ -207,6 +260,7 @@ def test_dataflow_dry_run_builds_the_job_with_our_package(tmp_path):
 
 def test_preview_image_has_four_non_blank_panels_per_example(prep_dir, tmp_path):
   from pipelines import preview  # pylint: disable=g-import-not-at-top
+
   png = prep_dir + "/preview.png"
   assert os.path.exists(png)
   out = str(tmp_path / "p.png")
@@ -220,7 +274,7 @@ def test_preview_image_has_four_non_blank_panels_per_example(prep_dir, tmp_path)
   for r in range(3):
     for c in range(4):
       y0, x0 = preview.TITLE + r * step, preview.SIDE + c * step
-      panel = im[y0:y0 + preview.PANEL, x0:x0 + preview.PANEL]
+      panel = im[y0 : y0 + preview.PANEL, x0 : x0 + preview.PANEL]
       assert panel.std() > 10, f"row {r}, panel {c} looks blank"
 
 
@@ -228,17 +282,21 @@ def test_the_job_runs_without_the_trainers_packages(sample_dir, tmp_path):
   """What Dataflow workers install (setup.py's REQUIRED) is enough for the whole job,
   preview included: matplotlib and tensorboard (the train extra) cannot be imported."""
   out = str(tmp_path / "out")
-  code = ("import sys\n"
-          "for name in ('matplotlib', 'tensorboard'):\n"
-          "  sys.modules[name] = None  # import fails\n"
-          "from pipelines.cli import main\n"
-          f"main(['segmentation', '--input', {sample_dir!r}, '--output', {out!r}, "
-          "'--preset', 'smoke', '--image-size', '32', '--variants', '1', "
-          "'--max-error-fraction', '1'])\n")
+  code = (
+    "import sys\n"
+    "for name in ('matplotlib', 'tensorboard'):\n"
+    "  sys.modules[name] = None  # import fails\n"
+    "from pipelines.cli import main\n"
+    f"main(['segmentation', '--input', {sample_dir!r}, '--output', {out!r}, "
+    "'--preset', 'smoke', '--image-size', '32', '--variants', '1', "
+    "'--max-error-fraction', '1'])\n"
+  )
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       cwd=ROOT, timeout=600)
+
+  run = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600
+  )
   assert run.returncode == 0, run.stderr[-3000:]
   assert os.path.exists(os.path.join(out, "preview.png"))
   assert os.path.exists(os.path.join(out, "_SUCCESS"))
@@ -246,24 +304,34 @@ def test_the_job_runs_without_the_trainers_packages(sample_dir, tmp_path):
 
 def test_dataflow_dry_run_with_a_custom_worker_image():
   image = "europe-west4-docker.pkg.dev/acme-vision-prod-4711/prep/beam-prep:0.1.0"
-  config = PrepConfig(input="gs://acme-vision-prep/data", output="gs://acme-vision-prep/out",
-                      image_size=64)
-  args = dataflow.check_and_complete(GCS + ["--dry_run=True", f"--sdk_container_image={image}"],
-                                     config)
+  config = PrepConfig(
+    input="gs://acme-vision-prep/data", output="gs://acme-vision-prep/out", image_size=64
+  )
+  args = dataflow.check_and_complete(
+    GCS + ["--dry_run=True", f"--sdk_container_image={image}"], config
+  )
   assert not any(a.startswith("--setup_file") for a in args)  # the image holds the package
   result = prep.run(config, PipelineOptions(args))
   assert result["dry_run"]
   envs = result["job"].proto_pipeline.components.environments.values()
-  images = {beam_runner_api_pb2.DockerPayload.FromString(e.payload).container_image
-            for e in envs if e.urn == "beam:env:docker:v1"}
+  images = {
+    beam_runner_api_pb2.DockerPayload.FromString(e.payload).container_image
+    for e in envs
+    if e.urn == "beam:env:docker:v1"
+  }
   assert image in images, images
   # The Dockerfile builds on Beam's SDK image of the launcher's Beam version.
   import apache_beam  # pylint: disable=g-import-not-at-top
-  dockerfile = open(os.path.join(os.path.dirname(dataflow.package_setup_file()), "docker",
-                                 "Dockerfile")).read()
+
+  dockerfile = open(
+    os.path.join(os.path.dirname(dataflow.package_setup_file()), "docker", "Dockerfile")
+  ).read()
   assert f"ARG BEAM_VERSION={apache_beam.__version__}" in dockerfile
-  pinned = open(os.path.join(os.path.dirname(dataflow.package_setup_file()), "docker",
-                             "worker-requirements.txt")).read()
+  pinned = open(
+    os.path.join(
+      os.path.dirname(dataflow.package_setup_file()), "docker", "worker-requirements.txt"
+    )
+  ).read()
   assert f"apache-beam=={apache_beam.__version__}" in pinned
   # The pins are the job's requirements and what they pull in: no trainer,
   # launcher or test tools on the workers.
@@ -271,8 +339,13 @@ def test_dataflow_dry_run_with_a_custom_worker_image():
   from packaging.requirements import Requirement  # pylint: disable=g-import-not-at-top
   from packaging.utils import canonicalize_name  # pylint: disable=g-import-not-at-top
   import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location("worker_requirements", os.path.join(
-      os.path.dirname(dataflow.package_setup_file()), "docker", "worker_requirements.py"))
+
+  spec = importlib.util.spec_from_file_location(
+    "worker_requirements",
+    os.path.join(
+      os.path.dirname(dataflow.package_setup_file()), "docker", "worker_requirements.py"
+    ),
+  )
   worker_requirements = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(worker_requirements)
   assert {canonicalize_name(Requirement(r).name) for r in worker_requirements.required()} <= names
@@ -283,8 +356,9 @@ def test_each_preset_has_both_halves_and_both_are_valid():
   """A preset is one name for a pair: the prep and train tables name the same presets,
   and each half builds its config."""
   from beam_prep import kit
-  from train import tasks  # pylint: disable=unused-import  (registers the tasks' fit options)
+  from train import tasks  # noqa: F401  (registers the tasks' fit options)
   from train.config import TrainConfig
+
   assert set(PrepConfig.PRESETS) == set(TrainConfig.PRESETS)
   for name in PrepConfig.PRESETS:
     PrepConfig.from_dict({"input": "x", "output": "y", **kit.preset(PrepConfig, name)})

@@ -20,17 +20,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def _segmentation(size=32, n=2):
   """A table with image, mask, 2-channel distance maps and click disks, and `n` examples."""
   h = w = size
-  table = FeatureTable([
+  table = FeatureTable(
+    [
       Entry(keys.IMAGE_ID, Feature("string", shape=(), role="metadata"), "read"),
       Entry(keys.IMAGE, Feature("uint8", channels=3), "decode"),
       Entry(keys.OBJECT_ID, Feature("int64", shape=(), role="metadata"), "split_objects"),
       Entry(keys.VARIANT, Feature("int64", shape=(), role="metadata"), "sample_clicks"),
       Entry(keys.MASK, Feature("uint8", channels=1, role="label"), "split_objects"),
-      Entry(keys.POSITIVE_CLICKS, Feature("int64", shape=(None, 2), role="metadata"), "sample_clicks"),
-      Entry(keys.NEGATIVE_CLICKS, Feature("int64", shape=(None, 2), role="metadata"), "sample_clicks"),
+      Entry(
+        keys.POSITIVE_CLICKS, Feature("int64", shape=(None, 2), role="metadata"), "sample_clicks"
+      ),
+      Entry(
+        keys.NEGATIVE_CLICKS, Feature("int64", shape=(None, 2), role="metadata"), "sample_clicks"
+      ),
       Entry(keys.DISTANCE_MAPS, Feature("uint8", channels=2), "distance_maps"),
       Entry(keys.CLICK_DISKS, Feature("uint8", channels=2), "click_disks"),
-  ], (h, w), "segmentation")
+    ],
+    (h, w),
+    "segmentation",
+  )
   rng = np.random.default_rng(0)
   yy, xx = np.mgrid[:h, :w]
   examples = []
@@ -39,26 +47,42 @@ def _segmentation(size=32, n=2):
     mask = np.zeros((h, w, 1), np.uint8)
     mask[8:24, 4:18] = 1
     mask[24:26, 4:18] = keys.IGNORE
-    maps = np.stack([np.min([np.hypot(xx - x, yy - y) for x, y in pts], axis=0)
-                     for pts in (pos, neg)], axis=-1)
-    examples.append({
-        keys.IMAGE_ID: f"scene_{i:04d}", keys.OBJECT_ID: np.array(i + 1),
-        keys.VARIANT: np.array(0), keys.MASK: mask,
+    maps = np.stack(
+      [np.min([np.hypot(xx - x, yy - y) for x, y in pts], axis=0) for pts in (pos, neg)], axis=-1
+    )
+    examples.append(
+      {
+        keys.IMAGE_ID: f"scene_{i:04d}",
+        keys.OBJECT_ID: np.array(i + 1),
+        keys.VARIANT: np.array(0),
+        keys.MASK: mask,
         keys.IMAGE: rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
-        keys.POSITIVE_CLICKS: pos, keys.NEGATIVE_CLICKS: neg,
+        keys.POSITIVE_CLICKS: pos,
+        keys.NEGATIVE_CLICKS: neg,
         keys.DISTANCE_MAPS: np.minimum(maps, 255).astype(np.uint8),
-        keys.CLICK_DISKS: (maps <= 3).astype(np.uint8)})
+        keys.CLICK_DISKS: (maps <= 3).astype(np.uint8),
+      }
+    )
   return table, examples
 
 
 def _classification(n, size=32):
-  table = FeatureTable([
+  table = FeatureTable(
+    [
       Entry(keys.IMAGE, Feature("uint8", channels=3), "decode"),
       Entry(keys.LABEL, Feature("string", shape=(), role="label"), "require_label"),
-  ], (size, size), "classification")
+    ],
+    (size, size),
+    "classification",
+  )
   rng = np.random.default_rng(1)
-  return table, [{keys.IMAGE: rng.integers(0, 256, (size, size, 3), dtype=np.uint8),
-                  keys.LABEL: ("cat", "dog")[i % 2]} for i in range(n)]
+  return table, [
+    {
+      keys.IMAGE: rng.integers(0, 256, (size, size, 3), dtype=np.uint8),
+      keys.LABEL: ("cat", "dog")[i % 2],
+    }
+    for i in range(n)
+  ]
 
 
 def _rgb(png: bytes) -> np.ndarray:
@@ -68,17 +92,20 @@ def _rgb(png: bytes) -> np.ndarray:
 
 def test_the_preview_module_never_imports_matplotlib():
   """In a fresh interpreter: import the module, render both kinds, check sys.modules."""
-  code = ("import sys\n"
-          f"sys.path.insert(0, {HERE!r})\n"
-          "from test_preview import _classification, _segmentation\n"
-          "from pipelines.preview import render\n"
-          "for table, examples in (_segmentation(), _classification(3)):\n"
-          "  assert render(examples, table).startswith(b'\\x89PNG')\n"
-          "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib')\n"
-          "assert not loaded, loaded\n"
-          "print('ok')\n")
-  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                       timeout=300)
+  code = (
+    "import sys\n"
+    f"sys.path.insert(0, {HERE!r})\n"
+    "from test_preview import _classification, _segmentation\n"
+    "from pipelines.preview import render\n"
+    "for table, examples in (_segmentation(), _classification(3)):\n"
+    "  assert render(examples, table).startswith(b'\\x89PNG')\n"
+    "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib')\n"
+    "assert not loaded, loaded\n"
+    "print('ok')\n"
+  )
+  run = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300
+  )
   assert run.returncode == 0, run.stderr[-3000:]
   assert run.stdout.strip() == "ok"
 
@@ -93,12 +120,13 @@ def test_tiny_segmentation_records_make_a_readable_row_per_example():
   step, scale = preview.PANEL + preview.GAP, preview.PANEL / 32
   assert (w, h) == (preview.SIDE + 6 * step, preview.TITLE + 2 * step)
   grey = im.mean(axis=-1)
-  assert (grey[:preview.TITLE, preview.SIDE:] < 100).any()  # column titles above the first row
+  assert (grey[: preview.TITLE, preview.SIDE :] < 100).any()  # column titles above the first row
   for r, ex in enumerate(examples):
     y0 = preview.TITLE + r * step
-    assert (grey[y0:y0 + preview.PANEL, :preview.SIDE] < 100).any()  # the row's label
-    panel = [im[y0:y0 + preview.PANEL, preview.SIDE + c * step:][:, :preview.PANEL]
-             for c in range(6)]
+    assert (grey[y0 : y0 + preview.PANEL, : preview.SIDE] < 100).any()  # the row's label
+    panel = [
+      im[y0 : y0 + preview.PANEL, preview.SIDE + c * step :][:, : preview.PANEL] for c in range(6)
+    ]
     for c, p in enumerate(panel):
       assert p.std() > 10, f"row {r}, panel {c} looks blank"
 
@@ -140,8 +168,8 @@ def test_long_row_labels_are_cut_short_and_leave_the_panels_alone():
   short = _rgb(preview.render(examples, table))
   examples[0][keys.IMAGE_ID] = "a/very/long/image/id/" * 10
   long_ = _rgb(preview.render(examples, table))
-  np.testing.assert_array_equal(short[:, preview.SIDE:], long_[:, preview.SIDE:])
-  assert (short[:, :preview.SIDE] != long_[:, :preview.SIDE]).any()
+  np.testing.assert_array_equal(short[:, preview.SIDE :], long_[:, preview.SIDE :])
+  assert (short[:, : preview.SIDE] != long_[:, : preview.SIDE]).any()
 
 
 @pytest.mark.parametrize("n,cols", [(1, 1), (2, 2), (5, 4), (9, 4)])
@@ -158,12 +186,13 @@ def test_classification_is_a_titled_grid_of_at_most_four_columns(n, cols):
   for i in range(n):
     r, c = divmod(i, cols)
     x0, y0 = c * (pw + preview.GAP), r * (pw + preview.TITLE + preview.GAP)
-    assert (grey[y0:y0 + preview.TITLE, x0:x0 + pw] < 100).any(), f"example {i} has no title"
-    assert im[y0 + preview.TITLE:y0 + preview.TITLE + pw, x0:x0 + pw].std() > 10
+    assert (grey[y0 : y0 + preview.TITLE, x0 : x0 + pw] < 100).any(), f"example {i} has no title"
+    assert im[y0 + preview.TITLE : y0 + preview.TITLE + pw, x0 : x0 + pw].std() > 10
 
 
 def test_an_older_pillow_without_a_font_size_still_renders(monkeypatch):
   from PIL import ImageFont  # pylint: disable=g-import-not-at-top
+
   original = ImageFont.load_default
 
   def load_default(*args, **kwargs):

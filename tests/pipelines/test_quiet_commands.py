@@ -19,10 +19,24 @@ def _start(tmp_path, *extra):
   then says what is missing."""
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # the user's: none
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-  cmd = [sys.executable, "-m", "train", "predict", "--model", str(tmp_path / "none"),
-         "--image", "x.png", "--positive", "1,1", "--output", str(tmp_path / "m.png"), *extra]
-  return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          cwd=str(tmp_path), env=env)
+  cmd = [
+    sys.executable,
+    "-m",
+    "train",
+    "predict",
+    "--model",
+    str(tmp_path / "none"),
+    "--image",
+    "x.png",
+    "--positive",
+    "1,1",
+    "--output",
+    str(tmp_path / "m.png"),
+    *extra,
+  ]
+  return subprocess.Popen(
+    cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path), env=env
+  )
 
 
 def test_tensorflow_start_up_lines_only_with_verbose(tmp_path):

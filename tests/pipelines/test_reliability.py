@@ -16,13 +16,25 @@ import tensorflow as tf
 from beam_prep.features import FeatureTable
 from tests.helpers import dead_letters, manifest, png, run_cli, scene
 
-TRAIN = ["--batch-size", "4", "--width", "4", "--depth", "1", "--log-every", "1",
-         "--histogram-every", "0", "--no-export"]
+TRAIN = [
+  "--batch-size",
+  "4",
+  "--width",
+  "4",
+  "--depth",
+  "1",
+  "--log-every",
+  "1",
+  "--histogram-every",
+  "0",
+  "--no-export",
+]
 
 
 def _fit(args):
   """fit without the NoC evaluation (tests/train/test_noc.py covers it) unless asked."""
   from train import cli  # pylint: disable=g-import-not-at-top
+
   extra = [] if "--noc-clicks" in args else ["--noc-clicks", "0"]
   with pytest.raises(SystemExit) as e:
     cli.main(["fit"] + args + extra)
@@ -43,11 +55,26 @@ def _wait_for(proc, text, timeout=300):
 
 def test_trainer_killed_with_sigkill_resumes_to_the_same_final_step(prep_dir, tmp_path):
   model_dir = str(tmp_path / "m")
-  command = [sys.executable, "-m", "train", "fit", "--data", prep_dir, "--model-dir", model_dir,
-             "--steps", "14", "--checkpoint-every", "3", "--noc-clicks", "0"] + TRAIN
+  command = [
+    sys.executable,
+    "-m",
+    "train",
+    "fit",
+    "--data",
+    prep_dir,
+    "--model-dir",
+    model_dir,
+    "--steps",
+    "14",
+    "--checkpoint-every",
+    "3",
+    "--noc-clicks",
+    "0",
+  ] + TRAIN
   env = dict(os.environ, PYTHONUNBUFFERED="1")
-  proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=env)
+  proc = subprocess.Popen(
+    command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+  )
   _wait_for(proc, "train: step 8/14")
   proc.kill()
   proc.wait()
@@ -105,12 +132,21 @@ def test_garbage_shard_fails_before_training(prep_dir, tmp_path, capsys):
 
 def test_shard_from_another_run_is_refused_before_training(prep_dir, tmp_path, capsys):
   data = _copy(prep_dir, tmp_path)
-  other = {"image_id": "x", "object_id": 1, "variant": 0,
-           "image": np.zeros((32, 32, 3), np.uint8),
-           "distance_maps": np.zeros((32, 32, 2), np.uint8), "mask": np.zeros((32, 32), np.uint8),
-           "positive_clicks": np.zeros((1, 2), int), "negative_clicks": np.zeros((0, 2), int),
-           "height": 32, "width": 32, "negative_strategy": 0, "flipped": 0,
-           "crop_box": np.array([0, 0, 32, 32])}
+  other = {
+    "image_id": "x",
+    "object_id": 1,
+    "variant": 0,
+    "image": np.zeros((32, 32, 3), np.uint8),
+    "distance_maps": np.zeros((32, 32, 2), np.uint8),
+    "mask": np.zeros((32, 32), np.uint8),
+    "positive_clicks": np.zeros((1, 2), int),
+    "negative_clicks": np.zeros((0, 2), int),
+    "height": 32,
+    "width": 32,
+    "negative_strategy": 0,
+    "flipped": 0,
+    "crop_box": np.array([0, 0, 32, 32]),
+  }
   table = FeatureTable.load(prep_dir)
   other_table = FeatureTable(table.entries, (32, 32), table.task)
   path = os.path.join(data, "records", "train-00007-of-00008.tfrecord")
@@ -127,18 +163,34 @@ def test_shard_from_another_run_is_refused_before_training(prep_dir, tmp_path, c
 
 
 def _tree_bytes(root, sub):
-  return {os.path.relpath(p, root): open(p, "rb").read()
-          for p in sorted(glob.glob(os.path.join(root, sub, "*")))}
+  return {
+    os.path.relpath(p, root): open(p, "rb").read()
+    for p in sorted(glob.glob(os.path.join(root, sub, "*")))
+  }
 
 
 def test_beam_job_killed_then_rerun_with_overwrite_is_byte_identical(sample_dir, tmp_path):
-  args = ["--input", sample_dir, "--image-size", "48", "--variants", "2", "--target-shard-mb", "0.1",
-          "--max-error-fraction", "1"]
+  args = [
+    "--input",
+    sample_dir,
+    "--image-size",
+    "48",
+    "--variants",
+    "2",
+    "--target-shard-mb",
+    "0.1",
+    "--max-error-fraction",
+    "1",
+  ]
   clean = str(tmp_path / "clean")
   assert run_cli(["segmentation", "--output", clean] + args) == 0
   out = str(tmp_path / "out")
-  proc = subprocess.Popen([sys.executable, "-m", "pipelines", "segmentation", "--output", out]
-                          + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "pipelines", "segmentation", "--output", out] + args,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
   time.sleep(6)  # mid-run: the job is started (and its output is half written at most)
   proc.kill()
   proc.wait()
@@ -162,8 +214,21 @@ def test_bad_input_corpus_exit_code_summary_and_dead_letters_agree(tmp_path, cap
   (root / "images" / "junk.jpg").write_bytes(b"\xff\xd8 not really")
   (root / "masks" / "junk.png").write_bytes(png(inst, "L"))
   out = str(tmp_path / "out")
-  code = run_cli(["segmentation", "--input", str(root), "--output", out, "--image-size", "48",
-                  "--variants", "2", "--max-error-fraction", "0.2"])
+  code = run_cli(
+    [
+      "segmentation",
+      "--input",
+      str(root),
+      "--output",
+      out,
+      "--image-size",
+      "48",
+      "--variants",
+      "2",
+      "--max-error-fraction",
+      "0.2",
+    ]
+  )
   printed = capsys.readouterr().out
   m = manifest(out)["counts"]
   letters = dead_letters(out)
@@ -189,8 +254,17 @@ def test_config_files_and_op_chains_are_parsed_safely(tmp_path, capsys):
   assert "is not JSON" in capsys.readouterr().out
   assert _fit(["--data", "x", "--model-dir", "y", "--config", str(evil)]) == 2
   assert not marker.exists()
-  code = run_cli(["segmentation", "--input", "x", "--output", "y", "--ops",
-                  f"distance_maps(__import__('os').system('touch {marker}'))"])
+  code = run_cli(
+    [
+      "segmentation",
+      "--input",
+      "x",
+      "--output",
+      "y",
+      "--ops",
+      f"distance_maps(__import__('os').system('touch {marker}'))",
+    ]
+  )
   assert code == 2 and not marker.exists()
   assert "literals" in capsys.readouterr().out
 
@@ -207,6 +281,7 @@ def _rss_mb():
 def test_load_ten_times_the_sample_data_with_flat_memory(tmp_path):
   from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
   from benchmarks.run import pipeline_in_fresh_process  # pylint: disable=g-import-not-at-top
+
   small, large = str(tmp_path / "s"), str(tmp_path / "l")
   write_sample_data(small, count=32)
   write_sample_data(large, count=320)
@@ -230,14 +305,36 @@ def test_trainer_runs_1000_steps_without_memory_growth(prep_dir, tmp_path):
   thread = threading.Thread(target=sample, daemon=True)
   thread.start()
   try:
-    assert _fit(["--data", prep_dir, "--model-dir", str(tmp_path / "m"), "--steps", "1000",
-                 "--batch-size", "4", "--width", "4", "--depth", "1", "--log-every", "100",
-                 "--histogram-every", "250", "--checkpoint-every", "250", "--no-export"]) == 0
+    assert (
+      _fit(
+        [
+          "--data",
+          prep_dir,
+          "--model-dir",
+          str(tmp_path / "m"),
+          "--steps",
+          "1000",
+          "--batch-size",
+          "4",
+          "--width",
+          "4",
+          "--depth",
+          "1",
+          "--log-every",
+          "100",
+          "--histogram-every",
+          "250",
+          "--checkpoint-every",
+          "250",
+          "--no-export",
+        ]
+      )
+      == 0
+    )
   finally:
     stop.set()
     thread.join()
   n = len(samples)
-  early = np.median(samples[n // 5: 2 * n // 5])
-  late = np.median(samples[4 * n // 5:])
+  early = np.median(samples[n // 5 : 2 * n // 5])
+  late = np.median(samples[4 * n // 5 :])
   assert late <= early * 1.10 + 50, (early, late)
-

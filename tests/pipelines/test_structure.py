@@ -25,16 +25,32 @@ def _folders(root, n=3, size=48):
 
 
 def _prep(data, out, *extra):
-  return run_cli(["segmentation", "--input", data, "--output", str(out), "--image-size", "48",
-                  "--variants", "2", "--eval-percent", "0", "--progress-seconds", "0"]
-                 + list(extra))
+  return run_cli(
+    [
+      "segmentation",
+      "--input",
+      data,
+      "--output",
+      str(out),
+      "--image-size",
+      "48",
+      "--variants",
+      "2",
+      "--eval-percent",
+      "0",
+      "--progress-seconds",
+      "0",
+    ]
+    + list(extra)
+  )
 
 
 def test_an_op_reading_a_missing_key_is_refused_before_any_data_is_read(tmp_path, capsys):
   data = _folders(tmp_path / "d")
   os.remove(os.path.join(data, "images", "s0.png"))  # would be a dead letter if read
-  code = _prep(data, tmp_path / "out", "--ops-module", "tests.fixtures.bug_ops",
-               "--ops", "depth_declared")
+  code = _prep(
+    data, tmp_path / "out", "--ops-module", "tests.fixtures.bug_ops", "--ops", "depth_declared"
+  )
   printed = capsys.readouterr().out
   assert code == 2
   assert "op 'depth_declared' reads 'depth'" in printed and "folders layout" in printed
@@ -43,8 +59,9 @@ def test_an_op_reading_a_missing_key_is_refused_before_any_data_is_read(tmp_path
 
 def test_an_op_failing_on_every_example_stops_the_job_and_leaves_no_output(tmp_path, capsys):
   data = _folders(tmp_path / "d", n=6)
-  code = _prep(data, tmp_path / "out", "--ops-module", "tests.fixtures.bug_ops",
-               "--ops", "depth_feature")
+  code = _prep(
+    data, tmp_path / "out", "--ops-module", "tests.fixtures.bug_ops", "--ops", "depth_feature"
+  )
   printed = capsys.readouterr().out
   assert code == 2
   assert "op 'depth_feature' raised KeyError: 'depth'" in printed
@@ -57,8 +74,17 @@ def test_an_op_failing_on_every_example_stops_the_job_and_leaves_no_output(tmp_p
 def test_an_op_failing_in_one_variant_keeps_the_accounting(tmp_path):
   data = _folders(tmp_path / "d")
   out = tmp_path / "out"
-  assert _prep(data, out, "--ops-module", "tests.fixtures.bug_ops",
-               "--ops", "fail_one_variant(image_id='s1', object_id=2, variant=1)") == 0
+  assert (
+    _prep(
+      data,
+      out,
+      "--ops-module",
+      "tests.fixtures.bug_ops",
+      "--ops",
+      "fail_one_variant(image_id='s1', object_id=2, variant=1)",
+    )
+    == 0
+  )
   m = manifest(out)
   c = m["counts"]
   assert c["accounted"] and m["complete"]
@@ -88,9 +114,22 @@ def test_a_job_over_the_error_fraction_fails_with_the_reason_and_an_example(tmp_
   assert os.path.join("images", "s0.png") in printed
   # The trainer refuses it.
   from train import cli as train_cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
-    train_cli.main(["fit", "--data", str(out), "--model-dir", str(tmp_path / "m"),
-                    "--steps", "1", "--no-export", "--noc-clicks", "0"])
+    train_cli.main(
+      [
+        "fit",
+        "--data",
+        str(out),
+        "--model-dir",
+        str(tmp_path / "m"),
+        "--steps",
+        "1",
+        "--no-export",
+        "--noc-clicks",
+        "0",
+      ]
+    )
   assert e.value.code != 0
 
 
@@ -99,16 +138,31 @@ def test_every_input_failing_is_a_failed_job_and_their_objects_are_counted(tmp_p
   (tmp_path / "ann").mkdir()
   (tmp_path / "elsewhere").mkdir()
   poly = [4, 4, 30, 4, 30, 30, 4, 30]
-  coco = {"images": [{"id": i, "file_name": f"img{i}.jpg", "height": 48, "width": 48}
-                     for i in (1, 2)],
-          "annotations": [{"id": 10 * i + k, "image_id": i, "segmentation": [poly],
-                           "iscrowd": 0} for i in (1, 2) for k in range(3)],
-          "categories": [{"id": 1, "name": "thing"}]}
+  coco = {
+    "images": [{"id": i, "file_name": f"img{i}.jpg", "height": 48, "width": 48} for i in (1, 2)],
+    "annotations": [
+      {"id": 10 * i + k, "image_id": i, "segmentation": [poly], "iscrowd": 0}
+      for i in (1, 2)
+      for k in range(3)
+    ],
+    "categories": [{"id": 1, "name": "thing"}],
+  }
   path = tmp_path / "ann" / "instances.json"
   path.write_text(json.dumps(coco))
   out = tmp_path / "out"
-  code = run_cli(["segmentation", "--input", str(path), "--image-root",
-                  str(tmp_path / "elsewhere"), "--output", str(out), "--image-size", "48"])
+  code = run_cli(
+    [
+      "segmentation",
+      "--input",
+      str(path),
+      "--image-root",
+      str(tmp_path / "elsewhere"),
+      "--output",
+      str(out),
+      "--image-size",
+      "48",
+    ]
+  )
   printed = capsys.readouterr().out
   assert code == 1 and not (out / "_SUCCESS").exists()
   c = manifest(out)["counts"]
@@ -121,30 +175,59 @@ def test_coco_entries_without_a_size_take_the_images_own(tmp_path):
   (tmp_path / "images").mkdir()
   img, _ = scene(48, ((4, 4, 30, 30),))
   Image.fromarray(img).save(tmp_path / "images" / "a.png")
-  coco = {"images": [{"id": 1, "file_name": "images/a.png"}],
-          "annotations": [{"id": 1, "image_id": 1, "iscrowd": 0,
-                           "segmentation": [[4, 4, 30, 4, 30, 30, 4, 30]]}]}
+  coco = {
+    "images": [{"id": 1, "file_name": "images/a.png"}],
+    "annotations": [
+      {"id": 1, "image_id": 1, "iscrowd": 0, "segmentation": [[4, 4, 30, 4, 30, 30, 4, 30]]}
+    ],
+  }
   (tmp_path / "instances.json").write_text(json.dumps(coco))
   out = tmp_path / "out"
-  assert run_cli(["segmentation", "--input", str(tmp_path / "instances.json"), "--output",
-                  str(out), "--image-size", "48", "--variants", "1", "--eval-percent", "0"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(tmp_path / "instances.json"),
+        "--output",
+        str(out),
+        "--image-size",
+        "48",
+        "--variants",
+        "1",
+        "--eval-percent",
+        "0",
+      ]
+    )
+    == 0
+  )
   c = manifest(out)["counts"]
   assert c["errors_total"] == 0 and c["examples_written"]["train"] == 1
 
 
 def test_wrong_inputs_are_named_with_what_was_expected(tmp_path, capsys):
   data = _folders(tmp_path / "d")
-  assert run_cli(["segmentation", "--input", os.path.join(data, "images"), "--output",
-                  str(tmp_path / "o1")]) == 2
+  assert (
+    run_cli(
+      ["segmentation", "--input", os.path.join(data, "images"), "--output", str(tmp_path / "o1")]
+    )
+    == 2
+  )
   printed = capsys.readouterr().out
   assert f"did you mean --input {data}?" in printed and "classes" not in printed
-  assert run_cli(["segmentation", "--input", data, "--layout", "coco", "--output",
-                  str(tmp_path / "o2")]) == 2
+  assert (
+    run_cli(["segmentation", "--input", data, "--layout", "coco", "--output", str(tmp_path / "o2")])
+    == 2
+  )
   printed = capsys.readouterr().out
   assert "is a folder; the coco layout reads one annotation file" in printed
   assert "Traceback" not in printed
-  assert run_cli(["segmentation", "--input", data, "--layout", "classes", "--output",
-                  str(tmp_path / "o3")]) == 2
+  assert (
+    run_cli(
+      ["segmentation", "--input", data, "--layout", "classes", "--output", str(tmp_path / "o3")]
+    )
+    == 2
+  )
   assert "not the instances this task needs" in capsys.readouterr().out
 
 
@@ -171,20 +254,28 @@ def _imports(path, module):
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
       out.add(node.module)
       out.update(f"{node.module}.{a.name}" for a in node.names)
-  return {m for m in out if m.split(".")[0] in PACKAGES and m != module
-          and not module.startswith(m + ".")}
+  return {
+    m for m in out if m.split(".")[0] in PACKAGES and m != module and not module.startswith(m + ".")
+  }
+
+
+def _module_paths():
+  """The .py files of PACKAGES."""
+  return [
+    os.path.join(folder, f)
+    for pkg in PACKAGES
+    for folder, _, files in os.walk(os.path.join(ROOT, pkg))
+    for f in files
+    if f.endswith(".py")
+  ]
 
 
 def _import_graph():
   """{module: the project's modules it imports} over PACKAGES."""
   modules = {}
-  for pkg in PACKAGES:
-    for folder, _, files in os.walk(os.path.join(ROOT, pkg)):
-      for f in files:
-        if f.endswith(".py"):
-          path = os.path.join(folder, f)
-          name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-          modules[name[:-len(".__init__")] if name.endswith(".__init__") else name] = path
+  for path in _module_paths():
+    name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    modules[name[: -len(".__init__")] if name.endswith(".__init__") else name] = path
   return {m: {t for t in _imports(p, m) if t in modules} for m, p in modules.items()}
 
 
@@ -193,11 +284,14 @@ def test_imports_flow_one_way():
   train never imports pipelines; pipelines uses train only where it
   orchestrates (the demo runs beam-train)."""
   edges = _import_graph()
-  up = sorted((m, t) for m, targets in edges.items() for t in targets
-              if (m.startswith("beam_prep") and t.split(".")[0] in ("train", "pipelines"))
-              or (m.startswith("train") and t.startswith("pipelines"))
-              or (m.startswith("pipelines") and t.startswith("train")
-                  and m != "pipelines.demo"))
+  up = sorted(
+    (m, t)
+    for m, targets in edges.items()
+    for t in targets
+    if (m.startswith("beam_prep") and t.split(".")[0] in ("train", "pipelines"))
+    or (m.startswith("train") and t.startswith("pipelines"))
+    or (m.startswith("pipelines") and t.startswith("train") and m != "pipelines.demo")
+  )
   assert not up, f"imports against the flow: {up}"
   assert any(t.startswith("train") for t in edges["pipelines.demo"])  # The check sees them.
 
@@ -206,6 +300,7 @@ def test_the_serving_graph_names_no_op():
   """train/servers.py composes the chain's twins and serving sides from
   features.json: it names no op, and imports no op module."""
   from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+
   registry.import_ops_modules("tests.fixtures.user_ops,tests.fixtures.edge_ops")
   path = os.path.join(ROOT, "train", "servers.py")
   tree = ast.parse(open(path).read(), path)
@@ -238,6 +333,21 @@ def test_no_import_circle_among_the_packages():
   assert not circles, f"modules on an import circle: {sorted(circles)}"
 
 
+MAX_FUNCTION_LINES = 60  # A function a reader takes in at once.
+
+
+def test_no_function_is_longer_than_a_reader_takes_in_at_once():
+  long = []
+  for path in _module_paths():
+    tree = ast.parse(open(path).read(), path)
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = node.end_lineno - node.lineno + 1
+        if lines > MAX_FUNCTION_LINES:
+          long.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+  assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
 def test_preview_of_a_missing_folder_or_an_empty_output_says_so(tmp_path, capsys):
   missing = str(tmp_path / "nope" / "records")
   assert run_cli(["preview", "--records", missing, "--output", str(tmp_path / "p.png")]) == 2
@@ -257,14 +367,34 @@ def test_the_plan_line_counts_images_as_the_summary_does(tmp_path, capsys):
     img, _ = scene(48, ((4, 4, 30, 30),))
     Image.fromarray(img).save(tmp_path / "images" / f"{name}.png")
   poly = [4, 4, 30, 4, 30, 30, 4, 30]
-  coco = {"images": [{"id": i, "file_name": f"images/{n}.png", "height": 48, "width": 48}
-                     for i, n in ((1, "a"), (2, "b"))],
-          "annotations": [{"id": i, "image_id": i, "segmentation": [poly], "iscrowd": 0}
-                          for i in (1, 2, 9)]}
+  coco = {
+    "images": [
+      {"id": i, "file_name": f"images/{n}.png", "height": 48, "width": 48}
+      for i, n in ((1, "a"), (2, "b"))
+    ],
+    "annotations": [
+      {"id": i, "image_id": i, "segmentation": [poly], "iscrowd": 0} for i in (1, 2, 9)
+    ],
+  }
   (tmp_path / "instances.json").write_text(json.dumps(coco))
-  assert run_cli(["segmentation", "--input", str(tmp_path / "instances.json"), "--output",
-                  str(tmp_path / "out"), "--image-size", "48", "--variants", "1",
-                  "--progress-seconds", "0.001"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(tmp_path / "instances.json"),
+        "--output",
+        str(tmp_path / "out"),
+        "--image-size",
+        "48",
+        "--variants",
+        "1",
+        "--progress-seconds",
+        "0.001",
+      ]
+    )
+    == 0
+  )
   printed = capsys.readouterr().out
   assert "prep: 2 inputs in" in printed and "2 images (2 used, 0 failed)" in printed
   assert "3 objects (2 used, 1 failed)" in printed
@@ -272,17 +402,51 @@ def test_the_plan_line_counts_images_as_the_summary_does(tmp_path, capsys):
 
 def _fit(*args):
   from train import cli as train_cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
-    train_cli.main(["fit", "--steps", "2", "--batch-size", "2", "--width", "4", "--depth", "1",
-                    "--histogram-every", "0", "--no-export", "--noc-clicks", "0"] + list(args))
+    train_cli.main(
+      [
+        "fit",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--width",
+        "4",
+        "--depth",
+        "1",
+        "--histogram-every",
+        "0",
+        "--no-export",
+        "--noc-clicks",
+        "0",
+      ]
+      + list(args)
+    )
   return e.value.code
 
 
 def test_the_trainer_names_what_is_wrong_with_its_data(tmp_path, prep_dir, capsys):
   data = _folders(tmp_path / "d")
   only_eval = tmp_path / "only_eval"
-  assert run_cli(["segmentation", "--input", data, "--output", str(only_eval), "--image-size",
-                  "48", "--variants", "1", "--eval-percent", "99"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        data,
+        "--output",
+        str(only_eval),
+        "--image-size",
+        "48",
+        "--variants",
+        "1",
+        "--eval-percent",
+        "99",
+      ]
+    )
+    == 0
+  )
   assert manifest(only_eval)["counts"]["examples_written"]["train"] == 0
   capsys.readouterr()
   assert _fit("--data", str(only_eval), "--model-dir", str(tmp_path / "m1")) != 0

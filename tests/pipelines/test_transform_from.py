@@ -15,8 +15,20 @@ from pipelines.prep import TransformFromError, transform_source
 from tests.helpers import manifest, run_cli
 
 # The settings the session's prep output (conftest `_prep`) was made with.
-SETTINGS = ["--preset", "smoke", "--image-size", "64", "--variants", "2", "--eval-percent", "30",
-            "--max-error-fraction", "1", "--progress-seconds", "0"]
+SETTINGS = [
+  "--preset",
+  "smoke",
+  "--image-size",
+  "64",
+  "--variants",
+  "2",
+  "--eval-percent",
+  "30",
+  "--max-error-fraction",
+  "1",
+  "--progress-seconds",
+  "0",
+]
 
 
 def _same_tree(a, b) -> bool:
@@ -27,15 +39,29 @@ def _same_tree(a, b) -> bool:
 
 
 def test_records_are_read_with_the_given_transform_without_analysis(
-    sample_dir, prep_dir, trained, tmp_path):
+  sample_dir, prep_dir, trained, tmp_path
+):
   subset = tmp_path / "few"
   for sub in ("images", "masks"):
     (subset / sub).mkdir(parents=True)
     for name in sorted(os.listdir(os.path.join(sample_dir, sub)))[:3]:
       os.link(os.path.join(sample_dir, sub, name), subset / sub / name)
   out = tmp_path / "round"
-  assert run_cli(["segmentation", "--input", str(subset), "--output", str(out),
-                  "--transform-from", trained, *SETTINGS]) == 0  # A model dir: its prep output.
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(subset),
+        "--output",
+        str(out),
+        "--transform-from",
+        trained,
+        *SETTINGS,
+      ]
+    )
+    == 0
+  )  # A model dir: its prep output.
   assert _same_tree(os.path.join(prep_dir, keys.TRANSFORM_DIR), out / keys.TRANSFORM_DIR)
   assert manifest(out)["config"]["transform_from"] == trained
   prep = PrepOutput(str(out))
@@ -46,8 +72,21 @@ def test_records_are_read_with_the_given_transform_without_analysis(
 def test_another_raw_schema_is_refused_before_the_job_runs(sample_dir, prep_dir, tmp_path):
   out = tmp_path / "other"
   settings = [s if s != "64" else "48" for s in SETTINGS]
-  assert run_cli(["segmentation", "--input", sample_dir, "--output", str(out),
-                  "--transform-from", prep_dir, *settings]) != 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        sample_dir,
+        "--output",
+        str(out),
+        "--transform-from",
+        prep_dir,
+        *settings,
+      ]
+    )
+    != 0
+  )
   assert not (out / keys.SUCCESS_FILE).exists() and not (out / keys.RECORDS_DIR).exists()
   table = PrepOutput(prep_dir).table
   other = FeatureTable.from_dict(dict(table.to_dict(), image_size=[48, 48]))
@@ -55,6 +94,19 @@ def test_another_raw_schema_is_refused_before_the_job_runs(sample_dir, prep_dir,
     transform_source(prep_dir, other)
   missing = tmp_path / "none"
   missing.mkdir()
-  assert run_cli(["segmentation", "--input", sample_dir, "--output", str(tmp_path / "x"),
-                  "--transform-from", str(missing), *SETTINGS]) == 2
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        sample_dir,
+        "--output",
+        str(tmp_path / "x"),
+        "--transform-from",
+        str(missing),
+        *SETTINGS,
+      ]
+    )
+    == 2
+  )
   assert not (tmp_path / "x").exists()  # Refused before anything is written.

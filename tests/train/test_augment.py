@@ -59,8 +59,9 @@ def test_colour_recovers_the_pixels_through_the_transform_and_jitters_only_the_i
   t = transform({k: raw[k] for k in task.transform_keys})
   size = prep.table.image_size
   pixels = tf.io.decode_raw(raw[keys.IMAGE], tf.uint8).numpy().reshape(-1, *size, 3)
-  np.testing.assert_allclose((t[keys.IMAGE].numpy() - colour.offset) / colour.scale, pixels,
-                             atol=1e-3)
+  np.testing.assert_allclose(
+    (t[keys.IMAGE].numpy() - colour.offset) / colour.scale, pixels, atol=1e-3
+  )
   jittered = colour(t)
   assert not np.allclose(jittered[keys.IMAGE].numpy(), t[keys.IMAGE].numpy())
   for k in t:

@@ -17,7 +17,6 @@ from PIL import Image
 
 from beam_prep import keys
 from beam_prep.layouts import folders
-from tests.helpers import png
 from train import engine
 from train.export import latest_export
 from train.serve import app as serve_app
@@ -36,14 +35,18 @@ def _label(client, sample_dir: str, name: str) -> None:
   image_path = os.path.join(sample_dir, folders.IMAGES_DIR, name)
   with open(image_path, "rb") as f:
     data = f.read()
-  r = client.post("/page/upload", data={"file": (io.BytesIO(data), name)},
-                  content_type="multipart/form-data")
+  r = client.post(
+    "/page/upload", data={"file": (io.BytesIO(data), name)}, content_type="multipart/form-data"
+  )
   key = r.get_json()["id"]
   stem = os.path.splitext(name)[0]
-  truth = np.asarray(Image.open(os.path.join(sample_dir, folders.MASKS_DIR,
-                                             stem + folders.MASK_SUFFIX)))
-  objects = [{"probabilities": _levels_url(truth == i), "positive": [[0, 0]]}
-             for i in sorted(set(np.unique(truth).tolist()) - {0, keys.IGNORE})]
+  truth = np.asarray(
+    Image.open(os.path.join(sample_dir, folders.MASKS_DIR, stem + folders.MASK_SUFFIX))
+  )
+  objects = [
+    {"probabilities": _levels_url(truth == i), "positive": [[0, 0]]}
+    for i in sorted(set(np.unique(truth).tolist()) - {0, keys.IGNORE})
+  ]
   r = client.post("/page/save", json={"id": key, "objects": objects})
   assert r.status_code == 200, r.get_json()
 
@@ -53,9 +56,17 @@ def test_saved_labels_train_the_next_version_in_the_background(trained, sample_d
   shutil.copytree(trained, model)
   base_version = int(os.path.basename(latest_export(str(model))))
   labels = tmp_path / "labels"
-  config = ServeConfig(model=str(model), model_name="cat", port=0, save_dir=str(labels),
-                       poll_seconds=0.5, engine_every=3, engine_steps=3, engine_minutes=0,
-                       engine_lr_scale=0.5)
+  config = ServeConfig(
+    model=str(model),
+    model_name="cat",
+    port=0,
+    save_dir=str(labels),
+    poll_seconds=0.5,
+    engine_every=3,
+    engine_steps=3,
+    engine_minutes=0,
+    engine_lr_scale=0.5,
+  )
   server, versions = serve_app.start(config)
   threading.Thread(target=server.serve_forever, daemon=True).start()
   client, rounds = server.app.test_client(), server.app.extensions[serve_app.ROUNDS]
@@ -67,7 +78,8 @@ def test_saved_labels_train_the_next_version_in_the_background(trained, sample_d
     _label(client, sample_dir, names[2])
     assert rounds.running
     assert rounds.wait(600) and rounds.finished == 1, open(
-        labels / engine.ENGINE_DIR / "rounds.log").read()[-3000:]
+      labels / engine.ENGINE_DIR / "rounds.log"
+    ).read()[-3000:]
     deadline = time.time() + 120
     while versions.current.version == base_version and time.time() < deadline:
       time.sleep(0.2)
@@ -88,8 +100,10 @@ def test_saved_labels_train_the_next_version_in_the_background(trained, sample_d
     server.shutdown()
   # Nothing labelled since: no round.
   log = _Log()
-  assert engine.run_round(engine.EngineConfig(labels=str(labels), model=str(model), steps=3),
-                          log) is None
+  assert (
+    engine.run_round(engine.EngineConfig(labels=str(labels), model=str(model), steps=3), log)
+    is None
+  )
   assert "no round" in log.lines[-1]
 
 
@@ -101,12 +115,14 @@ class _Log:
     self.lines.append(fmt % args)
 
 
-def test_a_rounds_records_take_in_the_base_models_own_at_the_share_asked(prep_dir, trained,
-                                                                          tmp_path):
+def test_a_rounds_records_take_in_the_base_models_own_at_the_share_asked(
+  prep_dir, trained, tmp_path
+):
   """`--base-share`: the base's train shards join a round's records as a shard
   set of their own, the labels' repeated to make up the rest; records of other
   features are refused."""
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+
   assert engine.label_copies(670, 60, 0.5) == 11 and engine.label_copies(670, 60, 0.0) == 1
   assert engine.label_copies(10, 100, 0.5) == 1  # The labels are read at least once.
   own = str(tmp_path / "round")
@@ -115,8 +131,11 @@ def test_a_rounds_records_take_in_the_base_models_own_at_the_share_asked(prep_di
   base = PrepOutput.of_model(trained)
   mix = engine.mix_base(config, own)
   n = base.manifest["shards"][keys.TRAIN_SPLIT]["records"]
-  assert mix == {"base_records": n, "label_records": n,
-                 "label_copies": engine.label_copies(n, n, 0.2)}
+  assert mix == {
+    "base_records": n,
+    "label_records": n,
+    "label_copies": engine.label_copies(n, n, 0.2),
+  }
   files = PrepOutput(own).files(keys.TRAIN_SPLIT)
   base_files = base.files(keys.TRAIN_SPLIT)
   assert len(files) == len(base_files) * (1 + mix["label_copies"])

@@ -46,21 +46,36 @@ def test_batch_scoring_signature_takes_raw_examples(prep_dir, trained):
 def test_serving_any_image_size_and_bad_inputs(trained):
   serving = tf.saved_model.load(latest_export(trained)).signatures["serving_default"]
   img = tf.constant(np.random.default_rng(0).integers(0, 255, (50, 90, 3), dtype=np.uint8))
-  out = serving(image=img, positive_clicks=tf.constant([[45, 25]], tf.int32),
-                negative_clicks=tf.zeros([0, 2], tf.int32))
+  out = serving(
+    image=img,
+    positive_clicks=tf.constant([[45, 25]], tf.int32),
+    negative_clicks=tf.zeros([0, 2], tf.int32),
+  )
   assert out["probabilities"].shape == (50, 90) and out["mask"].dtype == tf.uint8
   # Outside the image (and negative): clamped to the border, documented.
-  clamped = serving(image=img, positive_clicks=tf.constant([[500, -7]], tf.int32),
-                    negative_clicks=tf.constant([[-3, 900]], tf.int32))
-  border = serving(image=img, positive_clicks=tf.constant([[89, 0]], tf.int32),
-                   negative_clicks=tf.constant([[0, 49]], tf.int32))
+  clamped = serving(
+    image=img,
+    positive_clicks=tf.constant([[500, -7]], tf.int32),
+    negative_clicks=tf.constant([[-3, 900]], tf.int32),
+  )
+  border = serving(
+    image=img,
+    positive_clicks=tf.constant([[89, 0]], tf.int32),
+    negative_clicks=tf.constant([[0, 49]], tf.int32),
+  )
   np.testing.assert_allclose(clamped["probabilities"], border["probabilities"], atol=1e-6)
   with pytest.raises(tf.errors.InvalidArgumentError, match="positive click"):
-    serving(image=img, positive_clicks=tf.zeros([0, 2], tf.int32),
-            negative_clicks=tf.zeros([0, 2], tf.int32))
+    serving(
+      image=img,
+      positive_clicks=tf.zeros([0, 2], tf.int32),
+      negative_clicks=tf.zeros([0, 2], tf.int32),
+    )
   with pytest.raises(tf.errors.InvalidArgumentError, match="image is empty"):
-    serving(image=tf.zeros([0, 5, 3], tf.uint8), positive_clicks=tf.constant([[0, 0]]),
-            negative_clicks=tf.zeros([0, 2], tf.int32))
+    serving(
+      image=tf.zeros([0, 5, 3], tf.uint8),
+      positive_clicks=tf.constant([[0, 0]]),
+      negative_clicks=tf.zeros([0, 2], tf.int32),
+    )
 
 
 def test_a_wide_image_is_padded_in_its_records_and_served_back_in_place(tmp_path):
@@ -74,12 +89,32 @@ def test_a_wide_image_is_padded_in_its_records_and_served_back_in_place(tmp_path
   from beam_prep.ops.image import resize_nearest  # pylint: disable=g-import-not-at-top
   from tests.helpers import records, red_disk_data  # pylint: disable=g-import-not-at-top
   from train.servers import SegmentationServer  # pylint: disable=g-import-not-at-top
+
   h, w, size, (cx, cy, r) = 60, 180, 96, (120, 30, 20)
   img, obj = red_disk_data(str(tmp_path), h, w, cx, cy, r)
   out = str(tmp_path / "prep")
-  assert run_cli(["segmentation", "--input", str(tmp_path / "data"), "--output", out,
-                  "--layout", "folders", "--image-size", str(size), "--variants", "1",
-                  "--eval-percent", "0", "--crop", "none"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(tmp_path / "data"),
+        "--output",
+        out,
+        "--layout",
+        "folders",
+        "--image-size",
+        str(size),
+        "--variants",
+        "1",
+        "--eval-percent",
+        "0",
+        "--crop",
+        "none",
+      ]
+    )
+    == 0
+  )
   table = FeatureTable.load(out)
   [rec] = [table.decode_numpy(r.SerializeToString()) for r in records(out)]
   fit_h = h * size // w  # 32 rows of 96 hold the image; 64 rows are padding.
@@ -94,12 +129,22 @@ def test_a_wide_image_is_padded_in_its_records_and_served_back_in_place(tmp_path
       break
     channel += e.feature.channels
   radius = r * size / w / 255  # The object's radius at the records' scale, normalized.
-  model = keras.Sequential([keras.Input((size, size, table.input_channels)), keras.layers.Lambda(
-      lambda x: 100.0 * (radius - x[..., channel:channel + 1]))])
-  server = SegmentationServer(model, tft.TFTransformOutput(os.path.join(out, keys.TRANSFORM_DIR)),
-                              table)
-  served = server.serve(tf.constant(img), tf.constant([[cx, cy]], tf.int32),
-                        tf.zeros([0, 2], tf.int32))["mask"].numpy().astype(bool)
+  model = keras.Sequential(
+    [
+      keras.Input((size, size, table.input_channels)),
+      keras.layers.Lambda(lambda x: 100.0 * (radius - x[..., channel : channel + 1])),
+    ]
+  )
+  server = SegmentationServer(
+    model, tft.TFTransformOutput(os.path.join(out, keys.TRANSFORM_DIR)), table
+  )
+  served = (
+    server.serve(tf.constant(img), tf.constant([[cx, cy]], tf.int32), tf.zeros([0, 2], tf.int32))[
+      "mask"
+    ]
+    .numpy()
+    .astype(bool)
+  )
   assert served.shape == (h, w)
   iou = (served & obj).sum() / (served | obj).sum()
   assert iou > 0.9, iou
@@ -109,13 +154,14 @@ def test_a_wide_image_is_padded_in_its_records_and_served_back_in_place(tmp_path
 
 def test_predict_cli_errors_are_clear(trained, tmp_path, capsys):
   from train import cli  # pylint: disable=g-import-not-at-top
+
   (tmp_path / "junk.png").write_bytes(b"not an image")
   (tmp_path / "ok.png").write_bytes(png(np.zeros((20, 30, 3), np.uint8)))
   cases = [
-      (["--image", str(tmp_path / "junk.png"), "--positive", "1,1"], "cannot read image"),
-      (["--image", str(tmp_path / "ok.png")], "at least one --positive"),
-      (["--image", str(tmp_path / "ok.png"), "--positive", "3;4"], "X,Y"),
-      (["--image", str(tmp_path / "nope.png"), "--positive", "1,1"], "nope.png"),
+    (["--image", str(tmp_path / "junk.png"), "--positive", "1,1"], "cannot read image"),
+    (["--image", str(tmp_path / "ok.png")], "at least one --positive"),
+    (["--image", str(tmp_path / "ok.png"), "--positive", "3;4"], "X,Y"),
+    (["--image", str(tmp_path / "nope.png"), "--positive", "1,1"], "nope.png"),
   ]
   for args, message in cases:
     with pytest.raises(SystemExit) as e:
@@ -123,8 +169,19 @@ def test_predict_cli_errors_are_clear(trained, tmp_path, capsys):
     assert e.value.code == 2
     assert message in capsys.readouterr().out
   with pytest.raises(SystemExit) as e:
-    cli.main(["predict", "--model", trained, "--output", str(tmp_path / "m.png"),
-              "--image", str(tmp_path / "ok.png"), "--positive", "100,-5"])
+    cli.main(
+      [
+        "predict",
+        "--model",
+        trained,
+        "--output",
+        str(tmp_path / "m.png"),
+        "--image",
+        str(tmp_path / "ok.png"),
+        "--positive",
+        "100,-5",
+      ]
+    )
   assert e.value.code == 0
   assert "clamped" in capsys.readouterr().out
   assert Image.open(tmp_path / "m.png").size == (30, 20)
@@ -136,22 +193,44 @@ def test_saved_model_cli_show_and_run(trained, tmp_path):
   np.save(tmp_path / "pos.npy", np.array([[20, 20]], np.int32))
   np.save(tmp_path / "neg.npy", np.zeros((0, 2), np.int32))
   cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
-  shown = subprocess.run([cli, "show", "--dir", export, "--all"], capture_output=True,
-                         text=True, timeout=300)
+  shown = subprocess.run(
+    [cli, "show", "--dir", export, "--all"], capture_output=True, text=True, timeout=300
+  )
   assert shown.returncode == 0, shown.stderr
-  for text in ("serving_default", "serve_examples", "positive_clicks", "negative_clicks",
-               "dtype: DT_UINT8", "probabilities"):
+  for text in (
+    "serving_default",
+    "serve_examples",
+    "positive_clicks",
+    "negative_clicks",
+    "dtype: DT_UINT8",
+    "probabilities",
+  ):
     assert text in shown.stdout
   ran = subprocess.run(
-      [cli, "run", "--dir", export, "--tag_set", "serve", "--signature_def", "serving_default",
-       "--inputs", f"image={tmp_path}/image.npy;positive_clicks={tmp_path}/pos.npy;"
-       f"negative_clicks={tmp_path}/neg.npy"], capture_output=True, text=True, timeout=300)
+    [
+      cli,
+      "run",
+      "--dir",
+      export,
+      "--tag_set",
+      "serve",
+      "--signature_def",
+      "serving_default",
+      "--inputs",
+      f"image={tmp_path}/image.npy;positive_clicks={tmp_path}/pos.npy;"
+      f"negative_clicks={tmp_path}/neg.npy",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert ran.returncode == 0, ran.stderr
   assert "probabilities" in ran.stdout and "mask" in ran.stdout
 
 
 def test_classification_end_to_end(tmp_path, capsys):
   from train import cli  # pylint: disable=g-import-not-at-top
+
   rng = np.random.default_rng(0)
   root = tmp_path / "classes"
   colours = {"red": (200, 30, 30), "blue": (30, 30, 200)}
@@ -161,24 +240,58 @@ def test_classification_end_to_end(tmp_path, capsys):
       img = np.clip(np.array(colour) + rng.normal(0, 25, (24, 24, 3)), 0, 255).astype(np.uint8)
       (root / label / f"{i}.png").write_bytes(png(img))
   prep = str(tmp_path / "prep")
-  assert run_cli(["classification", "--input", str(root), "--output", prep, "--image-size", "16",
-                  "--eval-percent", "25"]) == 0
+  assert (
+    run_cli(
+      [
+        "classification",
+        "--input",
+        str(root),
+        "--output",
+        prep,
+        "--image-size",
+        "16",
+        "--eval-percent",
+        "25",
+      ]
+    )
+    == 0
+  )
   model_dir = str(tmp_path / "model")
   with pytest.raises(SystemExit) as e:
-    cli.main(["fit", "--data", prep, "--model-dir", model_dir, "--steps", "30",
-              "--batch-size", "4", "--width", "4", "--depth", "2", "--histogram-every", "0"])
+    cli.main(
+      [
+        "fit",
+        "--data",
+        prep,
+        "--model-dir",
+        model_dir,
+        "--steps",
+        "30",
+        "--batch-size",
+        "4",
+        "--width",
+        "4",
+        "--depth",
+        "2",
+        "--histogram-every",
+        "0",
+      ]
+    )
   assert e.value.code == 0
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert m["task"] == "classification" and m["eval"]["classes"] == 2
-  assert (f"eval: {m['eval']['examples']} examples, accuracy {m['eval']['accuracy']:.3f} over 2 "
-          "classes") in capsys.readouterr().out
+  assert (
+    f"eval: {m['eval']['examples']} examples, accuracy {m['eval']['accuracy']:.3f} over 2 classes"
+  ) in capsys.readouterr().out
   import shutil  # pylint: disable=g-import-not-at-top
+
   shutil.rmtree(prep)
   serving = tf.saved_model.load(latest_export(model_dir)).signatures["serving_default"]
   red = io.BytesIO()
   Image.fromarray(np.full((30, 20, 3), (210, 20, 20), np.uint8)).save(red, format="JPEG")
-  out = serving(image_bytes=tf.constant([red.getvalue(), png(np.full((8, 8, 3), (20, 20, 220),
-                                                              np.uint8))]))
+  out = serving(
+    image_bytes=tf.constant([red.getvalue(), png(np.full((8, 8, 3), (20, 20, 220), np.uint8))])
+  )
   assert out["probabilities"].shape == (2, 2)
   assert sorted(out["classes"].numpy().tolist()) == [b"blue", b"red"]
   assert out["label"].numpy().tolist() == [b"red", b"blue"]
@@ -195,6 +308,7 @@ def _encoded(arr, fmt="PNG", **save):
 def test_encoded_signatures_answer_as_the_array_ones_on_the_decoded_pixels(trained):
   from beam_prep.ops.image import decode_file  # pylint: disable=g-import-not-at-top
   from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+
   model = ServedModel(trained)
   rng = np.random.default_rng(4)
   image = rng.integers(0, 256, (41, 57, 3), dtype=np.uint8)
@@ -215,18 +329,30 @@ def test_encoded_signatures_answer_as_the_array_ones_on_the_decoded_pixels(train
     assert_encoded_answer({k: v[0] for k, v in got.items()}, want)
   # A batch is each image alone, each at its own size.
   small = _encoded(image[:20])
-  batch = model.predict("serve_encoded", {"image_bytes": [jpeg, small],
-                                          "positive_clicks": [pos, pos],
-                                          "negative_clicks": np.zeros([2, 0, 2])})
+  batch = model.predict(
+    "serve_encoded",
+    {
+      "image_bytes": [jpeg, small],
+      "positive_clicks": [pos, pos],
+      "negative_clicks": np.zeros([2, 0, 2]),
+    },
+  )
   alone = model.predict(*model.encoded_inputs(small, pos, []))
   for k in alone:
     assert batch[k][1] == alone[k][0], k
   assert [unpng(m).shape for m in batch["mask_bytes"]] == [(41, 57), (20, 57)]
   from train.served import InvalidInput  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(InvalidInput, match="previous_mask: must have the image's height"):
-    model.predict("serve_iterative_encoded", {
-        "image_bytes": [jpeg, small], "positive_clicks": [pos, pos],
-        "negative_clicks": [neg, neg], "previous_mask": np.zeros([2, 41, 57], np.uint8)})
+    model.predict(
+      "serve_iterative_encoded",
+      {
+        "image_bytes": [jpeg, small],
+        "positive_clicks": [pos, pos],
+        "negative_clicks": [neg, neg],
+        "previous_mask": np.zeros([2, 41, 57], np.uint8),
+      },
+    )
   with pytest.raises(InvalidInput, match="positive_clicks: at least one positive click"):
     model.predict(*model.encoded_inputs(jpeg, np.zeros([0, 2]), neg))
 
@@ -238,6 +364,7 @@ def test_an_exif_rotated_jpeg_is_served_as_displayed(trained):
   for the shown pixels; clicks are in the shown picture."""
   from beam_prep.ops.image import decode_file  # pylint: disable=g-import-not-at-top
   from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+
   model = ServedModel(trained)
   stored = np.random.default_rng(5).integers(0, 256, (24, 48, 3), dtype=np.uint8)
   exif = Image.Exif()
@@ -260,6 +387,7 @@ def test_serve_examples_says_in_one_line_what_an_example_lacks(prep_dir, trained
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   from tests.helpers import records  # pylint: disable=g-import-not-at-top
   from train.served import InvalidInput, ServedModel  # pylint: disable=g-import-not-at-top
+
   model = ServedModel(trained)
   job = [r.SerializeToString() for r in records(prep_dir, keys.EVAL_SPLIT)][:2]
   good = tf.train.Example.FromString(_eval_examples(prep_dir, 1)[0])
@@ -276,25 +404,37 @@ def test_serve_examples_says_in_one_line_what_an_example_lacks(prep_dir, trained
   short = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"abc"]))
   floats = tf.train.Feature(float_list=tf.train.FloatList(value=[1.0, 2.0]))
   cases = [
-      # Either click list is found first.
-      (job, "examples[0]: feature '(positive|negative)_clicks' holds string values where "
-       "serve_examples reads int64: beam-prep's records stack an object's click variants"),
-      ([changed("image")], "examples: an example has no feature 'image' (string)"),
-      ([b"\xff not a tf.Example"], "examples: a value is not a serialized tf.Example"),
-      ([changed("image", short)], "examples: feature 'image' must hold the raw bytes of uint8 "
-       "[64, 64, 3]"),
-      ([changed("negative_clicks", odd)], "examples: feature 'negative_clicks' must hold (x, y) "
-       "pairs"),
-      ([changed("positive_clicks")], "examples: feature 'positive_clicks': each example needs "
-       "a positive click"),
-      ([changed("positive_clicks", floats)], "examples[0]: feature 'positive_clicks' holds float "
-       "values where serve_examples reads int64"),
+    # Either click list is found first.
+    (
+      job,
+      "examples[0]: feature '(positive|negative)_clicks' holds string values where "
+      "serve_examples reads int64: beam-prep's records stack an object's click variants",
+    ),
+    ([changed("image")], "examples: an example has no feature 'image' (string)"),
+    ([b"\xff not a tf.Example"], "examples: a value is not a serialized tf.Example"),
+    (
+      [changed("image", short)],
+      "examples: feature 'image' must hold the raw bytes of uint8 [64, 64, 3]",
+    ),
+    (
+      [changed("negative_clicks", odd)],
+      "examples: feature 'negative_clicks' must hold (x, y) pairs",
+    ),
+    (
+      [changed("positive_clicks")],
+      "examples: feature 'positive_clicks': each example needs a positive click",
+    ),
+    (
+      [changed("positive_clicks", floats)],
+      "examples[0]: feature 'positive_clicks' holds float values where serve_examples reads int64",
+    ),
   ]
   for examples, message in cases:
     with pytest.raises(InvalidInput) as e:
       model.predict("serve_examples", {"examples": examples})
-    assert re.match(re.escape(message).replace(r"\(positive\|negative\)", "(positive|negative)"),
-                    str(e.value)) and "\n" not in str(e.value), str(e.value)
+    assert re.match(
+      re.escape(message).replace(r"\(positive\|negative\)", "(positive|negative)"), str(e.value)
+    ) and "\n" not in str(e.value), str(e.value)
   # What it asks for: the records' examples, as FeatureTable.encode writes them.
   table = FeatureTable.load(prep_dir)
   examples = [table.encode(ex) for ex in table.decode_examples(job[0])]

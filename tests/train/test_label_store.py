@@ -27,19 +27,25 @@ def _image(seed: int) -> np.ndarray:
 
 def _item(seed: int, name: str = ""):
   image = _image(seed)
-  return {"image": image, "name": name or f"photo{seed}.png", "data": png(image),
-          "digest": exports.digest(image)}
+  return {
+    "image": image,
+    "name": name or f"photo{seed}.png",
+    "data": png(image),
+    "digest": exports.digest(image),
+  }
 
 
 def _mask(seed: int) -> np.ndarray:
   mask = np.zeros((H, W), bool)
-  mask[seed % 20:seed % 20 + 10, 5:30] = True
+  mask[seed % 20 : seed % 20 + 10, 5:30] = True
   return mask
 
 
 def _objects(seed: int, n: int = 1):
-  return [{"mask": _mask(seed + i), "clicks": {"positive": [[10, seed % 20 + 2]],
-                                               "negative": []}} for i in range(n)]
+  return [
+    {"mask": _mask(seed + i), "clicks": {"positive": [[10, seed % 20 + 2]], "negative": []}}
+    for i in range(n)
+  ]
 
 
 # Saves images [first, first + count) into DIR, from a process of its own.
@@ -56,8 +62,14 @@ _SAVER = textwrap.dedent("""
 
 
 def _run(script: str, *args) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-c", script, *map(str, args)], cwd=REPO,
-                        capture_output=True, text=True, timeout=300, check=False)
+  return subprocess.run(
+    [sys.executable, "-c", script, *map(str, args)],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
 
 
 def _check_folder(save_dir: str, seeds) -> None:
@@ -71,10 +83,12 @@ def _check_folder(save_dir: str, seeds) -> None:
       np.testing.assert_array_equal(exports.object_mask(entry["annotations"][0]), _mask(seed))
       assert entry["annotations"][0][exports.MODEL_VERSION] == seed
       mask_file = os.path.join(save_dir, folders.MASKS_DIR, f"photo{seed}.png")
-      assert os.path.exists(mask_file) and os.path.exists(os.path.join(save_dir,
-                                                                      entry["file_name"]))
+      assert os.path.exists(mask_file) and os.path.exists(
+        os.path.join(save_dir, entry["file_name"])
+      )
     assert sorted(os.listdir(os.path.join(save_dir, folders.IMAGES_DIR))) == sorted(
-        n.split("/")[1] for n in names)
+      n.split("/")[1] for n in names
+    )
     with open(os.path.join(save_dir, exports.COCO_FILE)) as f:
       assert sorted(i["file_name"] for i in json.load(f)["images"]) == names
   finally:
@@ -83,8 +97,15 @@ def _check_folder(save_dir: str, seeds) -> None:
 
 def test_two_processes_saving_into_one_folder_lose_no_label(tmp_path):
   save = str(tmp_path / "labels")
-  procs = [subprocess.Popen([sys.executable, "-c", _SAVER, save, str(first), "12"], cwd=REPO,
-                            stderr=subprocess.PIPE, text=True) for first in (0, 100)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-c", _SAVER, save, str(first), "12"],
+      cwd=REPO,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for first in (0, 100)
+  ]
   for p in procs:
     assert p.wait(timeout=300) == 0, p.stderr.read()
   _check_folder(save, list(range(12)) + list(range(100, 112)))
@@ -92,9 +113,14 @@ def test_two_processes_saving_into_one_folder_lose_no_label(tmp_path):
 
 def test_threads_of_one_process_lose_no_label(tmp_path):
   labels = Labels(str(tmp_path))
-  threads = [threading.Thread(target=lambda first=first: [
-      labels.save(_item(s), _objects(s), model_version=s) for s in range(first, first + 8)])
-             for first in (0, 50, 200)]
+  threads = [
+    threading.Thread(
+      target=lambda first=first: [
+        labels.save(_item(s), _objects(s), model_version=s) for s in range(first, first + 8)
+      ]
+    )
+    for first in (0, 50, 200)
+  ]
   for t in threads:
     t.start()
   for t in threads:
@@ -130,8 +156,9 @@ def test_a_process_dying_in_a_save_loses_no_other_label_and_leaves_no_half(tmp_p
   save = str(tmp_path)
   done = _run(_CRASH, save, when)
   assert done.returncode == 3, done.stderr
-  hidden = [n for n in os.listdir(os.path.join(save, folders.IMAGES_DIR))
-            if n.startswith(PENDING_PREFIX)]
+  hidden = [
+    n for n in os.listdir(os.path.join(save, folders.IMAGES_DIR)) if n.startswith(PENDING_PREFIX)
+  ]
   assert hidden == [PENDING_PREFIX + "photo3.png"]
   # The next open finishes a committed save and drops an uncommitted one.
   _check_folder(save, [0, 1, 2, 3] if when == "after_commit" else [0, 1, 2])

@@ -16,7 +16,7 @@ def _prev_model(table, channel: int) -> tf.keras.Model:
   """A model whose logits are its previous-mask input channel: +10 on it, -10 off it."""
   h, w = table.image_size
   x = tf.keras.Input([h, w, table.input_channels])
-  logits = tf.keras.layers.Lambda(lambda t: 20.0 * t[..., channel:channel + 1] - 10.0)(x)
+  logits = tf.keras.layers.Lambda(lambda t: 20.0 * t[..., channel : channel + 1] - 10.0)(x)
   return tf.keras.Model(x, logits)
 
 
@@ -36,8 +36,12 @@ def test_the_step_rounds_feed_the_models_own_mask_back(guided_prep):
   c = prep.table.input_channels - 1
   h, w = prep.table.image_size
   x = tf.keras.Input([h, w, c + 1])
-  model = tf.keras.Model(x, tf.keras.layers.Lambda(  # Red high, and not predicted before.
-      lambda t: t[..., :1] - 2.0 * t[..., c:c + 1])(x))
+  model = tf.keras.Model(
+    x,
+    tf.keras.layers.Lambda(  # Red high, and not predicted before.
+      lambda t: t[..., :1] - 2.0 * t[..., c : c + 1]
+    )(x),
+  )
   inputs = tf.random.stateless_normal([4, h, w, c + 1], seed=[1, 2])
   inputs = tf.concat([inputs[..., :c], tf.zeros([4, h, w, 1])], axis=-1)
   seen = set()
@@ -56,8 +60,10 @@ def test_the_step_rounds_feed_the_models_own_mask_back(guided_prep):
     assert rounds, "the channel is neither zeros nor a round's mask"
     seen.add(rounds[-1])
   assert seen == {0, 1, 2}
-  assert make_task(prep.table, prep.tft_output, {"mask_rounds": 0}).iterate(
-      model, inputs, None) is inputs
+  assert (
+    make_task(prep.table, prep.tft_output, {"mask_rounds": 0}).iterate(model, inputs, None)
+    is inputs
+  )
 
 
 def test_the_served_model_sees_the_previous_mask(guided_prep, tmp_path):
@@ -83,18 +89,47 @@ def test_serving_parity_with_a_previous_mask_input(guided_prep, tmp_path):
   """What serving computes from a record's image and clicks is what the record holds."""
   model_dir = str(tmp_path / "m")
   from train import cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
-    cli.main(["fit", "--data", guided_prep, "--model-dir", model_dir, "--steps", "4",
-              "--batch-size", "4", "--width", "4", "--depth", "1", "--histogram-every", "0",
-              "--noc-clicks", "2", "--noc-objects", "2", "--mask-rounds", "2"])
+    cli.main(
+      [
+        "fit",
+        "--data",
+        guided_prep,
+        "--model-dir",
+        model_dir,
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--width",
+        "4",
+        "--depth",
+        "1",
+        "--histogram-every",
+        "0",
+        "--noc-clicks",
+        "2",
+        "--noc-objects",
+        "2",
+        "--mask-rounds",
+        "2",
+      ]
+    )
   assert e.value.code == 0
   assert_serving_parity(guided_prep, model_dir, n=3)
   # noc.json names what the model used besides image and clicks.
   from train import source_eval  # pylint: disable=g-import-not-at-top
-  report = source_eval.evaluate(PrepOutput(guided_prep), str(tmp_path / "eval"), model_dir,
-                                max_clicks=2, max_objects=2, flip=True)
-  assert report["extras"] == {"previous_mask_input": True, "zoom_in": True,
-                              "flip_averaging": True}
+
+  report = source_eval.evaluate(
+    PrepOutput(guided_prep),
+    str(tmp_path / "eval"),
+    model_dir,
+    max_clicks=2,
+    max_objects=2,
+    flip=True,
+  )
+  assert report["extras"] == {"previous_mask_input": True, "zoom_in": True, "flip_averaging": True}
 
 
 @pytest.mark.parametrize("op", ["distance_maps", "click_disks"])
@@ -102,6 +137,7 @@ def test_one_more_click_equals_the_encoding_of_all_clicks(op):
   """`add_click` (what the step's corrective clicks use) gives exactly what the op's
   twin computes over all the clicks, for either kind, with and without earlier clicks."""
   from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+
   spec = registry.parse_chain(op)[0]
   twin, add = registry.build_twin(spec), registry.build_add_click(spec)
   key = registry.op_entry(op).provides[0]
@@ -110,8 +146,13 @@ def test_one_more_click_equals_the_encoding_of_all_clicks(op):
   image = tf.zeros([h, w, 3], tf.uint8)
 
   def encoded(pos, neg):
-    ex = twin({keys.IMAGE: image, keys.POSITIVE_CLICKS: tf.constant(pos, tf.int64, [len(pos), 2]),
-               keys.NEGATIVE_CLICKS: tf.constant(neg, tf.int64, [len(neg), 2])})
+    ex = twin(
+      {
+        keys.IMAGE: image,
+        keys.POSITIVE_CLICKS: tf.constant(pos, tf.int64, [len(pos), 2]),
+        keys.NEGATIVE_CLICKS: tf.constant(neg, tf.int64, [len(neg), 2]),
+      }
+    )
     return tf.cast(ex[key], tf.float32)
 
   for earlier in (0, 1, 3):
@@ -130,12 +171,13 @@ def test_the_training_click_goes_into_the_larger_error():
   truth = np.zeros([3, 20, 30], bool)
   truth[:, 2:18, 2:20] = True
   pred = truth.copy()
-  pred[0, 2:18, 2:12] = False             # example 0: a large miss
-  pred[1, :, 22:] = True                  # example 1: a false alarm strip
+  pred[0, 2:18, 2:12] = False  # example 0: a large miss
+  pred[1, :, 22:] = True  # example 1: a false alarm strip
   care = np.ones_like(truth)
   for seed in range(5):
-    xy, positive, valid = clicker.training_click(tf.constant(pred), tf.constant(truth),
-                                                 tf.constant(care), seed=seed)
+    xy, positive, valid = clicker.training_click(
+      tf.constant(pred), tf.constant(truth), tf.constant(care), seed=seed
+    )
     (x0, y0), (x1, y1) = xy.numpy()[0], xy.numpy()[1]
     assert positive.numpy()[0] and 4 <= x0 <= 9 and 4 <= y0 <= 15  # inner half of 2:12 x 2:18
     assert not positive.numpy()[1] and 24 <= x1 <= 27 and 2 <= y1 <= 17  # its inner half

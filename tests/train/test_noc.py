@@ -18,7 +18,7 @@ from train import clicker, noc
 def _edt_sq_reference(mask):
   """scipy's EDT of the mask padded by one False pixel, squared, as integers."""
   d = ndimage.distance_transform_edt(np.pad(mask, 1))[1:-1, 1:-1]
-  return np.rint(d ** 2).astype(np.int64)
+  return np.rint(d**2).astype(np.int64)
 
 
 def _blobs(rng, h, w, n):
@@ -33,8 +33,9 @@ def _blobs(rng, h, w, n):
 @pytest.mark.parametrize("h, w", [(17, 23), (32, 32), (1, 9)])
 def test_edt_equals_scipy(h, w):
   rng = np.random.default_rng(h * w)
-  masks = np.stack([_blobs(rng, h, w, 3) for _ in range(6)] + [np.ones((h, w), bool),
-                                                              np.zeros((h, w), bool)])
+  masks = np.stack(
+    [_blobs(rng, h, w, 3) for _ in range(6)] + [np.ones((h, w), bool), np.zeros((h, w), bool)]
+  )
   for edt in (clicker.edt_squared, clicker.edt_squared_graph):  # host (CPU) and graph (GPU)
     got = edt(tf.constant(masks)).numpy()
     for m, g in zip(masks, got):
@@ -59,8 +60,9 @@ def test_next_click_equals_the_scipy_reference():
     labels.append(label)
     clicked.append(done)
     want.append(protocol_click(pred, label, done))
-  xy, kind = clicker.next_click(tf.constant(np.stack(preds)), tf.constant(np.stack(labels)),
-                            tf.constant(np.stack(clicked)))
+  xy, kind = clicker.next_click(
+    tf.constant(np.stack(preds)), tf.constant(np.stack(labels)), tf.constant(np.stack(clicked))
+  )
   got = [(int(p[0]), int(p[1]), int(k)) for p, k in zip(xy.numpy(), kind.numpy())]
   assert got == want
   assert {g[2] for g in got} == {1, -1}
@@ -146,8 +148,12 @@ def test_baseline_is_the_trainers_nearest_click_baseline():
   h, w, k = 20, 26, 4
   clicks = rng.integers(0, [w, h], (3, k, 2)).astype(np.int64)
   kinds = np.array([[1, -1, 1, 0], [1, 0, 0, 0], [1, -1, -1, -1]], np.int32)
-  got = clicker.baseline_logits(tf.zeros([3, h, w, 3], tf.uint8), tf.constant(clicks),
-                            tf.constant(kinds)).numpy() > 0
+  got = (
+    clicker.baseline_logits(
+      tf.zeros([3, h, w, 3], tf.uint8), tf.constant(clicks), tf.constant(kinds)
+    ).numpy()
+    > 0
+  )
 
   def sparse(kind):
     rows = [c[kd == kind].reshape(-1) for c, kd in zip(clicks, kinds)]
@@ -166,11 +172,31 @@ def test_baseline_is_the_trainers_nearest_click_baseline():
 
 def test_evaluate_writes_noc_plot_and_sheet_for_model_and_baseline(prep_dir, tmp_path, capsys):
   from train import cli  # pylint: disable=g-import-not-at-top
+
   model_dir = str(tmp_path / "model")
   with pytest.raises(SystemExit) as e:
-    cli.main(["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "4",
-              "--batch-size", "4", "--width", "4", "--depth", "2", "--histogram-every", "0",
-              "--noc-clicks", "3", "--no-export"])
+    cli.main(
+      [
+        "fit",
+        "--data",
+        prep_dir,
+        "--model-dir",
+        model_dir,
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--width",
+        "4",
+        "--depth",
+        "2",
+        "--histogram-every",
+        "0",
+        "--noc-clicks",
+        "3",
+        "--no-export",
+      ]
+    )
   assert e.value.code == 0
   metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert metrics["noc"]["max_clicks"] == 3 and "noc@85" in metrics["noc"]["baseline"]
@@ -190,35 +216,57 @@ def test_evaluate_writes_noc_plot_and_sheet_for_model_and_baseline(prep_dir, tmp
   # One record per object: no object counted twice over its variants.
   assert len(set(report["objects"])) == len(report["objects"])
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   for f in (noc.PLOT_FILE, noc.SHEET_FILE):
     im = Image.open(os.path.join(model_dir, "eval", f))
     assert max(im.size) >= 512 and np.asarray(im.convert("L")).std() > 10
   events = tf.io.gfile.glob(os.path.join(model_dir, "tensorboard", "eval", "events.*"))
-  tags = {v.tag for f in events for ev in tf.compat.v1.train.summary_iterator(f)
-          for v in ev.summary.value}
+  tags = {
+    v.tag for f in events for ev in tf.compat.v1.train.summary_iterator(f) for v in ev.summary.value
+  }
   assert {"noc@50/model", "noc@85/baseline"} <= tags
 
 
 def test_evaluate_from_another_folder_finds_the_data_the_model_was_trained_on(
-    prep_dir, tmp_path, monkeypatch, capsys):
+  prep_dir, tmp_path, monkeypatch, capsys
+):
   from train import cli  # pylint: disable=g-import-not-at-top
+
   work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
   work.mkdir()
   elsewhere.mkdir()
   os.symlink(prep_dir, work / "prep")
   monkeypatch.chdir(work)
   with pytest.raises(SystemExit) as e:
-    cli.main(["fit", "--data", "prep", "--model-dir", "model", "--steps", "2", "--batch-size",
-              "4", "--width", "4", "--depth", "1", "--histogram-every", "0", "--noc-clicks", "0",
-              "--no-export"])
+    cli.main(
+      [
+        "fit",
+        "--data",
+        "prep",
+        "--model-dir",
+        "model",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--width",
+        "4",
+        "--depth",
+        "1",
+        "--histogram-every",
+        "0",
+        "--noc-clicks",
+        "0",
+        "--no-export",
+      ]
+    )
   assert e.value.code == 0
   config_file = work / "model" / "config.json"
   config = json.load(open(config_file))
   assert config["data"] == str(work / "prep")  # recorded absolute
   monkeypatch.chdir(elsewhere)
   capsys.readouterr()
-  evaluate = ["evaluate", "--model", str(work / "model"), "--max-clicks", "2",
-              "--max-objects", "2"]
+  evaluate = ["evaluate", "--model", str(work / "model"), "--max-clicks", "2", "--max-objects", "2"]
   with pytest.raises(SystemExit) as e:
     cli.main(evaluate)
   assert e.value.code == 0
@@ -247,6 +295,9 @@ def test_protocol_variants_replay_the_loop_against_the_baseline():
     assert [tuple(p) for p, t in zip(c, kd) if t == -1] == [tuple(p) for p in neg]
   h, w = labels.shape[1:]
   np.testing.assert_array_equal(
-      nearest_click_mask(pos, neg, h, w),
-      clicker.baseline_logits(tf.zeros([1, h, w, 3], tf.uint8), tf.constant(c[None]),
-                          tf.constant(kd[None])).numpy()[0] > 0)
+    nearest_click_mask(pos, neg, h, w),
+    clicker.baseline_logits(
+      tf.zeros([1, h, w, 3], tf.uint8), tf.constant(c[None]), tf.constant(kd[None])
+    ).numpy()[0]
+    > 0,
+  )

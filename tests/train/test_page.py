@@ -30,7 +30,7 @@ H, W = 96, 128  # Not square: a transposed mask or RLE would show.
 def _two_objects():
   """An image with two clear objects: a red disk, a blue box (and their masks)."""
   yy, xx = np.mgrid[:H, :W]
-  disk = (xx - 36) ** 2 + (yy - 48) ** 2 <= 20 ** 2
+  disk = (xx - 36) ** 2 + (yy - 48) ** 2 <= 20**2
   box = (xx >= 78) & (xx < 114) & (yy >= 24) & (yy < 72)
   image = np.full((H, W, 3), 90, np.uint8)
   image[disk], image[box] = (220, 40, 30), (30, 60, 220)
@@ -68,16 +68,20 @@ def _layout_masks(root):
   layout = folders.Folders()
   for name in sorted(os.listdir(os.path.join(root, folders.IMAGES_DIR))):
     ex = layout.materialize(layout.pointer(str(root), os.path.join(root, folders.IMAGES_DIR, name)))
-    folder_masks[f"{folders.IMAGES_DIR}/{name}"] = mask_to_ids(Image.open(io.BytesIO(
-        ex["mask_bytes"])))
+    folder_masks[f"{folders.IMAGES_DIR}/{name}"] = mask_to_ids(
+      Image.open(io.BytesIO(ex["mask_bytes"]))
+    )
   with open(os.path.join(root, exports.COCO_FILE), "rb") as f:
     entries = list(coco.iter_entries(f))  # The coco layout's streaming reader.
   images = [v for k, v in entries if k == "images"]
   anns = [v for k, v in entries if k == "annotations"]
   assert ("categories", [exports.CATEGORY]) in entries
   for image in images:
-    mine = [dict(a, where="test") for a in sorted(anns, key=lambda a: a["id"])
-            if a["image_id"] == image["id"]]
+    mine = [
+      dict(a, where="test")
+      for a in sorted(anns, key=lambda a: a["id"])
+      if a["image_id"] == image["id"]
+    ]
     mask, errors = coco.instance_mask(dict(image, annotations=mine), image["file_name"])
     assert errors == []
     coco_masks[image["file_name"]] = mask
@@ -90,8 +94,10 @@ def test_saved_labels_are_read_back_by_the_folders_and_coco_layouts(tmp_path):
   small[40:50, 30:40] = True  # On the disk: painted over it, as the coco layout paints.
   labels = Labels(str(tmp_path))
   clicks = {"positive": [[36, 48]], "negative": []}
-  out = labels.save(_item(image, "photos/two things.PNG", png(image)),
-                    [{"mask": m, "clicks": clicks} for m in (disk, small, box)])
+  out = labels.save(
+    _item(image, "photos/two things.PNG", png(image)),
+    [{"mask": m, "clicks": clicks} for m in (disk, small, box)],
+  )
   assert out["file_name"] == "images/photos_two_things.png" and out["hidden"] == []
   instance = np.asarray(Image.open(io.BytesIO(out["instance"])))
   want = np.zeros((H, W), np.uint8)
@@ -104,8 +110,10 @@ def test_saved_labels_are_read_back_by_the_folders_and_coco_layouts(tmp_path):
   third = np.zeros_like(image)
   labels.save(_item(third, "gone.png"), [{"mask": disk, "clicks": clicks}])
   assert labels.save(_item(third, "gone.png"), [])["file_name"] is None
-  assert sorted(os.listdir(tmp_path / folders.MASKS_DIR)) == ["photos_two_things-2.png",
-                                                              "photos_two_things.png"]
+  assert sorted(os.listdir(tmp_path / folders.MASKS_DIR)) == [
+    "photos_two_things-2.png",
+    "photos_two_things.png",
+  ]
   labels.flush()
   folder_masks, coco_masks = _layout_masks(tmp_path)
   assert sorted(folder_masks) == sorted(coco_masks) == sorted(labels.saved())
@@ -121,9 +129,14 @@ def test_saved_labels_are_read_back_by_the_folders_and_coco_layouts(tmp_path):
   entry = again.find(exports.digest(image))
   assert entry["file_name"] == out["file_name"] and entry["annotations"][0]["clicks"] == clicks
   np.testing.assert_array_equal(exports.object_mask(entry["annotations"][1]), small)
-  hidden = again.save(_item(image, "x"), [{"mask": small, "clicks": clicks},
-                                          {"mask": disk, "clicks": clicks},
-                                          {"mask": disk & ~small, "clicks": clicks}])
+  hidden = again.save(
+    _item(image, "x"),
+    [
+      {"mask": small, "clicks": clicks},
+      {"mask": disk, "clicks": clicks},
+      {"mask": disk & ~small, "clicks": clicks},
+    ],
+  )
   assert hidden["hidden"] == [2]  # Objects 1 and 3 cover it: the page says so.
   with pytest.raises(ValueError, match="at most 254"):
     exports.instance_mask([disk] * 255)
@@ -137,17 +150,22 @@ def test_saved_labels_are_read_back_by_the_folders_and_coco_layouts(tmp_path):
 def labelled(trained, prep_dir, tmp_path_factory):
   """A test client of a server saving into a folder: (client, save dir)."""
   from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
+
   save = str(tmp_path_factory.mktemp("labels"))
   config = ServeConfig(model=trained, save_dir=save, data=prep_dir)
-  app = serve_app.make_app(config, Versions(trained, "cat"),
-                           page.Sources("", prep_dir, config.max_eval_objects))
+  app = serve_app.make_app(
+    config, Versions(trained, "cat"), page.Sources("", prep_dir, config.max_eval_objects)
+  )
   yield app.test_client(), save
   app.extensions[serve_app.LABELS].close()
 
 
 def _upload(client, image, name):
-  r = client.post("/page/upload", data={"file": (io.BytesIO(png(image)), name)},
-                  content_type="multipart/form-data")
+  r = client.post(
+    "/page/upload",
+    data={"file": (io.BytesIO(png(image)), name)},
+    content_type="multipart/form-data",
+  )
   assert r.status_code == 200, r.get_json()
   return r.get_json()
 
@@ -155,6 +173,7 @@ def _upload(client, image, name):
 def test_the_server_keeps_no_click_state_and_saves_what_it_is_sent(labelled, trained):
   client, save = labelled
   from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+
   model = ServedModel(trained)
   image, _, _ = _two_objects()
   opened = _upload(client, image, "two.png")
@@ -164,26 +183,39 @@ def test_the_server_keeps_no_click_state_and_saves_what_it_is_sent(labelled, tra
   levels = _decoded(one["probabilities"])
   direct = model.segment(image, [[36, 48]], [])
   np.testing.assert_array_equal(levels >= page.DEFAULT_LEVEL, direct["mask"] > 0)
-  two = dict(body, positive=[[36, 48], [30, 44]], negative=[[5, 5]], previous=one["probabilities"],
-             level=40)
+  two = dict(
+    body, positive=[[36, 48], [30, 44]], negative=[[5, 5]], previous=one["probabilities"], level=40
+  )
   answer = client.post("/page/segment", json=two).get_json()
   want = model.segment(image, two["positive"], two["negative"], (levels >= 40).astype(np.uint8))
-  np.testing.assert_array_equal(_decoded(answer["probabilities"]),
-                                page.probability_levels(want["probabilities"], want["mask"] > 0))
+  np.testing.assert_array_equal(
+    _decoded(answer["probabilities"]),
+    page.probability_levels(want["probabilities"], want["mask"] > 0),
+  )
   assert client.post("/page/segment", json=two).get_json() == answer  # Same state, same answer.
-  for bad, field in (({"level": 0}, "level"), ({"level": 100}, "level"),
-                     ({"previous": "data:image/png;base64,AAAA"}, "previous"),
-                     ({"previous": _data_url(np.zeros((4, 4), np.uint8))}, "previous")):
+  for bad, field in (
+    ({"level": 0}, "level"),
+    ({"level": 100}, "level"),
+    ({"previous": "data:image/png;base64,AAAA"}, "previous"),
+    ({"previous": _data_url(np.zeros((4, 4), np.uint8))}, "previous"),
+  ):
     r = client.post("/page/segment", json=dict(two, **bad))
     assert r.status_code == 400 and r.get_json()["error"].startswith(field), r.get_json()
-  objects = [{"probabilities": answer["probabilities"], "level": 40,
-              "positive": two["positive"], "negative": two["negative"]},
-             {"probabilities": one["probabilities"], "level": 49, "positive": [[96, 48]]}]
+  objects = [
+    {
+      "probabilities": answer["probabilities"],
+      "level": 40,
+      "positive": two["positive"],
+      "negative": two["negative"],
+    },
+    {"probabilities": one["probabilities"], "level": 49, "positive": [[96, 48]]},
+  ]
   saved = client.post("/page/save", json={"id": opened["id"], "objects": objects}).get_json()
   assert saved["saved"] and saved["file_name"] == "images/two.png"
   np.testing.assert_array_equal(
-      _decoded(saved["instance"]),
-      np.asarray(Image.open(os.path.join(save, folders.MASKS_DIR, "two.png"))))
+    _decoded(saved["instance"]),
+    np.asarray(Image.open(os.path.join(save, folders.MASKS_DIR, "two.png"))),
+  )
   assert open(os.path.join(save, "images", "two.png"), "rb").read() == png(image)
   Labels(save).close()  # Another process's view: the document written.
   with open(os.path.join(save, exports.COCO_FILE)) as f:
@@ -192,8 +224,9 @@ def test_the_server_keeps_no_click_state_and_saves_what_it_is_sent(labelled, tra
   again = _upload(client, image, "copy.png")
   assert again["saved_as"] == "images/two.png" and len(again["objects"]) == 2
   assert again["objects"][0]["positive"] == two["positive"]
-  np.testing.assert_array_equal(_decoded(again["objects"][0]["probabilities"]) >= 1,
-                                _decoded(answer["probabilities"]) >= 40)
+  np.testing.assert_array_equal(
+    _decoded(again["objects"][0]["probabilities"]) >= 1, _decoded(answer["probabilities"]) >= 40
+  )
   assert client.get("/page/sources").get_json()["saved"] == ["images/two.png"]
   assert client.post("/page/open", json={"saved": "images/two.png"}).get_json()["saved_as"]
   r = client.post("/page/open", json={"saved": "../../etc/passwd"})
@@ -201,8 +234,9 @@ def test_the_server_keeps_no_click_state_and_saves_what_it_is_sent(labelled, tra
   empty = dict(objects[0], level=99)
   r = client.post("/page/save", json={"id": opened["id"], "objects": [empty]})
   assert r.status_code == 400 and "objects[0].probabilities" in r.get_json()["error"]
-  r = client.post("/page/save", json={"id": opened["id"], "objects": [dict(objects[0],
-                                                                           positive="x")]})
+  r = client.post(
+    "/page/save", json={"id": opened["id"], "objects": [dict(objects[0], positive="x")]}
+  )
   assert r.status_code == 400 and "objects[0].positive" in r.get_json()["error"]
   r = client.post("/page/save", json={"id": opened["id"], "objects": [dict(objects[0], level=0)]})
   assert r.status_code == 400 and r.get_json()["error"].startswith("objects[0].level")
@@ -215,11 +249,14 @@ def test_an_eval_object_gives_its_true_mask_and_the_iou_at_any_level(labelled):
   truth = np.asarray(Image.open(io.BytesIO(client.get(f"/page/truth/{ev['id']}.png").data)))
   assert set(np.unique(truth)) <= {0, 1, keys.IGNORE} and (truth == 1).any()
   seg = client.post("/page/segment", json={"id": ev["id"], "positive": [[10, 10]]}).get_json()
-  iou = client.post("/page/iou", json={"id": ev["id"], "probabilities": seg["probabilities"],
-                                       "level": page.DEFAULT_LEVEL}).get_json()
+  iou = client.post(
+    "/page/iou",
+    json={"id": ev["id"], "probabilities": seg["probabilities"], "level": page.DEFAULT_LEVEL},
+  ).get_json()
   assert iou == {"iou": seg["iou"], "pixels": seg["pixels"]}
-  r = client.post("/page/iou", json={"id": ev["id"], "probabilities": seg["probabilities"],
-                                     "level": 20}).get_json()
+  r = client.post(
+    "/page/iou", json={"id": ev["id"], "probabilities": seg["probabilities"], "level": 20}
+  ).get_json()
   levels = _decoded(seg["probabilities"])
   assert r["pixels"] == int((levels >= 20).sum()) and 0 <= r["iou"] <= 1
 
@@ -229,10 +266,12 @@ def test_an_eval_object_gives_its_true_mask_and_the_iou_at_any_level(labelled):
 JS_DRAFT = "return labelPage.current().draft"
 JS_STEPS = "return labelPage.page.history.length"
 # The mask canvas's pixels, summed with their positions (equal canvases, equal sums).
-JS_CANVAS = ("const c = document.getElementById('mask');"
-             "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
-             "let s = 0; for (let i = 0; i < d.length; i++) s = (s * 31 + d[i]) % 1000000007;"
-             "return s;")
+JS_CANVAS = (
+  "const c = document.getElementById('mask');"
+  "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+  "let s = 0; for (let i = 0; i < d.length; i++) s = (s * 31 + d[i]) % 1000000007;"
+  "return s;"
+)
 
 
 class _Session:
@@ -240,6 +279,7 @@ class _Session:
 
   def __init__(self, browser, width, height):
     from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
+
     self.b, self.w, self.h = browser, width, height
     self.wait = WebDriverWait(browser, 60).until
 
@@ -250,10 +290,13 @@ class _Session:
     """A click at pixel (x, y) of the image, however zoomed and panned (at
     the point of the window the pixel's centre is shown at)."""
     from selenium.webdriver.common.actions.action_builder import ActionBuilder  # pylint: disable=g-import-not-at-top
+
     box = self.js("return document.getElementById('clicks').getBoundingClientRect().toJSON()")
     steps, chain = self.js(JS_STEPS), ActionBuilder(self.b)
-    chain.pointer_action.move_to_location(round(box["left"] + (x + 0.5) * box["width"] / self.w),
-                                          round(box["top"] + (y + 0.5) * box["height"] / self.h))
+    chain.pointer_action.move_to_location(
+      round(box["left"] + (x + 0.5) * box["width"] / self.w),
+      round(box["top"] + (y + 0.5) * box["height"] / self.h),
+    )
     (chain.pointer_action.context_click() if right else chain.pointer_action.click())
     chain.perform()
     self.wait(lambda b: self.js(JS_STEPS) > steps)
@@ -262,6 +305,7 @@ class _Session:
   def key(self, key, ctrl=False):
     from selenium.webdriver.common.action_chains import ActionChains  # pylint: disable=g-import-not-at-top
     from selenium.webdriver.common.keys import Keys  # pylint: disable=g-import-not-at-top
+
     chain = ActionChains(self.b)
     if ctrl:
       chain = chain.key_down(Keys.CONTROL)
@@ -286,7 +330,10 @@ def _label_two_objects(s):
   after_two = s.click(30, 44), s.js(JS_CANVAS)
   after_three = s.click(5, 5, right=True), s.js(JS_CANVAS)
   assert [(c["x"], c["y"], c["positive"]) for c in after_three[0]["clicks"]] == [
-      (36, 48, True), (30, 44, True), (5, 5, False)]
+    (36, 48, True),
+    (30, 44, True),
+    (5, 5, False),
+  ]
   s.key("z", ctrl=True)  # Undo: the earlier state itself, nothing predicted again.
   assert (s.js(JS_DRAFT), s.js(JS_CANVAS)) == after_two
   s.key("y")
@@ -298,12 +345,13 @@ def _label_two_objects(s):
   s.key("n")
   s.saved(1)
   from selenium.webdriver.common.action_chains import ActionChains  # pylint: disable=g-import-not-at-top
+
   stage = s.b.find_element("id", "stage")
   fit = stage.rect["width"]
   s.key("+")
   s.key("+")
   before, steps = stage.rect, s.js(JS_STEPS)
-  assert before["width"] == pytest.approx(fit * 1.25 ** 2, abs=1)
+  assert before["width"] == pytest.approx(fit * 1.25**2, abs=1)
   chain = ActionChains(s.b).move_to_element(stage).click_and_hold()
   chain.move_by_offset(-60, 25).release().perform()
   s.idle()
@@ -320,25 +368,35 @@ def _true_outline_is_shown(s, prep_dir):
   """An eval object of --data: the true mask's outline, where the true mask is."""
   from selenium.webdriver.support.ui import Select  # pylint: disable=g-import-not-at-top
   from train.noc import eval_objects  # pylint: disable=g-import-not-at-top
+
   Select(s.b.find_element("id", "evals")).select_by_index(1)
   s.wait(lambda b: s.js("return labelPage.page.truth && labelPage.page.at === 0"))
   s.idle()
-  shown = np.array(s.js("const c = document.getElementById('truth');"
-                        "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
-                        "return Array.from(d.filter((_, i) => i % 4 === 3));")).reshape(
-                            s.js("return [labelPage.page.height, labelPage.page.width]")) > 0
+  shown = (
+    np.array(
+      s.js(
+        "const c = document.getElementById('truth');"
+        "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+        "return Array.from(d.filter((_, i) => i % 4 === 3));"
+      )
+    ).reshape(s.js("return [labelPage.page.height, labelPage.page.width]"))
+    > 0
+  )
   _, labels, _ = eval_objects(PrepOutput(prep_dir), 1)
   inside = np.pad(labels[0] == 1, 1)
-  core = inside[1:-1, 1:-1] & inside[:-2, 1:-1] & inside[2:, 1:-1] & inside[1:-1, :-2] & inside[
-      1:-1, 2:]
+  core = (
+    inside[1:-1, 1:-1] & inside[:-2, 1:-1] & inside[2:, 1:-1] & inside[1:-1, :-2] & inside[1:-1, 2:]
+  )
   np.testing.assert_array_equal(shown, (labels[0] == 1) & ~core)
   s.key("t")
   assert not s.b.find_element("id", "truth").is_displayed()
 
 
 def test_labelling_two_objects_in_the_browser_saves_what_beam_prep_reads_back(
-    trained, prep_dir, tmp_path):
+  trained, prep_dir, tmp_path
+):
   from tests.train.test_serve import _browser  # pylint: disable=g-import-not-at-top
+
   image, _, _ = _two_objects()
   picture = tmp_path / "two.png"
   picture.write_bytes(png(image))
@@ -366,12 +424,18 @@ def test_labelling_two_objects_in_the_browser_saves_what_beam_prep_reads_back(
     assert s.js("return labelPage.page.id") != lost
     assert "error" not in browser.find_element("id", "status").get_attribute("class")
     objects = s.js("return labelPage.current().objects")
-    areas = [int(li.text.split(": ")[1].split()[0])
-             for li in browser.find_elements("css selector", "#objects li")]
+    areas = [
+      int(li.text.split(": ")[1].split()[0])
+      for li in browser.find_elements("css selector", "#objects li")
+    ]
     # The same file chosen again opens again: the saved objects come back.
     browser.find_element("id", "upload").send_keys(str(picture))
-    s.wait(lambda b: s.js("return labelPage.page.at") == 0 and
-           len(s.js("return labelPage.current().objects")) == 2)
+    s.wait(
+      lambda b: (
+        s.js("return labelPage.page.at") == 0
+        and len(s.js("return labelPage.current().objects")) == 2
+      )
+    )
     reopened = s.js("return labelPage.current().objects")
     _true_outline_is_shown(s, prep_dir)
   finally:
@@ -379,7 +443,9 @@ def test_labelling_two_objects_in_the_browser_saves_what_beam_prep_reads_back(
     server.shutdown()
   masks = [_decoded(o["prob"]) >= o["level"] for o in objects]
   assert areas == [int(m.sum()) for m in masks] and [o["clicks"][-1]["x"] for o in objects] == [
-      5, 100]
+    5,
+    100,
+  ]
   for o, m in zip(reopened, masks):
     np.testing.assert_array_equal(_decoded(o["prob"]) >= o["level"], m)
   saved = np.asarray(Image.open(save / folders.MASKS_DIR / "two.png"))
@@ -391,10 +457,14 @@ def test_labelling_two_objects_in_the_browser_saves_what_beam_prep_reads_back(
 
 def _upload_over_http(url, image):
   import urllib.request  # pylint: disable=g-import-not-at-top
-  body = (b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"other.png\"\r\n"
-          b"Content-Type: image/png\r\n\r\n" + png(image) + b"\r\n--b--\r\n")
-  req = urllib.request.Request(url + "/page/upload", data=body,
-                               headers={"Content-Type": "multipart/form-data; boundary=b"})
+
+  body = (
+    b'--b\r\nContent-Disposition: form-data; name="file"; filename="other.png"\r\n'
+    b"Content-Type: image/png\r\n\r\n" + png(image) + b"\r\n--b--\r\n"
+  )
+  req = urllib.request.Request(
+    url + "/page/upload", data=body, headers={"Content-Type": "multipart/form-data; boundary=b"}
+  )
   with urllib.request.urlopen(req, timeout=60) as r:
     assert r.status == 200
 
@@ -403,10 +473,30 @@ def _beam_prep_reads_back(save, saved):
   """`beam-prep segmentation` on the saved folder, both layouts: the eval
   images at their own size hold the page's instance mask."""
   from train.source_eval import source_images  # pylint: disable=g-import-not-at-top
+
   for layout, given in (("folders", save), ("coco", save / exports.COCO_FILE)):
     out = save.parent / f"prep_{layout}"
-    assert run_cli(["segmentation", "--input", str(given), "--layout", layout, "--output",
-                    str(out), "--image-size", "32", "--variants", "1", "--eval-percent", "100",
-                    "--progress-seconds", "0"]) == 0
+    assert (
+      run_cli(
+        [
+          "segmentation",
+          "--input",
+          str(given),
+          "--layout",
+          layout,
+          "--output",
+          str(out),
+          "--image-size",
+          "32",
+          "--variants",
+          "1",
+          "--eval-percent",
+          "100",
+          "--progress-seconds",
+          "0",
+        ]
+      )
+      == 0
+    )
     (got,) = list(source_images(PrepOutput(str(out))))
     np.testing.assert_array_equal(got["instance_mask"], saved)

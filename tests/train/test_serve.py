@@ -57,8 +57,7 @@ def images_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(trained, prep_dir, images_dir):
   """The server on a free port of 127.0.0.1, in a thread: (base URL, server)."""
-  config = ServeConfig(model=trained, model_name=NAME, port=0, images=images_dir,
-                                 data=prep_dir)
+  config = ServeConfig(model=trained, model_name=NAME, port=0, images=images_dir, data=prep_dir)
   server, _ = serve_app.start(config)
   thread = threading.Thread(target=server.serve_forever, daemon=True)
   thread.start()
@@ -82,30 +81,40 @@ def _image(h=37, w=53, seed=0):
 
 
 def _predict_body(image, pos, neg, **extra):
-  return json.dumps({"inputs": {"image": image.tolist(), "positive_clicks": pos,
-                                "negative_clicks": neg}, **extra})
+  return json.dumps(
+    {"inputs": {"image": image.tolist(), "positive_clicks": pos, "negative_clicks": neg}, **extra}
+  )
 
 
 def _direct_call(direct, image, pos, neg):
-  out = direct["serving_default"](image=tf.constant(image),
-                                  positive_clicks=tf.constant(np.reshape(pos, (-1, 2)), tf.int32),
-                                  negative_clicks=tf.constant(np.reshape(neg, (-1, 2)), tf.int32))
+  out = direct["serving_default"](
+    image=tf.constant(image),
+    positive_clicks=tf.constant(np.reshape(pos, (-1, 2)), tf.int32),
+    negative_clicks=tf.constant(np.reshape(neg, (-1, 2)), tf.int32),
+  )
   return {k: v.numpy() for k, v in out.items()}
 
 
 def _same_outputs(answer, want):
   np.testing.assert_array_equal(np.asarray(answer["mask"], np.uint8), want["mask"])
   # float32 written as the shortest text that reads back to the same float32.
-  np.testing.assert_array_equal(np.asarray(answer["probabilities"], np.float32),
-                                want["probabilities"])
+  np.testing.assert_array_equal(
+    np.asarray(answer["probabilities"], np.float32), want["probabilities"]
+  )
 
 
 def test_status_and_metadata_are_tf_servings_json(client, trained):
   version = os.path.basename(latest_export(trained))
   status = client.get(f"/v1/models/{NAME}").get_json()
-  assert status == {"model_version_status": [{"version": version, "state": "AVAILABLE",
-                                              "status": {"error_code": "OK",
-                                                         "error_message": ""}}]}
+  assert status == {
+    "model_version_status": [
+      {
+        "version": version,
+        "state": "AVAILABLE",
+        "status": {"error_code": "OK", "error_message": ""},
+      }
+    ]
+  }
   assert client.get(f"/v1/models/{NAME}/versions/{version}").get_json() == status
   meta = client.get(f"/v1/models/{NAME}/metadata").get_json()
   assert meta["model_spec"] == {"name": NAME, "signature_name": "", "version": version}
@@ -128,8 +137,10 @@ def test_columnar_predict_answers_what_the_saved_model_answers(client, direct, t
   # 64x64 image (parsed by the numpy fast path) and a click outside (clamped).
   version = os.path.basename(latest_export(trained))
   image = _image(64, 64, seed=2)
-  r = client.post(f"/v1/models/{NAME}/versions/{version}:predict",
-                  data=_predict_body(image, [[500, -4]], [], signature_name="serving_default"))
+  r = client.post(
+    f"/v1/models/{NAME}/versions/{version}:predict",
+    data=_predict_body(image, [[500, -4]], [], signature_name="serving_default"),
+  )
   assert r.status_code == 200, r.get_json()
   _same_outputs(r.get_json()["outputs"], _direct_call(direct, image, [[63, 0]], []))
 
@@ -137,20 +148,23 @@ def test_columnar_predict_answers_what_the_saved_model_answers(client, direct, t
 def test_row_predict_of_the_batch_signature(client, direct, prep_dir):
   prep = PrepOutput(prep_dir)  # The example view: what serve_examples takes.
   examples = [prep.table.encode(ex) for ex in prep.read_numpy(keys.EVAL_SPLIT, limit=2)]
-  want = {k: v.numpy() for k, v in
-          direct["serve_examples"](examples=tf.constant(examples)).items()}
+  want = {k: v.numpy() for k, v in direct["serve_examples"](examples=tf.constant(examples)).items()}
   plain = [{"b64": base64.b64encode(e).decode()} for e in examples]
   for instances in (plain, [{"examples": p} for p in plain]):
-    r = client.post(f"/v1/models/{NAME}:predict",
-                    json={"signature_name": "serve_examples", "instances": instances})
+    r = client.post(
+      f"/v1/models/{NAME}:predict",
+      json={"signature_name": "serve_examples", "instances": instances},
+    )
     assert r.status_code == 200, r.get_json()
     predictions = r.get_json()["predictions"]
     assert len(predictions) == 2 and set(predictions[0]) == {"probabilities", "mask"}
     for i, p in enumerate(predictions):
       _same_outputs(p, {k: v[i] for k, v in want.items()})
   # The same signature in columnar form.
-  r = client.post(f"/v1/models/{NAME}:predict",
-                  json={"signature_name": "serve_examples", "inputs": {"examples": plain}})
+  r = client.post(
+    f"/v1/models/{NAME}:predict",
+    json={"signature_name": "serve_examples", "inputs": {"examples": plain}},
+  )
   _same_outputs(r.get_json()["outputs"], want)
 
 
@@ -166,26 +180,38 @@ def _png_header(w, h):
   def chunk(kind, data):
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-  return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-          + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+  return (
+    b"\x89PNG\r\n\x1a\n"
+    + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+    + chunk(b"IDAT", zlib.compress(b""))
+    + chunk(b"IEND", b"")
+  )
 
 
 def _png_answer(answer):
   """An answer of an encoded signature, {name: {"b64": ...}} -> {name: the PNG file}."""
   assert {k: set(v) for k, v in answer.items()} == {
-      "mask_bytes": {"b64"}, "probabilities_bytes": {"b64"}}, answer
+    "mask_bytes": {"b64"},
+    "probabilities_bytes": {"b64"},
+  }, answer
   return {k: base64.b64decode(v["b64"]) for k, v in answer.items()}
 
 
 def test_encoded_images_over_rest_as_tf_serving_takes_them(client, served, direct, images_dir):
-  sigs = client.get(f"/v1/models/{NAME}/metadata").get_json()[
-      "metadata"]["signature_def"]["signature_def"]
+  sigs = client.get(f"/v1/models/{NAME}/metadata").get_json()["metadata"]["signature_def"][
+    "signature_def"
+  ]
   for name in ("serve_encoded", "serve_iterative_encoded"):
     assert sigs[name]["inputs"]["image_bytes"]["dtype"] == "DT_STRING"
     assert [d["size"] for d in sigs[name]["inputs"]["positive_clicks"]["tensor_shape"]["dim"]] == [
-        "-1", "-1", "2"]
+      "-1",
+      "-1",
+      "2",
+    ]
     assert {k: v["dtype"] for k, v in sigs[name]["outputs"].items()} == {
-        "mask_bytes": "DT_STRING", "probabilities_bytes": "DT_STRING"}
+      "mask_bytes": "DT_STRING",
+      "probabilities_bytes": "DT_STRING",
+    }
   # A phone photo (EXIF: turned to show it 24 wide, 48 high), sent as b64.
   jpeg = open(os.path.join(images_dir, "phone.jpg"), "rb").read()
   pos, neg = [[5, 40], [12, 30]], [[20, 3]]
@@ -193,57 +219,95 @@ def test_encoded_images_over_rest_as_tf_serving_takes_them(client, served, direc
 
   def want(negative, previous=None):
     """The SavedModel's PNG files, checked against the array signature's arrays."""
-    inputs = {"image_bytes": tf.constant([jpeg]), "positive_clicks": tf.constant([pos], tf.int32),
-              "negative_clicks": tf.constant(np.reshape(negative, (1, -1, 2)), tf.int32)}
+    inputs = {
+      "image_bytes": tf.constant([jpeg]),
+      "positive_clicks": tf.constant([pos], tf.int32),
+      "negative_clicks": tf.constant(np.reshape(negative, (1, -1, 2)), tf.int32),
+    }
     if previous is None:
       out = direct["serve_encoded"](**inputs)
       arrays = _direct_call(direct, decode_file(jpeg), pos, negative)
     else:
       out = direct["serve_iterative_encoded"](**inputs, previous_mask=tf.constant(previous[None]))
-      arrays = {k: v.numpy() for k, v in direct["serve_iterative"](
-          image=tf.constant(decode_file(jpeg)), positive_clicks=tf.constant(pos, tf.int32),
+      arrays = {
+        k: v.numpy()
+        for k, v in direct["serve_iterative"](
+          image=tf.constant(decode_file(jpeg)),
+          positive_clicks=tf.constant(pos, tf.int32),
           negative_clicks=tf.constant(np.reshape(negative, (-1, 2)), tf.int32),
-          previous_mask=tf.constant(previous)).items()}
+          previous_mask=tf.constant(previous),
+        ).items()
+      }
     files = {k: v.numpy()[0] for k, v in out.items()}
     assert_encoded_answer(files, arrays)
     return files
 
   # Columnar: a batch of one in each input ("[[]]": no negative click).
   for negative in (neg, []):
-    r = client.post(url, json={"signature_name": "serve_encoded", "inputs": {
-        "image_bytes": [_b64(jpeg)], "positive_clicks": [pos], "negative_clicks": [negative]}})
+    r = client.post(
+      url,
+      json={
+        "signature_name": "serve_encoded",
+        "inputs": {
+          "image_bytes": [_b64(jpeg)],
+          "positive_clicks": [pos],
+          "negative_clicks": [negative],
+        },
+      },
+    )
     assert r.status_code == 200, r.get_json()
     answer = _png_answer({k: v[0] for k, v in r.get_json()["outputs"].items()})
     assert unpng(answer["mask_bytes"]).shape == (48, 24)
     assert answer == want(negative)
   # Rows, through the port: one instance per image, "[]" for no negative click.
-  body = {"signature_name": "serve_encoded", "instances": [
-      {"image_bytes": _b64(jpeg), "positive_clicks": pos, "negative_clicks": []}]}
+  body = {
+    "signature_name": "serve_encoded",
+    "instances": [{"image_bytes": _b64(jpeg), "positive_clicks": pos, "negative_clicks": []}],
+  }
   [answer] = _post(f"{served[0]}{url}", json.dumps(body).encode())["predictions"]
   assert _png_answer(answer) == want([])
   # The next click, with the previous mask: the decoded PNG (0 / 255) as is.
   previous = unpng(_png_answer(answer)["mask_bytes"])
-  r = client.post(url, json={"signature_name": "serve_iterative_encoded", "instances": [
-      {"image_bytes": _b64(jpeg), "positive_clicks": pos, "negative_clicks": neg,
-       "previous_mask": previous.tolist()}]})
+  r = client.post(
+    url,
+    json={
+      "signature_name": "serve_iterative_encoded",
+      "instances": [
+        {
+          "image_bytes": _b64(jpeg),
+          "positive_clicks": pos,
+          "negative_clicks": neg,
+          "previous_mask": previous.tolist(),
+        }
+      ],
+    },
+  )
   assert r.status_code == 200, r.get_json()
   assert _png_answer(r.get_json()["predictions"][0]) == want(neg, previous)
 
 
 def test_string_outputs_in_rows_and_clicks_counted_in_batches():
   from train.serve import rest  # pylint: disable=g-import-not-at-top
+
   # A row of a string output is one bytes object (classification's label).
-  body = rest.encode_outputs({"label": np.array([b"red", b"blue"], object),
-                              "probabilities": np.array([[0.25, 0.75], [1, 0]], np.float32)},
-                             row=True)
-  assert json.loads(body)["predictions"] == [{"label": "red", "probabilities": [0.25, 0.75]},
-                                             {"label": "blue", "probabilities": [1.0, 0.0]}]
+  body = rest.encode_outputs(
+    {
+      "label": np.array([b"red", b"blue"], object),
+      "probabilities": np.array([[0.25, 0.75], [1, 0]], np.float32),
+    },
+    row=True,
+  )
+  assert json.loads(body)["predictions"] == [
+    {"label": "red", "probabilities": [0.25, 0.75]},
+    {"label": "blue", "probabilities": [1.0, 0.0]},
+  ]
   # As in TF Serving, a string output whose name ends in "_bytes" is binary:
   # {"b64": ...} per value, in rows and columns; other names stay text.
   files = np.array([b"\x89PNG\xff", b""], object)
   for row, key in ((True, "predictions"), (False, "outputs")):
-    answer = json.loads(rest.encode_outputs({"mask_bytes": files, "label": np.array(
-        [b"a", b"b"], object)}, row=row))[key]
+    answer = json.loads(
+      rest.encode_outputs({"mask_bytes": files, "label": np.array([b"a", b"b"], object)}, row=row)
+    )[key]
     if row:
       answer = {k: [a[k] for a in answer] for k in answer[0]}
     assert answer == {"mask_bytes": [{"b64": "iVBOR/8="}, {"b64": ""}], "label": ["a", "b"]}
@@ -256,73 +320,178 @@ def test_string_outputs_in_rows_and_clicks_counted_in_batches():
 
 def test_the_jobs_records_sent_to_serve_examples_are_refused_in_one_line(client, prep_dir):
   from tests.helpers import records  # pylint: disable=g-import-not-at-top
+
   job = [r.SerializeToString() for r in records(prep_dir, keys.EVAL_SPLIT)][:2]
-  r = client.post(f"/v1/models/{NAME}:predict", json={
-      "signature_name": "serve_examples", "instances": [_b64(e) for e in job]})
+  r = client.post(
+    f"/v1/models/{NAME}:predict",
+    json={"signature_name": "serve_examples", "instances": [_b64(e) for e in job]},
+  )
   assert r.status_code == 400
   error = r.get_json()["error"]
   assert "\n" not in error and error.startswith("examples[0]: feature '"), error
-  assert ("holds string values where serve_examples reads int64: beam-prep's records stack an "
-          "object's click variants") in error, error
+  assert (
+    "holds string values where serve_examples reads int64: beam-prep's records stack an "
+    "object's click variants"
+  ) in error, error
 
 
 def test_row_format_on_the_unbatched_signature_is_refused_as_tf_serving_does(client):
   # TF Serving stacks instances into a batch dimension the signature does not
   # have; its graph then refuses the request. Here: a 400 saying what to send.
-  r = client.post(f"/v1/models/{NAME}:predict", json={"instances": [
-      {"image": _image(8, 8).tolist(), "positive_clicks": [[1, 1]], "negative_clicks": []}]})
+  r = client.post(
+    f"/v1/models/{NAME}:predict",
+    json={
+      "instances": [
+        {"image": _image(8, 8).tolist(), "positive_clicks": [[1, 1]], "negative_clicks": []}
+      ]
+    },
+  )
   assert r.status_code == 400
   error = r.get_json()["error"]
   assert "row format" in error and "batch dimension" in error and '"inputs"' in error
 
 
 BAD = {
-    "not JSON": (b"{nope", "not JSON"),
-    "a list": (b"[1, 2]", "JSON object"),
-    "both forms": ({"inputs": {}, "instances": []}, "'inputs'"),
-    "no tensors": ({"signature_name": "serving_default"}, "'inputs'"),
-    "signature_name type": ({"signature_name": 3, "inputs": {}}, "signature_name"),
-    "unknown signature": ({"signature_name": "nope", "inputs": {}}, "signature_name"),
-    "missing input": ({"inputs": {"image": [[[1, 2, 3]]], "negative_clicks": []}},
-                      "positive_clicks"),
-    "unknown input": ({"inputs": {"image": [[[1, 2, 3]]], "positive_clicks": [[0, 0]],
-                                  "negative_clicks": [], "mask": [1]}}, "mask"),
-    "float image": ({"inputs": {"image": [[[1.5, 2, 3]]], "positive_clicks": [[0, 0]],
-                                "negative_clicks": []}}, "image"),
-    "string clicks": ({"inputs": {"image": [[[1, 2, 3]]], "positive_clicks": [["a", "b"]],
-                                  "negative_clicks": []}}, "positive_clicks"),
-    "bool clicks": ({"inputs": {"image": [[[1, 2, 3]]], "positive_clicks": [[0, 0]],
-                                "negative_clicks": [[True, False]]}}, "negative_clicks"),
-    "ragged image": ({"inputs": {"image": [[[1, 2, 3]], [[1, 2]]], "positive_clicks": [[0, 0]],
-                                 "negative_clicks": []}}, "image"),
-    "grey image": ({"inputs": {"image": [[1, 2], [3, 4]], "positive_clicks": [[0, 0]],
-                               "negative_clicks": []}}, "image"),
-    "three numbers a click": ({"inputs": {"image": [[[1, 2, 3]]], "positive_clicks": [[0, 0, 1]],
-                                          "negative_clicks": []}}, "positive_clicks"),
-    "over 255": ({"inputs": {"image": [[[1, 2, 300]]], "positive_clicks": [[0, 0]],
-                             "negative_clicks": []}}, "image"),
-    "no positive click": ({"inputs": {"image": [[[1, 2, 3]]], "positive_clicks": [],
-                                      "negative_clicks": []}}, "positive_clicks"),
-    "empty image": ({"inputs": {"image": np.zeros((0, 4, 3), int).tolist(),
-                                "positive_clicks": [[0, 0]], "negative_clicks": []}}, "image"),
-    "not an image file": ({"signature_name": "serve_encoded", "instances": [
-        {"image_bytes": _b64(b"junk"), "positive_clicks": [[0, 0]], "negative_clicks": []}]},
-                          "image_bytes[0]: not an image file"),
-    "a TIFF file": ({"signature_name": "serve_encoded", "inputs": {
+  "not JSON": (b"{nope", "not JSON"),
+  "a list": (b"[1, 2]", "JSON object"),
+  "both forms": ({"inputs": {}, "instances": []}, "'inputs'"),
+  "no tensors": ({"signature_name": "serving_default"}, "'inputs'"),
+  "signature_name type": ({"signature_name": 3, "inputs": {}}, "signature_name"),
+  "unknown signature": ({"signature_name": "nope", "inputs": {}}, "signature_name"),
+  "missing input": ({"inputs": {"image": [[[1, 2, 3]]], "negative_clicks": []}}, "positive_clicks"),
+  "unknown input": (
+    {
+      "inputs": {
+        "image": [[[1, 2, 3]]],
+        "positive_clicks": [[0, 0]],
+        "negative_clicks": [],
+        "mask": [1],
+      }
+    },
+    "mask",
+  ),
+  "float image": (
+    {"inputs": {"image": [[[1.5, 2, 3]]], "positive_clicks": [[0, 0]], "negative_clicks": []}},
+    "image",
+  ),
+  "string clicks": (
+    {"inputs": {"image": [[[1, 2, 3]]], "positive_clicks": [["a", "b"]], "negative_clicks": []}},
+    "positive_clicks",
+  ),
+  "bool clicks": (
+    {
+      "inputs": {
+        "image": [[[1, 2, 3]]],
+        "positive_clicks": [[0, 0]],
+        "negative_clicks": [[True, False]],
+      }
+    },
+    "negative_clicks",
+  ),
+  "ragged image": (
+    {
+      "inputs": {
+        "image": [[[1, 2, 3]], [[1, 2]]],
+        "positive_clicks": [[0, 0]],
+        "negative_clicks": [],
+      }
+    },
+    "image",
+  ),
+  "grey image": (
+    {"inputs": {"image": [[1, 2], [3, 4]], "positive_clicks": [[0, 0]], "negative_clicks": []}},
+    "image",
+  ),
+  "three numbers a click": (
+    {"inputs": {"image": [[[1, 2, 3]]], "positive_clicks": [[0, 0, 1]], "negative_clicks": []}},
+    "positive_clicks",
+  ),
+  "over 255": (
+    {"inputs": {"image": [[[1, 2, 300]]], "positive_clicks": [[0, 0]], "negative_clicks": []}},
+    "image",
+  ),
+  "no positive click": (
+    {"inputs": {"image": [[[1, 2, 3]]], "positive_clicks": [], "negative_clicks": []}},
+    "positive_clicks",
+  ),
+  "empty image": (
+    {
+      "inputs": {
+        "image": np.zeros((0, 4, 3), int).tolist(),
+        "positive_clicks": [[0, 0]],
+        "negative_clicks": [],
+      }
+    },
+    "image",
+  ),
+  "not an image file": (
+    {
+      "signature_name": "serve_encoded",
+      "instances": [
+        {"image_bytes": _b64(b"junk"), "positive_clicks": [[0, 0]], "negative_clicks": []}
+      ],
+    },
+    "image_bytes[0]: not an image file",
+  ),
+  "a TIFF file": (
+    {
+      "signature_name": "serve_encoded",
+      "inputs": {
         "image_bytes": [_b64(encoded(Image.new("RGB", (4, 4)), "TIFF"))],
-        "positive_clicks": [[[0, 0]]], "negative_clicks": [[]]}}, "image_bytes[0]: a TIFF file"),
-    "over --max-pixels": ({"signature_name": "serve_encoded", "instances": [
-        {"image_bytes": _b64(_png_header(5000, 5000)), "positive_clicks": [[0, 0]],
-         "negative_clicks": []}]}, "image_bytes[0]: 25000000 pixels"),
-    "a decompression bomb": ({"signature_name": "serve_encoded", "instances": [
-        {"image_bytes": _b64(_png_header(20000, 20000)), "positive_clicks": [[0, 0]],
-         "negative_clicks": []}]}, "image_bytes[0]: a decompression bomb"),
-    "not base64": ({"signature_name": "serve_encoded", "instances": [
-        {"image_bytes": {"b64": "@@"}, "positive_clicks": [[0, 0]], "negative_clicks": []}]},
-                   "image_bytes"),
-    "encoded, no positive click": ({"signature_name": "serve_encoded", "instances": [
-        {"image_bytes": _b64(png(np.zeros((4, 4, 3), np.uint8))), "positive_clicks": [],
-         "negative_clicks": []}]}, "positive_clicks"),
+        "positive_clicks": [[[0, 0]]],
+        "negative_clicks": [[]],
+      },
+    },
+    "image_bytes[0]: a TIFF file",
+  ),
+  "over --max-pixels": (
+    {
+      "signature_name": "serve_encoded",
+      "instances": [
+        {
+          "image_bytes": _b64(_png_header(5000, 5000)),
+          "positive_clicks": [[0, 0]],
+          "negative_clicks": [],
+        }
+      ],
+    },
+    "image_bytes[0]: 25000000 pixels",
+  ),
+  "a decompression bomb": (
+    {
+      "signature_name": "serve_encoded",
+      "instances": [
+        {
+          "image_bytes": _b64(_png_header(20000, 20000)),
+          "positive_clicks": [[0, 0]],
+          "negative_clicks": [],
+        }
+      ],
+    },
+    "image_bytes[0]: a decompression bomb",
+  ),
+  "not base64": (
+    {
+      "signature_name": "serve_encoded",
+      "instances": [
+        {"image_bytes": {"b64": "@@"}, "positive_clicks": [[0, 0]], "negative_clicks": []}
+      ],
+    },
+    "image_bytes",
+  ),
+  "encoded, no positive click": (
+    {
+      "signature_name": "serve_encoded",
+      "instances": [
+        {
+          "image_bytes": _b64(png(np.zeros((4, 4, 3), np.uint8))),
+          "positive_clicks": [],
+          "negative_clicks": [],
+        }
+      ],
+    },
+    "positive_clicks",
+  ),
 }
 
 
@@ -353,54 +522,76 @@ def test_large_integer_arrays_parse_as_json_does():
     np.testing.assert_array_equal(doc["inputs"]["image"], image)
     assert doc["inputs"]["x"] == [1.5, 2]
   big = b"1," * 2000 + b"1"
-  for text in (b'{"a": [' + b"-7," * 2000 + b"3]}",  # negative numbers
-               b'{"a": [[' + big + b"],[" + big + b",1]]}",  # ragged: json's lists
-               b'{"a": "[' + big + b']"}',  # inside a string
-               b'{"a": [' + big.replace(b"1,1,", b"1 1,", 1) + b"]}",  # "1 1": not JSON
-               b'{"a": [' + big.replace(b"1,1,", b"1-1,", 1) + b"]}",  # "1-1": not JSON
-               b'{"a": [' + big + b",]}"):  # trailing comma: not JSON
-      try:
-        want = json.loads(text)
-      except ValueError:
-        with pytest.raises(ValueError):
-          json_arrays.loads(text)
-        continue
-      got = json_arrays.loads(text)
-      assert json.dumps(got, default=lambda a: a.tolist()) == json.dumps(want)
+  for text in (
+    b'{"a": [' + b"-7," * 2000 + b"3]}",  # negative numbers
+    b'{"a": [[' + big + b"],[" + big + b",1]]}",  # ragged: json's lists
+    b'{"a": "[' + big + b']"}',  # inside a string
+    b'{"a": [' + big.replace(b"1,1,", b"1 1,", 1) + b"]}",  # "1 1": not JSON
+    b'{"a": [' + big.replace(b"1,1,", b"1-1,", 1) + b"]}",  # "1-1": not JSON
+    b'{"a": [' + big + b",]}",
+  ):  # trailing comma: not JSON
+    try:
+      want = json.loads(text)
+    except ValueError:
+      with pytest.raises(ValueError):
+        json_arrays.loads(text)
+      continue
+    got = json_arrays.loads(text)
+    assert json.dumps(got, default=lambda a: a.tolist()) == json.dumps(want)
 
 
 def test_the_page_opens_uploads_with_exif_applied_and_the_limits_hold(client, trained, images_dir):
   phone = open(os.path.join(images_dir, "phone.jpg"), "rb").read()
-  r = client.post("/page/upload", data={"file": (io.BytesIO(phone), "phone.jpg")},
-                  content_type="multipart/form-data")
+  r = client.post(
+    "/page/upload",
+    data={"file": (io.BytesIO(phone), "phone.jpg")},
+    content_type="multipart/form-data",
+  )
   assert r.status_code == 200, r.get_json()
   opened = r.get_json()
   assert (opened["width"], opened["height"], opened["truth"]) == (24, 48, False)
   shown = np.asarray(Image.open(io.BytesIO(client.get(f"/page/image/{opened['id']}.png").data)))
   from train.predict import load_image  # pylint: disable=g-import-not-at-top
+
   np.testing.assert_array_equal(shown, load_image(os.path.join(images_dir, "phone.jpg")))
-  r = client.post("/page/upload", data={"file": (io.BytesIO(b"not an image"), "x.png")},
-                  content_type="multipart/form-data")
+  r = client.post(
+    "/page/upload",
+    data={"file": (io.BytesIO(b"not an image"), "x.png")},
+    content_type="multipart/form-data",
+  )
   assert r.status_code == 400 and "file" in r.get_json()["error"]
   # A server with small limits: pixels (the Beam job's guard) and bytes.
   config = ServeConfig(model=trained, max_pixels=1000, max_request_mb=0.05)
   small = serve_app.make_app(config, *_model_and_sources(trained)).test_client()
-  r = small.post("/page/upload", data={"file": (io.BytesIO(png(_image(40, 40))), "big.png")},
-                 content_type="multipart/form-data")
+  r = small.post(
+    "/page/upload",
+    data={"file": (io.BytesIO(png(_image(40, 40))), "big.png")},
+    content_type="multipart/form-data",
+  )
   assert r.status_code == 400 and "1000" in r.get_json()["error"], r.get_json()
   r = small.post(f"/v1/models/{NAME}:predict", data=_predict_body(_image(64, 64), [[1, 1]], []))
   assert r.status_code == 413 and "--max-request-mb" in r.get_json()["error"]
   # An encoded image, by the size its header declares, before it is decoded.
-  r = small.post(f"/v1/models/{NAME}:predict", json={
-      "signature_name": "serve_encoded", "instances": [{
-          "image_bytes": _b64(png(_image(40, 40))), "positive_clicks": [[1, 1]],
-          "negative_clicks": []}]})
+  r = small.post(
+    f"/v1/models/{NAME}:predict",
+    json={
+      "signature_name": "serve_encoded",
+      "instances": [
+        {
+          "image_bytes": _b64(png(_image(40, 40))),
+          "positive_clicks": [[1, 1]],
+          "negative_clicks": [],
+        }
+      ],
+    },
+  )
   assert r.status_code == 400 and "image_bytes[0]: 1600 pixels" in r.get_json()["error"]
 
 
 def _model_and_sources(trained):
   from train.serve.page import Sources  # pylint: disable=g-import-not-at-top
   from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
+
   return Versions(trained, NAME), Sources()
 
 
@@ -432,8 +623,9 @@ def test_the_page_segments_and_plays_the_noc_protocol(client, direct, prep_dir):
   assert opened["truth"] and opened["name"] == names[0]
   first = client.post("/page/next_click", json={"id": opened["id"]}).get_json()
   assert first == {"click": _innermost(labels[0]), "kind": "positive"}
-  r = client.post("/page/segment", json={"id": opened["id"], "positive": [first["click"]],
-                                         "negative": []})
+  r = client.post(
+    "/page/segment", json={"id": opened["id"], "positive": [first["click"]], "negative": []}
+  )
   assert r.status_code == 200, r.get_json()
   out = r.get_json()
   mask = np.asarray(Image.open(io.BytesIO(base64.b64decode(out["mask"].split(",")[1])))) > 0
@@ -444,8 +636,9 @@ def test_the_page_segments_and_plays_the_noc_protocol(client, direct, prep_dir):
   care, obj = labels[0] != keys.IGNORE, labels[0] == 1
   union = ((want | obj) & care).sum()
   assert out["iou"] == pytest.approx(((want & obj & care).sum() / union) if union else 0.0)
-  second = client.post("/page/next_click", json={"id": opened["id"],
-                                                 "positive": [first["click"]]}).get_json()
+  second = client.post(
+    "/page/next_click", json={"id": opened["id"], "positive": [first["click"]]}
+  ).get_json()
   assert second["click"] != first["click"] or second["kind"] is None
   r = client.post("/page/segment", json={"id": opened["id"], "positive": [], "negative": []})
   assert r.status_code == 400 and "positive_clicks" in r.get_json()["error"]
@@ -482,9 +675,14 @@ def test_several_clients_at_once_each_get_their_own_answer(served, direct):
 
 def test_the_command_line_serves_and_says_where(trained, tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  proc = subprocess.Popen([sys.executable, "-m", "train", "serve", "--model", trained,
-                           "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, cwd=str(tmp_path), env=env)
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "train", "serve", "--model", trained, "--port", "0"],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    cwd=str(tmp_path),
+    env=env,
+  )
   try:
     lines = []
     deadline = time.time() + 120
@@ -519,13 +717,23 @@ def _browser():
   chromium = shutil.which("chromium") or shutil.which("chromium-browser")
   driver = shutil.which("chromedriver")
   if not chromium or not driver:
-    pytest.skip("no chromium/chromedriver here (Debian: apt-get install chromium "
-                "chromium-driver; .ci/run does it)")
+    pytest.skip(
+      "no chromium/chromedriver here (Debian: apt-get install chromium "
+      "chromium-driver; .ci/run does it)"
+    )
   options = webdriver.ChromeOptions()
   options.binary_location = chromium
-  for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--window-size=1280,800"):
+  for flag in (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,800",
+  ):
     options.add_argument(flag)
   options.add_argument(f"--user-data-dir={tempfile_dir()}")
   return webdriver.Chrome(options=options, service=Service(driver))
@@ -533,12 +741,14 @@ def _browser():
 
 def tempfile_dir():
   import tempfile  # pylint: disable=g-import-not-at-top
+
   return tempfile.mkdtemp(prefix="chromium_profile_")
 
 
 def test_the_page_in_a_browser(served, prep_dir):
   from selenium.webdriver.common.action_chains import ActionChains  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.support.ui import Select, WebDriverWait  # pylint: disable=g-import-not-at-top
+
   browser = _browser()
   try:
     browser.get(served[0] + "/")
@@ -553,13 +763,16 @@ def test_the_page_in_a_browser(served, prep_dir):
     box = canvas.rect  # CSS pixels: the canvas is scaled to fit the window
     assert box["width"] > w  # a 64 px record is enlarged to be clickable
     ActionChains(browser).move_to_element_with_offset(
-        canvas, (x + 0.5) * box["width"] / w - box["width"] / 2,
-        (y + 0.5) * box["height"] / h - box["height"] / 2).click().perform()
+      canvas,
+      (x + 0.5) * box["width"] / w - box["width"] / 2,
+      (y + 0.5) * box["height"] / h - box["height"] / 2,
+    ).click().perform()
     wait.until(lambda b: "IoU" in b.find_element("id", "iou").text)
     tinted = browser.execute_script(
-        "const c = document.getElementById('mask');"
-        "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
-        "let n = 0; for (let i = 3; i < d.length; i += 4) n += d[i] > 0; return n;")
+      "const c = document.getElementById('mask');"
+      "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+      "let n = 0; for (let i = 3; i < d.length; i += 4) n += d[i] > 0; return n;"
+    )
     status = browser.find_element("id", "status").text
     assert tinted > 0 and status.startswith(f"{tinted} pixels in the mask"), (tinted, status)
     iou = float(browser.find_element("id", "iou").text.split()[1])

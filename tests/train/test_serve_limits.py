@@ -33,8 +33,9 @@ def server(trained):
 
 
 def _predict_body(clicks):
-  return json.dumps({"inputs": {"image": [[[1, 2, 3]] * 20] * 20, "positive_clicks": clicks,
-                                "negative_clicks": []}}).encode()
+  return json.dumps(
+    {"inputs": {"image": [[[1, 2, 3]] * 20] * 20, "positive_clicks": clicks, "negative_clicks": []}}
+  ).encode()
 
 
 def test_bad_requests_are_refused_naming_the_limit_and_leave_no_memory(server):

@@ -43,15 +43,24 @@ def _states(client):
 
 def _upload(client):
   image = np.random.default_rng(0).integers(0, 255, (40, 56, 3), dtype=np.uint8)
-  r = client.post("/page/upload", data={"file": (io.BytesIO(png(image)), "x.png")},
-                  content_type="multipart/form-data")
+  r = client.post(
+    "/page/upload",
+    data={"file": (io.BytesIO(png(image)), "x.png")},
+    content_type="multipart/form-data",
+  )
   return r.get_json()["id"]
 
 
 def test_a_newer_export_is_served_without_a_restart_and_labels_name_their_version(
-    model_dir, tmp_path):
-  config = ServeConfig(model=str(model_dir), model_name=NAME, port=0, poll_seconds=0.2,
-                       save_dir=str(tmp_path / "labels"))
+  model_dir, tmp_path
+):
+  config = ServeConfig(
+    model=str(model_dir),
+    model_name=NAME,
+    port=0,
+    poll_seconds=0.2,
+    save_dir=str(tmp_path / "labels"),
+  )
   server, versions = serve_app.start(config)
   threading.Thread(target=server.serve_forever, daemon=True).start()
   client = server.app.test_client()
@@ -64,17 +73,24 @@ def test_a_newer_export_is_served_without_a_restart_and_labels_name_their_versio
     while versions.current.version != 200 and time.time() < deadline:
       time.sleep(0.1)
     assert _states(client) == [(200, "AVAILABLE"), (100, "END")]
-    assert client.get(f"/v1/models/{NAME}/versions/100").get_json()[
-        "model_version_status"][0]["state"] == "END"
+    assert (
+      client.get(f"/v1/models/{NAME}/versions/100").get_json()["model_version_status"][0]["state"]
+      == "END"
+    )
     r = client.post(f"/v1/models/{NAME}/versions/100:predict", json={"instances": []})
     assert r.status_code == 404 and "version 200" in r.get_json()["error"]
     assert client.get(f"/v1/models/{NAME}/versions/200/metadata").status_code == 200
     second = client.post("/page/segment", json={"id": key, "positive": [[30, 20]]}).get_json()
     assert second["version"] == 200
     assert client.get("/page/sources").get_json()["versions"] == [200, 100]
-    objects = [{"probabilities": first["probabilities"], "positive": [[20, 20]],
-                "version": first["version"]},
-               {"probabilities": second["probabilities"], "positive": [[30, 20]]}]
+    objects = [
+      {
+        "probabilities": first["probabilities"],
+        "positive": [[20, 20]],
+        "version": first["version"],
+      },
+      {"probabilities": second["probabilities"], "positive": [[30, 20]]},
+    ]
     assert client.post("/page/save", json={"id": key, "objects": objects}).status_code == 200
     bad = dict(objects[0], version="new")
     r = client.post("/page/save", json={"id": key, "objects": [bad]})
@@ -87,6 +103,7 @@ def test_a_newer_export_is_served_without_a_restart_and_labels_name_their_versio
 
 def test_a_version_that_fails_to_load_is_listed_and_the_one_serving_goes_on(model_dir):
   from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
+
   versions = Versions(str(model_dir), NAME)
   broken = model_dir / keys.EXPORT_DIR / "300"
   broken.mkdir()
@@ -102,6 +119,7 @@ def test_a_version_that_fails_to_load_is_listed_and_the_one_serving_goes_on(mode
 
 def test_one_export_folder_is_served_as_it_is(model_dir):
   from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
+
   versions = Versions(str(model_dir / keys.EXPORT_DIR / "100"), NAME)
   _new_version(model_dir, 500)
   assert not versions.watched and not versions.poll() and versions.current.version == 100

@@ -49,6 +49,7 @@ def _grabcut_set(root, sizes, seed=0):
 
 # ---- RITM's evaluation, transcribed (the reference) ----------------------------
 
+
 def ritm_next_click(gt, pred, not_ignore, not_clicked):
   """isegm/inference/clicker.py Clicker._get_next_click (padding=True, cv2's exact
   L2 transform as scipy's): (is_positive, y, x)."""
@@ -87,18 +88,37 @@ def ritm_baseline_noc(trimap, thresholds, max_clicks):
     pred = d[True] < d[False]
     ious.append(ritm_iou(gt, pred, not_ignore))
   ious = np.array(ious)
-  return [int(np.argmax(ious >= t) + 1) if np.any(ious >= t) else max_clicks
-          for t in thresholds]
+  return [int(np.argmax(ious >= t) + 1) if np.any(ious >= t) else max_clicks for t in thresholds]
 
 
 def _prep_eval_only(data, out):
-  assert run_cli(["segmentation", "--input", str(data), "--output", str(out), "--image-size",
-                  "32", "--variants", "1", "--eval-percent", "100", "--progress-seconds", "0",
-                  "--max-error-fraction", "1"]) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        str(data),
+        "--output",
+        str(out),
+        "--image-size",
+        "32",
+        "--variants",
+        "1",
+        "--eval-percent",
+        "100",
+        "--progress-seconds",
+        "0",
+        "--max-error-fraction",
+        "1",
+      ]
+    )
+    == 0
+  )
 
 
 def _evaluate(argv):
   from train import cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
     cli.main(["evaluate"] + argv)
   return e.value.code
@@ -113,12 +133,14 @@ def test_baseline_noc_at_source_resolution_equals_ritms(tmp_path, capsys):
   assert m["counts"]["examples_written"]["train"] == 0
   assert not os.path.exists(prep / "transform")  # Nothing to train on: no analysis.
   from train import cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
     cli.main(["fit", "--data", str(prep), "--model-dir", str(tmp_path / "m"), "--steps", "1"])
   assert e.value.code == 1 and "is an evaluation-only output" in capsys.readouterr().out
   out = tmp_path / "noc"
-  assert _evaluate(["--data", str(prep), "--output", str(out),
-                    "--max-clicks", str(MAX_CLICKS)]) == 0
+  assert (
+    _evaluate(["--data", str(prep), "--output", str(out), "--max-clicks", str(MAX_CLICKS)]) == 0
+  )
   assert "NoC@85 of the nearest-click baseline" in capsys.readouterr().out
   report = json.load(open(out / "noc.json"))
   assert report["resolution"] == "source" and report["pred_thr"] == 0.49
@@ -146,6 +168,7 @@ def test_source_records_hold_the_image_and_mask_at_their_own_size(tmp_path):
   _prep_eval_only(tmp_path / "GrabCut", prep)
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   from train.source_eval import object_labels, source_images  # pylint: disable=g-import-not-at-top
+
   (image,) = list(source_images(PrepOutput(str(prep))))
   shown = np.asarray(Image.open(tmp_path / "GrabCut" / "data_GT" / "im0.jpg").convert("RGB"))
   np.testing.assert_array_equal(image["image"], shown)
@@ -167,14 +190,31 @@ def test_a_1536_pixel_image_is_evaluated_in_bounded_memory(tmp_path):
   _grabcut_set(tmp_path / "GrabCut", [(1536, 1536)])
   prep = tmp_path / "prep"
   _prep_eval_only(tmp_path / "GrabCut", prep)
-  script = ("import resource, sys\n"
-            "from train import cli\n"
-            "try:\n  cli.main(sys.argv[1:])\nexcept SystemExit as e:\n  code = e.code\n"
-            "print('PEAK_MB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
-            "sys.exit(code)\n")
-  run = subprocess.run([sys.executable, "-c", script, "evaluate", "--data", str(prep), "--output",
-                        str(tmp_path / "noc"), "--max-clicks", "3"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+  script = (
+    "import resource, sys\n"
+    "from train import cli\n"
+    "try:\n  cli.main(sys.argv[1:])\nexcept SystemExit as e:\n  code = e.code\n"
+    "print('PEAK_MB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+    "sys.exit(code)\n"
+  )
+  run = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      script,
+      "evaluate",
+      "--data",
+      str(prep),
+      "--output",
+      str(tmp_path / "noc"),
+      "--max-clicks",
+      "3",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    timeout=600,
+  )
   assert run.returncode == 0, run.stdout + run.stderr
   peak = int(run.stdout.split("PEAK_MB")[1].split()[0])
   assert peak < 3000, peak
@@ -186,12 +226,14 @@ def test_flip_averaging_mirrors_image_clicks_and_previous_mask():
   """--flip: the mean of the prediction and the mirrored image's, mirrored back."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from train.source_eval import flip_averaged  # pylint: disable=g-import-not-at-top
+
   h, w = 5, 7
   calls = []
 
   def probabilities(image, positive, negative, previous):
-    calls.append((int(image[0, 0, 0]), positive.numpy().tolist(), negative.numpy().tolist(),
-                  previous.numpy()))
+    calls.append(
+      (int(image[0, 0, 0]), positive.numpy().tolist(), negative.numpy().tolist(), previous.numpy())
+    )
     ramp = tf.cast(tf.range(w), tf.float32) / (w - 1)  # left 0 .. right 1
     return tf.tile(ramp[None], [h, 1]) * tf.cast(tf.reduce_max(image), tf.float32) / 255
 
@@ -199,8 +241,9 @@ def test_flip_averaging_mirrors_image_clicks_and_previous_mask():
   image[:, -1] = 255  # the right column is bright, so the mirror's first pixel is
   previous = np.zeros((h, w), np.uint8)
   previous[:, :2] = 1
-  out = flip_averaged(probabilities)(tf.constant(image), tf.constant([[1, 2]]),
-                                     tf.constant([[6, 0]]), tf.constant(previous))
+  out = flip_averaged(probabilities)(
+    tf.constant(image), tf.constant([[1, 2]]), tf.constant([[6, 0]]), tf.constant(previous)
+  )
   np.testing.assert_allclose(out.numpy(), 0.5)  # a ramp and its mirror average out
   (first, pos, neg, prev), (mirror, mpos, mneg, mprev) = sorted(calls, key=lambda c: c[0])
   assert (first, mirror) == (0, 255)

@@ -43,7 +43,7 @@ def test_the_step_makes_the_records_click_inputs_exactly(which, request):
   np.testing.assert_array_equal(got, want)
   # Not made of nothing: the click channels do change from example to example.
   offset = 3
-  assert np.unique(want[..., offset:offset + 2].reshape(want.shape[0], -1), axis=0).shape[0] > 1
+  assert np.unique(want[..., offset : offset + 2].reshape(want.shape[0], -1), axis=0).shape[0] > 1
 
 
 def test_training_batches_carry_the_clicks_not_the_maps(guided_prep):
@@ -71,12 +71,16 @@ def test_an_input_the_transform_maps_by_more_than_its_pixel_is_read_from_the_rec
       out = dict(layer(raw))
       out[keys.DISTANCE_MAPS] = fn(out[keys.DISTANCE_MAPS])
       return out
+
     return transform
 
   doubled = StepInputs(prep.table, changed(lambda m: 2.0 * m), task.transform_keys)
   assert set(doubled.empty) == {keys.DISTANCE_MAPS}
-  centred = StepInputs(prep.table, changed(
-      lambda m: m - tf.reduce_mean(m, axis=[1, 2, 3], keepdims=True)), task.transform_keys)
+  centred = StepInputs(
+    prep.table,
+    changed(lambda m: m - tf.reduce_mean(m, axis=[1, 2, 3], keepdims=True)),
+    task.transform_keys,
+  )
   assert not centred.empty and not centred.reads
   assert "own value" in centred.read_from_records[keys.DISTANCE_MAPS]
 
@@ -97,8 +101,9 @@ def test_the_transform_is_asked_once_per_input_while_it_lives(prep_dir):
   assert StepInputs(prep.table, transform, task.transform_keys).empty
   asked = len(calls)
   assert sum(calls) == 257, calls  # 256 values and the ramp, once.
-  inputs = step_inputs.exact(step_inputs.click_inputs(prep.table), transform, prep.table,
-                             task.transform_keys)
+  inputs = step_inputs.exact(
+    step_inputs.click_inputs(prep.table), transform, prep.table, task.transform_keys
+  )
   assert inputs and all(c.lut is not None for c in inputs) and len(calls) == asked
 
 
@@ -108,21 +113,35 @@ def test_clicks_changed_after_their_encoding_leave_the_maps_to_the_records(prep_
   import dataclasses  # pylint: disable=g-import-not-at-top
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
+
   table = PrepOutput(prep_dir).table
   with registry.temporary_ops():
-    @registry.register_op("test_move_clicks", reads=(keys.POSITIVE_CLICKS,),
-                          produces={keys.POSITIVE_CLICKS: table[keys.POSITIVE_CLICKS].feature})
+
+    @registry.register_op(
+      "test_move_clicks",
+      reads=(keys.POSITIVE_CLICKS,),
+      produces={keys.POSITIVE_CLICKS: table[keys.POSITIVE_CLICKS].feature},
+    )
     def _move():
       return lambda ex: ex
 
-    entries = [dataclasses.replace(e, op="test_move_clicks") if e.key == keys.POSITIVE_CLICKS
-               else e for e in table]
-    moved = FeatureTable(entries, table.image_size, table.task, table.chain + "|test_move_clicks",
-                         table.ops_module, table.variants)
+    entries = [
+      dataclasses.replace(e, op="test_move_clicks") if e.key == keys.POSITIVE_CLICKS else e
+      for e in table
+    ]
+    moved = FeatureTable(
+      entries,
+      table.image_size,
+      table.task,
+      table.chain + "|test_move_clicks",
+      table.ops_module,
+      table.variants,
+    )
     step = StepInputs(moved, None, [])
   assert not step.empty and not step.reads
   assert step.read_from_records[keys.DISTANCE_MAPS] == (
-      "op 'test_move_clicks' changes the clicks after op 'distance_maps' encoded them")
+    "op 'test_move_clicks' changes the clicks after op 'distance_maps' encoded them"
+  )
 
 
 @pytest.mark.parametrize("which", ["guided_prep", "prep_dir"])
@@ -134,8 +153,9 @@ def test_a_corrective_click_gives_the_model_input_of_all_clicks_exactly(which, r
   task = make_task(prep.table, prep.tft_output)
   parser = Parser(prep.tft_output, prep.table, task)
   transform = prep.tft_output.transform_features_layer()
-  inputs = step_inputs.exact(step_inputs.click_inputs(prep.table), transform, prep.table,
-                             task.transform_keys)
+  inputs = step_inputs.exact(
+    step_inputs.click_inputs(prep.table), transform, prep.table, task.transform_keys
+  )
   assert inputs and all(c.lut is not None for c in inputs)
   decoder = Decoder(prep.table, parser.read_keys(training=False))
   records = tf.constant([r.numpy() for r in prep.dataset(keys.EVAL_SPLIT).take(4)])

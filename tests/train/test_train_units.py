@@ -5,8 +5,13 @@ import pytest
 import tensorflow as tf
 
 from train.loop import FinalizedFunction, RetraceError
-from train.tasks.segmentation import (LOSSES, SegmentationFitOptions, SegmentationTask,
-                                      _mask_counts, normalized_focal_loss)
+from train.tasks.segmentation import (
+  LOSSES,
+  SegmentationFitOptions,
+  SegmentationTask,
+  _mask_counts,
+  normalized_focal_loss,
+)
 from tests.helpers import ROOT
 
 
@@ -22,6 +27,7 @@ def test_finalized_step_raises_on_a_changed_shape():
 def test_python_control_flow_on_a_tensor_is_refused_with_the_fix_and_tf_function_converts_it():
   """The step is traced without AutoGraph: an `if` on a tensor fails, naming
   the fix; a function the user decorates with @tf.function is converted."""
+
   def branchy(x):
     return x * 2 if tf.reduce_sum(x) > 0 else x
 
@@ -51,6 +57,7 @@ def test_loss_ignores_weighted_out_pixels_and_counts_iou():
 
 def test_sample_data_is_deterministic(tmp_path):
   from beam_prep.sample_data import make_scene, write_sample_data  # pylint: disable=g-import-not-at-top
+
   a, b = make_scene(5, 2), make_scene(5, 2)
   np.testing.assert_array_equal(a[0], b[0])
   np.testing.assert_array_equal(a[1], b[1])
@@ -68,6 +75,7 @@ def test_sample_data_is_deterministic(tmp_path):
 def test_fit_refuses_an_unknown_option_with_the_closest_known_one(capsys):
   import pytest  # pylint: disable=g-import-not-at-top
   from train import cli as train_cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
     train_cli.main(["fit", "--data", "x", "--model-dir", "y", "--stpes", "3"])
   assert e.value.code == 2
@@ -75,6 +83,7 @@ def test_fit_refuses_an_unknown_option_with_the_closest_known_one(capsys):
   with pytest.raises(SystemExit):
     train_cli.main(["fit", "--help"])
   from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
+
   steps = TrainConfig.__dataclass_fields__["steps"]
   shown = " ".join(capsys.readouterr().out.split())
   # The flag's help and default are the field's own declaration.
@@ -86,11 +95,15 @@ def test_one_overlay_for_masks_and_clicks_needs_neither_tensorflow_nor_matplotli
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   from beam_prep import drawing  # pylint: disable=g-import-not-at-top
-  code = ("import sys, beam_prep.drawing\n"
-          "bad = [m for m in ('tensorflow', 'keras', 'matplotlib') if m in sys.modules]\n"
-          "assert not bad, bad\n")
-  run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+
+  code = (
+    "import sys, beam_prep.drawing\n"
+    "bad = [m for m in ('tensorflow', 'keras', 'matplotlib') if m in sys.modules]\n"
+    "assert not bad, bad\n"
+  )
+  run = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+  )
   assert run.returncode == 0, run.stderr
   image = np.full((10, 20, 3), 100, np.uint8)
   mask = np.zeros((10, 20), bool)
@@ -112,10 +125,13 @@ def test_noc_options_are_the_segmentation_tasks_own():
   from train import cli
   from train.config import TrainConfig
   from train.tasks.segmentation import SegmentationFitOptions
+
   assert not {f.name for f in dataclasses.fields(TrainConfig)} & {
-      f.name for f in dataclasses.fields(SegmentationFitOptions)}
-  args = cli.fit_parser().parse_args(["--data", "d", "--model-dir", "m", "--preset", "demo",
-                                      "--noc-clicks", "5"])
+    f.name for f in dataclasses.fields(SegmentationFitOptions)
+  }
+  args = cli.fit_parser().parse_args(
+    ["--data", "d", "--model-dir", "m", "--preset", "demo", "--noc-clicks", "5"]
+  )
   config = cli.build_config(args)
   assert config.task_options == {"noc_clicks": 5, "noc_objects": 24}  # flag; preset
   task = SegmentationTask.__new__(SegmentationTask)
@@ -131,14 +147,18 @@ def test_a_presets_on_setting_is_turned_off_by_its_no_flag():
   after it turns them off again (what the benchmark's arms do)."""
   from pipelines import cli as prep_cli
   from train import cli
+
   base = ["--data", "d", "--model-dir", "m", "--preset", "real"]
   on = cli.build_config(cli.fit_parser().parse_args(base))
   off = cli.build_config(cli.fit_parser().parse_args(base + ["--no-corrective-clicks"]))
   assert on.task_options["corrective_clicks"] is True
   assert off.task_options["corrective_clicks"] is False
   parser = prep_cli.prep_parser("segmentation")
-  for flags, want in (([], True), (["--no-previous-mask"], False),
-                      (["--no-previous-mask", "--previous-mask"], True)):
+  for flags, want in (
+    ([], True),
+    (["--no-previous-mask"], False),
+    (["--no-previous-mask", "--previous-mask"], True),
+  ):
     args = parser.parse_args(["--input", "i", "--output", "o", "--preset", "real"] + flags)
     assert prep_cli.build_config(args).options.previous_mask is want, flags
 

@@ -29,6 +29,7 @@ def _loaded(prep_dir):
 def _fit(args):
   """fit without the NoC evaluation (tests/train/test_noc.py covers it) unless asked."""
   from train import cli  # pylint: disable=g-import-not-at-top
+
   extra = [] if "--noc-clicks" in args else ["--noc-clicks", "0"]
   with pytest.raises(SystemExit) as e:
     cli.main(["fit"] + args + extra)
@@ -37,12 +38,24 @@ def _fit(args):
 
 def _cli(args, timeout=600, **kw):
   """beam-train in a fresh process (device settings need a fresh runtime)."""
-  return subprocess.run([sys.executable, "-m", "train"] + args, capture_output=True, text=True,
-                        timeout=timeout, **kw)
+  return subprocess.run(
+    [sys.executable, "-m", "train"] + args, capture_output=True, text=True, timeout=timeout, **kw
+  )
 
 
-SMALL = ["--batch-size", "4", "--width", "4", "--depth", "1", "--log-every", "1",
-         "--histogram-every", "0", "--no-export"]
+SMALL = [
+  "--batch-size",
+  "4",
+  "--width",
+  "4",
+  "--depth",
+  "1",
+  "--log-every",
+  "1",
+  "--histogram-every",
+  "0",
+  "--no-export",
+]
 
 
 def test_decoder_and_parser_on_in_memory_examples(prep_dir):
@@ -51,15 +64,26 @@ def test_decoder_and_parser_on_in_memory_examples(prep_dir):
   mask = np.zeros((64, 64), np.uint8)
   mask[10:30, 10:30] = 1
   mask[0] = keys.IGNORE
-  ex = {"image_id": "mem", "object_id": 1, "variant": 0, "image": image,
-        "distance_maps": np.full((64, 64, 2), 255, np.uint8), "mask": mask,
-        "positive_clicks": np.array([[20, 20]]), "negative_clicks": np.zeros((0, 2), int)}
+  ex = {
+    "image_id": "mem",
+    "object_id": 1,
+    "variant": 0,
+    "image": image,
+    "distance_maps": np.full((64, 64, 2), 255, np.uint8),
+    "mask": mask,
+    "positive_clicks": np.array([[20, 20]]),
+    "negative_clicks": np.zeros((0, 2), int),
+  }
   ex.update(height=64, width=64, negative_strategy=0, flipped=0, crop_box=np.array([0, 0, 64, 64]))
   decoder = Decoder(table)
   stored = decoder.stored(tf.constant([table.encode_unit([ex])] * 2))
   raw = decoder.raw(stored)
   assert raw[keys.IMAGE].shape == (2,) and raw[keys.POSITIVE_CLICKS].values.numpy().tolist() == [
-      20, 20, 20, 20]
+    20,
+    20,
+    20,
+    20,
+  ]
   raw = {k: stored[k] for k in task.transform_keys}
   inputs, labels = Parser(out, table, task)(raw, training=False)
   assert inputs.shape == (2, 64, 64, 5) and inputs.dtype == tf.float32
@@ -82,8 +106,9 @@ def test_reader_sharding_is_disjoint_and_eval_is_deterministic(prep_dir):
   everything = sorted(r.numpy() for r in reader.records(keys.TRAIN_SPLIT, training=False))
   parts = []
   for i in range(2):
-    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i,
-                                     num_replicas_in_sync=2)
+    ctx = tf.distribute.InputContext(
+      num_input_pipelines=2, input_pipeline_id=i, num_replicas_in_sync=2
+    )
     parts.append([r.numpy() for r in reader.records(keys.TRAIN_SPLIT, False, ctx)])
   assert parts[0] and parts[1]
   assert not set(parts[0]) & set(parts[1])
@@ -106,16 +131,35 @@ def test_reader_sharding_is_disjoint_and_eval_is_deterministic(prep_dir):
   assert inputs.shape == (4, 64, 64, 5)
 
 
-def test_two_replicas_on_logical_cpus_with_the_full_recipe_compiled_by_xla(guided_prep,
-                                                                            tmp_path):
+def test_two_replicas_on_logical_cpus_with_the_full_recipe_compiled_by_xla(guided_prep, tmp_path):
   """MirroredStrategy, and --xla compiling the step's rounds (previous mask,
   corrective clicks), the model and its gradient; the parse of the stored
   bytes, the exported transform and the optimizer's all-reduce stay outside."""
   model_dir = str(tmp_path / "m")
-  r = _cli(["fit", "--data", guided_prep, "--model-dir", model_dir, "--steps", "4",
-            "--cpu-replicas", "2", "--scale-learning-rate", "--lr-schedule", "cosine",
-            "--noc-clicks", "2", "--mask-rounds", "3", "--corrective-clicks", "--xla"] + SMALL,
-           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))  # XLA says it compiled.
+  r = _cli(
+    [
+      "fit",
+      "--data",
+      guided_prep,
+      "--model-dir",
+      model_dir,
+      "--steps",
+      "4",
+      "--cpu-replicas",
+      "2",
+      "--scale-learning-rate",
+      "--lr-schedule",
+      "cosine",
+      "--noc-clicks",
+      "2",
+      "--mask-rounds",
+      "3",
+      "--corrective-clicks",
+      "--xla",
+    ]
+    + SMALL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"),
+  )  # XLA says it compiled.
   assert r.returncode == 0, r.stdout + r.stderr[-5000:]
   assert "Compiled cluster using XLA" in r.stderr
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
@@ -128,8 +172,24 @@ def test_two_replicas_on_logical_cpus_with_the_full_recipe_compiled_by_xla(guide
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(prep_dir, tmp_path, capsys):
   model_dir = str(tmp_path / "m")
-  assert _fit(["--data", prep_dir, "--model-dir", model_dir, "--checkpoint-every", "1",
-               "--steps", "40", "--learning-rate", "1e30"] + SMALL) == 1
+  assert (
+    _fit(
+      [
+        "--data",
+        prep_dir,
+        "--model-dir",
+        model_dir,
+        "--checkpoint-every",
+        "1",
+        "--steps",
+        "40",
+        "--learning-rate",
+        "1e30",
+      ]
+      + SMALL
+    )
+    == 1
+  )
   out = capsys.readouterr().out
   assert "loss is nan" in out and "last good checkpoint" in out
   latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
@@ -143,48 +203,99 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(prep_dir, tmp_path, c
 
 def test_metrics_tensorboard_and_profile(prep_dir, tmp_path, capsys):
   model_dir = str(tmp_path / "m")
-  assert _fit(["--data", prep_dir, "--model-dir", model_dir, "--steps", "4",
-               "--batch-size", "4", "--width", "4", "--depth", "1", "--log-every", "2",
-               "--histogram-every", "2", "--profile-steps", "2,3", "--no-export"]) == 0
+  assert (
+    _fit(
+      [
+        "--data",
+        prep_dir,
+        "--model-dir",
+        model_dir,
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--width",
+        "4",
+        "--depth",
+        "1",
+        "--log-every",
+        "2",
+        "--histogram-every",
+        "2",
+        "--profile-steps",
+        "2,3",
+        "--no-export",
+      ]
+    )
+    == 0
+  )
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
-  for key in ("final_step", "examples_per_second", "input_wait_fraction", "input_bound",
-              "step_traces", "replicas", "global_batch_size", "eval"):
+  for key in (
+    "final_step",
+    "examples_per_second",
+    "input_wait_fraction",
+    "input_bound",
+    "step_traces",
+    "replicas",
+    "global_batch_size",
+    "eval",
+  ):
     assert key in m, key
   assert 0 <= m["input_wait_fraction"] <= 1 and m["examples_per_second"] > 0
   assert 0 <= m["eval"]["mean_iou"] <= 1
   assert 0 <= m["eval"]["baseline_nearest_click_mean_iou"] <= 1
   ev = m["eval"]
-  assert (f"eval: {ev['examples']} examples, mean IoU {ev['mean_iou']:.3f} (nearest-click "
-          f"baseline {ev['baseline_nearest_click_mean_iou']:.3f}), pixel accuracy "
-          f"{ev['pixel_accuracy']:.3f}") in capsys.readouterr().out
+  assert (
+    f"eval: {ev['examples']} examples, mean IoU {ev['mean_iou']:.3f} (nearest-click "
+    f"baseline {ev['baseline_nearest_click_mean_iou']:.3f}), pixel accuracy "
+    f"{ev['pixel_accuracy']:.3f}"
+  ) in capsys.readouterr().out
   tags = set()
   for f in glob.glob(os.path.join(model_dir, "tensorboard", "train", "events.*")):
     for e in tf.compat.v1.train.summary_iterator(f):
       tags.update(v.tag for v in e.summary.value)
-  for tag in ("loss", "examples_per_second", "input_wait_fraction", "learning_rate",
-              "predicted_masks"):
+  for tag in (
+    "loss",
+    "examples_per_second",
+    "input_wait_fraction",
+    "learning_rate",
+    "predicted_masks",
+  ):
     assert tag in tags, tag
   assert any(t.startswith("weights/") for t in tags)
   assert any(t.startswith("gradients/") for t in tags)
-  assert glob.glob(os.path.join(model_dir, "tensorboard", "plugins", "profile", "*",
-                                "*.xplane.pb"))
+  assert glob.glob(os.path.join(model_dir, "tensorboard", "plugins", "profile", "*", "*.xplane.pb"))
 
 
 def _kernel(model_dir, layer):
   from train import models  # pylint: disable=g-import-not-at-top
+
   model = models.build_model("segmentation_fcn", 5, builtin={"width": 4, "depth": 1})
   tf.train.Checkpoint(model=model).restore(
-      tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
+    tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+  ).expect_partial()
   return model.get_layer(layer).kernel.numpy()
 
 
 def test_fine_tuning_from_a_checkpoint_with_frozen_layers(prep_dir, tmp_path):
   a, b = str(tmp_path / "a"), str(tmp_path / "b")
-  common = ["--data", prep_dir, "--batch-size", "4", "--width", "4", "--depth", "1",
-            "--histogram-every", "0", "--no-export"]
+  common = [
+    "--data",
+    prep_dir,
+    "--batch-size",
+    "4",
+    "--width",
+    "4",
+    "--depth",
+    "1",
+    "--histogram-every",
+    "0",
+    "--no-export",
+  ]
   assert _fit(common + ["--model-dir", a, "--steps", "3"]) == 0
-  assert _fit(common + ["--model-dir", b, "--steps", "3", "--init-from", a,
-                        "--freeze", "^down0_"]) == 0
+  assert (
+    _fit(common + ["--model-dir", b, "--steps", "3", "--init-from", a, "--freeze", "^down0_"]) == 0
+  )
   np.testing.assert_array_equal(_kernel(a, "down0_conv1"), _kernel(b, "down0_conv1"))
   assert not np.array_equal(_kernel(a, "up0_conv1"), _kernel(b, "up0_conv1"))
 
@@ -192,11 +303,25 @@ def test_fine_tuning_from_a_checkpoint_with_frozen_layers(prep_dir, tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_saves_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path, sig):
   model_dir = str(tmp_path / "m")
-  args = ["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "100000",
-          "--checkpoint-every", "100000"] + SMALL
+  args = [
+    "fit",
+    "--data",
+    prep_dir,
+    "--model-dir",
+    model_dir,
+    "--steps",
+    "100000",
+    "--checkpoint-every",
+    "100000",
+  ] + SMALL
   env = dict(os.environ, PYTHONUNBUFFERED="1")
-  proc = subprocess.Popen([sys.executable, "-m", "train"] + args, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, env=env)
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "train"] + args,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    env=env,
+  )
   deadline = time.time() + 300
   seen = ""
   while time.time() < deadline:
@@ -212,14 +337,17 @@ def test_ctrl_c_saves_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path, sig):
   saved_step = int(latest.rsplit("-", 1)[1])
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert m["interrupted"] and m["final_step"] == saved_step >= 3
-  assert _fit(["--data", prep_dir, "--model-dir", model_dir,
-               "--steps", str(saved_step + 2)] + SMALL) == 0
+  assert (
+    _fit(["--data", prep_dir, "--model-dir", model_dir, "--steps", str(saved_step + 2)] + SMALL)
+    == 0
+  )
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert m["final_step"] == saved_step + 2 and m["steps_this_run"] == 2
 
 
 def test_retrace_guard_names_the_change_in_the_real_step():
   from train.loop import FinalizedFunction, RetraceError  # pylint: disable=g-import-not-at-top
+
   v = tf.Variable(0.0)
   step = FinalizedFunction(lambda x: v.assign_add(tf.reduce_sum(x)), "train_step")
   step(tf.ones([8, 64, 64, 5]))
@@ -229,6 +357,7 @@ def test_retrace_guard_names_the_change_in_the_real_step():
 
 def _free_ports(n):
   import socket  # pylint: disable=g-import-not-at-top
+
   socks = [socket.socket() for _ in range(n)]
   for s in socks:
     s.bind(("127.0.0.1", 0))
@@ -244,13 +373,40 @@ def test_multi_worker_with_two_local_processes(prep_dir, tmp_path):
   model_dir = str(tmp_path / "m")
   procs = []
   for i in range(2):
-    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster,
-                                                  "task": {"type": "worker", "index": i}}))
-    procs.append(subprocess.Popen(
-        [sys.executable, "-m", "train", "fit", "--data", prep_dir, "--model-dir", model_dir,
-         "--steps", "4", "--batch-size", "2", "--width", "4", "--depth", "1",
-         "--histogram-every", "0", "--no-export", "--noc-clicks", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    env = dict(
+      os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+    )
+    procs.append(
+      subprocess.Popen(
+        [
+          sys.executable,
+          "-m",
+          "train",
+          "fit",
+          "--data",
+          prep_dir,
+          "--model-dir",
+          model_dir,
+          "--steps",
+          "4",
+          "--batch-size",
+          "2",
+          "--width",
+          "4",
+          "--depth",
+          "1",
+          "--histogram-every",
+          "0",
+          "--no-export",
+          "--noc-clicks",
+          "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+      )
+    )
   outs = []
   for p in procs:
     try:
@@ -267,17 +423,36 @@ def test_multi_worker_with_two_local_processes(prep_dir, tmp_path):
 
 def _prep(data, out, *extra):
   """A real beam-prep run (64 px, one variant) over `data`."""
-  assert run_cli(["segmentation", "--input", data, "--output", out, "--preset", "smoke",
-                  "--image-size", "64", "--variants", "1", "--max-error-fraction", "1"]
-                 + list(extra)) == 0
+  assert (
+    run_cli(
+      [
+        "segmentation",
+        "--input",
+        data,
+        "--output",
+        out,
+        "--preset",
+        "smoke",
+        "--image-size",
+        "64",
+        "--variants",
+        "1",
+        "--max-error-fraction",
+        "1",
+      ]
+      + list(extra)
+    )
+    == 0
+  )
   return out
 
 
 def test_fit_refuses_an_output_with_no_train_record(prep_dir, sample_dir, tmp_path, capsys):
   # The images of the train split all unreadable, those of the eval split fine:
   # a complete output (with _SUCCESS) holding eval records only.
-  eval_ids = {r[keys.IMAGE_ID] for r in PrepOutput(prep_dir).read_numpy(keys.EVAL_SPLIT,
-                                                                          [keys.IMAGE_ID])}
+  eval_ids = {
+    r[keys.IMAGE_ID] for r in PrepOutput(prep_dir).read_numpy(keys.EVAL_SPLIT, [keys.IMAGE_ID])
+  }
   data = tmp_path / "photos"
   shutil.copytree(sample_dir, data)
   for image in (data / "images").iterdir():
@@ -300,8 +475,9 @@ def test_fit_refuses_an_output_with_no_train_record(prep_dir, sample_dir, tmp_pa
 
 def test_fit_on_the_records_folder_names_the_output_to_give(prep_dir, tmp_path, capsys):
   records = os.path.join(prep_dir, keys.RECORDS_DIR)
-  assert _fit(["--data", records + "/", "--model-dir", str(tmp_path / "m"), "--steps", "1"]
-              + SMALL) == 1
+  assert (
+    _fit(["--data", records + "/", "--model-dir", str(tmp_path / "m"), "--steps", "1"] + SMALL) == 1
+  )
   printed = capsys.readouterr().out
   assert f"{records} is the records/ folder of a beam-prep output" in printed
   assert f"--data {prep_dir}" in printed
@@ -311,10 +487,12 @@ def test_fit_on_the_records_folder_names_the_output_to_give(prep_dir, tmp_path, 
 def test_an_empty_eval_split_skips_evaluation_and_noc_saying_why(sample_dir, tmp_path, capsys):
   out = _prep(sample_dir, str(tmp_path / "prep"), "--eval-percent", "0")
   model_dir = str(tmp_path / "m")
-  assert _fit(["--data", out, "--model-dir", model_dir, "--steps", "2", "--noc-clicks", "2"]
-              + SMALL) == 0
+  assert (
+    _fit(["--data", out, "--model-dir", model_dir, "--steps", "2", "--noc-clicks", "2"] + SMALL)
+    == 0
+  )
   printed = capsys.readouterr().out
-  [line] = [l for l in printed.splitlines() if l.startswith("eval: ")]
+  [line] = [text for text in printed.splitlines() if text.startswith("eval: ")]
   assert line.startswith(f"eval: skipped evaluation and NoC: {out} has no eval records (0 in")
   assert "--eval-percent N" in line and "made with --eval-percent 0" in line
   m = json.load(open(os.path.join(model_dir, "metrics.json")))

@@ -24,6 +24,7 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 
 def _cli(argv):
   from train import cli  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(SystemExit) as e:
     cli.main(argv)
   return e.value.code
@@ -46,11 +47,33 @@ def user_module_dir(tmp_path, monkeypatch):
 
 
 def test_user_model_module_trains_evaluates_exports_and_predicts(
-    prep_dir, user_module_dir, tmp_path, monkeypatch):
+  prep_dir, user_module_dir, tmp_path, monkeypatch
+):
   model_dir = str(tmp_path / "model")
-  assert _cli(["fit", "--data", prep_dir, "--model-dir", model_dir, "--model-module",
-               "my_models", "--model", "tiny_unet", "--model-args", '{"filters": 4}',
-               "--steps", "6", "--batch-size", "4", "--histogram-every", "0"]) == 0
+  assert (
+    _cli(
+      [
+        "fit",
+        "--data",
+        prep_dir,
+        "--model-dir",
+        model_dir,
+        "--model-module",
+        "my_models",
+        "--model",
+        "tiny_unet",
+        "--model-args",
+        '{"filters": 4}',
+        "--steps",
+        "6",
+        "--batch-size",
+        "4",
+        "--histogram-every",
+        "0",
+      ]
+    )
+    == 0
+  )
   metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert metrics["step_traces"] == 1 and metrics["eval"]["examples"] > 0
   assert "mean_iou" in metrics["eval"] and os.path.isdir(metrics["export_dir"])
@@ -66,12 +89,15 @@ def test_user_model_module_trains_evaluates_exports_and_predicts(
   sys.modules.pop("my_models", None)
   monkeypatch.setattr(sys, "path", [p for p in sys.path if p != user_module_dir])
   from train import models  # pylint: disable=g-import-not-at-top
+
   rebuilt = models.rebuild(model_dir)
   assert rebuilt.get_layer("enc").filters == 4  # --model-args reached the factory
   assert_serving_parity(prep_dir, model_dir, n=3)
   assert _cli(["export", "--data", prep_dir, "--model-dir", model_dir]) == 0
-  assert _cli(["evaluate", "--model", model_dir, "--max-clicks", "3",
-               "--output", str(tmp_path / "noc")]) == 0
+  assert (
+    _cli(["evaluate", "--model", model_dir, "--max-clicks", "3", "--output", str(tmp_path / "noc")])
+    == 0
+  )
   assert json.load(open(tmp_path / "noc" / "noc.json"))["model"]["max_clicks"] == 3
   assert metrics["noc"]["model"]["noc@85"] >= 1  # fit's own NoC ran on the user's model too
 
@@ -80,17 +106,33 @@ def test_user_model_module_trains_evaluates_exports_and_predicts(
   sys.modules.pop("my_models", None)
   image = os.path.join(str(tmp_path), "photo.png")
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 56, 3), np.uint8)).save(image)
   out = str(tmp_path / "mask.png")
-  assert _cli(["predict", "--model", model_dir, "--image", image, "--positive", "20,20",
-               "--output", out]) == 0
+  assert (
+    _cli(
+      ["predict", "--model", model_dir, "--image", image, "--positive", "20,20", "--output", out]
+    )
+    == 0
+  )
   assert Image.open(out).size == (56, 40)
 
 
-def test_user_model_mistakes_are_refused_before_training(prep_dir, user_module_dir, tmp_path,
-                                                         capsys):
-  base = ["fit", "--data", prep_dir, "--model-dir", str(tmp_path / "m"), "--steps", "2",
-          "--batch-size", "2", "--no-export"]
+def test_user_model_mistakes_are_refused_before_training(
+  prep_dir, user_module_dir, tmp_path, capsys
+):
+  base = [
+    "fit",
+    "--data",
+    prep_dir,
+    "--model-dir",
+    str(tmp_path / "m"),
+    "--steps",
+    "2",
+    "--batch-size",
+    "2",
+    "--no-export",
+  ]
   assert _cli(base + ["--model-module", "my_models", "--model", "three_channel_output"]) == 1
   out = capsys.readouterr().out
   assert "model 'three_channel_output' maps [1, 64, 64, " in out
@@ -98,8 +140,13 @@ def test_user_model_mistakes_are_refused_before_training(prep_dir, user_module_d
   assert not os.path.exists(tmp_path / "m" / "checkpoints")
   assert _cli(base + ["--model-module", "my_models", "--model", "tiny_unt"]) == 1
   assert "unknown model 'tiny_unt'" in capsys.readouterr().out
-  assert _cli(base + ["--model-module", "my_models", "--model", "tiny_unet",
-                      "--model-args", '{"filtres": 4}']) == 1
+  assert (
+    _cli(
+      base
+      + ["--model-module", "my_models", "--model", "tiny_unet", "--model-args", '{"filtres": 4}']
+    )
+    == 1
+  )
   assert "cannot be called with" in capsys.readouterr().out
   assert _cli(base + ["--model-args", "{filters: 4}"]) == 2
   assert "--model-args is not JSON" in capsys.readouterr().out
@@ -111,6 +158,7 @@ def test_dataset_gives_the_trainers_tensors_in_keras_form(prep_dir):
   from train import dataset  # pylint: disable=g-import-not-at-top
   from train.data import InputReader  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
+
   prep = PrepOutput(prep_dir)
   table = prep.table
   # Eval: one pass in file order, so it lines up with the trainer's reader.
@@ -144,31 +192,54 @@ def test_readme_user_script_trains_and_beam_train_export_serves_it(prep_dir, tmp
   _readme_holds("train_my_model.py")
   model_file = str(tmp_path / "mine.keras")
   env = dict(os.environ, PYTHONPATH=ROOT)
-  run = subprocess.run([sys.executable, os.path.join(FIXTURES, "train_my_model.py"), prep_dir,
-                        model_file, "4"], capture_output=True, text=True, env=env, cwd=tmp_path,
-                       timeout=600)
+  run = subprocess.run(
+    [sys.executable, os.path.join(FIXTURES, "train_my_model.py"), prep_dir, model_file, "4"],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=tmp_path,
+    timeout=600,
+  )
   assert run.returncode == 0, run.stderr[-3000:]
   assert os.path.exists(model_file)
   export_base = str(tmp_path / "serving")
-  assert _cli(["export", "--model-file", model_file, "--data", prep_dir, "--output",
-               export_base]) == 0
+  assert (
+    _cli(["export", "--model-file", model_file, "--data", prep_dir, "--output", export_base]) == 0
+  )
   import keras  # pylint: disable=g-import-not-at-top
-  assert_serving_parity(prep_dir, export_base, n=3,
-                        model=keras.saving.load_model(model_file, compile=False))
+
+  assert_serving_parity(
+    prep_dir, export_base, n=3, model=keras.saving.load_model(model_file, compile=False)
+  )
 
 
 def test_export_refuses_a_model_that_does_not_fit_the_records(prep_dir, tmp_path, capsys):
   import keras  # pylint: disable=g-import-not-at-top
+
   channels = FeatureTable.load(prep_dir).input_channels
   inputs = keras.Input((None, None, channels + 1))
   wrong = str(tmp_path / "wrong.keras")
   keras.Model(inputs, keras.layers.Conv2D(1, 1)(inputs)).save(wrong)
-  assert _cli(["export", "--model-file", wrong, "--data", prep_dir,
-               "--output", str(tmp_path / "s")]) == 1
+  assert (
+    _cli(["export", "--model-file", wrong, "--data", prep_dir, "--output", str(tmp_path / "s")])
+    == 1
+  )
   assert f"cannot take the records' input [B, 64, 64, {channels}]" in capsys.readouterr().out
   (tmp_path / "junk.keras").write_bytes(b"not a model")
-  assert _cli(["export", "--model-file", str(tmp_path / "junk.keras"), "--data", prep_dir,
-               "--output", str(tmp_path / "s")]) == 1
+  assert (
+    _cli(
+      [
+        "export",
+        "--model-file",
+        str(tmp_path / "junk.keras"),
+        "--data",
+        prep_dir,
+        "--output",
+        str(tmp_path / "s"),
+      ]
+    )
+    == 1
+  )
   assert "cannot load the Keras model" in capsys.readouterr().out
   assert not os.path.exists(tmp_path / "s")
 
@@ -181,13 +252,18 @@ def test_tfx_style_run_fn_reads_the_records_and_exports(prep_dir, tmp_path):
   finally:
     sys.path.remove(FIXTURES)
   fn_args = types.SimpleNamespace(  # The fields of TFX's FnArgs that run_fn reads.
-      transform_output=os.path.join(prep_dir, keys.TRANSFORM_DIR),
-      train_files=PrepOutput(prep_dir).files(keys.TRAIN_SPLIT),
-      train_steps=3, serving_model_dir=str(tmp_path / "serving"))
+    transform_output=os.path.join(prep_dir, keys.TRANSFORM_DIR),
+    train_files=PrepOutput(prep_dir).files(keys.TRAIN_SPLIT),
+    train_steps=3,
+    serving_model_dir=str(tmp_path / "serving"),
+  )
   tfx_run_fn.run_fn(fn_args)
   from train.export import latest_export  # pylint: disable=g-import-not-at-top
+
   serving = tf.saved_model.load(latest_export(fn_args.serving_model_dir))
   out = serving.signatures["serving_default"](
-      image=tf.zeros([30, 40, 3], tf.uint8), positive_clicks=tf.constant([[5, 5]], tf.int32),
-      negative_clicks=tf.zeros([0, 2], tf.int32))
+    image=tf.zeros([30, 40, 3], tf.uint8),
+    positive_clicks=tf.constant([[5, 5]], tf.int32),
+    negative_clicks=tf.zeros([0, 2], tf.int32),
+  )
   assert out["mask"].shape == (30, 40)

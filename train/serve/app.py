@@ -71,8 +71,9 @@ def _rest_routes(app: Flask, versions: Versions, config: ServeConfig) -> None:
   @app.post("/v1/models/<name>/versions/<int:version>:predict")
   def predict(name, version=None):
     model = versions.check(name, version)
-    signature, inputs, row = rest.parse_predict(request.get_data(cache=False), model.signatures,
-                                                config.max_clicks, config.max_pixels)
+    signature, inputs, row = rest.parse_predict(
+      request.get_data(cache=False), model.signatures, config.max_clicks, config.max_pixels
+    )
     return _json(rest.encode_outputs(model.predict(signature, inputs), row))
 
 
@@ -104,18 +105,35 @@ def _page_routes(app: Flask, page: Page) -> None:
 
   @app.get("/page/coco")
   def coco():
-    return Response(page.labels.document_json(), mimetype="application/json",
-                    headers={"Content-Disposition": f"attachment; filename={COCO_FILE}"})
+    return Response(
+      page.labels.document_json(),
+      mimetype="application/json",
+      headers={"Content-Disposition": f"attachment; filename={COCO_FILE}"},
+    )
 
-  posts = {"open": page.open, "segment": page.segment, "iou": page.iou,
-           "next_click": page.next_click, "save": page.save}
+  posts = {
+    "open": page.open,
+    "segment": page.segment,
+    "iou": page.iou,
+    "next_click": page.next_click,
+    "save": page.save,
+  }
   for name, handle in posts.items():
-    app.add_url_rule(f"/page/{name}", f"page_{name}", methods=["POST"],
-                     view_func=lambda handle=handle: _json(handle(_page_body())))
+    app.add_url_rule(
+      f"/page/{name}",
+      f"page_{name}",
+      methods=["POST"],
+      view_func=lambda handle=handle: _json(handle(_page_body())),
+    )
 
 
-def make_app(config: ServeConfig, versions: Versions, sources: Sources,
-             labels: Optional[Labels] = None, rounds: Optional[Rounds] = None) -> Flask:
+def make_app(
+  config: ServeConfig,
+  versions: Versions,
+  sources: Sources,
+  labels: Optional[Labels] = None,
+  rounds: Optional[Rounds] = None,
+) -> Flask:
   """The Flask app of one loaded model; its label store (`labels`, else
   opened on --save-dir) is `app.extensions[LABELS]`, and `rounds` (which
   counts its saves) `app.extensions[ROUNDS]`."""
@@ -123,8 +141,14 @@ def make_app(config: ServeConfig, versions: Versions, sources: Sources,
   app.config["MAX_CONTENT_LENGTH"] = int(config.max_request_mb * 1024 * 1024)
   labels = labels or Labels(config.save_dir)
   app.extensions[LABELS], app.extensions[ROUNDS] = labels, rounds
-  page = Page(versions, sources, ImageStore(int(config.cache_mb * 1024 * 1024)), config.max_pixels,
-              labels, on_saved=rounds.saved if rounds else None)
+  page = Page(
+    versions,
+    sources,
+    ImageStore(int(config.cache_mb * 1024 * 1024)),
+    config.max_pixels,
+    labels,
+    on_saved=rounds.saved if rounds else None,
+  )
   _rest_routes(app, versions, config)
   _page_routes(app, page)
 
@@ -138,8 +162,10 @@ def make_app(config: ServeConfig, versions: Versions, sources: Sources,
     if e.code == 413 and (request.content_length or 0) > app.config["MAX_CONTENT_LENGTH"]:
       message = too_large(config.max_request_mb)
     elif e.code == 413:  # Werkzeug's limits of a multipart form (Flask's defaults).
-      message = (f"the form is over the server's limits: {app.config['MAX_FORM_PARTS']} parts, "
-                 f"{app.config['MAX_FORM_MEMORY_SIZE'] // 1000} kB of fields besides files")
+      message = (
+        f"the form is over the server's limits: {app.config['MAX_FORM_PARTS']} parts, "
+        f"{app.config['MAX_FORM_MEMORY_SIZE'] // 1000} kB of fields besides files"
+      )
     return _json(rest.error_body(message), e.code or 500)
 
   @app.errorhandler(Exception)
@@ -156,9 +182,10 @@ def describe(model: RestModel) -> str:
   for sig, specs in sorted(model.signatures.items()):
     outs = model.metadata()["metadata"]["signature_def"]["signature_def"][sig]["outputs"]
     ins = ", ".join(f"{k} {s.dtype.name} {_dims(s.shape)}" for k, s in sorted(specs.items()))
-    outs = ", ".join(f"{k} {v['dtype'][3:].lower()} "
-                     f"{[int(d['size']) for d in v['tensor_shape'].get('dim', [])]}"
-                     for k, v in sorted(outs.items()))
+    outs = ", ".join(
+      f"{k} {v['dtype'][3:].lower()} {[int(d['size']) for d in v['tensor_shape'].get('dim', [])]}"
+      for k, v in sorted(outs.items())
+    )
     lines.append(f"{sig}({ins}) -> {outs}")
   return "\n".join(lines)
 
@@ -172,10 +199,15 @@ def build(config: ServeConfig, log: Optional[logging.Logger] = None):
   opened, the engine's rounds (None without --engine-every)."""
   versions = Versions(config.model, config.name, config.max_clicks, log)
   if config.engine_every and not versions.watched:
-    raise ValueError(f"--engine-every publishes new versions under the model dir: --model "
-                     f"{config.model} is one export folder; give its model dir")
-  rounds = (Rounds(config.engine_every, config.save_dir, config.model, config.engine_args, log)
-            if config.engine_every else None)
+    raise ValueError(
+      f"--engine-every publishes new versions under the model dir: --model "
+      f"{config.model} is one export folder; give its model dir"
+    )
+  rounds = (
+    Rounds(config.engine_every, config.save_dir, config.model, config.engine_args, log)
+    if config.engine_every
+    else None
+  )
   sources = Sources(config.images, config.data, config.max_eval_objects)
   return make_app(config, versions, sources, rounds=rounds), versions, rounds
 
@@ -186,6 +218,7 @@ def _stopper(app: Flask, versions: Versions, rounds: Optional[Rounds]):
       rounds.stop()
     versions.stop()
     app.extensions[LABELS].close()
+
   return stop
 
 
@@ -197,32 +230,44 @@ def start(config: ServeConfig, log: Optional[logging.Logger] = None):
   if config.images and not os.path.isdir(config.images):
     raise FileNotFoundError(f"--images {config.images}: no such folder")
   app, versions, rounds = build(config, log)
-  server = Server(app, config.host, config.port, config.threads, config.max_request_mb,
-                  on_stop=_stopper(app, versions, rounds))
+  server = Server(
+    app,
+    config.host,
+    config.port,
+    config.threads,
+    config.max_request_mb,
+    on_stop=_stopper(app, versions, rounds),
+  )
   versions.watch(config.poll_seconds)
   if log:
     _say_started(log, config, versions, server.port, app.extensions[LABELS])
   return server, versions
 
 
-def _say_started(log: logging.Logger, config: ServeConfig, versions: Versions, port: int,
-                 labels: Labels) -> None:
+def _say_started(
+  log: logging.Logger, config: ServeConfig, versions: Versions, port: int, labels: Labels
+) -> None:
   model = versions.current
   log.info("serve: model %r version %d from %s", model.name, model.version, model.path)
   for line in describe(model).splitlines():
     log.info("serve:   %s", line)
   if versions.watched and config.poll_seconds > 0:
-    log.info("serve: a newer export under %s is served when it appears (checked every %g s)",
-             config.model, config.poll_seconds)
+    log.info(
+      "serve: a newer export under %s is served when it appears (checked every %g s)",
+      config.model,
+      config.poll_seconds,
+    )
   host = f"[{config.host}]" if ":" in config.host else config.host
   url = f"http://{host}:{port}"
-  log.info("serve: the page at %s/ ; REST at %s/v1/models/%s (TF Serving's API)", url, url,
-           model.name)
+  log.info(
+    "serve: the page at %s/ ; REST at %s/v1/models/%s (TF Serving's API)", url, url, model.name
+  )
   if config.save_dir:
     log.info("serve: labels saved under %s (%d images so far)", config.save_dir, labels.count())
   if config.engine_every:
-    log.info("serve: a data engine round runs after every %d labels saved (--engine-every)",
-             config.engine_every)
+    log.info(
+      "serve: a data engine round runs after every %d labels saved (--engine-every)",
+      config.engine_every,
+    )
   if config.host not in ("127.0.0.1", "localhost", "::1"):
-    log.info("serve: listening on %s: anyone who can reach this machine can use it",
-             config.host)
+    log.info("serve: listening on %s: anyone who can reach this machine can use it", config.host)

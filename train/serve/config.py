@@ -9,34 +9,44 @@ from train.engine import EngineConfig
 
 # `serve --engine-X`: the `EngineConfig` field each sets for a background round
 # (its default, its flag of `beam-train engine`).
-ENGINE_FIELDS = {"engine_steps": "steps", "engine_minutes": "max_minutes",
-                 "engine_lr_scale": "lr_scale", "engine_base_share": "base_share"}
+ENGINE_FIELDS = {
+  "engine_steps": "steps",
+  "engine_minutes": "max_minutes",
+  "engine_lr_scale": "lr_scale",
+  "engine_base_share": "base_share",
+}
 
 
 def _engine_option(name: str, text: str):
   """A background round's setting: `EngineConfig`'s field `name`, with its default."""
-  return option(next(f.default for f in dataclasses.fields(EngineConfig) if f.name == name),
-                text)
+  return option(next(f.default for f in dataclasses.fields(EngineConfig) if f.name == name), text)
 
 
 @dataclasses.dataclass(frozen=True)
 class ServeConfig(CommandConfig):
   """A server of one exported model."""
+
   model: str = option("", "model dir (newest export) or one export dir", required=True)
-  model_name: str = option("", "the name in /v1/models/NAME ('': the model dir's name)",
-                           show_default=False)
+  model_name: str = option(
+    "", "the name in /v1/models/NAME ('': the model dir's name)", show_default=False
+  )
   host: str = option("127.0.0.1", "address to listen on; 0.0.0.0 opens it to the network")
   port: int = option(8501, "port to listen on (0: any free port)")
   images: str = option("", "a folder whose images the page may open")
-  data: str = option("", "a beam-prep output: the page opens its eval objects with their "
-                     "true mask")
-  save_dir: str = option("", "a folder the page saves its labels into, as beam-prep reads "
-                         "them: --layout folders --input DIR, or --layout coco --input "
-                         "DIR/instances.json ('': kept in memory only)", show_default=False)
+  data: str = option("", "a beam-prep output: the page opens its eval objects with their true mask")
+  save_dir: str = option(
+    "",
+    "a folder the page saves its labels into, as beam-prep reads "
+    "them: --layout folders --input DIR, or --layout coco --input "
+    "DIR/instances.json ('': kept in memory only)",
+    show_default=False,
+  )
   # TF Serving checks its model base path every second by default; a load
   # takes seconds, so every 2 s costs nothing.
-  poll_seconds: float = option(2.0, "look for a newer export under --model this often (0: never); "
-                               "it is served without a restart")
+  poll_seconds: float = option(
+    2.0,
+    "look for a newer export under --model this often (0: never); it is served without a restart",
+  )
   max_request_mb: float = option(64.0, "larger request bodies are refused (413)")
   # The Beam job's limit is 64M pixels for offline work; a click-to-mask
   # server keeps interactive sizes (16M = 4096 x 4096).
@@ -44,52 +54,74 @@ class ServeConfig(CommandConfig):
   # A person clicks a few times, the NoC protocol at most 20; each click
   # costs the model a map of the image, so thousands would take it seconds
   # and gigabytes.
-  max_clicks: int = option(256, "requests with more clicks (positive and negative together) "
-                           "are refused")
+  max_clicks: int = option(
+    256, "requests with more clicks (positive and negative together) are refused"
+  )
   # Requests run on this many threads; more wait in a queue (the memory of a
   # burst stays that of this many requests at once).
   threads: int = option(4, "requests served at once; more wait their turn")
   cache_mb: float = option(512.0, "memory for the page's open images, in MB")
   max_eval_objects: int = option(100, "eval objects of --data the page lists")
-  engine_every: int = option(0, "run a data engine round (beam-train engine) in the background "
-                             "after every N labels saved (0: never); needs --save-dir and a "
-                             "model dir")
+  engine_every: int = option(
+    0,
+    "run a data engine round (beam-train engine) in the background "
+    "after every N labels saved (0: never); needs --save-dir and a "
+    "model dir",
+  )
   engine_steps: int = _engine_option("steps", "a background round's fine-tuning steps")
-  engine_minutes: float = _engine_option("max_minutes", "a background round's budget in "
-                                         "minutes, records, training and export (0: "
-                                         "--engine-steps only)")
-  engine_lr_scale: float = _engine_option("lr_scale", "a background round's learning rate, as "
-                                          "a multiple of the model's own (beam-train engine "
-                                          "--lr-scale)")
-  engine_base_share: float = _engine_option("base_share", "a background round's share of the "
-                                            "records the model was first trained on "
-                                            "(beam-train engine --base-share)")
+  engine_minutes: float = _engine_option(
+    "max_minutes",
+    "a background round's budget in minutes, records, training and export (0: --engine-steps only)",
+  )
+  engine_lr_scale: float = _engine_option(
+    "lr_scale",
+    "a background round's learning rate, as "
+    "a multiple of the model's own (beam-train engine "
+    "--lr-scale)",
+  )
+  engine_base_share: float = _engine_option(
+    "base_share",
+    "a background round's share of the "
+    "records the model was first trained on "
+    "(beam-train engine --base-share)",
+  )
 
   def __post_init__(self):
     if self.engine_every and not self.save_dir:
       raise ValueError("--engine-every trains on the labels saved: give --save-dir too")
     if self.engine_every < 0 or self.engine_steps < 1 or self.engine_minutes < 0:
-      raise ValueError("--engine-every must be 0 or more, --engine-steps at least 1, "
-                       "--engine-minutes 0 or more")
+      raise ValueError(
+        "--engine-every must be 0 or more, --engine-steps at least 1, --engine-minutes 0 or more"
+      )
     if self.engine_every:  # The rounds' settings are refused now, not in the background.
       try:
-        EngineConfig(labels=self.save_dir, model=self.model,
-                     **{dst: getattr(self, src) for src, dst in ENGINE_FIELDS.items()})
+        EngineConfig(
+          labels=self.save_dir,
+          model=self.model,
+          **{dst: getattr(self, src) for src, dst in ENGINE_FIELDS.items()},
+        )
       except ValueError as e:
         raise ValueError(f"a background round's settings (--engine-*): {e}") from None
-    for flag, value in (("--max-request-mb", self.max_request_mb),
-                        ("--max-pixels", self.max_pixels), ("--max-clicks", self.max_clicks),
-                        ("--threads", self.threads)):
+    for flag, value in (
+      ("--max-request-mb", self.max_request_mb),
+      ("--max-pixels", self.max_pixels),
+      ("--max-clicks", self.max_clicks),
+      ("--threads", self.threads),
+    ):
       if not value > 0:
         raise ValueError(f"{flag} must be above 0, got {value}")
 
   @property
   def engine_args(self):
     """The `beam-train engine` flags of a background round."""
-    return [arg for src, dst in ENGINE_FIELDS.items()
-            for arg in ("--" + dst.replace("_", "-"), str(getattr(self, src)))]
+    return [
+      arg
+      for src, dst in ENGINE_FIELDS.items()
+      for arg in ("--" + dst.replace("_", "-"), str(getattr(self, src)))
+    ]
 
   @property
   def name(self) -> str:
     from train.serve.model import default_name  # pylint: disable=g-import-not-at-top
+
     return self.model_name or default_name(self.model)

@@ -22,7 +22,6 @@ different images of one name are saved as NAME and NAME-2 (`stem_of`).
 """
 
 import hashlib
-import json
 import os
 import posixpath
 import re
@@ -61,25 +60,34 @@ def instance_mask(masks: List[np.ndarray]) -> np.ndarray:
   """uint8 [H, W] of bool object masks: 0 background, objects 1..N painted
   as the coco layout paints them."""
   if len(masks) > coco.MAX_OBJECTS:
-    raise ValueError(f"objects: an instance mask holds at most {coco.MAX_OBJECTS} objects, "
-                     f"got {len(masks)}")
+    raise ValueError(
+      f"objects: an instance mask holds at most {coco.MAX_OBJECTS} objects, got {len(masks)}"
+    )
   return coco.paint_objects(list(masks), np.full(masks[0].shape, keys.BACKGROUND, np.uint8))
 
 
 def annotation(mask: np.ndarray, clicks: Dict[str, list]) -> Dict[str, Any]:
   """A COCO annotation of one object (no `id`, `image_id` yet): compressed RLE."""
   from pycocotools import mask as mask_utils  # pylint: disable=g-import-not-at-top
+
   rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
-  return {"category_id": CATEGORY["id"], "iscrowd": 0,
-          "segmentation": {"size": [int(v) for v in rle["size"]],
-                           "counts": rle["counts"].decode("ascii")},
-          "area": int(mask_utils.area(rle)), "bbox": [float(v) for v in mask_utils.toBbox(rle)],
-          CLICKS: clicks}
+  return {
+    "category_id": CATEGORY["id"],
+    "iscrowd": 0,
+    "segmentation": {
+      "size": [int(v) for v in rle["size"]],
+      "counts": rle["counts"].decode("ascii"),
+    },
+    "area": int(mask_utils.area(rle)),
+    "bbox": [float(v) for v in mask_utils.toBbox(rle)],
+    CLICKS: clicks,
+  }
 
 
 def object_mask(ann: Dict[str, Any]) -> np.ndarray:
   """bool [H, W] of an annotation written by `annotation`."""
   from pycocotools import mask as mask_utils  # pylint: disable=g-import-not-at-top
+
   seg = ann["segmentation"]
   return mask_utils.decode({"size": seg["size"], "counts": seg["counts"].encode("ascii")}) > 0
 
@@ -93,9 +101,12 @@ def entries_of(doc: Dict[str, Any]) -> List[Dict[str, Any]]:
     if not (isinstance(seg, dict) and isinstance(seg.get("counts"), str)):
       raise ValueError(f"annotation {ann['id']}: not a compressed RLE")
     by_image.setdefault(ann["image_id"], []).append(
-        {k: v for k, v in ann.items() if k not in ("id", "image_id")})
-  return [{**{k: v for k, v in image.items() if k != "id"},
-           "annotations": by_image.get(image["id"], [])} for image in doc.get("images", [])]
+      {k: v for k, v in ann.items() if k not in ("id", "image_id")}
+    )
+  return [
+    {**{k: v for k, v in image.items() if k != "id"}, "annotations": by_image.get(image["id"], [])}
+    for image in doc.get("images", [])
+  ]
 
 
 def stem_of(name: str) -> str:

@@ -68,15 +68,19 @@ class RestModel(ServedModel):
     with tf.io.gfile.GFile(os.path.join(self.path, "saved_model.pb"), "rb") as f:
       sm.ParseFromString(f.read())
     graph = next(g for g in sm.meta_graphs if "serve" in g.meta_info_def.tags)
-    return {k: json_format.MessageToDict(v, preserving_proto_field_name=True,
-                                         always_print_fields_with_no_presence=True)
-            for k, v in graph.signature_def.items()}
+    return {
+      k: json_format.MessageToDict(
+        v, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+      )
+      for k, v in graph.signature_def.items()
+    }
 
   def metadata(self) -> Dict[str, Any]:
     """TF Serving's GetModelMetadataResponse JSON: the SignatureDefMap."""
-    return {"model_spec": {"name": self.name, "signature_name": "",
-                           "version": str(self.version)},
-            "metadata": {"signature_def": {"signature_def": self._signature_defs}}}
+    return {
+      "model_spec": {"name": self.name, "signature_name": "", "version": str(self.version)},
+      "metadata": {"signature_def": {"signature_def": self._signature_defs}},
+    }
 
   def predict(self, signature: str, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """Runs one signature; too many clicks, or the graph refusing the inputs,

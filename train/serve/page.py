@@ -102,12 +102,19 @@ class ImageStore:
     self._bytes = 0
     self._lock = threading.Lock()
 
-  def add(self, image: np.ndarray, name: str, truth: Optional[np.ndarray] = None,
-          data: bytes = b"") -> str:
+  def add(
+    self, image: np.ndarray, name: str, truth: Optional[np.ndarray] = None, data: bytes = b""
+  ) -> str:
     key = secrets.token_hex(8)
     size = image.nbytes + (truth.nbytes if truth is not None else 0) + len(data)
-    item = {"image": image, "truth": truth, "name": name, "data": data, "bytes": size,
-            "digest": exports.digest(image)}
+    item = {
+      "image": image,
+      "truth": truth,
+      "name": name,
+      "data": data,
+      "bytes": size,
+      "digest": exports.digest(image),
+    }
     with self._lock:
       while self._items and self._bytes + size > self.max_bytes:
         _, old = self._items.popitem(last=False)
@@ -120,8 +127,9 @@ class ImageStore:
     with self._lock:
       item = self._items.get(key)
       if item is None:
-        raise RequestError(f"id: no image {key!r} (closed or pushed out of the cache: open it "
-                           "again)", status=404)
+        raise RequestError(
+          f"id: no image {key!r} (closed or pushed out of the cache: open it again)", status=404
+        )
       self._items.move_to_end(key)
       return item
 
@@ -130,16 +138,19 @@ class Sources:
   """What the page may open besides uploads: files under --images, eval
   objects of --data (its records' image and true mask)."""
 
-  def __init__(self, images_dir: str = "", prep_dir: str = "",
-               max_eval: int = ServeConfig.max_eval_objects):
+  def __init__(
+    self, images_dir: str = "", prep_dir: str = "", max_eval: int = ServeConfig.max_eval_objects
+  ):
     self.images_dir = os.path.realpath(images_dir) if images_dir else ""
     self.eval_images = self.eval_labels = None
     self.eval_names: List[str] = []
     if prep_dir:
       from train.noc import eval_objects  # pylint: disable=g-import-not-at-top
       from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+
       self.eval_images, self.eval_labels, self.eval_names = eval_objects(
-          PrepOutput(prep_dir), max_eval)
+        PrepOutput(prep_dir), max_eval
+      )
 
   def files(self) -> List[str]:
     """Image files under --images, relative, sorted (at most MAX_FILES)."""
@@ -173,9 +184,11 @@ def _clicks(body: Dict[str, Any], field: str, where: str = "") -> np.ndarray:
   naming `where` + `field`."""
   value = body.get(field, [])
   ok = isinstance(value, list) and all(
-      isinstance(p, list) and len(p) == 2 and all(
-          isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**31 for v in p)
-      for p in value)
+    isinstance(p, list)
+    and len(p) == 2
+    and all(isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**31 for v in p)
+    for p in value
+  )
   if not ok:
     raise RequestError(f"{where}{field}: expected a list of [x, y] integer pairs")
   return np.asarray(value, np.int32).reshape(-1, 2)
@@ -188,8 +201,10 @@ def _clamped_clicks(item: Dict[str, Any], body: Dict[str, Any], max_clicks: int)
   fields = ("positive", "negative")
   check_clicks({f: [body[f]] for f in fields if f in body}, max_clicks, fields)
   h, w = item["image"].shape[:2]
-  return tuple(np.asarray(predict.clamp(_clicks(body, f).tolist(), w, h)[0],
-                          np.int32).reshape(-1, 2) for f in fields)
+  return tuple(
+    np.asarray(predict.clamp(_clicks(body, f).tolist(), w, h)[0], np.int32).reshape(-1, 2)
+    for f in fields
+  )
 
 
 def _level(body: Dict[str, Any], where: str = "") -> int:
@@ -197,8 +212,9 @@ def _level(body: Dict[str, Any], where: str = "") -> int:
   RequestError naming `where` + "level"."""
   value = body.get("level", DEFAULT_LEVEL)
   if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < LEVELS:
-    raise RequestError(f"{where}level: a threshold level in 1..{LEVELS - 1} (level / {LEVELS}), "
-                       f"got {value!r}")
+    raise RequestError(
+      f"{where}level: a threshold level in 1..{LEVELS - 1} (level / {LEVELS}), got {value!r}"
+    )
   return value
 
 
@@ -208,8 +224,9 @@ def probability_levels(probabilities: np.ndarray, mask: np.ndarray) -> np.ndarra
   `mask` exactly (the graph's own comparison, not one redone in float64)."""
   levels = np.clip(np.ceil(probabilities.astype(np.float64) * LEVELS) - 1, 0, LEVELS - 1)
   levels = levels.astype(np.uint8)
-  return np.where(mask, np.maximum(levels, DEFAULT_LEVEL),
-                  np.minimum(levels, DEFAULT_LEVEL - 1)).astype(np.uint8)
+  return np.where(
+    mask, np.maximum(levels, DEFAULT_LEVEL), np.minimum(levels, DEFAULT_LEVEL - 1)
+  ).astype(np.uint8)
 
 
 def _png_data_url(array: np.ndarray, mode: str) -> str:
@@ -223,12 +240,15 @@ def _levels_of(value: Any, field: str, shape) -> np.ndarray:
       raise ValueError("not a PNG data URL")
     im = Image.open(io.BytesIO(base64.b64decode(value.split(",", 1)[1], validate=True)))
     if im.size != (shape[1], shape[0]) or im.mode != "L":
-      raise ValueError(f"a {im.size[0]}x{im.size[1]} {im.mode} PNG, not the image's "
-                       f"{shape[1]}x{shape[0]} grey levels")
+      raise ValueError(
+        f"a {im.size[0]}x{im.size[1]} {im.mode} PNG, not the image's "
+        f"{shape[1]}x{shape[0]} grey levels"
+      )
     return np.asarray(im, np.uint8)
   except (ValueError, OSError, binascii.Error, Image.DecompressionBombError) as e:
-    raise RequestError(f"{field}: expected the probabilities PNG data URL the server sent "
-                       f"({e})") from None
+    raise RequestError(
+      f"{field}: expected the probabilities PNG data URL the server sent ({e})"
+    ) from None
 
 
 def _version(obj: Dict[str, Any], where: str, serving: int) -> int:
@@ -249,9 +269,15 @@ def _object_levels(mask: np.ndarray) -> np.ndarray:
 class Page:
   """The page's operations on one loaded model."""
 
-  def __init__(self, versions: Versions, sources: Sources, store: ImageStore,
-               max_pixels: int, labels: Optional[Labels] = None,
-               on_saved: Optional[Callable[[], None]] = None):
+  def __init__(
+    self,
+    versions: Versions,
+    sources: Sources,
+    store: ImageStore,
+    max_pixels: int,
+    labels: Optional[Labels] = None,
+    on_saved: Optional[Callable[[], None]] = None,
+  ):
     self.versions, self.sources, self.store = versions, sources, store
     self.on_saved = on_saved
     self.max_pixels = max_pixels
@@ -264,24 +290,44 @@ class Page:
 
   def describe(self) -> Dict[str, Any]:
     """What the page lists and the protocol's numbers (GET /page/sources)."""
-    return {"model": self.model.name, "version": self.model.version,
-            "versions": self.versions.versions(),
-            "segments": self.model.segments, "files": self.sources.files(),
-            "eval": self.sources.eval_names, "saved": self.labels.saved(),
-            "level": DEFAULT_LEVEL, "levels": LEVELS,
-            "max_clicks": keys.NOC_MAX_CLICKS, "iou_target": max(keys.NOC_IOU_THRESHOLDS)}
+    return {
+      "model": self.model.name,
+      "version": self.model.version,
+      "versions": self.versions.versions(),
+      "segments": self.model.segments,
+      "files": self.sources.files(),
+      "eval": self.sources.eval_names,
+      "saved": self.labels.saved(),
+      "level": DEFAULT_LEVEL,
+      "levels": LEVELS,
+      "max_clicks": keys.NOC_MAX_CLICKS,
+      "iou_target": max(keys.NOC_IOU_THRESHOLDS),
+    }
 
   def _opened(self, key: str) -> Dict[str, Any]:
     item = self.store.get(key)
     h, w = item["image"].shape[:2]
     entry = self.labels.find(item["digest"])
-    objects = [{"probabilities": _png_data_url(_object_levels(exports.object_mask(a)), "L"),
-                "level": DEFAULT_LEVEL, "positive": [], "negative": [],
-                **a.get(exports.CLICKS, {}), "version": a.get(exports.MODEL_VERSION)}
-               for a in (entry["annotations"] if entry else [])]
-    return {"id": key, "name": item["name"], "width": w, "height": h,
-            "truth": item["truth"] is not None, "objects": objects,
-            "saved_as": entry["file_name"] if entry else None}
+    objects = [
+      {
+        "probabilities": _png_data_url(_object_levels(exports.object_mask(a)), "L"),
+        "level": DEFAULT_LEVEL,
+        "positive": [],
+        "negative": [],
+        **a.get(exports.CLICKS, {}),
+        "version": a.get(exports.MODEL_VERSION),
+      }
+      for a in (entry["annotations"] if entry else [])
+    ]
+    return {
+      "id": key,
+      "name": item["name"],
+      "width": w,
+      "height": h,
+      "truth": item["truth"] is not None,
+      "objects": objects,
+      "saved_as": entry["file_name"] if entry else None,
+    }
 
   def _decoded(self, data: bytes, name: str, field: str) -> str:
     """Decodes a file's bytes into the store (their id), or a RequestError naming `field`."""
@@ -298,16 +344,22 @@ class Page:
     if "eval" in body:
       i = body["eval"]
       if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(self.sources.eval_names):
-        raise RequestError(f"eval: an index in 0..{len(self.sources.eval_names) - 1} (the eval "
-                           "objects of --data), got " + repr(i))
-      return self._opened(self.store.add(self.sources.eval_images[i], self.sources.eval_names[i],
-                                         self.sources.eval_labels[i]))
+        raise RequestError(
+          f"eval: an index in 0..{len(self.sources.eval_names) - 1} (the eval "
+          "objects of --data), got " + repr(i)
+        )
+      return self._opened(
+        self.store.add(
+          self.sources.eval_images[i], self.sources.eval_names[i], self.sources.eval_labels[i]
+        )
+      )
     if "saved" in body:
       try:
         path, field, name = self.labels.path(str(body["saved"])), "saved", str(body["saved"])
       except KeyError:
-        raise RequestError(f"saved: no saved image {body['saved']!r} (under --save-dir)",
-                           status=404) from None
+        raise RequestError(
+          f"saved: no saved image {body['saved']!r} (under --save-dir)", status=404
+        ) from None
     elif "file" in body:
       path, field, name = self.sources.resolve(body["file"]), "file", str(body["file"])
     else:
@@ -325,8 +377,9 @@ class Page:
   def truth_png(self, key: str) -> bytes:
     item = self.store.get(key)
     if item["truth"] is None:
-      raise RequestError("id: this image has no true mask (open an eval object of --data)",
-                         status=404)
+      raise RequestError(
+        "id: this image has no true mask (open an eval object of --data)", status=404
+      )
     return png(item["truth"])
 
   def _iou(self, item: Dict[str, Any], mask: np.ndarray) -> Optional[float]:
@@ -334,17 +387,23 @@ class Page:
       return None
     return float(clicker.label_iou(tf.constant(mask[None]), tf.constant(item["truth"][None]))[0])
 
-  def _predict(self, item: Dict[str, Any], pos: np.ndarray, neg: np.ndarray,
-               previous: Optional[np.ndarray]):
+  def _predict(
+    self, item: Dict[str, Any], pos: np.ndarray, neg: np.ndarray, previous: Optional[np.ndarray]
+  ):
     """(levels, version): the levels of the model's probabilities for these
     clicks (and the object's previous mask: the model refines its crop, as in
     evaluation), and the version that made them."""
     model = self.model
     if not model.segments:
-      raise RequestError("this model's serving_default does not take image and clicks "
-                         "(not a segmentation model): the page cannot use it")
-    out = model.predict(*model.segment_inputs(
-        item["image"], pos, neg, None if previous is None else previous.astype(np.uint8)))
+      raise RequestError(
+        "this model's serving_default does not take image and clicks "
+        "(not a segmentation model): the page cannot use it"
+      )
+    out = model.predict(
+      *model.segment_inputs(
+        item["image"], pos, neg, None if previous is None else previous.astype(np.uint8)
+      )
+    )
     return probability_levels(out[sig.PROBABILITIES], out[sig.MASK] > 0), model.version
 
   def segment(self, body: Dict[str, Any]) -> Dict[str, Any]:
@@ -353,17 +412,23 @@ class Page:
     previous = None
     if body.get("previous") is not None:
       previous = _levels_of(body["previous"], "previous", item["image"].shape) >= level
-    levels, version = self._predict(item, *_clamped_clicks(item, body, self.model.max_clicks),
-                                    previous)
+    levels, version = self._predict(
+      item, *_clamped_clicks(item, body, self.model.max_clicks), previous
+    )
     mask = levels >= level
-    return {"probabilities": _png_data_url(levels, "L"),
-            "mask": _png_data_url(mask.astype(np.uint8) * 255, "L"),
-            "pixels": int(mask.sum()), "iou": self._iou(item, mask), "version": version}
+    return {
+      "probabilities": _png_data_url(levels, "L"),
+      "mask": _png_data_url(mask.astype(np.uint8) * 255, "L"),
+      "pixels": int(mask.sum()),
+      "iou": self._iou(item, mask),
+      "version": version,
+    }
 
   def iou(self, body: Dict[str, Any]) -> Dict[str, Any]:
     item = self.store.get(str(body.get("id")))
-    mask = _levels_of(body.get("probabilities"), "probabilities",
-                      item["image"].shape) >= _level(body)
+    mask = _levels_of(body.get("probabilities"), "probabilities", item["image"].shape) >= _level(
+      body
+    )
     return {"iou": self._iou(item, mask), "pixels": int(mask.sum())}
 
   def next_click(self, body: Dict[str, Any]) -> Dict[str, Any]:
@@ -395,28 +460,40 @@ class Page:
     item = self.store.get(str(body.get("id")))
     objects = body.get("objects")
     if not isinstance(objects, list) or not all(isinstance(o, dict) for o in objects):
-      raise RequestError("objects: expected a list of objects {probabilities, level, positive, "
-                         "negative}")
+      raise RequestError(
+        "objects: expected a list of objects {probabilities, level, positive, negative}"
+      )
     kept = []
     for i, obj in enumerate(objects):
       where = f"objects[{i}]."
-      mask = _levels_of(obj.get("probabilities"), where + "probabilities",
-                        item["image"].shape) >= _level(obj, where)
+      mask = _levels_of(
+        obj.get("probabilities"), where + "probabilities", item["image"].shape
+      ) >= _level(obj, where)
       if not mask.any():
         raise RequestError(f"{where}probabilities: the object's mask is empty")
       pos, neg = (_clicks(obj, f, where).tolist() for f in ("positive", "negative"))
-      kept.append({"mask": mask, "clicks": {"positive": pos, "negative": neg},
-                   "version": _version(obj, where, self.model.version)})
+      kept.append(
+        {
+          "mask": mask,
+          "clicks": {"positive": pos, "negative": neg},
+          "version": _version(obj, where, self.model.version),
+        }
+      )
     try:
       out = self.labels.save(item, kept, self.model.version, {"tool": "page"})
     except ValueError as e:
       raise RequestError(str(e)) from None
     except OSError as e:
-      raise RequestError(f"save: cannot write under --save-dir {self.labels.dir}: {e}",
-                         status=500) from None
+      raise RequestError(
+        f"save: cannot write under --save-dir {self.labels.dir}: {e}", status=500
+      ) from None
     instance = out.pop("instance")
     if self.on_saved is not None and self.labels.dir and out["file_name"]:
       self.on_saved()
-    return dict(out, saved=bool(self.labels.dir and out["file_name"]),
-                instance=None if instance is None else
-                "data:image/png;base64," + base64.b64encode(instance).decode("ascii"))
+    return dict(
+      out,
+      saved=bool(self.labels.dir and out["file_name"]),
+      instance=None
+      if instance is None
+      else "data:image/png;base64," + base64.b64encode(instance).decode("ascii"),
+    )

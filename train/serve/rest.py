@@ -81,8 +81,9 @@ def _as_string_tensor(name: str, value) -> np.ndarray:
         return base64.b64decode(v["b64"], validate=True)
       except (binascii.Error, ValueError):
         raise RequestError(f"{name}: the b64 value is not base64") from None
-    raise RequestError(f"{name}: expected strings or {{\"b64\": ...}} objects, got "
-                       f"{type(v).__name__}")
+    raise RequestError(
+      f'{name}: expected strings or {{"b64": ...}} objects, got {type(v).__name__}'
+    )
 
   def walk(v):
     return [walk(x) for x in v] if isinstance(v, list) else one(v)
@@ -111,14 +112,20 @@ def _as_numeric_tensor(name: str, value, dtype: tf.DType) -> np.ndarray:
   else:
     ok = kind in "iuf"
   if not ok:
-    what = {"b": "booleans", "f": "numbers with a fraction", "U": "strings",
-            "O": "mixed values or objects"}.get(kind, arr.dtype.name)
+    what = {
+      "b": "booleans",
+      "f": "numbers with a fraction",
+      "U": "strings",
+      "O": "mixed values or objects",
+    }.get(kind, arr.dtype.name)
     raise RequestError(f"{name}: expected {dtype.name} values, got {what}")
   if dtype.is_integer:
     info = np.iinfo(want)
     if arr.min() < info.min or arr.max() > info.max:
-      raise RequestError(f"{name}: values must be within {info.min}..{info.max} for "
-                         f"{dtype.name}, got {arr.min()}..{arr.max()}")
+      raise RequestError(
+        f"{name}: values must be within {info.min}..{info.max} for "
+        f"{dtype.name}, got {arr.min()}..{arr.max()}"
+      )
   return arr.astype(want, copy=False)
 
 
@@ -132,8 +139,10 @@ def to_tensor(name: str, value: Any, spec: tf.TensorSpec) -> np.ndarray:
   arr = _empty_as(arr, spec)
   dims = spec.shape.as_list() if spec.shape.rank is not None else None
   if dims is not None and not spec.shape.is_compatible_with(arr.shape):
-    raise RequestError(f"{name}: shape {list(arr.shape)} does not fit the signature's "
-                       f"{[-1 if d is None else d for d in dims]} ({spec.dtype.name})")
+    raise RequestError(
+      f"{name}: shape {list(arr.shape)} does not fit the signature's "
+      f"{[-1 if d is None else d for d in dims]} ({spec.dtype.name})"
+    )
   return arr
 
 
@@ -144,7 +153,7 @@ def _empty_as(arr: np.ndarray, spec: tf.TensorSpec) -> np.ndarray:
   rank = spec.shape.rank
   if arr.size or rank is None or arr.ndim >= rank:
     return arr
-  return arr.reshape(list(arr.shape) + [d or 0 for d in spec.shape.as_list()[arr.ndim:]])
+  return arr.reshape(list(arr.shape) + [d or 0 for d in spec.shape.as_list()[arr.ndim :]])
 
 
 def _columnar(inputs: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, Any]:
@@ -152,17 +161,22 @@ def _columnar(inputs: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, Any]
   is_b64 = isinstance(inputs, dict) and set(inputs) == {"b64"}
   if not isinstance(inputs, dict) or is_b64:
     if len(specs) > 1:
-      raise RequestError(f"inputs: a plain value, but the signature takes {len(specs)} named "
-                         f"inputs ({', '.join(sorted(specs))}): send an object")
+      raise RequestError(
+        f"inputs: a plain value, but the signature takes {len(specs)} named "
+        f"inputs ({', '.join(sorted(specs))}): send an object"
+      )
     return {next(iter(specs)): inputs}
   missing = sorted(set(specs) - set(inputs))
   unknown = sorted(set(inputs) - set(specs))
   if missing:
-    raise RequestError(f"{missing[0]}: missing named input in 'inputs' (the signature takes "
-                       f"{', '.join(sorted(specs))})")
+    raise RequestError(
+      f"{missing[0]}: missing named input in 'inputs' (the signature takes "
+      f"{', '.join(sorted(specs))})"
+    )
   if unknown:
-    raise RequestError(f"{unknown[0]}: not an input of the signature (it takes "
-                       f"{', '.join(sorted(specs))})")
+    raise RequestError(
+      f"{unknown[0]}: not an input of the signature (it takes {', '.join(sorted(specs))})"
+    )
   return dict(inputs)
 
 
@@ -174,8 +188,10 @@ def _columns(instances: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, An
     raise RequestError("instances: expected a non-empty list")
   named = not plain and isinstance(instances[0], dict) and set(instances[0]) != {"b64"}
   if not named and len(specs) > 1:
-    raise RequestError(f"instances: plain values, but the signature takes {len(specs)} named "
-                       f"inputs ({', '.join(sorted(specs))}): send a list of objects")
+    raise RequestError(
+      f"instances: plain values, but the signature takes {len(specs)} named "
+      f"inputs ({', '.join(sorted(specs))}): send a list of objects"
+    )
   if plain:
     return {next(iter(specs)): instances}
   columns: Dict[str, list] = {k: [] for k in specs}
@@ -183,8 +199,9 @@ def _columns(instances: Any, specs: Mapping[str, tf.TensorSpec]) -> Dict[str, An
     if named != (isinstance(inst, dict) and set(inst) != {"b64"}):
       raise RequestError(f"instances[{i}]: every instance must be an object, or none")
     if named and set(inst) != set(specs):
-      raise RequestError(f"instances[{i}]: keys {sorted(inst)} must be the signature's inputs "
-                         f"{sorted(specs)}")
+      raise RequestError(
+        f"instances[{i}]: keys {sorted(inst)} must be the signature's inputs {sorted(specs)}"
+      )
     for k in specs:
       columns[k].append(inst[k] if named else inst)
   return columns
@@ -197,16 +214,21 @@ def _stacked(name: str, column: Any, spec: tf.TensorSpec) -> np.ndarray:
     return to_tensor(name, column, any_shape)
   # An instance's "[]" is empty in the signature's inner dimensions (zero clicks [0, 2]).
   inner = tf.TensorSpec(spec.shape[1:] if spec.shape.rank else None, spec.dtype)
-  rows = [_empty_as(to_tensor(f"instances[{i}].{name}", v, any_shape), inner)
-          for i, v in enumerate(column)]
+  rows = [
+    _empty_as(to_tensor(f"instances[{i}].{name}", v, any_shape), inner)
+    for i, v in enumerate(column)
+  ]
   if len({r.shape for r in rows}) > 1:
-    raise RequestError(f"{name}: instances hold different shapes "
-                       f"({', '.join(str(list(r.shape)) for r in rows[:3])}...)")
+    raise RequestError(
+      f"{name}: instances hold different shapes "
+      f"({', '.join(str(list(r.shape)) for r in rows[:3])}...)"
+    )
   return np.stack(rows)
 
 
-def _rows(instances: Any, specs: Mapping[str, tf.TensorSpec],
-          max_clicks: int = 0) -> Dict[str, np.ndarray]:
+def _rows(
+  instances: Any, specs: Mapping[str, tf.TensorSpec], max_clicks: int = 0
+) -> Dict[str, np.ndarray]:
   """The "instances" value -> {input name: tensor with instances stacked in front}."""
   columns = _columns(instances, specs)
   check_clicks(columns, max_clicks)
@@ -218,16 +240,20 @@ def _rows(instances: Any, specs: Mapping[str, tf.TensorSpec],
   for k in sorted(specs):
     spec = specs[k]
     if not spec.shape.is_compatible_with(out[k].shape):
-      raise RequestError(f"{k}: {len(instances)} instances make {list(out[k].shape)}, which does "
-                         f"not fit the signature's {spec.shape.as_list()}")
+      raise RequestError(
+        f"{k}: {len(instances)} instances make {list(out[k].shape)}, which does "
+        f"not fit the signature's {spec.shape.as_list()}"
+      )
   return out
 
 
 def _unbatched(name: str, shape, spec: tf.TensorSpec) -> str:
   dims = [-1 if d is None else d for d in spec.shape.as_list()]
-  return (f"{name}: the row format ('instances') adds a batch dimension, making it "
-          f"{list(shape)}, but the signature takes {dims} (one example per request): send "
-          "it in the columnar form, {\"inputs\": {...}}")
+  return (
+    f"{name}: the row format ('instances') adds a batch dimension, making it "
+    f"{list(shape)}, but the signature takes {dims} (one example per request): send "
+    'it in the columnar form, {"inputs": {...}}'
+  )
 
 
 def _numbers_in(value: Any) -> int:
@@ -238,8 +264,9 @@ def _numbers_in(value: Any) -> int:
   return int(np.prod(shape)) if shape is not None else 1
 
 
-def check_clicks(columns: Mapping[str, Any], max_clicks: int,
-                 inputs: Sequence[str] = sig.CLICKS) -> None:
+def check_clicks(
+  columns: Mapping[str, Any], max_clicks: int, inputs: Sequence[str] = sig.CLICKS
+) -> None:
   """Refuses a request whose click inputs (`inputs`: the signatures', or the
   page's fields) hold more than `max_clicks` rows together (0: no limit);
   `columns` is {input name: its value in each instance} (`_columns`;
@@ -247,8 +274,10 @@ def check_clicks(columns: Mapping[str, Any], max_clicks: int,
   names = [k for k in inputs if k in columns]
   count = sum(_numbers_in(columns[k]) for k in names) // 2  # [x, y] each
   if max_clicks and count > max_clicks:
-    raise RequestError(f"{', '.join(names)}: {count} clicks in one request; this server takes "
-                       f"at most {max_clicks} (--max-clicks)")
+    raise RequestError(
+      f"{', '.join(names)}: {count} clicks in one request; this server takes "
+      f"at most {max_clicks} (--max-clicks)"
+    )
 
 
 def check_pixels(inputs: Mapping[str, np.ndarray], max_pixels: int) -> None:
@@ -258,8 +287,9 @@ def check_pixels(inputs: Mapping[str, np.ndarray], max_pixels: int) -> None:
   image = inputs.get(sig.IMAGE)
   pixels = image.size // image.shape[-1] if image is not None and image.ndim else 0
   if max_pixels and pixels > max_pixels:
-    raise RequestError(f"{sig.IMAGE}: {pixels} pixels; this server takes at most {max_pixels} "
-                       "(--max-pixels)")
+    raise RequestError(
+      f"{sig.IMAGE}: {pixels} pixels; this server takes at most {max_pixels} (--max-pixels)"
+    )
   files = inputs.get(sig.IMAGE_BYTES)
   for i, data in enumerate(np.ravel(files) if files is not None else []):
     try:
@@ -267,8 +297,10 @@ def check_pixels(inputs: Mapping[str, np.ndarray], max_pixels: int) -> None:
     except ValueError as e:
       raise RequestError(f"{sig.IMAGE_BYTES}[{i}]: {e}") from None
     if max_pixels and pixels > max_pixels:
-      raise RequestError(f"{sig.IMAGE_BYTES}[{i}]: {pixels} pixels; this server takes at most "
-                         f"{max_pixels} (--max-pixels)")
+      raise RequestError(
+        f"{sig.IMAGE_BYTES}[{i}]: {pixels} pixels; this server takes at most "
+        f"{max_pixels} (--max-pixels)"
+      )
 
 
 def load_json(body: bytes, arrays: bool = True) -> Any:
@@ -283,9 +315,12 @@ def load_json(body: bytes, arrays: bool = True) -> Any:
     raise RequestError(f"the request body is not JSON: {e}") from None
 
 
-def parse_predict(body: bytes, signatures: Mapping[str, Mapping[str, tf.TensorSpec]],
-                  max_clicks: int = 0, max_pixels: int = 0
-                  ) -> Tuple[str, Dict[str, np.ndarray], bool]:
+def parse_predict(
+  body: bytes,
+  signatures: Mapping[str, Mapping[str, tf.TensorSpec]],
+  max_clicks: int = 0,
+  max_pixels: int = 0,
+) -> Tuple[str, Dict[str, np.ndarray], bool]:
   """A predict request body -> (signature name, inputs, whether it was row format).
 
   Args:
@@ -300,8 +335,9 @@ def parse_predict(body: bytes, signatures: Mapping[str, Mapping[str, tf.TensorSp
   if not isinstance(name, str):
     raise RequestError("signature_name: must be a string")
   if name not in signatures:
-    raise RequestError(f"signature_name: no signature {name!r} (the model has "
-                       f"{', '.join(sorted(signatures))})")
+    raise RequestError(
+      f"signature_name: no signature {name!r} (the model has {', '.join(sorted(signatures))})"
+    )
   specs = signatures[name]
   if ("inputs" in doc) == ("instances" in doc):
     raise RequestError("the request must hold one of 'inputs' (columnar) or 'instances' (row)")
@@ -335,9 +371,11 @@ def encode_outputs(outputs: Mapping[str, np.ndarray], row: bool) -> bytes:
     return _dumps({"outputs": value if len(names) > 1 else value[names[0]]})
   sizes = {k: (outputs[k].shape[0] if outputs[k].ndim else None) for k in names}
   if None in sizes.values() or len(set(sizes.values())) > 1:
-    raise RequestError("the outputs have no common batch dimension "
-                       f"({', '.join(f'{k} {list(outputs[k].shape)}' for k in names)}), which "
-                       "the row format needs: send 'inputs' (columnar) instead")
+    raise RequestError(
+      "the outputs have no common batch dimension "
+      f"({', '.join(f'{k} {list(outputs[k].shape)}' for k in names)}), which "
+      "the row format needs: send 'inputs' (columnar) instead"
+    )
   n = sizes[names[0]]
   rows = [{k: _jsonable(k, outputs[k][i]) for k in names} for i in range(n)]
   if len(names) == 1:

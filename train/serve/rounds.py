@@ -33,8 +33,14 @@ class Rounds:
     log: the server's log.
   """
 
-  def __init__(self, every: int, labels: str, model: str, engine_args: List[str],
-               log: Optional[logging.Logger] = None):
+  def __init__(
+    self,
+    every: int,
+    labels: str,
+    model: str,
+    engine_args: List[str],
+    log: Optional[logging.Logger] = None,
+  ):
     self.every, self.labels, self.model = every, labels, model
     self.engine_args = list(engine_args)
     self.log = log or logging.getLogger("beam_train")
@@ -68,23 +74,37 @@ class Rounds:
   def _start(self) -> None:
     folder = os.path.join(self.labels, ENGINE_DIR)
     os.makedirs(folder, exist_ok=True)
-    cmd = [sys.executable, "-m", "train", "engine", "--labels", self.labels, "--model",
-           self.model, *self.engine_args]
+    cmd = [
+      sys.executable,
+      "-m",
+      "train",
+      "engine",
+      "--labels",
+      self.labels,
+      "--model",
+      self.model,
+      *self.engine_args,
+    ]
     out = open(os.path.join(folder, LOG_FILE), "a", encoding="utf-8")  # pylint: disable=consider-using-with
     self._process = subprocess.Popen(  # pylint: disable=consider-using-with
-        cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+      cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
     out.close()
     # After the start (a preexec_fn is unsafe in a process with threads):
     # the round's imports run at the lower priority already.
     os.setpriority(os.PRIO_PROCESS, self._process.pid, NICE)
     self.started += 1
     self._idle.clear()
-    self.log.info("serve: %d labels saved since the last: data engine round started (process "
-                  "%d; its log: %s)", self._saves, self._process.pid,
-                  os.path.join(folder, LOG_FILE))
+    self.log.info(
+      "serve: %d labels saved since the last: data engine round started (process %d; its log: %s)",
+      self._saves,
+      self._process.pid,
+      os.path.join(folder, LOG_FILE),
+    )
     self._saves = 0
-    threading.Thread(target=self._wait, args=(self._process,), daemon=True,
-                     name="engine-round").start()
+    threading.Thread(
+      target=self._wait, args=(self._process,), daemon=True, name="engine-round"
+    ).start()
 
   def _wait(self, process: subprocess.Popen) -> None:
     code = process.wait()
@@ -95,8 +115,11 @@ class Rounds:
         self.log.info("serve: data engine round ended; a new version is served as it appears")
       elif not self._stopped:
         self.failed += 1
-        self.log.error("serve: data engine round failed (exit %d): see %s", code,
-                       os.path.join(self.labels, ENGINE_DIR, LOG_FILE))
+        self.log.error(
+          "serve: data engine round failed (exit %d): see %s",
+          code,
+          os.path.join(self.labels, ENGINE_DIR, LOG_FILE),
+        )
       if self._saves >= self.every and not self._stopped:
         self._start()
       else:

@@ -31,8 +31,7 @@ from train.serve.rest import error_body
 
 def too_large(max_request_mb: float) -> str:
   """The message of a body over the limit (413)."""
-  return (f"the request is over the server's limit of {max_request_mb:g} MB "
-          "(--max-request-mb)")
+  return f"the request is over the server's limit of {max_request_mb:g} MB (--max-request-mb)"
 
 
 def _json_channel(max_request_mb: float):
@@ -61,7 +60,8 @@ def _listen(host: str, port: int) -> socket.socket:
   """A socket bound to (host, port), or an OSError naming --host and --port."""
   try:
     family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+      host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
     sock = socket.socket(family, kind, proto)
   except OSError as e:
     raise OSError(f"--host {host}: {e.strerror or e}") from None
@@ -89,18 +89,29 @@ class Server:
     OSError: the address cannot be bound (the message names the flags).
   """
 
-  def __init__(self, app: Flask, host: str, port: int, threads: int, max_request_mb: float,
-               on_stop: Optional[Callable[[], None]] = None):
+  def __init__(
+    self,
+    app: Flask,
+    host: str,
+    port: int,
+    threads: int,
+    max_request_mb: float,
+    on_stop: Optional[Callable[[], None]] = None,
+  ):
     self.app, self._on_stop = app, on_stop
     sock = _listen(host, port)
     self.port = sock.getsockname()[1]
     limit = int(max_request_mb * 1024 * 1024)
     self._map = {}
     self._waitress = create_server(
-        app, map=self._map, sockets=[sock], threads=threads,
-        # waitress refuses a Content-Length >= this, or a chunked body's bytes reaching it.
-        max_request_body_size=limit + limit // 64 + 1,
-        asyncore_use_poll=hasattr(select, "poll"))  # select() stops at 1024 descriptors
+      app,
+      map=self._map,
+      sockets=[sock],
+      threads=threads,
+      # waitress refuses a Content-Length >= this, or a chunked body's bytes reaching it.
+      max_request_body_size=limit + limit // 64 + 1,
+      asyncore_use_poll=hasattr(select, "poll"),
+    )  # select() stops at 1024 descriptors
     self._waitress.channel_class = _json_channel(max_request_mb)
     self._serving, self._stopped = threading.Event(), threading.Event()
 
@@ -108,8 +119,11 @@ class Server:
     """Serves until `shutdown()` (or KeyboardInterrupt, which it raises)."""
     self._serving.set()
     try:
-      wasyncore.loop(timeout=self._waitress.adj.asyncore_loop_timeout, map=self._map,
-                     use_poll=self._waitress.adj.asyncore_use_poll)
+      wasyncore.loop(
+        timeout=self._waitress.adj.asyncore_loop_timeout,
+        map=self._map,
+        use_poll=self._waitress.adj.asyncore_use_poll,
+      )
     finally:
       self._waitress.task_dispatcher.shutdown()
       self._stop()

@@ -95,28 +95,47 @@ def _connect(path: str, schema: bool = True) -> sqlite3.Connection:
   return db
 
 
-def _object_row(file_name: str, number: int, obj: Dict[str, Any], version: Optional[int],
-                now: float) -> tuple:
+def _object_row(
+  file_name: str, number: int, obj: Dict[str, Any], version: Optional[int], now: float
+) -> tuple:
   ann = exports.annotation(obj["mask"], obj["clicks"])
-  return (file_name, number, ann["segmentation"]["counts"], ann["area"], json.dumps(ann["bbox"]),
-          json.dumps(ann[exports.CLICKS]), obj.get("version", version), now)
+  return (
+    file_name,
+    number,
+    ann["segmentation"]["counts"],
+    ann["area"],
+    json.dumps(ann["bbox"]),
+    json.dumps(ann[exports.CLICKS]),
+    obj.get("version", version),
+    now,
+  )
 
 
 def _annotation(row: sqlite3.Row, height: int, width: int) -> Dict[str, Any]:
   """A COCO annotation (no id) of an objects row, with our fields."""
-  return {"category_id": exports.CATEGORY["id"], "iscrowd": 0,
-          "segmentation": {"size": [height, width], "counts": row["counts"]},
-          "area": row["area"], "bbox": json.loads(row["bbox"]),
-          exports.CLICKS: json.loads(row["clicks"]), exports.MODEL_VERSION: row["model_version"],
-          exports.SAVED: row["saved"]}
+  return {
+    "category_id": exports.CATEGORY["id"],
+    "iscrowd": 0,
+    "segmentation": {"size": [height, width], "counts": row["counts"]},
+    "area": row["area"],
+    "bbox": json.loads(row["bbox"]),
+    exports.CLICKS: json.loads(row["clicks"]),
+    exports.MODEL_VERSION: row["model_version"],
+    exports.SAVED: row["saved"],
+  }
 
 
 def _entry_of(image: sqlite3.Row, objects: List[sqlite3.Row]) -> Dict[str, Any]:
   """An image's entry (COCO image fields, ours, its annotations) from its rows."""
   h, w = image["height"], image["width"]
-  return {"file_name": image["file_name"], "height": h, "width": w,
-          exports.DIGEST: image["digest"], exports.ORIGIN: json.loads(image["origin"]),
-          "annotations": [_annotation(o, h, w) for o in objects]}
+  return {
+    "file_name": image["file_name"],
+    "height": h,
+    "width": w,
+    exports.DIGEST: image["digest"],
+    exports.ORIGIN: json.loads(image["origin"]),
+    "annotations": [_annotation(o, h, w) for o in objects],
+  }
 
 
 # The COCO document's arrays, built by SQLite (its JSON functions, in C, with
@@ -142,8 +161,12 @@ FROM (SELECT o.*, i.height, i.width, i.id AS image_id,
 def _document_json(db: sqlite3.Connection) -> bytes:
   """The COCO instances document of every saved image, as JSON bytes."""
   images, annotations = (db.execute(q).fetchone()[0] for q in (_IMAGES_JSON, _ANNOTATIONS_JSON))
-  parts = {"info": json.dumps(exports.INFO), "images": images, "annotations": annotations,
-           "categories": json.dumps([exports.CATEGORY])}
+  parts = {
+    "info": json.dumps(exports.INFO),
+    "images": images,
+    "annotations": annotations,
+    "categories": json.dumps([exports.CATEGORY]),
+  }
   return ("{" + ", ".join(f'"{k}": {v}' for k, v in parts.items()) + "}").encode("utf-8")
 
 
@@ -151,8 +174,10 @@ def _snapshot(db: sqlite3.Connection):
   """(generation, document generation, document JSON), read in one transaction."""
   db.execute("BEGIN")
   try:
-    generation, written = (db.execute(f"SELECT value FROM meta WHERE key = '{k}'").fetchone()[0]
-                           for k in ("generation", "document"))
+    generation, written = (
+      db.execute(f"SELECT value FROM meta WHERE key = '{k}'").fetchone()[0]
+      for k in ("generation", "document")
+    )
     return generation, written, _document_json(db)
   finally:
     db.execute("COMMIT")
@@ -163,8 +188,10 @@ def _entries(db: sqlite3.Connection) -> List[Dict[str, Any]]:
   objects: Dict[str, List[sqlite3.Row]] = {}
   for row in db.execute("SELECT * FROM objects ORDER BY file_name, number"):
     objects.setdefault(row["file_name"], []).append(row)
-  return [_entry_of(image, objects.get(image["file_name"], []))
-          for image in db.execute("SELECT * FROM images ORDER BY rowid")]
+  return [
+    _entry_of(image, objects.get(image["file_name"], []))
+    for image in db.execute("SELECT * FROM images ORDER BY rowid")
+  ]
 
 
 class Labels:
@@ -203,8 +230,9 @@ class Labels:
       self._finish_pending()
       self._remove_orphans()
     self.flush()
-    self._writer = threading.Thread(target=self._write_documents, daemon=True,
-                                    name="labels-document")
+    self._writer = threading.Thread(
+      target=self._write_documents, daemon=True, name="labels-document"
+    )
     self._writer.start()
 
   # ---- locking -----------------------------------------------------------
@@ -236,8 +264,10 @@ class Labels:
   def _check_schema(self) -> None:
     version = self._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
     if version > SCHEMA_VERSION:
-      raise ValueError(f"--save-dir {self.dir}: {DB_FILE} is of a newer version of beam-prep "
-                       f"(schema {version}, this one reads {SCHEMA_VERSION})")
+      raise ValueError(
+        f"--save-dir {self.dir}: {DB_FILE} is of a newer version of beam-prep "
+        f"(schema {version}, this one reads {SCHEMA_VERSION})"
+      )
 
   # ---- reading -------------------------------------------------------------
 
@@ -262,8 +292,9 @@ class Labels:
     return os.path.join(self.dir, file_name)
 
   def _entry(self, image: sqlite3.Row) -> Dict[str, Any]:
-    objects = self._rows("SELECT * FROM objects WHERE file_name = ? ORDER BY number",
-                         (image["file_name"],))
+    objects = self._rows(
+      "SELECT * FROM objects WHERE file_name = ? ORDER BY number", (image["file_name"],)
+    )
     return _entry_of(image, objects)
 
   def find(self, pixels: str) -> Optional[Dict[str, Any]]:
@@ -287,9 +318,13 @@ class Labels:
 
   # ---- saving --------------------------------------------------------------
 
-  def save(self, item: Dict[str, Any], objects: List[Dict[str, Any]],
-           model_version: Optional[int] = None,
-           origin: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+  def save(
+    self,
+    item: Dict[str, Any],
+    objects: List[Dict[str, Any]],
+    model_version: Optional[int] = None,
+    origin: Optional[Dict[str, Any]] = None,
+  ) -> Dict[str, Any]:
     """Keeps (and writes) an image's objects, each {"mask": bool [H, W],
     "clicks": {...}}; no object removes the image.
 
@@ -315,16 +350,20 @@ class Labels:
     if instance is None:
       return {"file_name": None, "instance": None, "hidden": []}
     present = set(np.unique(instance).tolist())
-    return {"file_name": file_name, "instance": instance_png,
-            "hidden": [i for i in range(1, len(masks) + 1) if i not in present]}
+    return {
+      "file_name": file_name,
+      "instance": instance_png,
+      "hidden": [i for i in range(1, len(masks) + 1) if i not in present],
+    }
 
   def _commit(self, item, objects, version, origin, instance) -> Optional[str]:
     """The save's transaction (under the lock): rows, the pending work, and
     a new image's hidden file; returns the image's file name."""
     now = time.time()
     with self._transaction() as db:
-      old = db.execute("SELECT file_name FROM images WHERE digest = ?",
-                       (item["digest"],)).fetchone()
+      old = db.execute(
+        "SELECT file_name FROM images WHERE digest = ?", (item["digest"],)
+      ).fetchone()
       if instance is None:
         if old is not None:
           db.execute("DELETE FROM images WHERE file_name = ?", (old[0],))
@@ -334,14 +373,16 @@ class Labels:
       file_name = old[0] if old else self._new_name(db, item)
       if old is None:
         h, w = instance.shape
-        db.execute("INSERT INTO images VALUES (?, ?, ?, ?, ?)",
-                   (file_name, item["digest"], h, w, json.dumps(origin)))
+        db.execute(
+          "INSERT INTO images VALUES (?, ?, ?, ?, ?)",
+          (file_name, item["digest"], h, w, json.dumps(origin)),
+        )
         if self.dir:
-          exports.write_file(self._pending_path(file_name),
-                             item.get("data") or png(item["image"]))
+          exports.write_file(self._pending_path(file_name), item.get("data") or png(item["image"]))
       elif origin:
-        db.execute("UPDATE images SET origin = ? WHERE file_name = ?",
-                   (json.dumps(origin), file_name))
+        db.execute(
+          "UPDATE images SET origin = ? WHERE file_name = ?", (json.dumps(origin), file_name)
+        )
       self._replace_objects(db, file_name, objects, version, now)
       self._pend(db, file_name, WRITE)
     return file_name
@@ -349,8 +390,10 @@ class Labels:
   def _replace_objects(self, db, file_name, objects, version, now) -> None:
     """The image's object rows; an object saved again unchanged keeps its
     time and model version."""
-    before = {(r["counts"], r["clicks"]): r for r in db.execute(
-        "SELECT * FROM objects WHERE file_name = ?", (file_name,))}
+    before = {
+      (r["counts"], r["clicks"]): r
+      for r in db.execute("SELECT * FROM objects WHERE file_name = ?", (file_name,))
+    }
     db.execute("DELETE FROM objects WHERE file_name = ?", (file_name,))
     for number, obj in enumerate(objects, start=1):
       row = _object_row(file_name, number, obj, version, now)
@@ -371,20 +414,26 @@ class Labels:
     suffix = exports.suffix_of(name) if item.get("data") else ".png"
     stem, n = exports.stem_of(name), 1
     prefix = posixpath.join(folders.IMAGES_DIR, stem)
-    taken = {posixpath.splitext(posixpath.basename(r[0]))[0] for r in db.execute(
+    taken = {
+      posixpath.splitext(posixpath.basename(r[0]))[0]
+      for r in db.execute(
         "SELECT file_name FROM images WHERE file_name >= ?1 AND file_name < ?1 || x'ff' UNION "
         "SELECT file_name FROM pending WHERE file_name >= ?1 AND file_name < ?1 || x'ff'",
-        (prefix,))}
+        (prefix,),
+      )
+    }
     while (stem if n == 1 else f"{stem}-{n}") in taken or self._on_disk(
-        stem if n == 1 else f"{stem}-{n}"):
+      stem if n == 1 else f"{stem}-{n}"
+    ):
       n += 1
     return posixpath.join(folders.IMAGES_DIR, (stem if n == 1 else f"{stem}-{n}") + suffix)
 
   def _on_disk(self, stem: str) -> bool:
     """Whether DIR/images holds an image file of this stem (any image suffix)."""
     return bool(self.dir) and any(
-        os.path.exists(os.path.join(self.dir, folders.IMAGES_DIR, stem + suffix))
-        for suffix in keys.IMAGE_SUFFIXES + tuple(s.upper() for s in keys.IMAGE_SUFFIXES))
+      os.path.exists(os.path.join(self.dir, folders.IMAGES_DIR, stem + suffix))
+      for suffix in keys.IMAGE_SUFFIXES + tuple(s.upper() for s in keys.IMAGE_SUFFIXES)
+    )
 
   # ---- the files -----------------------------------------------------------
 
@@ -395,8 +444,10 @@ class Labels:
   def _files(self, file_name: str):
     """(image path, mask path) of a saved image under the save dir."""
     stem = posixpath.splitext(posixpath.basename(file_name))[0]
-    return (os.path.join(self.dir, file_name),
-            os.path.join(self.dir, folders.MASKS_DIR, stem + folders.MASK_SUFFIX))
+    return (
+      os.path.join(self.dir, file_name),
+      os.path.join(self.dir, folders.MASKS_DIR, stem + folders.MASK_SUFFIX),
+    )
 
   def _finish_pending(self, painted: Optional[Dict[str, bytes]] = None) -> None:
     """Does the file work of committed saves (under the lock): puts a new
@@ -446,8 +497,10 @@ class Labels:
       with open(path, encoding="utf-8") as f:
         entries = exports.entries_of(json.load(f))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-      raise ValueError(f"--save-dir {self.dir}: {exports.COCO_FILE} is not a COCO document "
-                       f"this page wrote ({type(e).__name__}: {e}); give another folder") from None
+      raise ValueError(
+        f"--save-dir {self.dir}: {exports.COCO_FILE} is not a COCO document "
+        f"this page wrote ({type(e).__name__}: {e}); give another folder"
+      ) from None
     with self._transaction() as db:
       for entry in entries:
         self._import_entry(db, entry)
@@ -455,15 +508,32 @@ class Labels:
 
   def _import_entry(self, db, entry: Dict[str, Any]) -> None:
     pixels = entry.get(exports.DIGEST) or exports.file_digest(
-        os.path.join(self.dir, entry["file_name"]))
-    db.execute("INSERT INTO images VALUES (?, ?, ?, ?, ?)",
-               (entry["file_name"], pixels, entry["height"], entry["width"],
-                json.dumps(entry.get(exports.ORIGIN, {}))))
+      os.path.join(self.dir, entry["file_name"])
+    )
+    db.execute(
+      "INSERT INTO images VALUES (?, ?, ?, ?, ?)",
+      (
+        entry["file_name"],
+        pixels,
+        entry["height"],
+        entry["width"],
+        json.dumps(entry.get(exports.ORIGIN, {})),
+      ),
+    )
     for number, ann in enumerate(entry["annotations"], start=1):
-      db.execute("INSERT INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                 (entry["file_name"], number, ann["segmentation"]["counts"], ann["area"],
-                  json.dumps(ann["bbox"]), json.dumps(ann.get(exports.CLICKS, {})),
-                  ann.get(exports.MODEL_VERSION), ann.get(exports.SAVED, 0.0)))
+      db.execute(
+        "INSERT INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+          entry["file_name"],
+          number,
+          ann["segmentation"]["counts"],
+          ann["area"],
+          json.dumps(ann["bbox"]),
+          json.dumps(ann.get(exports.CLICKS, {})),
+          ann.get(exports.MODEL_VERSION),
+          ann.get(exports.SAVED, 0.0),
+        ),
+      )
 
   # ---- the COCO document ---------------------------------------------------
 
@@ -509,6 +579,7 @@ class Labels:
         self.flush()
       except Exception:  # pylint: disable=broad-except
         import logging  # pylint: disable=g-import-not-at-top
+
         logging.getLogger("beam_train").exception("labels: writing %s failed", exports.COCO_FILE)
       delay = max(DOCUMENT_DELAY_S, 2 * (time.monotonic() - started))
 

@@ -42,8 +42,9 @@ class Versions:
     FileNotFoundError, ValueError: as `RestModel`, for the first version.
   """
 
-  def __init__(self, model: str, name: str, max_clicks: int = 0,
-               log: Optional[logging.Logger] = None):
+  def __init__(
+    self, model: str, name: str, max_clicks: int = 0, log: Optional[logging.Logger] = None
+  ):
     self.source, self.name, self.max_clicks = model, name, max_clicks
     self.log = log or logging.getLogger("beam_train")
     self._current = RestModel(model, name, max_clicks)
@@ -62,8 +63,11 @@ class Versions:
     model = self._current
     if name != self.name or (version is not None and version != model.version):
       want = f"Latest({name})" if version is None else f"Specific({name}, {version})"
-      raise RequestError(f"Servable not found for request: {want} (this server serves "
-                         f"{self.name!r} version {model.version})", status=404)
+      raise RequestError(
+        f"Servable not found for request: {want} (this server serves "
+        f"{self.name!r} version {model.version})",
+        status=404,
+      )
     return model
 
   def status(self, name: str, version: Optional[int] = None) -> Dict[str, Any]:
@@ -72,11 +76,20 @@ class Versions:
       self.check(name, version)  # Raises the 404.
     with self._lock:
       known = sorted(self._states.items(), reverse=True)
-    return {"model_version_status": [
-        {"version": str(v), "state": s["state"],
-         "status": {"error_code": s.get("error_code", "OK"),
-                    "error_message": s.get("error_message", "")}}
-        for v, s in known if version is None or v == version]}
+    return {
+      "model_version_status": [
+        {
+          "version": str(v),
+          "state": s["state"],
+          "status": {
+            "error_code": s.get("error_code", "OK"),
+            "error_message": s.get("error_message", ""),
+          },
+        }
+        for v, s in known
+        if version is None or v == version
+      ]
+    }
 
   def versions(self) -> List[int]:
     """The version numbers known, newest first."""
@@ -107,10 +120,19 @@ class Versions:
         model.segment(np.zeros((32, 32, 3), np.uint8), [[16, 16]], [])
     except Exception as e:  # pylint: disable=broad-except
       with self._lock:
-        self._states[version] = {"state": END, "error_code": "UNKNOWN",
-                                 "error_message": f"{type(e).__name__}: {e}"}
-      self.log.error("serve: version %d at %s failed to load (%s: %s); still serving version "
-                     "%d", version, path, type(e).__name__, e, self._current.version)
+        self._states[version] = {
+          "state": END,
+          "error_code": "UNKNOWN",
+          "error_message": f"{type(e).__name__}: {e}",
+        }
+      self.log.error(
+        "serve: version %d at %s failed to load (%s: %s); still serving version %d",
+        version,
+        path,
+        type(e).__name__,
+        e,
+        self._current.version,
+      )
       return False
     with self._lock:
       old = self._current.version

@@ -3,7 +3,8 @@
 
 A task is declared once, by its module in `beam_prep.tasks`; its training
 side registers itself under the task's name (`register_trainer`), and the
-modules here are imported with this package. An instance is built from the prep output's `features.json` (its `task` field),
+modules here are imported with this package. An instance is built from the prep output's
+`features.json` (its `task` field),
 the tf.Transform output and the run's `TrainConfig.task_options`. It names the
 raw features the transform reads and those evaluation needs, builds the model
 (input channels from the declared model inputs), turns transformed features
@@ -26,11 +27,13 @@ _TRAINERS: Dict[str, type] = {}
 def register_trainer(task_name: str):
   """Class decorator: the class is the training side of the task `task_name`
   (declared in `beam_prep.tasks`); its `options` become `beam-train fit` flags."""
+
   def register(cls):
     _TRAINERS[task_name] = cls
     if cls.options not in TASK_OPTIONS:
       TASK_OPTIONS.append(cls.options)
     return cls
+
   return register
 
 
@@ -38,9 +41,11 @@ def task_class(name: str):
   """The training side of the task named `name` (features.json's `task`)."""
   prep_tasks.get_task(name)  # An unknown task is named as such.
   if name not in _TRAINERS:
-    raise ValueError(f"task {name!r} has no training side: register one with "
-                     f"@train.tasks.register_trainer({name!r}) on its class, in a module "
-                     "imported before training")
+    raise ValueError(
+      f"task {name!r} has no training side: register one with "
+      f"@train.tasks.register_trainer({name!r}) on its class, in a module "
+      "imported before training"
+    )
   return _TRAINERS[name]
 
 

@@ -25,6 +25,7 @@ class TrainingTask:
     server: the serving module's class (`train.servers`).
     evaluators: what the task evaluates besides the eval metrics ("noc").
   """
+
   options = NoFitOptions
   server = None
   evaluators = ()
@@ -58,11 +59,13 @@ def fit_options(task_cls, settings: Dict[str, Any]):
 
 
 def model_spec(task, config: TrainConfig) -> Dict[str, Any]:
-  return {"name": config.model or task.default_model,
-          "input_channels": task.table.input_channels,
-          "image_size": list(task.image_size),
-          "model_args": dict(config.model_args),
-          "builtin": {k: getattr(config, k) for k in BUILTIN_ARGS}}
+  return {
+    "name": config.model or task.default_model,
+    "input_channels": task.table.input_channels,
+    "image_size": list(task.image_size),
+    "model_args": dict(config.model_args),
+    "builtin": {k: getattr(config, k) for k in BUILTIN_ARGS},
+  }
 
 
 def check_output(model, name: str, channels: int, image_size, want, what: str) -> None:
@@ -71,13 +74,14 @@ def check_output(model, name: str, channels: int, image_size, want, what: str) -
   try:
     out = model(tf.zeros([1, h, w, channels]), training=False)
   except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f"model {name!r} cannot take the records' input [B, {h}, {w}, {channels}]"
-                     f" (features.json's model inputs): {type(e).__name__}: {e}") from None
+    raise ValueError(
+      f"model {name!r} cannot take the records' input [B, {h}, {w}, {channels}]"
+      f" (features.json's model inputs): {type(e).__name__}: {e}"
+    ) from None
   if not hasattr(out, "shape"):
     raise ValueError(f"model {name!r} returns {type(out).__name__}, not one tensor")
   got = tuple(out.shape[1:])
   if got != tuple(want):
-    raise ValueError(f"model {name!r} maps [1, {h}, {w}, {channels}] to {[1, *got]}; this task "
-                     f"needs {what}")
-
-
+    raise ValueError(
+      f"model {name!r} maps [1, {h}, {w}, {channels}] to {[1, *got]}; this task needs {what}"
+    )

@@ -25,20 +25,33 @@ LOSSES = ("bce_iou", "normalized_focal")
 @dataclasses.dataclass(frozen=True)
 class SegmentationFitOptions:
   """segmentation's own `beam-train fit` settings."""
-  noc_clicks: int = option(keys.NOC_MAX_CLICKS, "segmentation: NoC evaluation at the end with "
-                           "up to N simulated clicks per eval object (0: skip it)")
+
+  noc_clicks: int = option(
+    keys.NOC_MAX_CLICKS,
+    "segmentation: NoC evaluation at the end with "
+    "up to N simulated clicks per eval object (0: skip it)",
+  )
   noc_objects: int = option(0, "segmentation: NoC on the first N eval objects only (0: all)")
-  mask_rounds: int = option(3, "segmentation: each step draws 0 to N rounds in which the "
-                            "model, without gradients, predicts; its mask becomes the previous "
-                            "mask (records with beam-prep --previous-mask) and, with "
-                            "--corrective-clicks, its largest error gets a click (RITM's "
-                            "iterative training)")
-  loss: str = option("bce_iou", "segmentation: bce_iou (cross-entropy + soft IoU) or "
-                     "normalized_focal (RITM's normalized focal loss, alpha 0.5, gamma 2)",
-                     choices=LOSSES)
-  corrective_clicks: bool = option(False, "segmentation: each round of --mask-rounds adds "
-                                   "a click in the larger error region, and the click "
-                                   "encodings are updated in the step")
+  mask_rounds: int = option(
+    3,
+    "segmentation: each step draws 0 to N rounds in which the "
+    "model, without gradients, predicts; its mask becomes the previous "
+    "mask (records with beam-prep --previous-mask) and, with "
+    "--corrective-clicks, its largest error gets a click (RITM's "
+    "iterative training)",
+  )
+  loss: str = option(
+    "bce_iou",
+    "segmentation: bce_iou (cross-entropy + soft IoU) or "
+    "normalized_focal (RITM's normalized focal loss, alpha 0.5, gamma 2)",
+    choices=LOSSES,
+  )
+  corrective_clicks: bool = option(
+    False,
+    "segmentation: each round of --mask-rounds adds "
+    "a click in the larger error region, and the click "
+    "encodings are updated in the step",
+  )
 
   def __post_init__(self):
     if self.noc_clicks < 0:
@@ -54,25 +67,31 @@ class SegmentationFitOptions:
 @register_trainer("segmentation")
 class SegmentationTask(TrainingTask):
   """Mask logits [B, H, W, 1]; weighted sigmoid cross-entropy; IoU (`clicker.iou`)."""
+
   default_model = "segmentation_fcn"
   transform_in_step = True  # uint8 bytes to the device, transformed there
   server = servers.SegmentationServer  # the serving signatures
   evaluators = ("noc",)  # what `fit` runs at the end besides the eval metrics
   options = SegmentationFitOptions
 
-  def __init__(self, table: FeatureTable, tft_output: tft.TFTransformOutput,
-               settings: Dict[str, Any] = None):
+  def __init__(
+    self, table: FeatureTable, tft_output: tft.TFTransformOutput, settings: Dict[str, Any] = None
+  ):
     self.settings = fit_options(type(self), settings or {})
     self.name = table.task
     self.table = table
     self.image_size = table.image_size
     self.transform_keys: List[str] = table.transform_keys
     # The nearest-click baseline needs the clicks (declared by sample_clicks).
-    self.eval_keys: List[str] = [k for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
-                                 if k in table]
+    self.eval_keys: List[str] = [
+      k for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS) if k in table
+    ]
     self._prev_channel = step_inputs.channel_of(table, keys.PREV_MASK)
-    self._click_updates = (_corrective_inputs(table, tft_output, self.transform_keys)
-                           if self.settings.corrective_clicks else [])
+    self._click_updates = (
+      _corrective_inputs(table, tft_output, self.transform_keys)
+      if self.settings.corrective_clicks
+      else []
+    )
 
   def model_spec(self, config: TrainConfig) -> Dict[str, Any]:
     """The arguments of `models.build_model` for this run."""
@@ -81,8 +100,9 @@ class SegmentationTask(TrainingTask):
   def check_model(self, model, name: str) -> None:
     """Raises ValueError unless `model` maps the records' inputs to [B, H, W, 1] logits."""
     h, w = self.image_size
-    check_output(model, name, self.table.input_channels, (h, w), (h, w, 1),
-                  "mask logits [B, H, W, 1]")
+    check_output(
+      model, name, self.table.input_channels, (h, w), (h, w, 1), "mask logits [B, H, W, 1]"
+    )
 
   def labels(self, transformed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
     return {keys.LABEL: transformed[keys.LABEL], keys.LABEL_WEIGHT: transformed[keys.LABEL_WEIGHT]}
@@ -109,15 +129,17 @@ class SegmentationTask(TrainingTask):
     model = _mask_counts(labels, logits)
     if not self.eval_keys:
       return tf.concat([model, tf.zeros_like(model[:, :1])], axis=1)
-    clicks, kinds = clicker.dense_clicks(labels[keys.POSITIVE_CLICKS],
-                                         labels[keys.NEGATIVE_CLICKS])
+    clicks, kinds = clicker.dense_clicks(labels[keys.POSITIVE_CLICKS], labels[keys.NEGATIVE_CLICKS])
     h, w = self.image_size
     base = _mask_counts(labels, clicker.nearest_click_logits(clicks, kinds, h, w)[..., None])
     return tf.concat([model, base[:, :1]], axis=1)
 
   def summarize(self, c: np.ndarray) -> Dict[str, Any]:
-    out = {"examples": int(c.shape[0]), "mean_iou": float(c[:, 0].mean()),
-           "pixel_accuracy": float(c[:, 1].sum() / max(c[:, 2].sum(), 1))}
+    out = {
+      "examples": int(c.shape[0]),
+      "mean_iou": float(c[:, 0].mean()),
+      "pixel_accuracy": float(c[:, 1].sum() / max(c[:, 2].sum(), 1)),
+    }
     if self.eval_keys:
       out["baseline_nearest_click_mean_iou"] = float(c[:, 3].mean())
     return out
@@ -141,13 +163,15 @@ class SegmentationTask(TrainingTask):
       if self._prev_channel is not None:
         x = step_inputs.put(x, self._prev_channel, 1, tf.cast(pred, x.dtype))
       if self._click_updates:
-        x = step_inputs.add_click(x, self._click_updates,
-                                  *clicker.training_click(pred[..., 0], truth, care))
+        x = step_inputs.add_click(
+          x, self._click_updates, *clicker.training_click(pred[..., 0], truth, care)
+        )
       return i + 1, x
 
     n = tf.random.uniform([], 0, rounds + 1, dtype=tf.int32)
-    _, out = tf.while_loop(lambda i, x: i < n, one_round, (tf.constant(0), inputs),
-                           maximum_iterations=rounds)
+    _, out = tf.while_loop(
+      lambda i, x: i < n, one_round, (tf.constant(0), inputs), maximum_iterations=rounds
+    )
     return tf.stop_gradient(out)
 
   def end_evaluations(self) -> Dict[str, str]:
@@ -162,10 +186,15 @@ class SegmentationTask(TrainingTask):
     o = self.settings
     logs.get().info("eval: NoC with up to %d simulated clicks per eval object", o.noc_clicks)
     try:
-      report = noc.evaluate(model, prep, os.path.join(model_dir, keys.EVAL_DIR), o.noc_clicks,
-                            max_objects=o.noc_objects,
-                            summary_dir=os.path.join(log_dir, keys.TENSORBOARD_DIR,
-                                                     keys.EVAL_DIR), step=step)
+      report = noc.evaluate(
+        model,
+        prep,
+        os.path.join(model_dir, keys.EVAL_DIR),
+        o.noc_clicks,
+        max_objects=o.noc_objects,
+        summary_dir=os.path.join(log_dir, keys.TENSORBOARD_DIR, keys.EVAL_DIR),
+        step=step,
+      )
     except ServingPlanError as e:
       why = f"the clicks' model inputs cannot be recomputed ({e})"
       logs.get().info("eval: NoC skipped: %s", why)
@@ -176,15 +205,16 @@ class SegmentationTask(TrainingTask):
   def eval_line(ev: Dict[str, Any]) -> str:
     """What `beam-train fit` says of `summarize`'s figures."""
     baseline = ev.get("baseline_nearest_click_mean_iou")
-    return (f"{ev['examples']} examples, mean IoU {ev['mean_iou']:.3f}"
-            + ("" if baseline is None else f" (nearest-click baseline {baseline:.3f})")
-            + f", pixel accuracy {ev['pixel_accuracy']:.3f}")
+    return (
+      f"{ev['examples']} examples, mean IoU {ev['mean_iou']:.3f}"
+      + ("" if baseline is None else f" (nearest-click baseline {baseline:.3f})")
+      + f", pixel accuracy {ev['pixel_accuracy']:.3f}"
+    )
 
   @staticmethod
   def summary_lines(metrics: Dict[str, Any], model_dir: str) -> List[str]:
     """The eval line, NoC beside the baseline's, and where the NoC report is."""
-    lines = [SegmentationTask.eval_line(metrics["eval"])] if metrics["eval"].get("examples") \
-        else []
+    lines = [SegmentationTask.eval_line(metrics["eval"])] if metrics["eval"].get("examples") else []
     if "noc" in metrics:
       lines += noc.lines(metrics["noc"])
       lines.append(f"NoC report, plot and contact sheet -> {os.path.join(model_dir, 'eval')}")
@@ -199,15 +229,22 @@ def bce_iou_loss(y: tf.Tensor, w: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
   """
   per_pixel = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)
   bce = tf.reduce_sum(per_pixel * w, axis=[1, 2, 3]) / tf.maximum(
-      tf.reduce_sum(w, axis=[1, 2, 3]), 1.0)
+    tf.reduce_sum(w, axis=[1, 2, 3]), 1.0
+  )
   p = tf.sigmoid(logits) * w
   inter = tf.reduce_sum(p * y, axis=[1, 2, 3])
   union = tf.reduce_sum(p + y * w, axis=[1, 2, 3]) - inter
   return bce + 1.0 - (inter + 1.0) / (union + 1.0)
 
 
-def normalized_focal_loss(y: tf.Tensor, w: tf.Tensor, logits: tf.Tensor, alpha: float = 0.5,
-                          gamma: float = 2.0, eps: float = 1e-8) -> tf.Tensor:
+def normalized_focal_loss(
+  y: tf.Tensor,
+  w: tf.Tensor,
+  logits: tf.Tensor,
+  alpha: float = 0.5,
+  gamma: float = 2.0,
+  eps: float = 1e-8,
+) -> tf.Tensor:
   """RITM's normalized focal loss per example [B] (`NormalizedFocalLossSigmoid`):
   the focal weights (1 - p_t)^gamma rescaled to sum to the counted pixels (the
   factor without gradient), the sum over pixels divided by their count."""
@@ -217,14 +254,16 @@ def normalized_focal_loss(y: tf.Tensor, w: tf.Tensor, logits: tf.Tensor, alpha: 
   pt = tf.where(care, tf.where(obj, p, 1.0 - p), tf.ones_like(p))
   beta = tf.pow(1.0 - pt, gamma)
   counted = tf.reduce_sum(w, axis=[1, 2, 3], keepdims=True)
-  beta = beta * tf.stop_gradient(counted / (tf.reduce_sum(beta, axis=[1, 2, 3], keepdims=True)
-                                            + eps))
+  beta = beta * tf.stop_gradient(
+    counted / (tf.reduce_sum(beta, axis=[1, 2, 3], keepdims=True) + eps)
+  )
   loss = -alpha_t * beta * tf.math.log(tf.clip_by_value(pt, eps, 1.0)) * w
   return tf.reduce_sum(loss, axis=[1, 2, 3]) / (counted[:, 0, 0, 0] + eps)
 
 
-def _corrective_inputs(table: FeatureTable, tft_output: tft.TFTransformOutput,
-                       transform_keys: List[str]) -> List[step_inputs.ClickInput]:
+def _corrective_inputs(
+  table: FeatureTable, tft_output: tft.TFTransformOutput, transform_keys: List[str]
+) -> List[step_inputs.ClickInput]:
   """The model inputs made from the clicks, for corrective clicks in the step,
   updated exactly (`step_inputs.exact`).
 
@@ -235,12 +274,13 @@ def _corrective_inputs(table: FeatureTable, tft_output: tft.TFTransformOutput,
   inputs = step_inputs.click_inputs(table)
   for c in inputs:
     if c.add is None or c.scale is None:
-      raise ValueError(f"--corrective-clicks: model input {c.key!r} is made from the clicks "
-                       f"by op {c.op!r}, which " + ("declares no add_click" if c.add is None
-                                                    else "is standardized"))
+      raise ValueError(
+        f"--corrective-clicks: model input {c.key!r} is made from the clicks "
+        f"by op {c.op!r}, which "
+        + ("declares no add_click" if c.add is None else "is standardized")
+      )
   try:
-    return step_inputs.exact(inputs, tft_output.transform_features_layer(), table,
-                             transform_keys)
+    return step_inputs.exact(inputs, tft_output.transform_features_layer(), table, transform_keys)
   except ValueError as e:
     raise ValueError(f"--corrective-clicks: {e}") from None
 
@@ -250,6 +290,7 @@ def _mask_counts(labels, logits) -> tf.Tensor:
   pred = logits > 0
   y, w = labels[keys.LABEL], labels[keys.LABEL_WEIGHT]
   score = clicker.iou(pred, y > 0.5, w > 0)
-  correct = tf.reduce_sum(tf.cast(tf.equal(tf.cast(pred, tf.float32), y), tf.float32) * w,
-                          axis=[1, 2, 3])
+  correct = tf.reduce_sum(
+    tf.cast(tf.equal(tf.cast(pred, tf.float32), y), tf.float32) * w, axis=[1, 2, 3]
+  )
   return tf.stack([score, correct, tf.reduce_sum(w, axis=[1, 2, 3])], axis=1)
