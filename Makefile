@@ -26,8 +26,9 @@ demo: $(STAMP)
 	$(BIN)/python -m pipelines.demo --workdir out/demo
 
 # One test worker per core (at most 4: each holds TensorFlow and Beam);
-# `worksteal` hands a long test's neighbours to an idle worker.
-PYTEST := $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal
+# `worksteal` hands a long test's neighbours to an idle worker; the 10
+# slowest tests are listed at the end.
+PYTEST := $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal --durations=10
 
 test: $(STAMP)
 	$(PYTEST) tests

@@ -48,7 +48,8 @@ EXTRAS = {
   # chromium-driver, installed by .ci/run) through selenium; the suite
   # runs on every core with pytest-xdist (`make test`); a test builds the
   # documentation site with mkdocs (`mkdocs build --strict`); CI checks lint
-  # and format with ruff (`make lint`; its settings: pyproject.toml).
+  # and format with ruff (`make lint`; its settings: pyproject.toml); CVAT's
+  # function (deploy/cvat) is called through nuclio's own SDK.
   "test": [
     "pytest>=7",
     "pytest-xdist>=3.2",
@@ -56,6 +57,7 @@ EXTRAS = {
     "mkdocs>=1.6",
     "mkdocs-material>=9.5",
     "ruff>=0.6",
+    "nuclio-sdk>=0.5",
   ],
 }
 EXTRAS["all"] = sorted({r for name in ("train", "dataflow") for r in EXTRAS[name]})
