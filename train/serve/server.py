@@ -139,7 +139,10 @@ class Server:
     given a few seconds, queued ones dropped."""
     if self._serving.is_set() and not self._stopped.is_set():
       # Closed by the serving thread, between two polls.
-      self._waitress.trigger.pull_trigger(lambda: wasyncore.close_all(self._map))
+      try:
+        self._waitress.trigger.pull_trigger(lambda: wasyncore.close_all(self._map))
+      except OSError:  # Its trigger is closed already: the loop is closing; make sure.
+        wasyncore.close_all(self._map)
       self._stopped.wait(30)
     else:
       wasyncore.close_all(self._map)
