@@ -24,6 +24,7 @@ def option(
   none: Any = None,
   required: bool = False,
   show_default: bool = True,
+  secret: bool = False,
 ):
   """A config field that is also a command-line option (`beam_prep.kit` makes the flag).
 
@@ -35,9 +36,11 @@ def option(
     none: the field's value for a flag value "none" (a choice that means off).
     required: the command needs it (it has no useful default).
     show_default: add "(default: X)" to the help.
+    secret: a credential: left out of the config's repr.
   """
   return dataclasses.field(
     default=default,
+    repr=not secret,
     metadata={
       "help": help,
       "choices": tuple(choices) if choices else None,

@@ -20,8 +20,9 @@ reached or refuses the request, 502 with its reason.
 
 Environment: BEAM_TRAIN_MODEL (required: the served model's name, which
 `beam-train serve` prints in "REST at URL/v1/models/NAME"),
-BEAM_TRAIN_SERVE_URL (default http://127.0.0.1:8501, where `beam-train serve
---host 0.0.0.0` listens), BEAM_TRAIN_TIMEOUT (seconds, default 30).
+BEAM_TRAIN_SERVE_URL (default http://127.0.0.1:8501), BEAM_TRAIN_AUTH_TOKEN
+(the server's bearer token: `beam-train serve --host 0.0.0.0` needs one),
+BEAM_TRAIN_TIMEOUT (seconds, default 30).
 Only the standard library, numpy, pillow and scipy are needed: the function
 does not run TensorFlow.
 """
@@ -55,6 +56,10 @@ def init_context(context):
       "'REST at URL/v1/models/NAME'"
     )
   context.user_data.timeout = float(os.environ.get("BEAM_TRAIN_TIMEOUT", "30"))
+  token = os.environ.get("BEAM_TRAIN_AUTH_TOKEN", "")
+  context.user_data.headers = {"Content-Type": "application/json"}
+  if token:
+    context.user_data.headers["Authorization"] = f"Bearer {token}"
   context.logger.info(f"beam-train interactor: model {context.user_data.model!r} at {url}")
 
 
@@ -128,7 +133,7 @@ def _served(server, request):
   req = urllib.request.Request(
     f"{server.url}/v1/models/{server.model}:predict",
     data=body,
-    headers={"Content-Type": "application/json"},
+    headers=server.headers,
   )
   try:
     with urllib.request.urlopen(req, timeout=server.timeout) as r:

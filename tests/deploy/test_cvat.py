@@ -25,6 +25,7 @@ nuclio_test = pytest.importorskip("nuclio_sdk.test", reason="pip install nuclio-
 import nuclio_sdk  # noqa: E402
 
 FUNCTION = os.path.join(ROOT, "deploy", "cvat")
+TOKEN = "cvat-function-token"  # The server asks for it; the function sends it.
 
 
 def _function_module():
@@ -39,11 +40,12 @@ def _function_module():
 
 @pytest.fixture(scope="module")
 def function(trained, monkeypatch_module):
-  config = ServeConfig(model=trained, model_name="cat", port=0)
+  config = ServeConfig(model=trained, model_name="cat", port=0, auth_token=TOKEN)
   server, _ = serve_app.start(config)
   threading.Thread(target=server.serve_forever, daemon=True).start()
   monkeypatch_module.setenv("BEAM_TRAIN_SERVE_URL", f"http://127.0.0.1:{server.port}")
   monkeypatch_module.setenv("BEAM_TRAIN_MODEL", "cat")
+  monkeypatch_module.setenv("BEAM_TRAIN_AUTH_TOKEN", TOKEN)
   module = _function_module()
   platform = nuclio_test.Platform()
 
@@ -161,6 +163,20 @@ def test_the_outline_follows_the_largest_part_clockwise():
   np.testing.assert_array_equal(_filled(outline(disk), disk.shape), disk)
   ring = disk & ((yy - 30) ** 2 + (xx - 41) ** 2 > 8**2)  # A hole: filled by the outline.
   np.testing.assert_array_equal(_filled(outline(ring), ring.shape), disk)
+
+
+def test_a_wrong_token_is_the_servers_401_in_a_502(function, monkeypatch):
+  monkeypatch.setenv("BEAM_TRAIN_AUTH_TOKEN", "wrong")
+  module = _function_module()  # A new deployment, with the wrong token.
+  event = nuclio_sdk.Event(
+    body={
+      "image": base64.b64encode(png(_frame())).decode(),
+      "pos_points": [[5, 5]],
+      "neg_points": [],
+    }
+  )
+  response = nuclio_test.Platform().call_handler(module.handler, event)
+  assert response.status_code == 502 and "HTTP 401" in json.loads(response.body)["error"]
 
 
 def test_without_the_models_name_the_function_does_not_start(monkeypatch):

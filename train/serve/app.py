@@ -26,7 +26,7 @@ import orjson
 from flask import Flask, Response, request, send_from_directory
 from werkzeug.exceptions import HTTPException
 
-from train.serve import rest
+from train.serve import auth, rest
 from train.serve.config import ServeConfig
 from train.serve.exports import COCO_FILE
 from train.serve.model import RestModel
@@ -127,6 +127,20 @@ def _page_routes(app: Flask, page: Page) -> None:
     )
 
 
+def _guard(app: Flask, creds: auth.Credentials) -> None:
+  """With credentials, every request must present them (`train.serve.auth`)."""
+  if not creds:
+    return
+
+  @app.before_request
+  def authorized():
+    if not creds.allows(request.headers.get("Authorization")):
+      refusal = _json(rest.error_body(f"credentials needed: {creds.describe()}"), 401)
+      refusal.headers["WWW-Authenticate"] = creds.challenge()
+      return refusal
+    return None
+
+
 def make_app(
   config: ServeConfig,
   versions: Versions,
@@ -149,6 +163,7 @@ def make_app(
     labels,
     on_saved=rounds.saved if rounds else None,
   )
+  _guard(app, config.credentials)
   _rest_routes(app, versions, config)
   _page_routes(app, page)
 
@@ -262,6 +277,11 @@ def _say_started(
   log.info(
     "serve: the page at %s/ ; REST at %s/v1/models/%s (TF Serving's API)", url, url, model.name
   )
+  creds = config.credentials
+  if creds:
+    log.info("serve: every request needs %s", creds.describe())
+  else:
+    log.info("serve: open to this machine only (%s, no credentials asked)", config.host)
   if config.save_dir:
     log.info("serve: labels saved under %s (%d images so far)", config.save_dir, labels.count())
   if config.engine_every:

@@ -6,6 +6,7 @@ import dataclasses
 
 from beam_prep.kit import CommandConfig, option
 from train.engine import EngineConfig
+from train.serve import auth
 
 # `serve --engine-X`: the `EngineConfig` field each sets for a background round
 # (its default, its flag of `beam-train engine`).
@@ -30,7 +31,11 @@ class ServeConfig(CommandConfig):
   model_name: str = option(
     "", "the name in /v1/models/NAME ('': the model dir's name)", show_default=False
   )
-  host: str = option("127.0.0.1", "address to listen on; 0.0.0.0 opens it to the network")
+  host: str = option(
+    "127.0.0.1",
+    "address to listen on; another than loopback (0.0.0.0: every one) opens it to the "
+    "network and needs credentials (--auth-*)",
+  )
   port: int = option(8501, "port to listen on (0: any free port)")
   images: str = option("", "a folder whose images the page may open")
   data: str = option("", "a beam-prep output: the page opens its eval objects with their true mask")
@@ -62,6 +67,23 @@ class ServeConfig(CommandConfig):
   threads: int = option(4, "requests served at once; more wait their turn")
   cache_mb: float = option(512.0, "memory for the page's open images, in MB")
   max_eval_objects: int = option(100, "eval objects of --data the page lists")
+  # Secrets: the environment variables (train.serve.auth) keep them out of
+  # process listings; neither is ever logged.
+  auth_token: str = option(
+    "",
+    "a bearer token every request must send (or the env BEAM_TRAIN_AUTH_TOKEN)",
+    show_default=False,
+    secret=True,
+  )
+  auth_user: str = option(
+    "", "a user for HTTP basic auth (or the env BEAM_TRAIN_AUTH_USER)", show_default=False
+  )
+  auth_password: str = option(
+    "",
+    "the basic auth user's password (or the env BEAM_TRAIN_AUTH_PASSWORD)",
+    show_default=False,
+    secret=True,
+  )
   engine_every: int = option(
     0,
     "run a data engine round (beam-train engine) in the background "
@@ -87,6 +109,7 @@ class ServeConfig(CommandConfig):
   )
 
   def __post_init__(self):
+    auth.check_open(self.host, self.credentials)
     if self.engine_every and not self.save_dir:
       raise ValueError("--engine-every trains on the labels saved: give --save-dir too")
     if self.engine_every < 0 or self.engine_steps < 1 or self.engine_minutes < 0:
@@ -119,6 +142,11 @@ class ServeConfig(CommandConfig):
       for src, dst in ENGINE_FIELDS.items()
       for arg in ("--" + dst.replace("_", "-"), str(getattr(self, src)))
     ]
+
+  @property
+  def credentials(self) -> auth.Credentials:
+    """The credentials every request must present (none: an open server)."""
+    return auth.credentials(self.auth_token, self.auth_user, self.auth_password)
 
   @property
   def name(self) -> str:
