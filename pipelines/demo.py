@@ -141,9 +141,12 @@ def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: i
 
 
 def _summary(data: str, prep: str, model: str, pred: str, predicted, engine, times, log) -> None:
+  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+
+  metrics = json.load(open(os.path.join(model, keys.METRICS_FILE)))
   _summary_records(data, prep, log)
-  _summary_model(model, log)
-  _summary_outputs(model, prep, pred, predicted, engine, times, log)
+  _summary_model(model, metrics, log)
+  _summary_outputs(model, metrics, prep, pred, predicted, engine, times, log)
 
 
 def _summary_records(data: str, prep: str, log) -> None:
@@ -165,10 +168,9 @@ def _summary_records(data: str, prep: str, log) -> None:
   log(f"  preview      {prep}/{keys.PREVIEW_FILE} (what the records hold)")
 
 
-def _summary_model(model: str, log) -> None:
+def _summary_model(model: str, metrics, log) -> None:
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
 
-  metrics = json.load(open(os.path.join(model, keys.METRICS_FILE)))
   from train.noc import NOC_FILE  # pylint: disable=g-import-not-at-top
   from train.tasks import task_class  # pylint: disable=g-import-not-at-top
 
@@ -221,10 +223,9 @@ def _summary_model(model: str, log) -> None:
     )
 
 
-def _summary_outputs(model: str, prep: str, pred: str, predicted, engine, times, log) -> None:
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
-
-  metrics = json.load(open(os.path.join(model, keys.METRICS_FILE)))
+def _summary_outputs(
+  model: str, metrics, prep: str, pred: str, predicted, engine, times, log
+) -> None:
   log(f"  export       {metrics['export_dir']}")
   p = predicted
   log(
