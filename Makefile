@@ -18,6 +18,9 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python setup.py
 	@echo "installing beam-prep and its dependencies into $(VENV) (first time: a few minutes)"
 	$(BIN)/python -m pip install --quiet -e ".[all,test]"
+	@# Label Studio's SDK for its brush RLE decoder only (numpy and PIL): its own
+	@# pins (numpy < 2.3, 30 packages) are not ours, so without its dependencies.
+	$(BIN)/python -m pip install --quiet --no-deps label-studio-sdk==2.1.2
 	@touch $(STAMP)
 
 install: $(STAMP)

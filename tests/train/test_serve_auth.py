@@ -59,9 +59,11 @@ def test_every_route_asks_for_the_credentials_given(trained, monkeypatch, caplog
   threading.Thread(target=server.serve_forever, daemon=True).start()
   url = f"http://127.0.0.1:{server.port}"
   try:
-    for path in ("/", "/v1/models/cat", "/page/sources", "/page/coco"):
+    routes = [(p, None) for p in ("/", "/v1/models/cat", "/page/sources", "/page/coco", "/health")]
+    routes += [(p, b"{}") for p in ("/setup", "/predict", "/webhook", "/page/save")]
+    for path, body in routes:  # Label Studio's routes too: they fetch images, keep labels.
       with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(url + path)
+        urllib.request.urlopen(url + path, data=body)
       assert e.value.code == 401, path
       assert e.value.headers["WWW-Authenticate"] == 'Basic realm="beam-train serve"'
       assert b"credentials needed" in e.value.read()

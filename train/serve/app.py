@@ -7,6 +7,8 @@ threads (`train.serve.server`).
   POST /v1/models/NAME[/versions/V]:predict    `train.serve.rest`
   GET  /                                       the page (static/)
   /page/...                                    the page's own endpoints (`train.serve.page`)
+  GET /health, POST /setup /predict /webhook   Label Studio's ML backend
+                                               (`train.serve.label_studio`)
 
 Every refused request is answered `{"error": "..."}` with a 4xx status:
 400 for a wrong request (the message names the field, or the limit and
@@ -31,6 +33,7 @@ from train.serve.config import ServeConfig
 from train.serve.exports import COCO_FILE
 from train.serve.model import RestModel
 from train.serve.versions import Versions
+from train.serve.label_studio import LabelStudio
 from train.serve.page import ImageStore, Page, Sources
 from train.serve.rest import RequestError
 from train.serve.server import Server, too_large
@@ -46,12 +49,23 @@ def _json(body, status: int = 200) -> Response:
   return Response(data, status=status, mimetype="application/json")
 
 
-def _page_body() -> dict:
+def _body() -> dict:
   """The request's JSON object, whatever its Content-Type says (as TF Serving reads bodies)."""
   body = rest.load_json(request.get_data(cache=False), arrays=False)
   if not isinstance(body, dict):
     raise RequestError("the request body must be a JSON object")
   return body
+
+
+def _json_posts(app: Flask, prefix: str, handlers) -> None:
+  """POST PREFIX+NAME for each handler: the body's JSON object in, its answer out as JSON."""
+  for name, handle in handlers.items():
+    app.add_url_rule(
+      prefix + name,
+      f"{prefix.strip('/')}_{name}",
+      methods=["POST"],
+      view_func=lambda handle=handle: _json(handle(_body())),
+    )
 
 
 def _rest_routes(app: Flask, versions: Versions, config: ServeConfig) -> None:
@@ -118,13 +132,14 @@ def _page_routes(app: Flask, page: Page) -> None:
     "next_click": page.next_click,
     "save": page.save,
   }
-  for name, handle in posts.items():
-    app.add_url_rule(
-      f"/page/{name}",
-      f"page_{name}",
-      methods=["POST"],
-      view_func=lambda handle=handle: _json(handle(_page_body())),
-    )
+  _json_posts(app, "/page/", posts)
+
+
+def _label_studio_routes(app: Flask, backend: LabelStudio) -> None:
+  """Label Studio's ML backend protocol at the root (`train.serve.label_studio`)."""
+  app.add_url_rule("/health", "ls_health", view_func=lambda: _json(backend.health()))
+  posts = {"setup": backend.setup, "predict": backend.predict, "webhook": backend.webhook}
+  _json_posts(app, "/", posts)
 
 
 def _guard(app: Flask, creds: auth.Credentials) -> None:
@@ -166,6 +181,10 @@ def make_app(
   _guard(app, config.credentials)
   _rest_routes(app, versions, config)
   _page_routes(app, page)
+  url, token = config.label_studio_access
+  _label_studio_routes(
+    app, LabelStudio(page, url, token, app.config["MAX_CONTENT_LENGTH"], page.on_saved)
+  )
 
   @app.errorhandler(RequestError)
   def refused(e: RequestError):

@@ -3,10 +3,14 @@ a flag of the command (`beam_prep.kit`); this module imports no web framework,
 so the command can say what is missing before importing one."""
 
 import dataclasses
+import os
 
 from beam_prep.kit import CommandConfig, option
 from train.engine import EngineConfig
 from train.serve import auth
+
+# Label Studio's token when no flag gives it (kept out of process listings).
+LABEL_STUDIO_TOKEN_ENV = "BEAM_TRAIN_LABEL_STUDIO_TOKEN"
 
 # `serve --engine-X`: the `EngineConfig` field each sets for a background round
 # (its default, its flag of `beam-train engine`).
@@ -84,6 +88,19 @@ class ServeConfig(CommandConfig):
     show_default=False,
     secret=True,
   )
+  label_studio_url: str = option(
+    "",
+    "Label Studio's address, where task images are fetched ('': the one Label Studio "
+    "sends when it connects the backend)",
+    show_default=False,
+  )
+  label_studio_token: str = option(
+    "",
+    f"Label Studio's API token for those images (or the env {LABEL_STUDIO_TOKEN_ENV}; "
+    "'': the one Label Studio sends)",
+    show_default=False,
+    secret=True,
+  )
   engine_every: int = option(
     0,
     "run a data engine round (beam-train engine) in the background "
@@ -147,6 +164,13 @@ class ServeConfig(CommandConfig):
   def credentials(self) -> auth.Credentials:
     """The credentials every request must present (none: an open server)."""
     return auth.credentials(self.auth_token, self.auth_user, self.auth_password)
+
+  @property
+  def label_studio_access(self):
+    """(url, token) where Label Studio's task images are fetched ("": as Label Studio says)."""
+    return self.label_studio_url, self.label_studio_token or os.environ.get(
+      LABEL_STUDIO_TOKEN_ENV, ""
+    )
 
   @property
   def name(self) -> str:

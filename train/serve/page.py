@@ -123,6 +123,10 @@ class ImageStore:
       self._bytes += size
     return key
 
+  def has(self, key: str) -> bool:
+    with self._lock:
+      return key in self._items
+
   def get(self, key: str) -> Dict[str, Any]:
     with self._lock:
       item = self._items.get(key)
@@ -285,7 +289,7 @@ class Page:
 
   @property
   def model(self) -> RestModel:
-    """The version serving now (a request asks it once: `_predict`)."""
+    """The version serving now (a request asks it once: `predict_levels`)."""
     return self.versions.current
 
   def describe(self) -> Dict[str, Any]:
@@ -329,7 +333,7 @@ class Page:
       "saved_as": entry["file_name"] if entry else None,
     }
 
-  def _decoded(self, data: bytes, name: str, field: str) -> str:
+  def add_file(self, data: bytes, name: str, field: str) -> str:
     """Decodes a file's bytes into the store (their id), or a RequestError naming `field`."""
     try:
       image = predict.decode_image(data, name, self.max_pixels)
@@ -338,7 +342,7 @@ class Page:
     return self.store.add(image, name, data=data)
 
   def upload(self, data: bytes, filename: str) -> Dict[str, Any]:
-    return self._opened(self._decoded(data, filename or "upload", "file"))
+    return self._opened(self.add_file(data, filename or "upload", "file"))
 
   def open(self, body: Dict[str, Any]) -> Dict[str, Any]:
     if "eval" in body:
@@ -369,7 +373,7 @@ class Page:
         data = f.read()
     except OSError as e:
       raise RequestError(f"{field}: {e}") from None
-    return self._opened(self._decoded(data, name, field))
+    return self._opened(self.add_file(data, name, field))
 
   def image_png(self, key: str) -> bytes:
     return png(self.store.get(key)["image"])
@@ -387,7 +391,7 @@ class Page:
       return None
     return float(clicker.label_iou(tf.constant(mask[None]), tf.constant(item["truth"][None]))[0])
 
-  def _predict(
+  def predict_levels(
     self, item: Dict[str, Any], pos: np.ndarray, neg: np.ndarray, previous: Optional[np.ndarray]
   ):
     """(levels, version): the levels of the model's probabilities for these
@@ -412,7 +416,7 @@ class Page:
     previous = None
     if body.get("previous") is not None:
       previous = _levels_of(body["previous"], "previous", item["image"].shape) >= level
-    levels, version = self._predict(
+    levels, version = self.predict_levels(
       item, *_clamped_clicks(item, body, self.model.max_clicks), previous
     )
     mask = levels >= level
@@ -444,7 +448,7 @@ class Page:
     if body.get("probabilities") is not None:
       pred = _levels_of(body["probabilities"], "probabilities", item["image"].shape) >= level
     elif len(pos):
-      pred = self._predict(item, pos, neg, None)[0] >= level
+      pred = self.predict_levels(item, pos, neg, None)[0] >= level
     else:
       pred = np.zeros((h, w), bool)
     xy, kind = clicker.next_click_of(pred, item["truth"], pos.tolist(), neg.tolist())

@@ -356,6 +356,23 @@ class Labels:
       "hidden": [i for i in range(1, len(masks) + 1) if i not in present],
     }
 
+  def remove_origin(self, **match: Any) -> List[str]:
+    """Removes the images whose origin holds every `match` field (a tool's
+    annotation, say), with their files; returns their file names."""
+    with self._locked():
+      with self._transaction() as db:
+        names = [
+          r[0]
+          for r in db.execute("SELECT file_name, origin FROM images")
+          if all(json.loads(r[1]).get(k) == v for k, v in match.items())
+        ]
+        for name in names:
+          self._delete(db, name)
+      self._finish_pending({})
+    if names:
+      self._changed.set()
+    return names
+
   def _commit(self, item, objects, version, origin, instance) -> Optional[str]:
     """The save's transaction (under the lock): rows, the pending work, and
     a new image's hidden file; returns the image's file name."""
@@ -366,9 +383,7 @@ class Labels:
       ).fetchone()
       if instance is None:
         if old is not None:
-          db.execute("DELETE FROM images WHERE file_name = ?", (old[0],))
-          db.execute("DELETE FROM objects WHERE file_name = ?", (old[0],))
-          self._pend(db, old[0], REMOVE)
+          self._delete(db, old[0])
         return None
       file_name = old[0] if old else self._new_name(db, item)
       if old is None:
@@ -401,6 +416,12 @@ class Labels:
       if same is not None:
         row = row[:6] + (same["model_version"], same["saved"])
       db.execute("INSERT INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+
+  def _delete(self, db, file_name: str) -> None:
+    """An image's rows deleted, its files' removal pending."""
+    db.execute("DELETE FROM images WHERE file_name = ?", (file_name,))
+    db.execute("DELETE FROM objects WHERE file_name = ?", (file_name,))
+    self._pend(db, file_name, REMOVE)
 
   def _pend(self, db, file_name: str, op: str) -> None:
     db.execute("INSERT OR REPLACE INTO pending VALUES (?, ?)", (file_name, op))

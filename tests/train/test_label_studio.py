@@ -1,0 +1,374 @@
+"""`beam-train serve` as Label Studio's ML backend: the brush RLE against
+Label Studio's own SDK, /health, /setup, interactive and batch /predict
+with the task image fetched from Label Studio's address with its token,
+webhooks that keep and remove annotations in the label store, and refusals
+that name the field and never answer 500."""
+
+import http.server
+import importlib.metadata
+import importlib.util
+import io
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.helpers import png
+from train.serve import app as serve_app
+from train.serve import brush, page
+from train.serve.config import ServeConfig
+
+H, W = 96, 128
+LS_TOKEN = "0123456789abcdef0123456789abcdef01234567"
+CONFIG = """<View>
+  <Image name="image" value="$image" zoom="true"/>
+  <BrushLabels name="tag" toName="image"><Label value="Cat"/><Label value="Object"/></BrushLabels>
+  <KeyPointLabels name="kp" toName="image" smart="true">
+    <Label value="Object" smart="true"/>
+  </KeyPointLabels>
+  <RectangleLabels name="rect" toName="image" smart="true"><Label value="Object"/></RectangleLabels>
+</View>"""
+
+
+def _sdk_brush():
+  """label_studio_sdk's brush module (numpy and PIL only), without importing
+  the SDK's client (installed with --no-deps by `make`)."""
+  path = importlib.metadata.distribution("label-studio-sdk").locate_file(
+    "label_studio_sdk/converter/brush.py"
+  )
+  spec = importlib.util.spec_from_file_location("label_studio_brush", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _masks():
+  rng = np.random.default_rng(3)
+  yield np.array([[0, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0]], bool)
+  yield np.ones((1, 1), bool)
+  yield np.zeros((5, 7), bool)
+  yield np.ones((300, 260), bool)  # Runs longer than the longest length field.
+  for h, w in ((48, 64), (97, 131)):
+    m = np.zeros((h, w), bool)
+    m[h // 4 : h // 2, w // 5 : w - 3] = True
+    m[rng.random((h, w)) < 0.05] = True
+    yield m
+
+
+def test_brush_rle_is_label_studio_s_own():
+  sdk = _sdk_brush()
+  for mask in _masks():
+    h, w = mask.shape
+    ours = brush.encode(mask)
+    theirs = sdk.mask2rle(mask.astype(np.uint8) * 255)
+    # The same bits; the SDK pads a whole zero byte where the bits end on one.
+    assert ours == theirs[: len(ours)] and theirs[len(ours) :] in ([], [0])
+    assert (sdk.decode_rle(ours).reshape(h, w, 4)[:, :, 3] == mask * 255).all()
+    np.testing.assert_array_equal(
+      brush.decode(sdk.mask2rle(mask.astype(np.uint8) * 255), h, w), mask
+    )
+  # Values one by one (runs of 1, as a brush drawn with soft edges gives).
+  values = np.zeros((6, 5, 4), np.uint8)
+  values[..., 3] = np.arange(30).reshape(6, 5) * 8
+  rle = sdk.encode_rle(values.ravel())
+  np.testing.assert_array_equal(brush.decode(rle, 6, 5), values[..., 3] >= 128)
+
+
+@pytest.mark.parametrize(
+  "rle, size, message",
+  [
+    ("abc", (3, 4), "byte values"),
+    ([0, 0, 0, 48, 300], (3, 4), "byte values"),
+    ([0, 0, 0, 48, 57, 27, 254, 19], (3, 4), "ends before"),
+    ([255, 255, 255, 255, 57, 27, 254, 19, 0], (3, 4), "4294967295 values"),
+    ([], (3, 4), "ends before"),
+  ],
+)
+def test_a_bad_rle_is_refused_with_its_reason(rle, size, message):
+  with pytest.raises(brush.BrushError, match=message):
+    brush.decode(rle, *size)
+
+
+class _LabelStudioFiles(http.server.BaseHTTPRequestHandler):
+  """Label Studio's /data/upload/... files, for its token only."""
+
+  files = {}
+
+  def do_GET(self):  # noqa: N802 (http.server's name)
+    if self.headers.get("Authorization") != f"Token {LS_TOKEN}":
+      self.send_error(401)
+    elif self.path not in self.files:
+      self.send_error(404)
+    else:
+      self.send_response(200)
+      self.send_header("Content-Type", "image/png")
+      self.end_headers()
+      self.wfile.write(self.files[self.path])
+
+  def log_message(self, *args):
+    pass
+
+
+def _scene():
+  yy, xx = np.mgrid[:H, :W]
+  disk = (xx - 40) ** 2 + (yy - 48) ** 2 <= 22**2
+  image = np.full((H, W, 3), 90, np.uint8)
+  image[disk] = (220, 40, 30)
+  image[10:40, 90:120] = (30, 60, 220)
+  return image
+
+
+@pytest.fixture(scope="module")
+def backend(trained, tmp_path_factory):
+  """(client, Label Studio's address, save dir): a server saving into a folder,
+  and Label Studio's file server holding one task image."""
+  from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
+
+  _LabelStudioFiles.files = {"/data/upload/1/0a1b2c3d-scene.png": png(_scene())}
+  files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _LabelStudioFiles)
+  threading.Thread(target=files.serve_forever, daemon=True).start()
+  save = str(tmp_path_factory.mktemp("ls_labels"))
+  config = ServeConfig(model=trained, save_dir=save)
+  app = serve_app.make_app(config, Versions(trained, "cat"), page.Sources())
+  yield app.test_client(), f"http://127.0.0.1:{files.server_port}", save
+  app.extensions[serve_app.LABELS].close()
+  files.shutdown()
+
+
+def _task(task_id=7):
+  return {"id": task_id, "data": {"image": "/data/upload/1/0a1b2c3d-scene.png"}}
+
+
+def _keypoint(x, y, positive=None, label="Object"):
+  region = {
+    "original_width": W,
+    "original_height": H,
+    "image_rotation": 0,
+    "value": {
+      "x": (x + 0.5) / W * 100,
+      "y": (y + 0.5) / H * 100,
+      "width": 0.3,
+      "keypointlabels": [label],
+    },
+    "from_name": "kp",
+    "to_name": "image",
+    "type": "keypointlabels",
+  }
+  if positive is not None:
+    region["is_positive"] = positive
+  return region
+
+
+def _predict(client, regions, project="1.1764000000", **extra):
+  body = {
+    "tasks": [_task()],
+    "project": project,
+    "label_config": CONFIG,
+    "params": {"login": None, "password": None, "context": {"result": regions}},
+    **extra,
+  }
+  return client.post("/predict", json=body)
+
+
+def _region_mask(answer):
+  (result,) = answer["results"]
+  (region,) = result["result"]
+  assert region["type"] == "brushlabels" and region["value"]["format"] == "rle"
+  assert (region["from_name"], region["to_name"]) == ("tag", "image")
+  assert (region["original_width"], region["original_height"]) == (W, H)
+  mask = _sdk_brush().decode_rle(region["value"]["rle"]).reshape(H, W, 4)[:, :, 3] > 0
+  return mask, region
+
+
+def _version(client):
+  """'cat/V': the model and the version serving (TF Serving's status)."""
+  return "cat/" + client.get("/v1/models/cat").get_json()["model_version_status"][0]["version"]
+
+
+def _setup(client, url):
+  r = client.post(
+    "/setup",
+    json={"project": "1.1764000000", "schema": CONFIG, "hostname": url, "access_token": LS_TOKEN},
+  )
+  assert r.status_code == 200 and r.get_json()["model_version"] == _version(client), r.get_json()
+
+
+def test_a_keypoint_gives_the_page_s_mask_as_a_brush_region(backend):
+  client, url, _ = backend
+  health = client.get("/health").get_json()
+  assert health["status"] == "UP" and health["model_version"] == _version(client)
+  _setup(client, url)
+  r = _predict(client, [_keypoint(40, 48)])
+  assert r.status_code == 200, r.get_json()
+  mask, region = _region_mask(r.get_json())
+  assert region["value"]["brushlabels"] == ["Object"] and 0 < region["score"] <= 1
+  opened = client.post(
+    "/page/upload",
+    data={"file": (io.BytesIO(png(_scene())), "scene.png")},
+    content_type="multipart/form-data",
+  ).get_json()
+  seg = client.post("/page/segment", json={"id": opened["id"], "positive": [[40, 48]]}).get_json()
+  page_mask = np.asarray(Image.open(io.BytesIO(_b64(seg["mask"])))) > 0
+  np.testing.assert_array_equal(mask, page_mask)
+  # The next keypoint refines this mask, as the page's next click does.
+  two = _predict(client, [_keypoint(40, 48), _keypoint(110, 20, positive=False)])
+  seg2 = client.post(
+    "/page/segment",
+    json={
+      "id": opened["id"],
+      "positive": [[40, 48]],
+      "negative": [[110, 20]],
+      "previous": seg["probabilities"],
+    },
+  ).get_json()
+  np.testing.assert_array_equal(
+    _region_mask(two.get_json())[0], np.asarray(Image.open(io.BytesIO(_b64(seg2["mask"])))) > 0
+  )
+
+
+def _b64(data_url):
+  import base64  # pylint: disable=g-import-not-at-top
+
+  return base64.b64decode(data_url.split(",", 1)[1])
+
+
+def test_a_rectangle_cuts_the_mask_to_it_and_labels_fall_back_to_the_brush(backend):
+  client, url, _ = backend
+  _setup(client, url)
+  rect = {
+    "type": "rectanglelabels",
+    "from_name": "rect",
+    "to_name": "image",
+    "value": {
+      "x": 10.0,
+      "y": 20.0,
+      "width": 40.0,
+      "height": 50.0,
+      "rotation": 0,
+      "rectanglelabels": ["Dog"],
+    },
+  }
+  r = _predict(client, [rect])
+  assert r.status_code == 200, r.get_json()
+  mask, region = _region_mask(r.get_json())
+  assert region["value"]["brushlabels"] == ["Cat"]  # "Dog" is no brush label: the first one.
+  x0, y0, x1, y1 = int(0.1 * W), int(0.2 * H), int(0.5 * W), int(0.7 * H)
+  outside = mask.copy()
+  outside[y0 : y1 + 1, x0 : x1 + 1] = False
+  assert mask.any() and not outside.any()
+
+
+def test_batch_calls_predict_nothing_and_bad_contexts_name_the_field(backend):
+  client, url, _ = backend
+  _setup(client, url)
+  for context in (None, {}):
+    r = client.post("/predict", json={"tasks": [_task()], "params": {"context": context}})
+    assert r.status_code == 200 and r.get_json()["results"] == []
+  far = _predict(client, [_keypoint(10_000, -50)])  # Percents out of range: clamped.
+  assert far.status_code == 200
+  nan = dict(_keypoint(3, 3))
+  nan["value"] = dict(nan["value"], x="12")
+  for regions, field in (
+    ("nope", "params.context.result"),
+    ([{"type": "brushlabels"}], "params.context.result"),
+    ([nan], "params.context.result[0].value.x"),
+    ([dict(_keypoint(3, 3), value=[1, 2])], "params.context.result[0].value"),
+  ):
+    r = _predict(client, regions)
+    assert r.status_code == 400 and r.get_json()["error"].startswith(field), r.get_json()
+  for body, field in (
+    ({"tasks": "x"}, "tasks"),
+    (
+      {
+        "tasks": [{"id": 1, "data": {}}],
+        "label_config": CONFIG,
+        "params": {"context": {"result": []}},
+      },
+      "tasks[0].data.image",
+    ),
+    (
+      {"tasks": [_task()], "label_config": "<View>", "params": {"context": {"result": []}}},
+      "label_config",
+    ),
+    (
+      {"tasks": [_task()], "label_config": "<View/>", "params": {"context": {"result": []}}},
+      "label_config",
+    ),
+    (
+      {
+        "tasks": [{"id": 1, "data": {"image": "s3://b/k.png"}}],
+        "label_config": CONFIG,
+        "params": {"context": {"result": []}},
+      },
+      "tasks[0].data.image",
+    ),
+  ):
+    r = client.post("/predict", json=body)
+    assert r.status_code == 400 and r.get_json()["error"].startswith(field), (body, r.get_json())
+  unknown = _predict(client, [_keypoint(3, 3)], project="99.1")  # No /setup, no --label-studio-url.
+  assert unknown.status_code == 400 and "--label-studio-url" in unknown.get_json()["error"]
+
+
+def _brush_result(mask, h=H, w=W):
+  return {
+    "type": "brushlabels",
+    "from_name": "tag",
+    "to_name": "image",
+    "original_width": w,
+    "original_height": h,
+    "value": {"format": "rle", "rle": brush.encode(mask), "brushlabels": ["Cat"]},
+  }
+
+
+def test_webhooks_keep_and_remove_annotations_in_the_label_store(backend):
+  client, url, save = backend
+  _setup(client, url)
+  labels = client.application.extensions[serve_app.LABELS]
+  disk = np.zeros((H, W), bool)
+  disk[30:60, 20:60] = True
+  box = np.zeros((H, W), bool)
+  box[10:40, 90:120] = True
+  event = {
+    "action": "ANNOTATION_CREATED",
+    "annotation": {
+      "id": 51,
+      "completed_by": 3,
+      "result": [_brush_result(disk), _brush_result(box)],
+    },
+    "task": _task(),
+    "project": {"id": 1, "label_config": CONFIG},
+  }
+  r = client.post("/webhook", json=event)
+  assert r.status_code == 200 and r.get_json()["saved"] == ["images/0a1b2c3d-scene.png"], (
+    r.get_json()
+  )
+  (entry,) = labels.entries()
+  assert entry["origin"] == {
+    "tool": "label-studio",
+    "project": "1",
+    "task": 7,
+    "annotation": 51,
+    "annotator": 3,
+  }
+  instance = np.asarray(Image.open(f"{save}/masks/0a1b2c3d-scene.png"))
+  np.testing.assert_array_equal(instance == 1, disk)
+  np.testing.assert_array_equal(instance == 2, box)
+  event["action"], event["annotation"]["result"] = "ANNOTATION_UPDATED", [_brush_result(box)]
+  assert client.post("/webhook", json=event).status_code == 200
+  assert len(labels.entries()[0]["annotations"]) == 1
+  for bad, field in (
+    ([_brush_result(box, h=H + 1)], "annotation.result[0]"),
+    (
+      [dict(_brush_result(box), value={"format": "rle", "rle": [255] * 9})],
+      "annotation.result[0].value.rle",
+    ),
+    ([dict(_brush_result(box), value={"format": "polygon"})], "annotation.result[0].value"),
+  ):
+    r = client.post("/webhook", json=dict(event, annotation=dict(event["annotation"], result=bad)))
+    assert r.status_code == 400 and r.get_json()["error"].startswith(field), r.get_json()
+  assert client.post("/webhook", json={"action": "PROJECT_UPDATED"}).get_json()["ignored"]
+  gone = client.post(
+    "/webhook", json={"action": "ANNOTATIONS_DELETED", "annotations": [{"id": 51}]}
+  )
+  assert gone.get_json()["removed"] == ["images/0a1b2c3d-scene.png"] and labels.count() == 0

@@ -1,0 +1,443 @@
+"""Label Studio's ML backend protocol, answered by `beam-train serve` at its
+root URL, so that Label Studio's backend URL is the server's own:
+
+  GET  /health    {"status": "UP", "model_class", "model_version"}
+  POST /setup     {"project": "ID.CREATED", "schema": label config,
+                   "hostname", "access_token"} -> {"model_version"}
+  POST /predict   {"tasks": [...], "project", "label_config",
+                   "params": {"context": {"result": [regions]} or null}}
+                  -> {"results": [{"result": [a brush region], "score",
+                                   "model_version"}], "model_version"}
+  POST /webhook   {"action", "annotation" or "annotations", "task", "project"}
+
+An interactive call's context holds the object's smart regions, in
+percent of the image: keypoints (positive; negative with `is_positive:
+false`) and rectangles. They become the model's clicks (a rectangle alone:
+a click at its centre) and the mask is cut to the rectangle. The answer is
+one `brushlabels` region (`train.serve.brush`) for the config's BrushLabels
+tag, labelled as the keypoint when the brush has that label. Each keypoint
+after the first refines the mask of the keypoints before it, as on the
+page, when that mask was answered here recently. Without a context (a batch
+call, a task opened) the answer is `{"results": []}`: nothing is predicted
+for a task nobody clicked.
+
+Images are fetched from Label Studio (--label-studio-url, else /setup's
+hostname, with `Authorization: Token` of --label-studio-token, else of
+/setup's access token) and kept in the page's image cache.
+
+Webhooks keep annotations in the label store (`train.serve.store`):
+ANNOTATION_CREATED / UPDATED / ANNOTATIONS_CREATED save the annotation's
+brush regions as the task image's objects, with the project, task,
+annotation and annotator as the image's origin; ANNOTATIONS_DELETED
+removes what those annotations saved. Other actions are answered and
+ignored. Every refusal is a JSON 4xx naming the field.
+"""
+
+import collections
+import dataclasses
+import math
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Callable, Dict, List, Optional, Tuple
+from xml.etree import ElementTree
+
+import numpy as np
+
+from train.serve import brush
+from train.serve.page import DEFAULT_LEVEL, LEVELS, Page
+from train.serve.rest import RequestError
+
+TOOL = "label-studio"
+SAVE_ACTIONS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED", "ANNOTATIONS_CREATED")
+DELETE_ACTIONS = ("ANNOTATIONS_DELETED",)
+FETCH_TIMEOUT_S = 30
+# Masks answered lately, by image and clicks, so that the next keypoint refines them.
+RECENT_MASKS = 64
+MAX_URLS = 100_000
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelConfig:
+  """What a project's label config tells the backend."""
+
+  image_key: str  # The task data field of the image ($image -> "image").
+  to_name: str  # The Image tag's name.
+  brush: str  # The BrushLabels tag's name.
+  labels: Tuple[str, ...]  # Its label values.
+
+  def label_for(self, asked: List[str]) -> str:
+    """The brush label of a region labelled `asked`, else the first."""
+    return next((a for a in asked if a in self.labels), self.labels[0] if self.labels else "")
+
+
+def parse_config(xml: Any, field: str) -> LabelConfig:
+  """The Image and BrushLabels tags of a label config, or a RequestError naming `field`."""
+  if not isinstance(xml, str) or not xml.strip():
+    raise RequestError(f"{field}: expected the project's label config (XML)")
+  try:
+    root = ElementTree.fromstring(xml)
+  except ElementTree.ParseError as e:
+    raise RequestError(f"{field}: not XML ({e})") from None
+  brushes = [t for t in root.iter() if t.tag == "BrushLabels"]
+  if not brushes:
+    raise RequestError(
+      f"{field}: the label config has no BrushLabels tag; the model answers masks as brush regions"
+    )
+  tag = brushes[0]
+  to_name = tag.get("toName", "")
+  image = next((t for t in root.iter() if t.tag == "Image" and t.get("name") == to_name), None)
+  if image is None or not image.get("value", "").startswith("$"):
+    raise RequestError(
+      f"{field}: the BrushLabels tag's toName {to_name!r} names no Image tag with value '$field'"
+    )
+  labels = tuple(t.get("value", "") for t in tag if t.tag == "Label")
+  return LabelConfig(image.get("value")[1:], to_name, tag.get("name", ""), labels)
+
+
+def _number(value: Any, field: str) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    raise RequestError(f"{field}: expected a number (percent of the image), got {value!r}")
+  return float(value)
+
+
+@dataclasses.dataclass
+class Prompts:
+  """An interactive context's clicks and box, in the image's pixels."""
+
+  clicks: List[Tuple[bool, int, int]] = dataclasses.field(default_factory=list)  # (positive, x, y)
+  box: Optional[Tuple[int, int, int, int]] = None  # x0, y0, x1, y1 (inclusive)
+  labels: List[str] = dataclasses.field(default_factory=list)
+
+  def arrays(self) -> Tuple[np.ndarray, np.ndarray]:
+    """(positive, negative) int32 [N, 2]; a box without a positive keypoint adds its centre."""
+    pos = [(x, y) for p, x, y in self.clicks if p]
+    if not pos and self.box is not None:
+      x0, y0, x1, y1 = self.box
+      pos = [((x0 + x1) // 2, (y0 + y1) // 2)]
+    neg = [(x, y) for p, x, y in self.clicks if not p]
+    return tuple(np.asarray(c, np.int32).reshape(-1, 2) for c in (pos, neg))
+
+
+def _pixel(percent: float, size: int) -> int:
+  return min(max(int(math.floor(percent / 100.0 * size)), 0), size - 1)
+
+
+def parse_context(context: Any, width: int, height: int) -> Prompts:
+  """The keypoints and rectangle of an interactive context (other regions
+  are ignored); percents outside 0..100 are clamped into the image."""
+  regions = context.get("result") if isinstance(context, dict) else None
+  if not isinstance(regions, list):
+    raise RequestError("params.context.result: expected the list of the object's regions")
+  prompts = Prompts()
+  for i, region in enumerate(regions):
+    where = f"params.context.result[{i}]"
+    kind = region.get("type") if isinstance(region, dict) else None
+    if kind not in ("keypointlabels", "rectanglelabels"):
+      continue
+    value = region.get("value")
+    if not isinstance(value, dict):
+      raise RequestError(f"{where}.value: expected an object with x and y")
+    x, y = (_number(value.get(k), f"{where}.value.{k}") for k in ("x", "y"))
+    names = value.get(kind)
+    prompts.labels += [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+    if kind == "keypointlabels":
+      prompts.clicks.append(
+        (region.get("is_positive") is not False, _pixel(x, width), _pixel(y, height))
+      )
+      continue
+    w, h = (_number(value.get(k), f"{where}.value.{k}") for k in ("width", "height"))
+    prompts.box = (
+      _pixel(min(x, x + w), width),
+      _pixel(min(y, y + h), height),
+      _pixel(max(x, x + w), width),
+      _pixel(max(y, y + h), height),
+    )
+  if not prompts.clicks and prompts.box is None:
+    raise RequestError(
+      f"params.context.result: no keypoint or rectangle region (got {len(regions)} regions)"
+    )
+  return prompts
+
+
+def _fetch(url: str, token: str, max_bytes: int) -> bytes:
+  """The bytes at `url` (with Label Studio's token when given), or a RequestError."""
+  headers = {"Authorization": f"Token {token}"} if token else {}
+  try:
+    with urllib.request.urlopen(
+      urllib.request.Request(url, headers=headers), timeout=FETCH_TIMEOUT_S
+    ) as r:
+      data = r.read(max_bytes + 1)
+  except urllib.error.HTTPError as e:
+    raise RequestError(f"the image {url}: Label Studio answered {e.code} {e.reason}") from None
+  except (urllib.error.URLError, OSError, ValueError) as e:
+    raise RequestError(f"the image {url}: cannot be fetched ({e})") from None
+  if len(data) > max_bytes:
+    raise RequestError(f"the image {url}: over {max_bytes // 2**20} MB (--max-request-mb)")
+  return data
+
+
+@dataclasses.dataclass
+class Connection:
+  """Where a project's Label Studio is, and its token."""
+
+  url: str = ""
+  token: str = ""
+
+  def __repr__(self) -> str:  # Never the token.
+    return f"Connection(url={self.url!r})"
+
+
+class LabelStudio:
+  """The protocol's operations on the page's model, images and label store."""
+
+  def __init__(
+    self,
+    page: Page,
+    url: str = "",
+    token: str = "",
+    max_bytes: int = 64 * 2**20,
+    on_saved: Optional[Callable[[], None]] = None,
+  ):
+    self.page, self.max_bytes, self.on_saved = page, max_bytes, on_saved
+    self._given = Connection(url.rstrip("/"), token)
+    self._projects: Dict[str, Connection] = {}
+    self._configs: Dict[str, LabelConfig] = {}
+    self._images: Dict[str, str] = {}  # URL -> the page's image id.
+    self._masks: "collections.OrderedDict[tuple, np.ndarray]" = collections.OrderedDict()
+    self._lock = threading.Lock()
+
+  @property
+  def model_version(self) -> str:
+    model = self.page.model
+    return f"{model.name}/{model.version}"
+
+  def health(self) -> Dict[str, Any]:
+    return {"status": "UP", "model_class": "beam-train serve", "model_version": self.model_version}
+
+  def setup(self, body: Dict[str, Any]) -> Dict[str, Any]:
+    project = _project_id(body.get("project"), "project")
+    config = parse_config(body.get("schema"), "schema")
+    host, token = body.get("hostname"), body.get("access_token")
+    with self._lock:
+      self._configs[project] = config
+      self._projects[project] = Connection(
+        host.rstrip("/") if isinstance(host, str) else "", token if isinstance(token, str) else ""
+      )
+    return {"model_version": self.model_version}
+
+  def _connection(self, project: str) -> Connection:
+    seen = self._projects.get(project, Connection())
+    return Connection(self._given.url or seen.url, self._given.token or seen.token)
+
+  def _config(self, project: str, body: Dict[str, Any]) -> LabelConfig:
+    if body.get("label_config") is not None:
+      return parse_config(body["label_config"], "label_config")
+    config = self._configs.get(project)
+    if config is None:
+      raise RequestError(
+        f"label_config: none sent and none known for project {project} (Label Studio sends "
+        "it with /setup when the backend is connected)"
+      )
+    return config
+
+  def _url(self, project: str, ref: str, field: str) -> Tuple[str, str]:
+    """(URL, token) of a task's image reference; the token goes to Label Studio only."""
+    conn, parsed = self._connection(project), urllib.parse.urlparse(ref)
+    if parsed.scheme in ("http", "https"):
+      ours = bool(conn.url) and urllib.parse.urlparse(conn.url).netloc == parsed.netloc
+      return ref, conn.token if ours else ""
+    if parsed.scheme or not ref.startswith("/"):
+      raise RequestError(
+        f"{field}: {ref[:200]!r} is neither an http(s) URL nor a Label Studio path (/data/...)"
+      )
+    if not conn.url:
+      raise RequestError(
+        f"{field}: a Label Studio path, but Label Studio's address is unknown for project "
+        f"{project or '?'}: start serve with --label-studio-url (and --label-studio-token), "
+        "or connect the backend again (Label Studio sends it with /setup)"
+      )
+    return conn.url + ref, conn.token
+
+  def _image(self, project: str, task: Any, config: LabelConfig, where: str) -> Dict[str, Any]:
+    """The task's image as the page holds it: fetched once, then from its cache."""
+    data = task.get("data") if isinstance(task, dict) else None
+    field = f"{where}.data.{config.image_key}"
+    ref = data.get(config.image_key) if isinstance(data, dict) else None
+    if not isinstance(ref, str) or not ref:
+      raise RequestError(f"{field}: expected the image's URL")
+    url, token = self._url(project, ref, field)
+    with self._lock:
+      key = self._images.get(url)
+    if key is not None and self.page.store.has(key):
+      return self.page.store.get(key)
+    data = _fetch(url, token, self.max_bytes)
+    name = urllib.parse.unquote(urllib.parse.urlparse(url).path.rsplit("/", 1)[-1]) or "task"
+    key = self.page.add_file(data, name, field)
+    with self._lock:
+      if len(self._images) >= MAX_URLS:
+        self._images.clear()  # Mostly ids of images long gone from the cache.
+      self._images[url] = key
+    return self.page.store.get(key)
+
+  def predict(self, body: Dict[str, Any]) -> Dict[str, Any]:
+    tasks = body.get("tasks")
+    if not isinstance(tasks, list) or not tasks or not all(isinstance(t, dict) for t in tasks):
+      raise RequestError("tasks: expected a list of tasks")
+    params = body.get("params") or {}
+    if not isinstance(params, dict):
+      raise RequestError("params: expected an object")
+    if not params.get("context"):
+      return {"results": [], "model_version": self.model_version}
+    project = _project_id(body.get("project"), "project")
+    config = self._config(project, body)
+    item = self._image(project, tasks[0], config, "tasks[0]")
+    h, w = item["image"].shape[:2]
+    prompts = parse_context(params["context"], w, h)
+    mask, score, version = self._mask(item, prompts)
+    label = config.label_for(prompts.labels)
+    region = {
+      "from_name": config.brush,
+      "to_name": config.to_name,
+      "type": "brushlabels",
+      "original_width": w,
+      "original_height": h,
+      "image_rotation": 0,
+      "value": {
+        "format": "rle",
+        "rle": brush.encode(mask),
+        "brushlabels": [label] if label else [],
+      },
+      "score": score,
+    }
+    version = f"{self.page.model.name}/{version}"
+    return {
+      "results": [{"result": [region], "score": score, "model_version": version}],
+      "model_version": version,
+    }
+
+  def _mask(self, item: Dict[str, Any], prompts: Prompts):
+    """(mask, score, version): the model's mask for the prompts, refining the
+    mask of the same clicks but the last when it was answered lately."""
+    pos, neg = prompts.arrays()
+    limit = self.page.model.max_clicks
+    if limit and len(pos) + len(neg) > limit:
+      raise RequestError(
+        f"params.context.result: {len(pos) + len(neg)} clicks, over --max-clicks {limit}"
+      )
+    key = (item["digest"], prompts.box, tuple(prompts.clicks))
+    with self._lock:
+      previous = self._masks.get(key[:2] + (key[2][:-1],)) if key[2] else None
+    levels, version = self.page.predict_levels(item, pos, neg, previous)
+    mask = levels >= DEFAULT_LEVEL
+    if prompts.box is not None:
+      x0, y0, x1, y1 = prompts.box
+      cut = np.zeros_like(mask)
+      cut[y0 : y1 + 1, x0 : x1 + 1] = mask[y0 : y1 + 1, x0 : x1 + 1]
+      mask = cut
+    with self._lock:
+      self._masks[key] = mask
+      while len(self._masks) > RECENT_MASKS:
+        self._masks.popitem(last=False)
+    score = float(levels[mask].mean()) / LEVELS if mask.any() else 0.0
+    return mask, round(score, 4), version
+
+  def webhook(self, body: Dict[str, Any]) -> Dict[str, Any]:
+    """Keeps or removes the labels of an annotation event; other events are ignored."""
+    action = body.get("action")
+    if action in DELETE_ACTIONS:
+      ids = _annotation_ids(body.get("annotations"))
+      removed = [n for i in ids for n in self.page.labels.remove_origin(tool=TOOL, annotation=i)]
+      return {"action": action, "removed": removed}
+    if action not in SAVE_ACTIONS:
+      return {"action": action, "ignored": True}
+    project_body = body.get("project") if isinstance(body.get("project"), dict) else {}
+    project = _project_id(project_body.get("id"), "project.id")
+    config = self._config(project, project_body)
+    saved = [
+      self._keep(project, config, annotation, task, where)
+      for annotation, task, where in _annotations(body)
+    ]
+    if self.on_saved is not None and any(saved) and self.page.labels.dir:
+      self.on_saved()
+    return {"action": action, "saved": saved}
+
+  def _keep(self, project: str, config: LabelConfig, annotation, task, where: str) -> Optional[str]:
+    """Saves an annotation's brush regions as its image's objects (none
+    removes the image's labels); returns the image's file name or None."""
+    if annotation.get("was_cancelled"):
+      return None
+    item = self._image(project, task, config, f"{where}.task")
+    h, w = item["image"].shape[:2]
+    results = annotation.get("result")
+    if not isinstance(results, list):
+      raise RequestError(f"{where}.result: expected the annotation's regions")
+    objects = []
+    for i, r in enumerate(results):
+      mask = _brush_mask(r, h, w, f"{where}.result[{i}]")
+      if mask is not None and mask.any():
+        objects.append({"mask": mask, "clicks": {"positive": [], "negative": []}, "version": None})
+    origin = {
+      "tool": TOOL,
+      "project": project,
+      "task": task.get("id"),
+      "annotation": annotation.get("id"),
+      "annotator": annotation.get("completed_by"),
+    }
+    try:
+      return self.page.labels.save(item, objects, None, origin)["file_name"]
+    except ValueError as e:
+      raise RequestError(f"{where}: {e}") from None
+
+
+def _brush_mask(region: Any, height: int, width: int, where: str) -> Optional[np.ndarray]:
+  """A brush region's mask at the image's size; None for other regions."""
+  if not isinstance(region, dict) or region.get("type") != "brushlabels":
+    return None
+  value = region.get("value")
+  if not isinstance(value, dict) or value.get("format") != "rle":
+    raise RequestError(f"{where}.value: expected a brush region in RLE ('format': 'rle')")
+  size = (region.get("original_height"), region.get("original_width"))
+  if size != (height, width):
+    raise RequestError(f"{where}: a {size[1]}x{size[0]} mask for the task's {width}x{height} image")
+  try:
+    return brush.decode(value.get("rle"), height, width)
+  except brush.BrushError as e:
+    raise RequestError(f"{where}.value.rle: {e}") from None
+
+
+def _project_id(value: Any, field: str) -> str:
+  """A project's id: "7" of 7 or of "7.1700000000" (/setup's and /predict's form)."""
+  if value is None:
+    return ""
+  if isinstance(value, bool) or not isinstance(value, (int, str)):
+    raise RequestError(f"{field}: expected the project's id, got {value!r}")
+  return str(value).split(".", 1)[0]
+
+
+def _annotation_ids(value: Any) -> List[int]:
+  if not isinstance(value, list) or not all(
+    isinstance(a, dict) and isinstance(a.get("id"), int) for a in value
+  ):
+    raise RequestError("annotations: expected a list of {'id': annotation id}")
+  return [a["id"] for a in value]
+
+
+def _annotations(body: Dict[str, Any]):
+  """(annotation, task, where) of an event: one annotation and its task, or
+  lists of both (ANNOTATIONS_CREATED), paired by the annotation's task id."""
+  annotations, tasks = body.get("annotation"), body.get("task")
+  many = isinstance(annotations, list)
+  annotations = annotations if many else [annotations]
+  tasks = tasks if isinstance(tasks, list) else [tasks]
+  by_id = {t.get("id"): t for t in tasks if isinstance(t, dict)}
+  for i, a in enumerate(annotations):
+    where = f"annotation[{i}]" if many else "annotation"
+    if not isinstance(a, dict):
+      raise RequestError(f"{where}: expected an annotation object")
+    ref = a.get("task")
+    task = ref if isinstance(ref, dict) else by_id.get(ref, None if many else tasks[0])
+    if not isinstance(task, dict):
+      raise RequestError(f"{where}.task: the annotation's task is not in the event")
+    yield a, task, where
