@@ -9,6 +9,7 @@ from typing import Dict
 
 import tensorflow as tf
 import tensorflow_transform as tft
+from tensorflow.python.trackable.data_structures import NoDependency  # pylint: disable=g-direct-tensorflow-import
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
@@ -60,7 +61,13 @@ class _Server(tf.Module):
     # (TensorFlow Serving, saved_model_cli run: "Could not find variable").
     # Tracking the underlying tf.Variables as well fixes both.
     self.model_tf_variables = [v.value if hasattr(v, "value") else v for v in model.variables]
-    self.tft_layer = tft_output.transform_features_layer()
+    # tf.Transform's layer is a tf_keras model: saved as one, tf_keras traces
+    # and describes it again (seconds per export). What the SavedModel needs
+    # is what the layer itself tracks: the loaded transform graph, its
+    # resources and assets. The module tracks that and calls the layer.
+    layer = tft_output.transform_features_layer()
+    self._tft_layer = NoDependency(layer)
+    self.tft_graph = layer._saved_model_loader_tracked_dict  # pylint: disable=protected-access
     self._table = table
     self._plan = serving_plan(table)
 
@@ -70,7 +77,7 @@ class _Server(tf.Module):
 
   def model_input(self, raw: Dict[str, tf.Tensor]) -> tf.Tensor:
     """[B] raw bytes per model input -> the model's input [B, H, W, C]."""
-    return model_inputs(self._table, self.tft_layer(raw))
+    return model_inputs(self._table, self._tft_layer(raw))
 
   def batched_raw(self, elems, fn):
     """`fn` (one request example -> raw model inputs) mapped over a batch `elems`."""
