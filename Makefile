@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint bench install clean
+.PHONY: demo test test-all lint bench install label-studio clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "need python3.11, python3.12 or python3.13 on PATH (or make PYTHON=/path/to/python3)"; exit 1; }
@@ -33,8 +33,15 @@ demo: $(STAMP)
 # slowest tests are listed at the end.
 PYTEST := $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal --durations=10
 
-test: $(STAMP)
+test: $(STAMP) label-studio
 	$(PYTEST) tests
+
+# Label Studio for the test that drives a real one, in an environment of its
+# own under ~/.cache (tests/label_studio_env.py): installed once per machine
+# (about 2 minutes and 1 GB); where it cannot be, that test says why and is
+# skipped.
+label-studio: $(BIN)/python
+	@$(BIN)/python tests/label_studio_env.py install
 
 # ruff's lint and format checks (settings in pyproject.toml); `ruff format .`
 # fixes the format.
@@ -43,7 +50,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 # Also the long load tests (10x data, 1000 training steps).
-test-all: $(STAMP)
+test-all: $(STAMP) label-studio
 	$(PYTEST) -m "" tests
 
 bench: $(STAMP)

@@ -4,8 +4,11 @@ import glob
 import io
 import json
 import os
+import shutil
+import tempfile
 
 import numpy as np
+import pytest
 from PIL import Image
 
 # The project's root: the folder of setup.py and the packages.
@@ -191,3 +194,35 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
       np.testing.assert_array_equal(out["mask"].numpy(), (want > clicker.PRED_THR).astype(np.uint8))
       checked += 1
   assert checked, f"no eval records in {prep_dir}"
+
+
+def browser(width: int = 1280, height: int = 800):
+  """A headless Chromium driven by selenium, or a skip saying what is missing."""
+  try:
+    from selenium import webdriver  # pylint: disable=g-import-not-at-top
+    from selenium.webdriver.chrome.service import Service  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    pytest.skip("selenium is not installed (pip install 'beam-prep[test]')")
+  chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+  driver = shutil.which("chromedriver")
+  if not chromium or not driver:
+    pytest.skip(
+      "no chromium/chromedriver here (Debian: apt-get install chromium "
+      "chromium-driver; .ci/run does it)"
+    )
+  options = webdriver.ChromeOptions()
+  options.binary_location = chromium
+  for flag in (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+  ):
+    options.add_argument(flag)
+  options.add_argument(f"--window-size={width},{height}")
+  options.add_argument(f"--user-data-dir={tempfile.mkdtemp(prefix='chromium_profile_')}")
+  return webdriver.Chrome(options=options, service=Service(driver))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests import label_studio_env as lse
 from tests.helpers import png
 from train.serve import app as serve_app
 from train.serve import brush, page
@@ -141,23 +142,7 @@ def _task(task_id=7):
 
 
 def _keypoint(x, y, positive=None, label="Object"):
-  region = {
-    "original_width": W,
-    "original_height": H,
-    "image_rotation": 0,
-    "value": {
-      "x": (x + 0.5) / W * 100,
-      "y": (y + 0.5) / H * 100,
-      "width": 0.3,
-      "keypointlabels": [label],
-    },
-    "from_name": "kp",
-    "to_name": "image",
-    "type": "keypointlabels",
-  }
-  if positive is not None:
-    region["is_positive"] = positive
-  return region
+  return lse.keypoint(x, y, W, H, positive, label)
 
 
 def _predict(client, regions, project="1.1764000000", **extra):

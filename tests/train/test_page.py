@@ -18,6 +18,7 @@ from beam_prep import keys, readers
 from beam_prep.layouts import coco, folders
 from beam_prep.ops.image import decode_file, mask_to_ids
 from beam_prep.prep_output import PrepOutput
+from tests import helpers
 from tests.helpers import png, run_cli
 from train.serve import app as serve_app
 from train.serve import exports, page
@@ -395,8 +396,6 @@ def _true_outline_is_shown(s, prep_dir):
 def test_labelling_two_objects_in_the_browser_saves_what_beam_prep_reads_back(
   trained, prep_dir, tmp_path
 ):
-  from tests.train.test_serve import _browser  # pylint: disable=g-import-not-at-top
-
   image, _, _ = _two_objects()
   picture = tmp_path / "two.png"
   picture.write_bytes(png(image))
@@ -405,7 +404,7 @@ def test_labelling_two_objects_in_the_browser_saves_what_beam_prep_reads_back(
   config = ServeConfig(model=trained, port=0, save_dir=str(save), cache_mb=0.06, data=prep_dir)
   server, _ = serve_app.start(config)
   threading.Thread(target=server.serve_forever, daemon=True).start()
-  browser = _browser()
+  browser = helpers.browser()
   try:
     browser.get(f"http://127.0.0.1:{server.port}/")
     s = _Session(browser, W, H)

@@ -6,7 +6,6 @@ import base64
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from scipy import ndimage
 
 from beam_prep import keys
 from beam_prep.ops.image import decode_file
+from tests import helpers
 from tests.helpers import ROOT, assert_encoded_answer, encoded, png, unpng
 from train.export import latest_export
 from train.noc import eval_objects
@@ -707,49 +707,11 @@ def test_the_command_line_serves_and_says_where(trained, tmp_path):
     proc.wait(timeout=30)
 
 
-def _browser():
-  """A headless Chromium driven by selenium, or a skip saying what is missing."""
-  try:
-    from selenium import webdriver  # pylint: disable=g-import-not-at-top
-    from selenium.webdriver.chrome.service import Service  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    pytest.skip("selenium is not installed (pip install 'beam-prep[test]')")
-  chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-  driver = shutil.which("chromedriver")
-  if not chromium or not driver:
-    pytest.skip(
-      "no chromium/chromedriver here (Debian: apt-get install chromium "
-      "chromium-driver; .ci/run does it)"
-    )
-  options = webdriver.ChromeOptions()
-  options.binary_location = chromium
-  for flag in (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1280,800",
-  ):
-    options.add_argument(flag)
-  options.add_argument(f"--user-data-dir={tempfile_dir()}")
-  return webdriver.Chrome(options=options, service=Service(driver))
-
-
-def tempfile_dir():
-  import tempfile  # pylint: disable=g-import-not-at-top
-
-  return tempfile.mkdtemp(prefix="chromium_profile_")
-
-
 def test_the_page_in_a_browser(served, prep_dir):
   from selenium.webdriver.common.action_chains import ActionChains  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.support.ui import Select, WebDriverWait  # pylint: disable=g-import-not-at-top
 
-  browser = _browser()
+  browser = helpers.browser()
   try:
     browser.get(served[0] + "/")
     wait = WebDriverWait(browser, 60)
