@@ -10,7 +10,8 @@ first start migrates for about a minute, a copy starts in seconds).
 
 The install lives under $BEAM_PREP_LABEL_STUDIO_HOME, else
 ~/.cache/beam-prep/label-studio-VERSION, so that a machine (a CI runner
-keeping its home) reuses it. Standard library only: it runs before the
+keeping its home) reuses it. A failed install says why in failure.txt there
+and is tried again a day later. Standard library only: it runs before the
 project's own environment exists.
 """
 
@@ -35,6 +36,8 @@ HOME = os.environ.get("BEAM_PREP_LABEL_STUDIO_HOME") or os.path.join(
 USER, PASSWORD = "admin@example.com", "adminpass123"
 TOKEN = "0123456789abcdef0123456789abcdef01234567"  # A test instance's own API token.
 START_TIMEOUT_S = 300
+# A failed install is tried again after this long (or once failure.txt is removed).
+RETRY_AFTER_S = 24 * 3600
 
 
 def _venv_bin(home: str) -> str:
@@ -175,7 +178,10 @@ def unavailable(home: str = HOME) -> Optional[str]:
     return None
   if os.path.exists(_failure(home)):
     with open(_failure(home)) as f:
-      return f"its install failed: {f.read().strip()[-500:]}"
+      return (
+        f"its install failed (tried again a day later, or remove {_failure(home)}): "
+        f"{f.read().strip()[-500:]}"
+      )
   return f"not installed under {home}"
 
 
@@ -184,7 +190,7 @@ def _install(home: str) -> None:
   shutil.rmtree(os.path.join(home, "venv"), ignore_errors=True)
   shutil.rmtree(_template(home), ignore_errors=True)
   subprocess.run([sys.executable, "-m", "venv", os.path.join(home, "venv")], check=True)
-  pip = [os.path.join(_venv_bin(home), "python"), "-m", "pip", "install", "--quiet"]
+  pip = [os.path.join(_venv_bin(home), "python"), "-m", "pip", "install", "--quiet", "--no-compile"]
   subprocess.run(pip + [f"label-studio=={VERSION}"], check=True)
   log, port = os.path.join(home, "migrate.log"), free_port()
   proc = start(_template(home), port, log, home)
@@ -202,8 +208,11 @@ def install(home: str = HOME) -> Optional[str]:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if os.path.exists(_ready(home)):
       return None
+    failed = _failure(home)
+    if os.path.exists(failed) and time.time() - os.path.getmtime(failed) < RETRY_AFTER_S:
+      return unavailable(home)  # Not again on every `make test` (pip's retries take minutes).
     with contextlib.suppress(FileNotFoundError):
-      os.remove(_failure(home))
+      os.remove(failed)
     t0 = time.time()
     try:
       _install(home)

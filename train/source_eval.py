@@ -66,9 +66,20 @@ class ServedPredictor:
     inputs = None if table is None else table.keys("model_input")
     return {
       "previous_mask_input": None if table is None else keys.PREV_MASK in inputs,
-      "zoom_in": None if table is None else "crop_objects" in table.chain,
+      "zoom_in": None if table is None else _zooms_in(table),
       "flip_averaging": self.flip,
     }
+
+
+def _zooms_in(table) -> Optional[bool]:
+  """Whether the chain's serving side crops around the object (None: its ops
+  cannot be imported here)."""
+  from train.serving_inputs import ServingPlanError, serving_side  # pylint: disable=g-import-not-at-top
+
+  try:
+    return serving_side(table).zooms_in
+  except ServingPlanError:
+    return None
 
 
 def flip_averaged(probabilities):

@@ -330,6 +330,8 @@ class CropServing(ServingSide):
   with no previous mask, around the whole image (`prepare`);
   the crop's probabilities go back into its box, 0 outside (`place_back`)."""
 
+  zooms_in = True
+
   def __init__(
     self,
     size: int,

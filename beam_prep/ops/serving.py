@@ -30,6 +30,8 @@ class ServingSide:
   """The serving side of an op that leaves the geometry as it is: nothing to do."""
 
   size: Optional[Tuple[int, int]] = None
+  # True for a side that shows the model a crop around the object (zoom-in).
+  zooms_in: bool = False
 
   def prepare(self, ex: Example) -> Example:
     return ex

@@ -1,0 +1,146 @@
+"""A box against one click: the IoU each gives on held-out objects.
+
+    python -m benchmarks --boxes PREP --boxes-model MODEL [--boxes-objects 200]
+                         [--boxes-pad 0,0.1] [--json FILE]
+
+PREP is a beam-prep output; its eval objects (at their source resolution,
+as `beam-train evaluate` measures NoC) are the held-out photographs. For
+each object, MODEL's export (a model dir or an export) is given:
+
+  one click   the protocol's first click (`train.clicker.next_click_of` on
+              an empty mask: the object's innermost pixel);
+  a box       the object's box, widened by each --boxes-pad fraction of its
+              sides, through the rule `beam-train serve` applies to Label
+              Studio's rectangles (`train.serve.label_studio`: a click at
+              its centre, the mask cut to the box).
+
+JSON: `objects`, `iou_one_click` (mean), `boxes`: one entry per pad with
+`pad`, `iou` (mean), `iou_uncut` (the centre click's mask before the cut),
+`centre_on_object` (the share of boxes whose centre is on the object).
+"""
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Dict
+
+import numpy as np
+
+from benchmarks.common import log, write_result
+
+PROG = "python -m benchmarks --boxes"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  """The `--boxes` flags of `python -m benchmarks`."""
+  parser.add_argument(
+    "--boxes", metavar="PREP", help="IoU after a box against one click on PREP's eval objects"
+  )
+  parser.add_argument("--boxes-model", metavar="MODEL", help="--boxes: a model dir or an export")
+  parser.add_argument("--boxes-objects", type=int, default=200, metavar="N")
+  parser.add_argument(
+    "--boxes-pad", default="0,0.1", metavar="P,..", help="--boxes: box widenings, as fractions"
+  )
+
+
+def _iou(mask: np.ndarray, label: np.ndarray) -> float:
+  valid, obj = label != 255, label == 1
+  return float(((mask & obj) & valid).sum() / max(((mask | obj) & valid).sum(), 1))
+
+
+def _box(label: np.ndarray, pad: float):
+  """The object's box widened by `pad` of its sides, inside the image."""
+  ys, xs = np.nonzero(label == 1)
+  h, w = label.shape
+  px = int(round((xs.max() - xs.min() + 1) * pad))
+  py = int(round((ys.max() - ys.min() + 1) * pad))
+  return (
+    max(int(xs.min()) - px, 0),
+    max(int(ys.min()) - py, 0),
+    min(int(xs.max()) + px, w - 1),
+    min(int(ys.max()) + py, h - 1),
+  )
+
+
+def _object(model, image, label, pads) -> Dict[str, Any]:
+  from train import clicker  # pylint: disable=g-import-not-at-top
+  from train.serve.label_studio import box_clicks, cut_to_box  # pylint: disable=g-import-not-at-top
+
+  xy, _ = clicker.next_click_of(np.zeros(label.shape, bool), label, [], [])
+  out = {"one": _iou(model.segment(image, [list(xy)], [])["mask"] > 0, label)}
+  for pad in pads:
+    box = _box(label, pad)
+    (centre,) = box_clicks(box, [])
+    mask = model.segment(image, [list(centre)], [])["mask"] > 0
+    out[pad] = (
+      _iou(cut_to_box(mask, box), label),
+      _iou(mask, label),
+      bool(label[centre[1], centre[0]] == 1),
+    )
+  return out
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  from train.export import latest_export  # pylint: disable=g-import-not-at-top
+  from train.noc import eval_objects  # pylint: disable=g-import-not-at-top
+  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+
+  pads = [float(p) for p in args.boxes_pad.split(",")]
+  images, labels, _ = eval_objects(PrepOutput(args.boxes), args.boxes_objects)
+  model = ServedModel(latest_export(args.boxes_model))
+  rows = [_object(model, im, np.asarray(lab), pads) for im, lab in zip(images, labels)]
+  log(f"boxes: {len(rows)} objects of {args.boxes}")
+  return {
+    "objects": len(rows),
+    "iou_one_click": float(np.mean([r["one"] for r in rows])),
+    "boxes": [
+      {
+        "pad": pad,
+        "iou": float(np.mean([r[pad][0] for r in rows])),
+        "iou_uncut": float(np.mean([r[pad][1] for r in rows])),
+        "centre_on_object": float(np.mean([r[pad][2] for r in rows])),
+      }
+      for pad in pads
+    ],
+  }
+
+
+def table(result: Dict[str, Any]) -> str:
+  lines = [
+    f"{result['objects']} held-out objects; IoU after one click: {result['iou_one_click']:.3f}",
+    "",
+    "| box widened by | IoU (centre click, cut to the box) | uncut | centre on the object |",
+    "|---|---|---|---|",
+  ]
+  for b in result["boxes"]:
+    lines.append(
+      f"| {b['pad']:.0%} | {b['iou']:.3f} | {b['iou_uncut']:.3f} | {b['centre_on_object']:.0%} |"
+    )
+  return "\n".join(lines)
+
+
+def _refusal(args: argparse.Namespace) -> str:
+  """Why the flags cannot run ("" when they can)."""
+  if not args.boxes_model:
+    return "--boxes-model MODEL is required"
+  if not os.path.isdir(args.boxes):
+    return f"{args.boxes}: no such folder"
+  try:
+    pads = [float(p) for p in args.boxes_pad.split(",")]
+  except ValueError:
+    return f"--boxes-pad {args.boxes_pad!r}: comma-separated fractions, as 0,0.1"
+  return "" if all(0 <= p <= 1 for p in pads) else "--boxes-pad: fractions in 0..1"
+
+
+def main(args: argparse.Namespace) -> int:
+  why = _refusal(args)
+  if why:
+    print(f"{PROG}: {why}", file=sys.stderr)
+    return 2
+  t0 = time.time()
+  result = run(args)
+  result["seconds"] = time.time() - t0
+  write_result(result, args.json or "out/bench_boxes.json", table(result))
+  return 0
