@@ -8,6 +8,7 @@ import http.server
 import importlib.metadata
 import importlib.util
 import io
+import json
 import threading
 
 import numpy as np
@@ -22,6 +23,10 @@ from train.serve.config import ServeConfig
 
 H, W = 96, 128
 LS_TOKEN = "0123456789abcdef0123456789abcdef01234567"
+PERSONAL_TOKEN = (
+  "eyJhbGciOiJIUzI1NiJ9.eyJ0b2tlbl90eXBlIjoicmVmcmVzaCJ9.c2lnbmF0dXJl"  # A JWT's shape.
+)
+ACCESS_TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJ0b2tlbl90eXBlIjoiYWNjZXNzIn0.c2lnbmF0dXJl"
 CONFIG = """<View>
   <Image name="image" value="$image" zoom="true"/>
   <BrushLabels name="tag" toName="image"><Label value="Cat"/><Label value="Object"/></BrushLabels>
@@ -92,20 +97,31 @@ def test_a_bad_rle_is_refused_with_its_reason(rle, size, message):
 
 
 class _LabelStudioFiles(http.server.BaseHTTPRequestHandler):
-  """Label Studio's /data/upload/... files, for its token only."""
+  """Label Studio's /data/upload/... files, for its legacy token or an
+  access token its /api/token/refresh/ gave for the personal token."""
 
   files = {}
 
+  def do_POST(self):  # noqa: N802 (http.server's name)
+    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    if self.path != "/api/token/refresh/" or body.get("refresh") != PERSONAL_TOKEN:
+      self.send_error(401)
+      return
+    self._send(json.dumps({"access": ACCESS_TOKEN}).encode(), "application/json")
+
   def do_GET(self):  # noqa: N802 (http.server's name)
-    if self.headers.get("Authorization") != f"Token {LS_TOKEN}":
+    if self.headers.get("Authorization") not in (f"Token {LS_TOKEN}", f"Bearer {ACCESS_TOKEN}"):
       self.send_error(401)
     elif self.path not in self.files:
       self.send_error(404)
     else:
-      self.send_response(200)
-      self.send_header("Content-Type", "image/png")
-      self.end_headers()
-      self.wfile.write(self.files[self.path])
+      self._send(self.files[self.path], "image/png")
+
+  def _send(self, data, kind):
+    self.send_response(200)
+    self.send_header("Content-Type", kind)
+    self.end_headers()
+    self.wfile.write(data)
 
   def log_message(self, *args):
     pass
@@ -357,3 +373,22 @@ def test_webhooks_keep_and_remove_annotations_in_the_label_store(backend):
     "/webhook", json={"action": "ANNOTATIONS_DELETED", "annotations": [{"id": 51}]}
   )
   assert gone.get_json()["removed"] == ["images/0a1b2c3d-scene.png"] and labels.count() == 0
+
+
+@pytest.mark.parametrize(
+  "token, ok", [(PERSONAL_TOKEN, True), (PERSONAL_TOKEN[:-3] + "xyz", False)]
+)
+def test_a_personal_access_token_is_exchanged_for_the_images(backend, trained, token, ok):
+  from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
+
+  _, url, _ = backend
+  config = ServeConfig(model=trained, label_studio_url=url, label_studio_token=token)
+  app = serve_app.make_app(config, Versions(trained, "cat"), page.Sources())
+  try:
+    r = _predict(app.test_client(), [_keypoint(40, 48)], project="5.1")  # No /setup.
+    if ok:
+      assert r.status_code == 200 and _region_mask(r.get_json())[0].any(), r.get_json()
+    else:
+      assert r.status_code == 400 and "personal access token" in r.get_json()["error"]
+  finally:
+    app.extensions[serve_app.LABELS].close()

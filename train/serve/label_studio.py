@@ -22,8 +22,10 @@ call, a task opened) the answer is `{"results": []}`: nothing is predicted
 for a task nobody clicked.
 
 Images are fetched from Label Studio (--label-studio-url, else /setup's
-hostname, with `Authorization: Token` of --label-studio-token, else of
-/setup's access token) and kept in the page's image cache.
+hostname) with --label-studio-token, else /setup's access token: a legacy
+token as `Authorization: Token`, a personal access token (a JWT) exchanged
+at /api/token/refresh/ for a `Bearer` access token. They are kept in the
+page's image cache.
 
 Webhooks keep annotations in the label store (`train.serve.store`):
 ANNOTATION_CREATED / UPDATED / ANNOTATIONS_CREATED save the annotation's
@@ -35,7 +37,9 @@ ignored. Every refusal is a JSON 4xx naming the field.
 
 import collections
 import dataclasses
+import json
 import math
+import time
 import threading
 import urllib.error
 import urllib.parse
@@ -56,6 +60,10 @@ FETCH_TIMEOUT_S = 30
 # Masks answered lately, by image and clicks, so that the next keypoint refines them.
 RECENT_MASKS = 64
 MAX_URLS = 100_000
+# Personal access tokens are exchanged here for access tokens of 5 minutes;
+# one is used for this long.
+TOKEN_REFRESH = "/api/token/refresh/"
+ACCESS_TOKEN_S = 240
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,9 +185,9 @@ def parse_context(context: Any, width: int, height: int) -> Prompts:
   return prompts
 
 
-def _fetch(url: str, token: str, max_bytes: int) -> bytes:
-  """The bytes at `url` (with Label Studio's token when given), or a RequestError."""
-  headers = {"Authorization": f"Token {token}"} if token else {}
+def _fetch(url: str, authorization: str, max_bytes: int) -> bytes:
+  """The bytes at `url` (sending `authorization` when given), or a RequestError."""
+  headers = {"Authorization": authorization} if authorization else {}
   try:
     with urllib.request.urlopen(
       urllib.request.Request(url, headers=headers), timeout=FETCH_TIMEOUT_S
@@ -192,6 +200,33 @@ def _fetch(url: str, token: str, max_bytes: int) -> bytes:
   if len(data) > max_bytes:
     raise RequestError(f"the image {url}: over {max_bytes // 2**20} MB (--max-request-mb)")
   return data
+
+
+def _is_personal_token(token: str) -> bool:
+  """A personal access token (a JWT: three dot-separated parts), not a legacy one."""
+  parts = token.split(".")
+  return len(parts) == 3 and all(parts)
+
+
+def _access_token(base_url: str, refresh: str) -> str:
+  """A personal access token exchanged for a short-lived access token, or a RequestError."""
+  req = urllib.request.Request(
+    base_url + TOKEN_REFRESH,
+    data=json.dumps({"refresh": refresh}).encode(),
+    headers={"Content-Type": "application/json"},
+  )
+  try:
+    with urllib.request.urlopen(req, timeout=FETCH_TIMEOUT_S) as r:
+      access = json.loads(r.read()).get("access")
+  except urllib.error.HTTPError as e:
+    raise RequestError(
+      f"Label Studio refused its personal access token at {TOKEN_REFRESH} ({e.code} {e.reason})"
+    ) from None
+  except (urllib.error.URLError, OSError, ValueError) as e:
+    raise RequestError(f"Label Studio's {TOKEN_REFRESH} cannot be reached ({e})") from None
+  if not isinstance(access, str):
+    raise RequestError(f"Label Studio's {TOKEN_REFRESH} answered no access token")
+  return access
 
 
 @dataclasses.dataclass
@@ -222,6 +257,7 @@ class LabelStudio:
     self._configs: Dict[str, LabelConfig] = {}
     self._images: Dict[str, str] = {}  # URL -> the page's image id.
     self._masks: "collections.OrderedDict[tuple, np.ndarray]" = collections.OrderedDict()
+    self._access: Dict[str, Tuple[str, float]] = {}  # Personal token -> (access, until).
     self._lock = threading.Lock()
 
   @property
@@ -258,12 +294,13 @@ class LabelStudio:
       )
     return config
 
-  def _url(self, project: str, ref: str, field: str) -> Tuple[str, str]:
-    """(URL, token) of a task's image reference; the token goes to Label Studio only."""
+  def _url(self, project: str, ref: str, field: str) -> Tuple[str, Connection]:
+    """(URL, the connection whose token it takes) of a task's image reference:
+    the token goes to Label Studio only."""
     conn, parsed = self._connection(project), urllib.parse.urlparse(ref)
     if parsed.scheme in ("http", "https"):
       ours = bool(conn.url) and urllib.parse.urlparse(conn.url).netloc == parsed.netloc
-      return ref, conn.token if ours else ""
+      return ref, conn if ours else Connection()
     if parsed.scheme or not ref.startswith("/"):
       raise RequestError(
         f"{field}: {ref[:200]!r} is neither an http(s) URL nor a Label Studio path (/data/...)"
@@ -274,7 +311,20 @@ class LabelStudio:
         f"{project or '?'}: start serve with --label-studio-url (and --label-studio-token), "
         "or connect the backend again (Label Studio sends it with /setup)"
       )
-    return conn.url + ref, conn.token
+    return conn.url + ref, conn
+
+  def _authorization(self, conn: Connection) -> str:
+    """The Authorization header for Label Studio: `Token` of a legacy token,
+    `Bearer` of an access token for a personal one (exchanged, then reused)."""
+    if not conn.token or not _is_personal_token(conn.token):
+      return f"Token {conn.token}" if conn.token else ""
+    with self._lock:
+      access, until = self._access.get(conn.token, ("", 0.0))
+    if time.time() >= until:
+      access = _access_token(conn.url, conn.token)
+      with self._lock:
+        self._access[conn.token] = (access, time.time() + ACCESS_TOKEN_S)
+    return f"Bearer {access}"
 
   def _image(self, project: str, task: Any, config: LabelConfig, where: str) -> Dict[str, Any]:
     """The task's image as the page holds it: fetched once, then from its cache."""
@@ -283,12 +333,12 @@ class LabelStudio:
     ref = data.get(config.image_key) if isinstance(data, dict) else None
     if not isinstance(ref, str) or not ref:
       raise RequestError(f"{field}: expected the image's URL")
-    url, token = self._url(project, ref, field)
+    url, conn = self._url(project, ref, field)
     with self._lock:
       key = self._images.get(url)
     if key is not None and self.page.store.has(key):
       return self.page.store.get(key)
-    data = _fetch(url, token, self.max_bytes)
+    data = _fetch(url, self._authorization(conn), self.max_bytes)
     name = urllib.parse.unquote(urllib.parse.urlparse(url).path.rsplit("/", 1)[-1]) or "task"
     key = self.page.add_file(data, name, field)
     with self._lock:
