@@ -392,3 +392,50 @@ def test_a_personal_access_token_is_exchanged_for_the_images(backend, trained, t
       assert r.status_code == 400 and "personal access token" in r.get_json()["error"]
   finally:
     app.extensions[serve_app.LABELS].close()
+
+
+def _mutations(body, rng, n):
+  """`n` copies of a JSON body, each with one value somewhere replaced by another kind."""
+  odd = [None, True, -1, 1e308, float("-inf"), "x", "", [], {}, [[1, 2]], {"a": 1}, 2**70]
+
+  def paths(v, at=()):
+    yield at
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    for k, child in items:
+      yield from paths(child, at + (k,))
+
+  every = list(paths(body))
+  for _ in range(n):
+    copy = json.loads(json.dumps(body))
+    at = every[rng.integers(len(every))]
+    if not at:
+      yield odd[rng.integers(len(odd))]
+      continue
+    parent = copy
+    for k in at[:-1]:
+      parent = parent[k]
+    parent[at[-1]] = odd[rng.integers(len(odd))]
+    yield copy
+
+
+def test_nothing_label_studio_could_send_answers_500(backend):
+  client, url, _ = backend
+  _setup(client, url)
+  rng = np.random.default_rng(7)
+  predict = {
+    "tasks": [_task()],
+    "project": "1.1",
+    "label_config": CONFIG,
+    "params": {"context": {"result": [_keypoint(40, 48), _keypoint(5, 5, positive=False)]}},
+  }
+  hook = {
+    "action": "ANNOTATION_CREATED",
+    "annotation": {"id": 9, "completed_by": 1, "result": [_brush_result(np.eye(H, W, dtype=bool))]},
+    "task": _task(),
+    "project": {"id": 1, "label_config": CONFIG},
+  }
+  for route, body in (("/predict", predict), ("/webhook", hook), ("/setup", {"project": "1.1"})):
+    for bad in _mutations(body, rng, 60):
+      r = client.post(route, json=bad)
+      assert r.status_code < 500, (route, bad, r.get_json())
+      assert r.status_code == 200 or "error" in r.get_json()
