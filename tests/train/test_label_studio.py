@@ -273,6 +273,7 @@ def test_batch_calls_predict_nothing_and_bad_contexts_name_the_field(backend):
   for regions, field in (
     ("nope", "params.context.result"),
     ([{"type": "brushlabels"}], "params.context.result"),
+    ([_keypoint(5, 5, positive=False)], "params.context.result: no positive keypoint"),
     ([nan], "params.context.result[0].value.x"),
     ([dict(_keypoint(3, 3), value=[1, 2])], "params.context.result[0].value"),
   ):

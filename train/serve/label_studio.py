@@ -178,9 +178,10 @@ def parse_context(context: Any, width: int, height: int) -> Prompts:
       _pixel(max(x, x + w), width),
       _pixel(max(y, y + h), height),
     )
-  if not prompts.clicks and prompts.box is None:
+  if prompts.box is None and not any(positive for positive, _, _ in prompts.clicks):
     raise RequestError(
-      f"params.context.result: no keypoint or rectangle region (got {len(regions)} regions)"
+      f"params.context.result: no positive keypoint and no rectangle among {len(regions)} "
+      "regions: place a positive keypoint first (Alt+click places negative ones)"
     )
   return prompts
 
