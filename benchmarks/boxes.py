@@ -45,8 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _iou(mask: np.ndarray, label: np.ndarray) -> float:
-  valid, obj = label != 255, label == 1
-  return float(((mask & obj) & valid).sum() / max(((mask | obj) & valid).sum(), 1))
+  """The protocol's IoU (`train.clicker.label_iou`: 1 object, IGNORE not counted)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from train import clicker  # pylint: disable=g-import-not-at-top
+
+  return float(clicker.label_iou(tf.constant(mask[None]), tf.constant(label[None]))[0])
 
 
 def _box(label: np.ndarray, pad: float):

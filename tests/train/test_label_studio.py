@@ -4,6 +4,7 @@ with the task image fetched from Label Studio's address with its token,
 webhooks that keep and remove annotations in the label store, and refusals
 that name the field and never answer 500."""
 
+import base64
 import http.server
 import importlib.metadata
 import importlib.util
@@ -210,8 +211,7 @@ def test_a_keypoint_gives_the_page_s_mask_as_a_brush_region(backend):
     content_type="multipart/form-data",
   ).get_json()
   seg = client.post("/page/segment", json={"id": opened["id"], "positive": [[40, 48]]}).get_json()
-  page_mask = np.asarray(Image.open(io.BytesIO(_b64(seg["mask"])))) > 0
-  np.testing.assert_array_equal(mask, page_mask)
+  np.testing.assert_array_equal(mask, _png_mask(seg["mask"]))
   # The next keypoint refines this mask, as the page's next click does.
   two = _predict(client, [_keypoint(40, 48), _keypoint(110, 20, positive=False)])
   seg2 = client.post(
@@ -223,15 +223,12 @@ def test_a_keypoint_gives_the_page_s_mask_as_a_brush_region(backend):
       "previous": seg["probabilities"],
     },
   ).get_json()
-  np.testing.assert_array_equal(
-    _region_mask(two.get_json())[0], np.asarray(Image.open(io.BytesIO(_b64(seg2["mask"])))) > 0
-  )
+  np.testing.assert_array_equal(_region_mask(two.get_json())[0], _png_mask(seg2["mask"]))
 
 
-def _b64(data_url):
-  import base64  # pylint: disable=g-import-not-at-top
-
-  return base64.b64decode(data_url.split(",", 1)[1])
+def _png_mask(data_url):
+  """The page's mask PNG data URL -> bool [H, W]."""
+  return np.asarray(Image.open(io.BytesIO(base64.b64decode(data_url.split(",", 1)[1])))) > 0
 
 
 def test_a_rectangle_cuts_the_mask_to_it_and_labels_fall_back_to_the_brush(backend):

@@ -263,8 +263,11 @@ class LabelStudio:
 
   @property
   def model_version(self) -> str:
-    model = self.page.model
-    return f"{model.name}/{model.version}"
+    return self._version_name(self.page.model.version)
+
+  def _version_name(self, version: int) -> str:
+    """Label Studio's model_version of a served version: NAME/VERSION."""
+    return f"{self.page.model.name}/{version}"
 
   def health(self) -> Dict[str, Any]:
     return {"status": "UP", "model_class": "beam-train serve", "model_version": self.model_version}
@@ -329,19 +332,22 @@ class LabelStudio:
 
   def _image(self, project: str, task: Any, config: LabelConfig, where: str) -> Dict[str, Any]:
     """The task's image as the page holds it: fetched once, then from its cache."""
-    data = task.get("data") if isinstance(task, dict) else None
+    task_data = task.get("data") if isinstance(task, dict) else None
     field = f"{where}.data.{config.image_key}"
-    ref = data.get(config.image_key) if isinstance(data, dict) else None
+    ref = task_data.get(config.image_key) if isinstance(task_data, dict) else None
     if not isinstance(ref, str) or not ref:
       raise RequestError(f"{field}: expected the image's URL")
     url, conn = self._url(project, ref, field)
     with self._lock:
       key = self._images.get(url)
-    if key is not None and self.page.store.has(key):
-      return self.page.store.get(key)
-    data = _fetch(url, self._authorization(conn), self.max_bytes)
+    if key is not None:
+      try:
+        return self.page.store.get(key)
+      except RequestError:
+        pass  # Pushed out of the cache: fetched again.
+    file_bytes = _fetch(url, self._authorization(conn), self.max_bytes)
     name = urllib.parse.unquote(urllib.parse.urlparse(url).path.rsplit("/", 1)[-1]) or "task"
-    key = self.page.add_file(data, name, field)
+    key = self.page.add_file(file_bytes, name, field)
     with self._lock:
       if len(self._images) >= MAX_URLS:
         self._images.clear()  # Mostly ids of images long gone from the cache.
@@ -378,7 +384,7 @@ class LabelStudio:
       },
       "score": score,
     }
-    version = f"{self.page.model.name}/{version}"
+    version = self._version_name(version)
     return {
       "results": [{"result": [region], "score": score, "model_version": version}],
       "model_version": version,

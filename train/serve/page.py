@@ -123,10 +123,6 @@ class ImageStore:
       self._bytes += size
     return key
 
-  def has(self, key: str) -> bool:
-    with self._lock:
-      return key in self._items
-
   def get(self, key: str) -> Dict[str, Any]:
     with self._lock:
       item = self._items.get(key)
