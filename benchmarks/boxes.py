@@ -10,13 +10,17 @@ each object, MODEL's export (a model dir or an export) is given:
   one click   the protocol's first click (`train.clicker.next_click_of` on
               an empty mask: the object's innermost pixel);
   a box       the object's box, widened by each --boxes-pad fraction of its
-              sides, through the rule `beam-train serve` applies to Label
-              Studio's rectangles (`train.serve.label_studio`: a click at
-              its centre, the mask cut to the box).
+              sides, as a box prompt (`serve_box`: the model's crop is the
+              box with its context, a click at its centre, the mask cut to
+              the box); also, to weigh that rule, the same centre click
+              without the box's crop (the whole image's, cut to the box), and
+              the box with the protocol's first click instead of its centre.
 
 JSON: `objects`, `iou_one_click` (mean), `boxes`: one entry per pad with
-`pad`, `iou` (mean), `iou_uncut` (the centre click's mask before the cut),
-`centre_on_object` (the share of boxes whose centre is on the object).
+`pad`, `iou` (the box prompt, mean), `iou_centre_click_cut` (the centre click
+without the box's crop, cut to the box), `iou_box_and_click` (the box and the
+first click), `centre_on_object` (the share of boxes whose centre is on the
+object).
 """
 
 import argparse
@@ -67,19 +71,26 @@ def _box(label: np.ndarray, pad: float):
   )
 
 
+def _cut(mask: np.ndarray, box) -> np.ndarray:
+  x0, y0, x1, y1 = box
+  cut = np.zeros_like(mask)
+  cut[y0 : y1 + 1, x0 : x1 + 1] = mask[y0 : y1 + 1, x0 : x1 + 1]
+  return cut
+
+
 def _object(model, image, label, pads) -> Dict[str, Any]:
   from train import clicker  # pylint: disable=g-import-not-at-top
-  from train.serve.label_studio import box_clicks, cut_to_box  # pylint: disable=g-import-not-at-top
 
   xy, _ = clicker.next_click_of(np.zeros(label.shape, bool), label, [], [])
   out = {"one": _iou(model.segment(image, [list(xy)], [])["mask"] > 0, label)}
   for pad in pads:
     box = _box(label, pad)
-    (centre,) = box_clicks(box, [])
-    mask = model.segment(image, [list(centre)], [])["mask"] > 0
+    centre = ((box[0] + box[2]) // 2, (box[1] + box[3]) // 2)
+    clicked = model.segment(image, [list(centre)], [])["mask"] > 0
     out[pad] = (
-      _iou(cut_to_box(mask, box), label),
-      _iou(mask, label),
+      _iou(model.segment(image, [], [], box=box)["mask"] > 0, label),
+      _iou(_cut(clicked, box), label),
+      _iou(model.segment(image, [list(xy)], [], box=box)["mask"] > 0, label),
       bool(label[centre[1], centre[0]] == 1),
     )
   return out
@@ -103,8 +114,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
       {
         "pad": pad,
         "iou": float(np.mean([r[pad][0] for r in rows])),
-        "iou_uncut": float(np.mean([r[pad][1] for r in rows])),
-        "centre_on_object": float(np.mean([r[pad][2] for r in rows])),
+        "iou_centre_click_cut": float(np.mean([r[pad][1] for r in rows])),
+        "iou_box_and_click": float(np.mean([r[pad][2] for r in rows])),
+        "centre_on_object": float(np.mean([r[pad][3] for r in rows])),
       }
       for pad in pads
     ],
@@ -115,12 +127,14 @@ def table(result: Dict[str, Any]) -> str:
   lines = [
     f"{result['objects']} held-out objects; IoU after one click: {result['iou_one_click']:.3f}",
     "",
-    "| box widened by | IoU (centre click, cut to the box) | uncut | centre on the object |",
-    "|---|---|---|---|",
+    "| box widened by | IoU, box prompt | centre click, cut, no box crop "
+    "| box and first click | centre on the object |",
+    "|---|---|---|---|---|",
   ]
   for b in result["boxes"]:
     lines.append(
-      f"| {b['pad']:.0%} | {b['iou']:.3f} | {b['iou_uncut']:.3f} | {b['centre_on_object']:.0%} |"
+      f"| {b['pad']:.0%} | {b['iou']:.3f} | {b['iou_centre_click_cut']:.3f} "
+      f"| {b['iou_box_and_click']:.3f} | {b['centre_on_object']:.0%} |"
     )
   return "\n".join(lines)
 

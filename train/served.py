@@ -94,6 +94,22 @@ def _clicks(points):
   return points if tf.is_tensor(points) else np.reshape(np.asarray(points), (-1, 2))
 
 
+def _box(box) -> np.ndarray:
+  """A box prompt as int32 [4] (x0, y0, x1, y1).
+
+  Raises:
+    InvalidInput: it is not four numbers.
+  """
+  try:
+    arr = np.asarray(box, np.float64).reshape(4)
+  except (TypeError, ValueError):
+    arr = None
+  if arr is None or not np.isfinite(arr).all():
+    raise InvalidInput(f"{sig.BOX}: must be four numbers [x0, y0, x1, y1], got {box!r}"[:300])
+  limit = np.iinfo(np.int32)
+  return np.clip(np.round(arr), limit.min, limit.max).astype(np.int32)
+
+
 class ServedModel:
   """One loaded export.
 
@@ -163,42 +179,71 @@ class ServedModel:
     """`call`, with numpy outputs."""
     return {k: v.numpy() for k, v in self.call(signature, inputs).items()}
 
-  def segment_inputs(self, image, positive, negative, previous=None):
+  def segment_inputs(self, image, positive, negative, previous=None, box=None):
     """(signature, inputs) for one image and its clicks: `serve_iterative`
     with the previous mask when one is given and the export has it,
-    `serving_default` otherwise."""
+    `serving_default` otherwise; with a box prompt (x0, y0, x1, y1),
+    `serve_box_iterative` or `serve_box`."""
     inputs = {
       sig.IMAGE: image,
       sig.POSITIVE_CLICKS: _clicks(positive),
       sig.NEGATIVE_CLICKS: _clicks(negative),
     }
+    if box is not None:
+      return self._box_inputs(inputs, box, previous)
     if previous is not None and self.takes(sig.SERVE_ITERATIVE, sig.PREVIOUS_MASK):
       return sig.SERVE_ITERATIVE, dict(inputs, **{sig.PREVIOUS_MASK: previous})
     return sig.SERVING_DEFAULT, inputs
 
-  def encoded_inputs(self, image_bytes: bytes, positive, negative, previous=None):
+  def _box_inputs(self, inputs, box, previous):
+    """`segment_inputs` with a box prompt."""
+    self.require_box()
+    inputs = dict(inputs, **{sig.BOX: _box(box)})
+    if previous is not None:
+      return sig.SERVE_BOX_ITERATIVE, dict(inputs, **{sig.PREVIOUS_MASK: previous})
+    return sig.SERVE_BOX, inputs
+
+  @property
+  def takes_box(self) -> bool:
+    """Whether the export takes box prompts (`serve_box`)."""
+    return self.takes(sig.SERVE_BOX_ITERATIVE, sig.BOX)
+
+  def require_box(self) -> None:
+    """Raises InvalidInput unless the export takes box prompts."""
+    if not self.takes_box:
+      raise InvalidInput(
+        f"{sig.BOX}: this model takes no box ({self.path} has no {sig.SERVE_BOX} signature: "
+        "it was exported before box prompts; export it again with beam-train export)"
+      )
+
+  def encoded_inputs(self, image_bytes: bytes, positive, negative, previous=None, box=None):
     """(signature, inputs) for one encoded image file (PNG, JPEG, ...) and its
     clicks, a batch of one: `serve_iterative_encoded` with the previous mask,
-    `serve_encoded` otherwise. The outputs are PNG files [1] (`mask_bytes`,
-    `probabilities_bytes`)."""
+    `serve_box_encoded` with a box prompt, `serve_encoded` otherwise. The
+    outputs are PNG files [1] (`mask_bytes`, `probabilities_bytes`)."""
     inputs = {
       sig.IMAGE_BYTES: [image_bytes],
       sig.POSITIVE_CLICKS: _clicks(positive)[None],
       sig.NEGATIVE_CLICKS: _clicks(negative)[None],
     }
+    if box is not None and previous is not None:
+      raise ValueError(f"the encoded signatures take a {sig.BOX} or a previous mask, not both")
+    if box is not None:
+      self.require_box()
+      return sig.SERVE_BOX_ENCODED, dict(inputs, **{sig.BOX: _box(box)[None]})
     if previous is not None:
       return sig.SERVE_ITERATIVE_ENCODED, dict(inputs, **{sig.PREVIOUS_MASK: previous[None]})
     return sig.SERVE_ENCODED, inputs
 
-  def segment(
-    self, image, positive, negative, previous: Optional[object] = None
-  ) -> Dict[str, np.ndarray]:
+  def segment(self, image, positive, negative, previous=None, box=None) -> Dict[str, np.ndarray]:
     """A segmentation model's outputs for one image and its clicks (numpy)."""
-    return self.predict(*self.segment_inputs(image, positive, negative, previous))
+    return self.predict(*self.segment_inputs(image, positive, negative, previous, box))
 
-  def probabilities(self, image, positive, negative, previous=None) -> tf.Tensor:
+  def probabilities(self, image, positive, negative, previous=None, box=None) -> tf.Tensor:
     """float32 [H, W]: the object probabilities for one image and its clicks (a tensor)."""
-    return self.call(*self.segment_inputs(image, positive, negative, previous))[sig.PROBABILITIES]
+    return self.call(*self.segment_inputs(image, positive, negative, previous, box))[
+      sig.PROBABILITIES
+    ]
 
   def classify(self, image_bytes) -> Dict[str, np.ndarray]:
     """A classification model's outputs for encoded images [B]."""

@@ -50,6 +50,62 @@ def _png_outputs(prob: tf.Tensor) -> Dict[str, tf.Tensor]:
   }
 
 
+# The box `_segment` takes for a request without one (x1 < x0: empty).
+NO_BOX = (0, 0, -1, -1)
+
+
+def _no_mask(image: tf.Tensor) -> tf.Tensor:
+  """uint8 [H, W] zeros: no previous mask for `image`."""
+  return tf.zeros(tf.shape(image)[:2], tf.uint8)
+
+
+def _request(image, positive_clicks, negative_clicks, previous_mask: tf.Tensor) -> Example:
+  """A click request as the twins take it (`previous_mask` bool)."""
+  return {
+    keys.IMAGE: image,
+    keys.POSITIVE_CLICKS: tf.cast(positive_clicks, tf.int64),
+    keys.NEGATIVE_CLICKS: tf.cast(negative_clicks, tf.int64),
+    keys.PREVIOUS_MASK: previous_mask,
+  }
+
+
+def _none_box() -> tf.Tensor:
+  return tf.constant(NO_BOX, tf.int32)
+
+
+def _checked_box(box: tf.Tensor) -> tf.Tensor:
+  """A box prompt, asserted to be corners in order (x0 <= x1, y0 <= y1)."""
+  ordered = tf.logical_and(box[0] <= box[2], box[1] <= box[3])
+  with tf.control_dependencies(
+    [
+      tf.debugging.Assert(
+        ordered, [f"{sig.BOX}: must be [x0, y0, x1, y1] with x0 <= x1 and y0 <= y1"]
+      )
+    ]
+  ):
+    return tf.identity(box)
+
+
+def box_region(box: tf.Tensor, height, width):
+  """(region bool [height, width], has_box): the pixels of `box` (x0, y0, x1,
+  y1, corners included, clamped into the image), all False for an empty box
+  (`NO_BOX`)."""
+  has_box = tf.logical_and(box[2] >= box[0], box[3] >= box[1])
+  x0, x1 = tf.clip_by_value(box[0], 0, width - 1), tf.clip_by_value(box[2], 0, width - 1)
+  y0, y1 = tf.clip_by_value(box[1], 0, height - 1), tf.clip_by_value(box[3], 0, height - 1)
+  rows, cols = tf.range(height), tf.range(width)
+  in_y = tf.logical_and(rows >= y0, rows <= y1)
+  in_x = tf.logical_and(cols >= x0, cols <= x1)
+  return tf.logical_and(tf.logical_and(in_y[:, None], in_x[None, :]), has_box), has_box
+
+
+def box_centre(box: tf.Tensor, height, width) -> tf.Tensor:
+  """int32 [2]: the (x, y) pixel at the centre of `box`, clamped into the image."""
+  x = tf.clip_by_value((box[0] + box[2]) // 2, 0, width - 1)
+  y = tf.clip_by_value((box[1] + box[3]) // 2, 0, height - 1)
+  return tf.stack([x, y])
+
+
 class _Server(tf.Module):
   """Holds the Keras 3 model, the tf.Transform (tf_keras) layer and the twins."""
 
@@ -106,19 +162,15 @@ class SegmentationServer(_Server):
     return tf.sigmoid(tf.cast(logits, tf.float32))[..., 0]
 
   def probabilities(self, image, positive_clicks, negative_clicks, previous_mask):
-    """One image's object probabilities [H, W], float32.
+    """One image's object probabilities [H, W], float32, with no box (the
+    NoC evaluation's call, `train.noc`).
 
     Args:
       image: uint8 [H, W, 3].
       positive_clicks, negative_clicks: int [N, 2], (x, y) in the image.
       previous_mask: bool [H, W], the previous prediction; all False: none.
     """
-    ex = {
-      keys.IMAGE: image,
-      keys.POSITIVE_CLICKS: tf.cast(positive_clicks, tf.int64),
-      keys.NEGATIVE_CLICKS: tf.cast(negative_clicks, tf.int64),
-      keys.PREVIOUS_MASK: previous_mask,
-    }
+    ex = _request(image, positive_clicks, negative_clicks, previous_mask)
     return self._source_probabilities(self._side.prepare(ex))
 
   def _source_probabilities(self, ex):
@@ -130,40 +182,59 @@ class SegmentationServer(_Server):
     prob = self._predict(self.model_input(raw))[0]
     return self._side.to_request(prob, out, shape[0], shape[1])
 
-  def _serve(self, image, positive_clicks, negative_clicks, previous_mask):
+  @graphs.function(input_signature=sig.specs(sig.IMAGE, sig.BOX, *sig.CLICKS, sig.PREVIOUS_MASK))
+  def _segment(self, image, box, positive_clicks, negative_clicks, previous_mask):
+    """Every click signature's graph, traced once: one image's outputs for its
+    clicks, previous mask (all zeros: none) and box (`NO_BOX`: none; else
+    checked by `_checked_box`)."""
     h, w = tf.shape(image)[0], tf.shape(image)[1]
+    region, has_box = box_region(box, h, w)
     with tf.control_dependencies(
-      [
-        tf.debugging.assert_positive(h * w, message="image: the image is empty"),
-        tf.debugging.assert_positive(
-          tf.shape(positive_clicks)[0],
-          message="positive_clicks: at least one positive click is required",
-        ),
-        tf.debugging.assert_equal(
-          tf.shape(previous_mask),
-          tf.stack([h, w]),
-          message="previous_mask: must have the image's height and width",
-        ),
-      ]
+      self._request_checks(image, positive_clicks, previous_mask, has_box)
     ):
       image = tf.identity(image)
-    prob = self.probabilities(
-      image, positive_clicks, negative_clicks, tf.cast(previous_mask, tf.bool)
+    positive = tf.cond(
+      tf.logical_and(has_box, tf.equal(tf.shape(positive_clicks)[0], 0)),
+      lambda: box_centre(box, h, w)[None],
+      lambda: positive_clicks,
     )
-    return _outputs(prob)
+    ex = _request(image, positive, negative_clicks, tf.cast(previous_mask, tf.bool))
+    prob = self._source_probabilities(self._side.prepare_box(ex, region))
+    inside = tf.logical_or(region, tf.logical_not(has_box))
+    return _outputs(tf.where(inside, prob, tf.zeros_like(prob)))
+
+  @staticmethod
+  def _request_checks(image, positive_clicks, previous_mask, has_box):
+    h, w = tf.shape(image)[0], tf.shape(image)[1]
+    clicked = tf.logical_or(has_box, tf.shape(positive_clicks)[0] > 0)
+    return [
+      tf.debugging.assert_positive(h * w, message="image: the image is empty"),
+      tf.debugging.Assert(
+        clicked, ["positive_clicks: at least one positive click is required (or a box)"]
+      ),
+      tf.debugging.assert_equal(
+        tf.shape(previous_mask),
+        tf.stack([h, w]),
+        message="previous_mask: must have the image's height and width",
+      ),
+    ]
 
   @graphs.function(input_signature=sig.specs(*sig.CLICK_INPUTS))
   def serve(self, image, positive_clicks, negative_clicks):
-    """`serve_iterative` with no previous mask (all zeros): its graph, traced once
-    for both signatures."""
-    shape = tf.shape(image)
-    return self.serve_iterative(
-      image, positive_clicks, negative_clicks, tf.zeros(shape[:2], tf.uint8)
-    )
+    return self.serve_iterative(image, positive_clicks, negative_clicks, _no_mask(image))
 
   @graphs.function(input_signature=sig.specs(*sig.CLICK_INPUTS, sig.PREVIOUS_MASK))
   def serve_iterative(self, image, positive_clicks, negative_clicks, previous_mask):
-    return self._serve(image, positive_clicks, negative_clicks, previous_mask)
+    return self._segment(image, _none_box(), positive_clicks, negative_clicks, previous_mask)
+
+  @graphs.function(input_signature=sig.specs(sig.IMAGE, sig.BOX, *sig.CLICKS))
+  def serve_box(self, image, box, positive_clicks, negative_clicks):
+    return self.serve_box_iterative(image, box, positive_clicks, negative_clicks, _no_mask(image))
+
+  @graphs.function(input_signature=sig.specs(sig.IMAGE, sig.BOX, *sig.CLICKS, sig.PREVIOUS_MASK))
+  def serve_box_iterative(self, image, box, positive_clicks, negative_clicks, previous_mask):
+    box = _checked_box(box)
+    return self._segment(image, box, positive_clicks, negative_clicks, previous_mask)
 
   @graphs.function(input_signature=sig.specs(*sig.ENCODED_CLICK_INPUTS, batch=True))
   def serve_encoded(self, image_bytes, positive_clicks, negative_clicks):
@@ -175,25 +246,31 @@ class SegmentationServer(_Server):
   def serve_iterative_encoded(self, image_bytes, positive_clicks, negative_clicks, previous_mask):
     return self._serve_encoded(image_bytes, positive_clicks, negative_clicks, previous_mask)
 
-  def _serve_encoded(self, image_bytes, positive_clicks, negative_clicks, previous_mask=None):
+  @graphs.function(input_signature=sig.specs(sig.IMAGE_BYTES, sig.BOX, *sig.CLICKS, batch=True))
+  def serve_box_encoded(self, image_bytes, box, positive_clicks, negative_clicks):
+    return self._serve_encoded(image_bytes, positive_clicks, negative_clicks, box=box)
+
+  def _serve_encoded(
+    self, image_bytes, positive_clicks, negative_clicks, previous_mask=None, box=None
+  ):
     """[B] encoded files, each decoded as the records' images were (the
-    decode op's twin, `image_decoder`: EXIF orientation applied), given to `serve` (no previous
-    mask) or `serve_iterative`, the
-    array signatures' own functions, and its answer encoded as PNG files
-    (`_png_outputs`). Each image keeps its own size."""
+    decode op's twin, `image_decoder`: EXIF orientation applied), given to
+    `_segment` (the array signatures' graph) with its previous mask and box
+    when given, and its answer encoded as PNG files (`_png_outputs`). Each
+    image keeps its own size."""
     n = tf.shape(image_bytes)[0]
     # [B, 0] ("[]" per instance, as TF Serving stacks it) is [B, 0, 2].
     clicks = [tf.reshape(c, [n, -1, 2]) for c in (positive_clicks, negative_clicks)]
-    elems = (image_bytes, *clicks) + (() if previous_mask is None else (previous_mask,))
-
+    more = {} if previous_mask is None else {sig.PREVIOUS_MASK: previous_mask}
+    more.update({} if box is None else {sig.BOX: box})
     pixels_of = image_decoder(self._table)
 
     def one(args):
       image = pixels_of(args[0])
-      if previous_mask is None:
-        prob = self.serve(image, args[1], args[2])[sig.PROBABILITIES]
-      else:
-        prob = self.serve_iterative(image, args[1], args[2], args[3])[sig.PROBABILITIES]
+      given = args[3]
+      previous = given[sig.PREVIOUS_MASK] if sig.PREVIOUS_MASK in given else _no_mask(image)
+      box_ = _checked_box(given[sig.BOX]) if sig.BOX in given else _none_box()
+      prob = self._segment(image, box_, args[1], args[2], previous)[sig.PROBABILITIES]
       return _png_outputs(prob)
 
     with tf.control_dependencies(
@@ -205,7 +282,7 @@ class SegmentationServer(_Server):
     ):
       return tf.map_fn(
         one,
-        elems,
+        (image_bytes, *clicks, more),
         fn_output_signature={k: tf.TensorSpec([], tf.string) for k in sig.ENCODED_OUTPUTS},
       )
 
@@ -270,6 +347,9 @@ class SegmentationServer(_Server):
       sig.SERVE_ITERATIVE: self.serve_iterative,
       sig.SERVE_ENCODED: self.serve_encoded,
       sig.SERVE_ITERATIVE_ENCODED: self.serve_iterative_encoded,
+      sig.SERVE_BOX: self.serve_box,
+      sig.SERVE_BOX_ITERATIVE: self.serve_box_iterative,
+      sig.SERVE_BOX_ENCODED: self.serve_box_encoded,
       sig.SERVE_EXAMPLES: self.serve_examples,
     }
 

@@ -13,7 +13,15 @@ Segmentation (one image per call, or a batch [B]):
   serve_iterative          the same and previous_mask
   serve_encoded            [B] image_bytes, positive_clicks, negative_clicks
   serve_iterative_encoded  [B] the same and previous_mask
+  serve_box                image, box, positive_clicks, negative_clicks
+  serve_box_iterative      the same and previous_mask
+  serve_box_encoded        [B] image_bytes, box, positive_clicks, negative_clicks
   serve_examples           [B] examples
+  box                      int32 [4]: x0, y0, x1, y1, the object's box in the
+                           image's pixels, corners included: the mask is 0
+                           outside it; with no positive click, its centre is
+                           one; object-crop models crop the box with its
+                           context (`ServingSide.prepare_box`).
   outputs                  probabilities float32, mask uint8 (probability > PRED_THR);
                            the encoded signatures: mask_bytes and
                            probabilities_bytes, string [B], one PNG each
@@ -31,6 +39,9 @@ SERVE_ITERATIVE = "serve_iterative"
 SERVE_EXAMPLES = "serve_examples"
 SERVE_ENCODED = "serve_encoded"
 SERVE_ITERATIVE_ENCODED = "serve_iterative_encoded"
+SERVE_BOX = "serve_box"
+SERVE_BOX_ITERATIVE = "serve_box_iterative"
+SERVE_BOX_ENCODED = "serve_box_encoded"
 
 # Inputs.
 IMAGE = keys.IMAGE
@@ -39,6 +50,7 @@ NEGATIVE_CLICKS = keys.NEGATIVE_CLICKS
 PREVIOUS_MASK = keys.PREVIOUS_MASK
 EXAMPLES = "examples"
 IMAGE_BYTES = keys.IMAGE_BYTES
+BOX = "box"
 
 # Outputs.
 PROBABILITIES = "probabilities"
@@ -59,6 +71,7 @@ _SPECS = {
   PREVIOUS_MASK: tf.TensorSpec([None, None], tf.uint8, name=PREVIOUS_MASK),
   EXAMPLES: tf.TensorSpec([], tf.string, name=EXAMPLES),
   IMAGE_BYTES: tf.TensorSpec([], tf.string, name=IMAGE_BYTES),
+  BOX: tf.TensorSpec([4], tf.int32, name=BOX),
 }
 
 # The inputs that carry clicks, one [x, y] row each (the server caps their

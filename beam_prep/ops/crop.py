@@ -327,7 +327,8 @@ def place_back(prob, box, height, width):
 class CropServing(ServingSide):
   """`crop_objects` at serving (built with the op's arguments): the request
   is cropped around its previous mask and positive clicks (the twin), or,
-  with no previous mask, around the whole image (`prepare`);
+  with no previous mask, around the whole image (`prepare`), or around the
+  box of a box prompt (`prepare_box`);
   the crop's probabilities go back into its box, 0 outside (`place_back`)."""
 
   zooms_in = True
@@ -359,6 +360,20 @@ class CropServing(ServingSide):
     whole = tf.ones_like(previous)
     return dict(
       ex, **{keys.CROP_MASK: tf.cond(tf.reduce_any(previous), lambda: previous, lambda: whole)}
+    )
+
+  def prepare_box(self, ex, region):
+    """`crop_mask` with a box prompt: the box (`region`, bool [H, W]), so the
+    model sees the box with its context, at the scale of the records' object
+    crops, at every click; with no box (all False), `prepare`'s."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    out = self.prepare(ex)
+    return dict(
+      out,
+      **{
+        keys.CROP_MASK: tf.cond(tf.reduce_any(region), lambda: region, lambda: out[keys.CROP_MASK])
+      },
     )
 
   def frame(self):

@@ -36,6 +36,10 @@ class ServingSide:
   def prepare(self, ex: Example) -> Example:
     return ex
 
+  def prepare_box(self, ex: Example, region) -> Example:
+    del region
+    return self.prepare(ex)
+
   def frame(self) -> Example:
     return {}
 

@@ -2,13 +2,17 @@
 
 CVAT (its AI tools, "Interactors") sends each click of a user to a nuclio
 function; this one forwards the frame and the clicks to a running
-`beam-train serve` (TF Serving's REST API, signature `serve_encoded`: the
-frame as its file, decoded and preprocessed in the served graph exactly as
-the records were made) and answers what CVAT draws:
+`beam-train serve` (TF Serving's REST API, signature `serve_encoded`, or
+`serve_box_encoded` with a box: the frame as its file, decoded and
+preprocessed in the served graph exactly as the records were made) and
+answers what CVAT draws:
 
   request   {"image": base64 frame, "pos_points": [[x, y], ...],
-             "neg_points": [[x, y], ...], "obj_bbox": null, "threshold": 0.5}
-            ("threshold" optional)
+             "neg_points": [[x, y], ...], "obj_bbox": [[x0, y0], [x1, y1]] or
+             null, "threshold": 0.5}
+            ("threshold" optional; a box may stand for the positive points:
+            the model then crops the box with its context and clicks its
+            centre, and the mask is cut to the box)
   answer    {"mask": [[0/1, ...], ...] (the frame's height x width),
              "points": [[x, y], ...] (the outline of the mask's largest part)}
 
@@ -100,14 +104,32 @@ def _request(body):
   except ValueError:
     raise BadRequest("image: not base64") from None
   pos, neg = _points(body, "pos_points"), _points(body, "neg_points")
-  if not pos:
-    raise BadRequest("pos_points: at least one positive point is needed")
-  if body.get("obj_bbox"):
-    raise BadRequest("obj_bbox: this interactor takes points only (startswith_box is false)")
+  box = _box(body.get("obj_bbox"))
+  if not pos and box is None:
+    raise BadRequest("pos_points: at least one positive point is needed, or obj_bbox")
   threshold = body.get("threshold")
   if threshold is not None and not (isinstance(threshold, (int, float)) and 0 < threshold < 1):
     raise BadRequest(f"threshold: expected a number between 0 and 1, got {threshold!r}")
-  return {"image": data, "pos_points": pos, "neg_points": neg, "threshold": threshold}
+  return {"image": data, "pos_points": pos, "neg_points": neg, "box": box, "threshold": threshold}
+
+
+def _box(value):
+  """CVAT's obj_bbox, [[x0, y0], [x1, y1]] (or flat [x0, y0, x1, y1]; corners
+  in any order), as [x0, y0, x1, y1] with x0 <= x1 and y0 <= y1; None when absent."""
+  if value is None or value == []:
+    return None
+  flat = [v for corner in value for v in corner] if _pairs(value) else value
+  ok = isinstance(flat, list) and len(flat) == 4
+  if not ok or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
+    raise BadRequest("obj_bbox: expected [[x0, y0], [x1, y1]]")
+  x0, y0, x1, y1 = (int(round(v)) for v in flat)
+  return [min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)]
+
+
+def _pairs(value) -> bool:
+  return isinstance(value, list) and all(
+    isinstance(c, (list, tuple)) and len(c) == 2 for c in value
+  )
 
 
 def _points(body, field: str):
@@ -129,7 +151,11 @@ def _served(server, request):
     "positive_clicks": request["pos_points"],
     "negative_clicks": request["neg_points"],
   }
-  body = json.dumps({"signature_name": "serve_encoded", "instances": [instance]}).encode()
+  signature = "serve_encoded"
+  if request["box"] is not None:
+    instance["box"] = request["box"]
+    signature = "serve_box_encoded"
+  body = json.dumps({"signature_name": signature, "instances": [instance]}).encode()
   req = urllib.request.Request(
     f"{server.url}/v1/models/{server.model}:predict",
     data=body,

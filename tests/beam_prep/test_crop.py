@@ -338,10 +338,11 @@ def test_a_model_trained_on_crops_is_served_on_the_crop_of_its_object(tmp_path):
   assert outside.any() and (prob[outside] == 0).all() and prob[~outside].max() > 0
 
 
-def test_the_first_click_sees_the_whole_image_and_the_next_zoom_in(tmp_path):
+def test_the_first_click_sees_the_whole_image_the_next_zoom_in_and_a_box_is_its_crop(tmp_path):
   """No previous mask: the crop is cut around the whole image (RITM's first
   prediction), so an object far from the click's neighbourhood is still in
-  view; with a previous mask the crop zooms in on it."""
+  view; with a previous mask the crop zooms in on it; a box prompt is cropped
+  with its context."""
   image, instances = _red_disks(300, 400, [(100, 80, 6), (290, 190, 70)])
   server = _colour_model(tmp_path, image, instances, 48)
   none = tf.zeros([0, 2], tf.int32)
@@ -357,3 +358,19 @@ def test_the_first_click_sees_the_whole_image_and_the_next_zoom_in(tmp_path):
   obj = instances == 2
   got = zoomed["mask"].numpy().astype(bool)
   assert (got & obj).sum() / (got | obj).sum() > 0.9
+
+  # A box around the small disk: the model sees the box with its context at
+  # the records' scale (the whole image at 48 px shows the disk as a pixel),
+  # its centre is the click, and nothing outside the box is object.
+  box = tf.constant([92, 72, 108, 88], tf.int32)
+  out = server.serve_box(tf.constant(image), box, none, none)
+  got, small = out["mask"].numpy().astype(bool), instances == 1
+  assert (got & small).sum() / (got | small).sum() > 0.8
+  inside = np.zeros(got.shape, bool)
+  inside[72:89, 92:109] = True
+  assert (out["probabilities"].numpy()[~inside] == 0).all()
+  centre = tf.constant([[100, 80]], tf.int32)
+  same = server.serve_box(tf.constant(image), box, centre, none)["probabilities"]
+  np.testing.assert_array_equal(same.numpy(), out["probabilities"].numpy())
+  whole = server.serve(tf.constant(image), centre, none)["mask"].numpy().astype(bool)
+  assert (whole & small).sum() / (whole | small).sum() < 0.5  # What the box's crop fixes.

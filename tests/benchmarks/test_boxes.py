@@ -17,7 +17,8 @@ def test_boxes_reports_one_click_and_each_box(prep_dir, trained, tmp_path, capsy
   assert result["objects"] == 3 and 0 <= result["iou_one_click"] <= 1
   assert [b["pad"] for b in result["boxes"]] == [0.0, 0.25]
   for b in result["boxes"]:
-    assert 0 <= b["iou"] <= 1 and 0 <= b["iou_uncut"] <= 1 and 0 <= b["centre_on_object"] <= 1
+    for k in ("iou", "iou_centre_click_cut", "iou_box_and_click", "centre_on_object"):
+      assert 0 <= b[k] <= 1, k
   assert "| 25% |" in capsys.readouterr().out
 
 

@@ -126,7 +126,8 @@ def test_a_click_request_answers_the_served_models_mask_and_its_outline(function
     ({"pos_points": []}, "pos_points"),
     ({"pos_points": [[1, 2, 3]]}, "pos_points"),
     ({"neg_points": "x"}, "neg_points"),
-    ({"obj_bbox": [[0, 0], [5, 5]]}, "obj_bbox"),
+    ({"obj_bbox": [[0, 0], [5]]}, "obj_bbox"),
+    ({"obj_bbox": [[0, 0], [5, "x"]]}, "obj_bbox"),
     ({"threshold": 2}, "threshold"),
   ],
 )
@@ -186,14 +187,40 @@ def test_without_the_models_name_the_function_does_not_start(monkeypatch):
     nuclio_test.Platform().call_handler(module.handler, nuclio_sdk.Event(body={}))
 
 
-def test_the_function_yaml_declares_an_interactor_of_points():
+def test_a_box_request_answers_the_served_box_prompts_mask(function, trained):
+  call, _ = function
+  img = _frame()
+  body = {
+    "image": base64.b64encode(png(img)).decode(),
+    "pos_points": [],
+    "neg_points": [],
+    "obj_bbox": [[40, 30], [12, 8]],  # Corners as dragged: bottom right first.
+  }
+  status, answer = call(body)
+  assert status == 200, answer
+  mask = np.asarray(answer["mask"], np.uint8)
+  direct = tf.saved_model.load(latest_export(trained)).signatures["serve_box"]
+  want = direct(
+    image=tf.constant(img),
+    box=tf.constant([12, 8, 40, 30], tf.int32),
+    positive_clicks=tf.zeros([0, 2], tf.int32),
+    negative_clicks=tf.zeros([0, 2], tf.int32),
+  )["mask"].numpy()
+  np.testing.assert_array_equal(mask, want)
+  assert not mask[:8].any() and not mask[:, 41:].any()  # Nothing outside the box.
+  # With a positive point too, and the box flat, as other clients send it.
+  status, answer = call(dict(body, pos_points=[[20, 15]], obj_bbox=[12, 8, 40, 30]))
+  assert status == 200, answer
+
+
+def test_the_function_yaml_declares_an_interactor_of_points_or_a_box():
   text = open(os.path.join(FUNCTION, "function.yaml")).read()
   for line in (
     "type: interactor",
-    "min_pos_points: 1",
+    "min_pos_points: 0",
     "min_neg_points: 0",
     "startswith_box: false",
-    "startswith_box_optional: false",
+    "startswith_box_optional: true",
     "handler: main:handler",
   ):
     assert line in text, line

@@ -355,6 +355,15 @@ def test_encoded_signatures_answer_as_the_array_ones_on_the_decoded_pixels(train
     )
   with pytest.raises(InvalidInput, match="positive_clicks: at least one positive click"):
     model.predict(*model.encoded_inputs(jpeg, np.zeros([0, 2]), neg))
+  # A box prompt (serve_box_encoded): the array signature's answer for the box.
+  box = [40, 30, 5, 3]
+  with pytest.raises(InvalidInput, match=r"box: must be \[x0, y0, x1, y1\] with x0 <= x1"):
+    model.predict(*model.encoded_inputs(jpeg, [], neg, box=box))
+  box = [5, 3, 40, 30]
+  got = model.predict(*model.encoded_inputs(jpeg, [], neg, box=box))
+  want = model.segment(decode_file(jpeg), [], neg, box=box)
+  assert_encoded_answer({k: v[0] for k, v in got.items()}, want)
+  assert not want["mask"][31:].any() and not want["mask"][:, 41:].any()
 
 
 def test_an_exif_rotated_jpeg_is_served_as_displayed(trained):

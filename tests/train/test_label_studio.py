@@ -21,6 +21,7 @@ from tests.helpers import png
 from train.serve import app as serve_app
 from train.serve import brush, page
 from train.serve.config import ServeConfig
+from train.served import ServedModel
 
 H, W = 96, 128
 LS_TOKEN = "0123456789abcdef0123456789abcdef01234567"
@@ -231,7 +232,7 @@ def _png_mask(data_url):
   return np.asarray(Image.open(io.BytesIO(base64.b64decode(data_url.split(",", 1)[1])))) > 0
 
 
-def test_a_rectangle_cuts_the_mask_to_it_and_labels_fall_back_to_the_brush(backend):
+def test_a_rectangle_is_the_models_box_prompt_and_labels_fall_back_to_the_brush(backend, trained):
   client, url, _ = backend
   _setup(client, url)
   rect = {
@@ -251,10 +252,14 @@ def test_a_rectangle_cuts_the_mask_to_it_and_labels_fall_back_to_the_brush(backe
   assert r.status_code == 200, r.get_json()
   mask, region = _region_mask(r.get_json())
   assert region["value"]["brushlabels"] == ["Cat"]  # "Dog" is no brush label: the first one.
-  x0, y0, x1, y1 = int(0.1 * W), int(0.2 * H), int(0.5 * W), int(0.7 * H)
-  outside = mask.copy()
-  outside[y0 : y1 + 1, x0 : x1 + 1] = False
-  assert mask.any() and not outside.any()
+  box = (int(0.1 * W), int(0.2 * H), int(0.5 * W), int(0.7 * H))
+  want = ServedModel(trained).segment(_scene(), [], [], box=box)["mask"] > 0
+  np.testing.assert_array_equal(mask, want)  # serve_box's mask: none outside the box.
+  # A keypoint in the rectangle refines the box's mask, the box kept.
+  two = _predict(client, [rect, _keypoint(30, 40)])
+  previous = want.astype(np.uint8)
+  again = ServedModel(trained).segment(_scene(), [[30, 40]], [], previous=previous, box=box)
+  np.testing.assert_array_equal(_region_mask(two.get_json())[0], again["mask"] > 0)
 
 
 def test_batch_calls_predict_nothing_and_bad_contexts_name_the_field(backend):

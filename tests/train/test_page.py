@@ -244,6 +244,30 @@ def test_the_server_keeps_no_click_state_and_saves_what_it_is_sent(labelled, tra
   assert client.get(f"/page/truth/{opened['id']}.png").status_code == 404  # No true mask.
 
 
+def test_a_box_prompt_is_served_by_serve_box_and_a_bad_box_is_a_400(labelled, trained):
+  client, _ = labelled
+  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+
+  model = ServedModel(trained)
+  image, _, _ = _two_objects()
+  opened = _upload(client, image, "two.png")
+  body = {"id": opened["id"], "positive": [], "box": [74, 20, 117, 75]}
+  one = client.post("/page/segment", json=body).get_json()
+  want = model.segment(image, [], [], box=body["box"])
+  np.testing.assert_array_equal(_decoded(one["mask"]) > 0, want["mask"] > 0)
+  assert not want["mask"][:, 118:].any() and not want["mask"][:20].any()
+  two = dict(body, negative=[[90, 40]], previous=one["probabilities"])
+  answer = client.post("/page/segment", json=two).get_json()
+  previous = (_decoded(one["probabilities"]) >= page.DEFAULT_LEVEL).astype(np.uint8)
+  again = model.segment(image, [], [[90, 40]], previous, box=body["box"])
+  np.testing.assert_array_equal(_decoded(answer["mask"]) > 0, again["mask"] > 0)
+  for bad in ([1, 2, 3], [0, 0, 5, "x"], [5, 5, 1, 1], "box", [True, 0, 1, 1]):
+    r = client.post("/page/segment", json=dict(body, box=bad))
+    assert r.status_code == 400 and r.get_json()["error"].startswith("box:"), (bad, r.get_json())
+  r = client.post("/page/segment", json=dict(body, box=None))  # No box and no click.
+  assert r.status_code == 400 and r.get_json()["error"].startswith("positive_clicks:")
+
+
 def test_an_eval_object_gives_its_true_mask_and_the_iou_at_any_level(labelled):
   client, _ = labelled
   ev = client.post("/page/open", json={"eval": 0}).get_json()
@@ -299,6 +323,29 @@ class _Session:
       round(box["top"] + (y + 0.5) * box["height"] / self.h),
     )
     (chain.pointer_action.context_click() if right else chain.pointer_action.click())
+    chain.perform()
+    self.wait(lambda b: self.js(JS_STEPS) > steps)
+    return self.js(JS_DRAFT)
+
+  def drag_box(self, x0, y0, x1, y1):
+    """A shift-drag from pixel (x0, y0) to (x1, y1) of the image: a box prompt."""
+    from selenium.webdriver.common.action_chains import ActionChains  # pylint: disable=g-import-not-at-top
+    from selenium.webdriver.common.keys import Keys  # pylint: disable=g-import-not-at-top
+
+    canvas = self.b.find_element("id", "clicks")
+    box = self.js("return document.getElementById('clicks').getBoundingClientRect().toJSON()")
+
+    def offset(x, y):  # From the canvas's centre, where Selenium's offsets start.
+      return (
+        round((x + 0.5) * box["width"] / self.w - box["width"] / 2),
+        round((y + 0.5) * box["height"] / self.h - box["height"] / 2),
+      )
+
+    steps = self.js(JS_STEPS)
+    chain = ActionChains(self.b).key_down(Keys.SHIFT)
+    chain.move_to_element_with_offset(canvas, *offset(x0, y0)).click_and_hold()
+    chain.move_to_element_with_offset(canvas, *offset((x0 + x1) // 2, (y0 + y1) // 2))
+    chain.move_to_element_with_offset(canvas, *offset(x1, y1)).release().key_up(Keys.SHIFT)
     chain.perform()
     self.wait(lambda b: self.js(JS_STEPS) > steps)
     return self.js(JS_DRAFT)
@@ -365,6 +412,24 @@ def _label_two_objects(s):
   s.saved(2)
 
 
+def _box_prompt(s, trained, image):
+  """A shift-drag around the blue box: a box prompt, the served `serve_box`
+  mask; a reset drops it (no object saved)."""
+  steps = s.js(JS_STEPS)
+  draft = s.drag_box(74, 20, 117, 75)
+  assert draft["clicks"] == [] and draft["box"] == pytest.approx([74, 20, 117, 75], abs=1)
+  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+
+  want = ServedModel(trained).segment(image, [], [], box=draft["box"])["mask"] > 0
+  level = s.js("return labelPage.current().level")
+  np.testing.assert_array_equal(_decoded(draft["prob"]) >= level, want)
+  assert s.js(JS_STEPS) == steps + 1  # One action: the drag is no click.
+  assert len(s.b.find_element("id", "marks").find_elements("css selector", "rect")) == 1
+  s.key("r")
+  assert s.js(JS_DRAFT) is None
+  s.saved(2)
+
+
 def _true_outline_is_shown(s, prep_dir):
   """An eval object of --data: the true mask's outline, where the true mask is."""
   from selenium.webdriver.support.ui import Select  # pylint: disable=g-import-not-at-top
@@ -412,6 +477,7 @@ def test_labelling_two_objects_in_the_browser_saves_what_beam_prep_reads_back(
     browser.find_element("id", "upload").send_keys(str(picture))
     s.wait(lambda b: s.js("return labelPage.page.at") == 0)
     _label_two_objects(s)
+    _box_prompt(s, trained, image)
     # The server loses the image: the page sends its copy again and goes on.
     _upload_over_http(f"http://127.0.0.1:{server.port}", image[::-1].copy())
     lost = s.js("return labelPage.page.id")

@@ -143,6 +143,17 @@ def test_columnar_predict_answers_what_the_saved_model_answers(client, direct, t
   )
   assert r.status_code == 200, r.get_json()
   _same_outputs(r.get_json()["outputs"], _direct_call(direct, image, [[63, 0]], []))
+  # A box prompt: serve_box, its inputs named as TF Serving names them.
+  box, none = [10, 5, 40, 30], np.zeros([0, 2], np.int32)
+  inputs = {"image": image.tolist(), "box": box, "positive_clicks": [], "negative_clicks": []}
+  r = client.post(
+    f"/v1/models/{NAME}:predict", json={"signature_name": "serve_box", "inputs": inputs}
+  )
+  assert r.status_code == 200, r.get_json()
+  want = direct["serve_box"](
+    image=tf.constant(image), box=tf.constant(box), positive_clicks=none, negative_clicks=none
+  )
+  _same_outputs(r.get_json()["outputs"], {k: v.numpy() for k, v in want.items()})
 
 
 def test_row_predict_of_the_batch_signature(client, direct, prep_dir):

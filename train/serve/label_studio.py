@@ -119,29 +119,11 @@ class Prompts:
   labels: List[str] = dataclasses.field(default_factory=list)
 
   def arrays(self) -> Tuple[np.ndarray, np.ndarray]:
-    """(positive, negative) int32 [N, 2] (`box_clicks`)."""
-    pos = box_clicks(self.box, [(x, y) for p, x, y in self.clicks if p])
-    neg = [(x, y) for p, x, y in self.clicks if not p]
-    return tuple(np.asarray(c, np.int32).reshape(-1, 2) for c in (pos, neg))
-
-
-def box_clicks(box: Optional[Tuple[int, int, int, int]], positive: List[Tuple[int, int]]):
-  """A box's rule for the clicks: a box without a positive click adds its
-  centre as one (the served model takes no box: `cut_to_box` does the rest)."""
-  if positive or box is None:
-    return list(positive)
-  x0, y0, x1, y1 = box
-  return [((x0 + x1) // 2, (y0 + y1) // 2)]
-
-
-def cut_to_box(mask: np.ndarray, box: Optional[Tuple[int, int, int, int]]) -> np.ndarray:
-  """The mask inside the box (x0, y0, x1, y1 inclusive), nothing outside."""
-  if box is None:
-    return mask
-  x0, y0, x1, y1 = box
-  cut = np.zeros_like(mask)
-  cut[y0 : y1 + 1, x0 : x1 + 1] = mask[y0 : y1 + 1, x0 : x1 + 1]
-  return cut
+    """(positive, negative) int32 [N, 2]."""
+    return tuple(
+      np.asarray([(x, y) for p, x, y in self.clicks if p == kind], np.int32).reshape(-1, 2)
+      for kind in (True, False)
+    )
 
 
 def _pixel(percent: float, size: int) -> int:
@@ -402,8 +384,8 @@ class LabelStudio:
     key = (item["digest"], prompts.box, tuple(prompts.clicks))
     with self._lock:
       previous = self._masks.get(key[:2] + (key[2][:-1],)) if key[2] else None
-    levels, version = self.page.predict_levels(item, pos, neg, previous)
-    mask = cut_to_box(levels >= DEFAULT_LEVEL, prompts.box)
+    levels, version = self.page.predict_levels(item, pos, neg, previous, prompts.box)
+    mask = levels >= DEFAULT_LEVEL
     with self._lock:
       self._masks[key] = mask
       while len(self._masks) > RECENT_MASKS:

@@ -27,7 +27,8 @@ These endpoints are the page's own (JSON, not TF Serving's; `train.serve.app`):
   GET  /page/truth/<id>.png   its true mask (0 background, 1 object, 255 ignore)
   POST /page/segment          {"id", "positive": [[x, y], ...], "negative": [...],
                                "level": L, "previous": probabilities PNG data
-                               URL (the object's mask before this click) or absent}
+                               URL (the object's mask before this click) or absent,
+                               "box": [x0, y0, x1, y1] (the object's box prompt) or absent}
                               -> {"probabilities": PNG data URL (levels, below),
                                   "mask": PNG data URL (255 object at L, 0 else),
                                   "pixels": mask pixels, "iou": IoU or null,
@@ -67,7 +68,7 @@ import io
 import os
 import secrets
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -81,6 +82,7 @@ from train.serve import exports
 from train.serve.store import Labels
 from train.serve.config import ServeConfig
 from train.serve.model import RestModel
+from train.served import InvalidInput
 from train.serve.versions import Versions
 from train.serve.rest import RequestError, check_clicks
 
@@ -205,6 +207,17 @@ def _clamped_clicks(item: Dict[str, Any], body: Dict[str, Any], max_clicks: int)
     np.asarray(predict.clamp(_clicks(body, f).tolist(), w, h)[0], np.int32).reshape(-1, 2)
     for f in fields
   )
+
+
+def _box(body: Dict[str, Any]) -> Optional[List[int]]:
+  """The body's box prompt [x0, y0, x1, y1] (integers), None when absent, or a RequestError."""
+  value = body.get("box")
+  if value is None:
+    return None
+  ok = isinstance(value, list) and len(value) == 4
+  if not ok or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    raise RequestError("box: expected [x0, y0, x1, y1], four integers")
+  return value
 
 
 def _level(body: Dict[str, Any], where: str = "") -> int:
@@ -388,22 +401,30 @@ class Page:
     return float(clicker.label_iou(tf.constant(mask[None]), tf.constant(item["truth"][None]))[0])
 
   def predict_levels(
-    self, item: Dict[str, Any], pos: np.ndarray, neg: np.ndarray, previous: Optional[np.ndarray]
+    self,
+    item: Dict[str, Any],
+    pos: np.ndarray,
+    neg: np.ndarray,
+    previous: Optional[np.ndarray],
+    box: Optional[Sequence[int]] = None,
   ):
     """(levels, version): the levels of the model's probabilities for these
     clicks (and the object's previous mask: the model refines its crop, as in
-    evaluation), and the version that made them."""
+    evaluation; and its box prompt, x0, y0, x1, y1), and the version that
+    made them."""
     model = self.model
     if not model.segments:
       raise RequestError(
         "this model's serving_default does not take image and clicks "
         "(not a segmentation model): the page cannot use it"
       )
-    out = model.predict(
-      *model.segment_inputs(
-        item["image"], pos, neg, None if previous is None else previous.astype(np.uint8)
+    try:
+      signature, inputs = model.segment_inputs(
+        item["image"], pos, neg, None if previous is None else previous.astype(np.uint8), box
       )
-    )
+    except InvalidInput as e:
+      raise RequestError(str(e)) from None
+    out = model.predict(signature, inputs)
     return probability_levels(out[sig.PROBABILITIES], out[sig.MASK] > 0), model.version
 
   def segment(self, body: Dict[str, Any]) -> Dict[str, Any]:
@@ -413,7 +434,7 @@ class Page:
     if body.get("previous") is not None:
       previous = _levels_of(body["previous"], "previous", item["image"].shape) >= level
     levels, version = self.predict_levels(
-      item, *_clamped_clicks(item, body, self.model.max_clicks), previous
+      item, *_clamped_clicks(item, body, self.model.max_clicks), previous, _box(body)
     )
     mask = levels >= level
     return {

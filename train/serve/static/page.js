@@ -20,12 +20,13 @@ const config = {};
 // A state: { objects: [object], draft: object or null (the object being drawn),
 // editing: the index of the object the draft replaces (-1: a new one),
 // colours: colours used so far, level: the draft's threshold level }.
-// An object: { colour, clicks: [{x, y, positive}], prob: levels PNG data URL
-// or null, level, iou }. States and objects are never changed, only replaced.
+// An object: { colour, clicks: [{x, y, positive}], box: [x0, y0, x1, y1] (a
+// box prompt, shift-drag) or null, prob: levels PNG data URL or null, level,
+// iou }. States and objects are never changed, only replaced.
 const page = { id: null, name: "", width: 0, height: 0, truth: false, source: null,
                history: [], at: -1, saved: null, fileName: null, queue: Promise.resolve(),
                decoded: new Map(), rendered: 0, busy: false, preview: null };
-const view = { scale: 1, fit: 1, x: 0, y: 0, drag: null, dragged: false };
+const view = { scale: 1, fit: 1, x: 0, y: 0, drag: null, dragged: false, rubber: null };
 
 function say(text, error = false) {
   $("status").textContent = text;
@@ -177,10 +178,13 @@ function paint(entries, levels) {
   return areas;
 }
 
+// The draft's clicks and box, and the box being dragged (dashed).
 function drawMarks(state) {
   const svg = $("marks"), r = 7 / view.scale;
   svg.setAttribute("viewBox", `0 0 ${page.width} ${page.height}`);
-  svg.innerHTML = ((state.draft && state.draft.clicks) || []).map((c) =>
+  const rect = (b, dash) => `<rect x="${b[0]}" y="${b[1]}" width="${b[2] - b[0] + 1}" height="${b[3] - b[1] + 1}" fill="none" stroke="${POSITIVE}" stroke-width="${2 / view.scale}"${dash ? ` stroke-dasharray="${6 / view.scale}"` : ""}/>`;
+  const box = view.rubber || (state.draft && state.draft.box);
+  svg.innerHTML = (box ? rect(box, Boolean(view.rubber)) : "") + ((state.draft && state.draft.clicks) || []).map((c) =>
     `<circle cx="${c.x + 0.5}" cy="${c.y + 0.5}" r="${r}" fill="${c.positive ? POSITIVE : NEGATIVE}" stroke="#fff" stroke-width="${r / 3}"/>`).join("");
 }
 
@@ -216,7 +220,7 @@ async function render() {
   const draft = state.draft, clicks = draft ? draft.clicks : [];
   $("undo").disabled = page.at <= 0;
   $("redo").disabled = page.at >= page.history.length - 1;
-  $("reset").disabled = !clicks.length;
+  $("reset").disabled = !clicks.length && !(draft && draft.box);
   $("finish").disabled = !draft;
   $("delete").disabled = state.editing < 0;
   $("simulate").disabled = !page.truth || page.busy;
@@ -227,23 +231,35 @@ async function render() {
   const mine = entries.findIndex((e) => e.draft);
   const { positive, negative } = split(clicks);
   if (!draft) say(`${page.name}: ${state.objects.length} object${state.objects.length === 1 ? "" : "s"}; click on the next object, or on one in the list to edit it.`);
-  else if (!positive.length) say(n ? "Add a positive click (left click) on the object." : `${page.name}: click on the object.`);
+  else if (!positive.length && !draft.box) say(n ? "Add a positive click (left click) on the object, or a box (shift-drag)." : `${page.name}: click on the object.`);
   else say(`${areas[mine]} pixels in the mask of object ${entries[mine].number}; ${positive.length} positive, ${negative.length} negative clicks.`);
 }
 
 // ---- actions (run one at a time by act) -------------------------------------
 
 async function addClick(x, y, positive) {
+  const draft = current().draft || { clicks: [], box: null, prob: null };
+  await predictDraft([...draft.clicks, { x, y, positive }], draft.box || null, draft.prob);
+}
+
+// A box prompt (x0, y0, x1, y1) for the draft: its clicks kept, its mask predicted anew.
+async function addBox(box) {
+  const draft = current().draft || { clicks: [] };
+  await predictDraft(draft.clicks, box, null);
+}
+
+// The draft with these clicks and box, its mask asked of the model (refining
+// `previous`) once there is a positive click or a box.
+async function predictDraft(clicks, box, previous) {
   const state = current();
-  const draft = state.draft || { colour: state.colours, clicks: [], prob: null, iou: null };
-  const clicks = [...draft.clicks, { x, y, positive }];
+  const draft = state.draft || { colour: state.colours, clicks: [], box: null, prob: null, iou: null };
   let prob = null, iou = null, version = null;
-  if (clicks.some((c) => c.positive)) {
-    const out = await ask("/page/segment", { ...split(clicks), level: state.level, previous: draft.prob });
+  if (clicks.some((c) => c.positive) || box) {
+    const out = await ask("/page/segment", { ...split(clicks), box, level: state.level, previous });
     ({ probabilities: prob, iou, version } = out);
     showVersion(version);
   }
-  await push({ ...state, draft: { ...draft, clicks, prob, iou, version },
+  await push({ ...state, draft: { ...draft, clicks, box, prob, iou, version },
                colours: state.draft ? state.colours : state.colours + 1 });
 }
 
@@ -282,7 +298,7 @@ async function removeObject(i) {
 async function reset() {
   const state = current();
   if (!state.draft) return;
-  const draft = state.editing >= 0 ? { ...state.draft, clicks: [], prob: null, iou: null } : null;
+  const draft = state.editing >= 0 ? { ...state.draft, clicks: [], box: null, prob: null, iou: null } : null;
   await push({ ...state, draft });
 }
 
@@ -420,7 +436,7 @@ const SHORTCUTS = [
   { keys: ["n", "Enter"], does: "finish the object, start the next", run: () => act(finish) },
   { keys: ["ctrl+z", "u"], does: "undo", run: () => act(() => move(-1)) },
   { keys: ["ctrl+shift+z", "ctrl+y", "y"], does: "redo", run: () => act(() => move(1)) },
-  { keys: ["r"], does: "reset the object's clicks", run: () => act(reset) },
+  { keys: ["r"], does: "reset the object's clicks and box", run: () => act(reset) },
   { keys: ["Delete", "Backspace"], does: "delete the selected object", run: () => act(() => removeObject(current().editing)) },
   { keys: ["h"], does: "hide or show the masks", run: () => toggle("overlay") },
   { keys: ["t"], does: "hide or show the true outline", run: () => toggle("outline") },
@@ -429,7 +445,8 @@ const SHORTCUTS = [
   { keys: ["s"], does: "simulated user (eval objects)", run: () => page.truth && !page.busy && act(simulate) },
 ];
 const MOUSE = [["left click", "on the object"], ["right / shift click", "off the object"],
-               ["wheel, drag", "zoom, pan"], ["list entry", "edit that object"]];
+               ["shift drag", "a box around the object"], ["wheel, drag", "zoom, pan"],
+               ["list entry", "edit that object"]];
 
 function keyName(event) {
   const ctrl = event.ctrlKey || event.metaKey;
@@ -477,21 +494,38 @@ async function sources() {
 
 $("clicks").addEventListener("click", (e) => onClick(e, !e.shiftKey));
 $("clicks").addEventListener("contextmenu", (e) => onClick(e, false));
+// A drag pans; a shift-drag draws a box prompt (from its first pixel to its last).
 $("clicks").addEventListener("mousedown", (e) => {
-  if (e.button === 0) view.drag = { x: e.clientX, y: e.clientY, vx: view.x, vy: view.y, moved: false };
+  if (e.button !== 0) return;
+  view.drag = { x: e.clientX, y: e.clientY, vx: view.x, vy: view.y, moved: false,
+                from: e.shiftKey && page.id ? pixelOf(e) : null };
 });
+const boxOf = (from, e) => {
+  const [x, y] = pixelOf(e);
+  return [Math.min(from[0], x), Math.min(from[1], y), Math.max(from[0], x), Math.max(from[1], y)];
+};
 window.addEventListener("mousemove", (e) => {
   const drag = view.drag;
   if (!drag || (!drag.moved && Math.hypot(e.clientX - drag.x, e.clientY - drag.y) < 5)) return;
   drag.moved = true;
+  if (drag.from) {
+    view.rubber = boxOf(drag.from, e);
+    return drawMarks(current());
+  }
   $("view").classList.add("panning");
   Object.assign(view, { x: drag.vx + e.clientX - drag.x, y: drag.vy + e.clientY - drag.y });
   place();
 });
-window.addEventListener("mouseup", () => {
-  view.dragged = Boolean(view.drag && view.drag.moved);
-  view.drag = null;
+window.addEventListener("mouseup", (e) => {
+  const drag = view.drag;
+  // The click event that ends a drag on the image is no click (onClick).
+  view.dragged = Boolean(drag && drag.moved) && e.target === $("clicks");
+  view.drag = view.rubber = null;
   $("view").classList.remove("panning");
+  if (drag && drag.moved && drag.from) {
+    const box = boxOf(drag.from, e);
+    act(() => addBox(box));
+  }
 });
 $("view").addEventListener("wheel", (e) => {
   e.preventDefault();
