@@ -3,24 +3,24 @@
     python -m benchmarks --boxes PREP --boxes-model MODEL [--boxes-objects 200]
                          [--boxes-pad 0,0.1] [--json FILE]
 
-PREP is a beam-prep output; its eval objects (at their source resolution,
-as `beam-train evaluate` measures NoC) are the held-out photographs. For
-each object, MODEL's export (a model dir or an export) is given:
+PREP is a beam-prep output; its eval images at their own size (its source
+records, as `beam-train evaluate` measures NoC) are the held-out
+photographs. For each of their objects, MODEL's export (a model dir or an
+export) is given:
 
   one click   the protocol's first click (`train.clicker.next_click_of` on
               an empty mask: the object's innermost pixel);
   a box       the object's box, widened by each --boxes-pad fraction of its
-              sides, as a box prompt (`serve_box`: the model's crop is the
-              box with its context, a click at its centre, the mask cut to
-              the box); also, to weigh that rule, the same centre click
-              without the box's crop (the whole image's, cut to the box), and
-              the box with the protocol's first click instead of its centre.
+              sides, as a box prompt (`serve_box`: see
+              `train.signatures`); to weigh that rule, also the box itself
+              as the mask (what the model adds to it), the box's centre click
+              without the box's crop and input (the whole image's crop, the
+              mask cut to the box), and the box with the first click.
 
 JSON: `objects`, `iou_one_click` (mean), `boxes`: one entry per pad with
-`pad`, `iou` (the box prompt, mean), `iou_centre_click_cut` (the centre click
-without the box's crop, cut to the box), `iou_box_and_click` (the box and the
-first click), `centre_on_object` (the share of boxes whose centre is on the
-object).
+`pad`, `iou` (the box prompt, mean), `iou_box_filled`,
+`iou_centre_click_cut`, `iou_box_and_click`, `centre_on_object` (the share
+of boxes whose centre is on the object).
 """
 
 import argparse
@@ -34,6 +34,8 @@ import numpy as np
 from benchmarks.common import log, write_result
 
 PROG = "python -m benchmarks --boxes"
+# Each box's figures, in `_object`'s order.
+COLUMNS = ("iou", "iou_box_filled", "iou_centre_click_cut", "iou_box_and_click", "centre_on_object")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +91,7 @@ def _object(model, image, label, pads) -> Dict[str, Any]:
     clicked = model.segment(image, [list(centre)], [])["mask"] > 0
     out[pad] = (
       _iou(model.segment(image, [], [], box=box)["mask"] > 0, label),
+      _iou(_cut(np.ones_like(clicked), box), label),
       _iou(_cut(clicked, box), label),
       _iou(model.segment(image, [list(xy)], [], box=box)["mask"] > 0, label),
       bool(label[centre[1], centre[0]] == 1),
@@ -97,15 +100,14 @@ def _object(model, image, label, pads) -> Dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
-  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   from train.export import latest_export  # pylint: disable=g-import-not-at-top
-  from train.noc import eval_objects  # pylint: disable=g-import-not-at-top
   from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.simulate import source_objects  # pylint: disable=g-import-not-at-top
 
   pads = [float(p) for p in args.boxes_pad.split(",")]
-  images, labels, _ = eval_objects(PrepOutput(args.boxes), args.boxes_objects)
+  objects = source_objects(args.boxes)[: args.boxes_objects]
   model = ServedModel(latest_export(args.boxes_model))
-  rows = [_object(model, im, np.asarray(lab), pads) for im, lab in zip(images, labels)]
+  rows = [_object(model, o["image"], o["label"], pads) for o in objects]
   log(f"boxes: {len(rows)} objects of {args.boxes}")
   return {
     "objects": len(rows),
@@ -113,10 +115,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     "boxes": [
       {
         "pad": pad,
-        "iou": float(np.mean([r[pad][0] for r in rows])),
-        "iou_centre_click_cut": float(np.mean([r[pad][1] for r in rows])),
-        "iou_box_and_click": float(np.mean([r[pad][2] for r in rows])),
-        "centre_on_object": float(np.mean([r[pad][3] for r in rows])),
+        **{k: float(np.mean([r[pad][i] for r in rows])) for i, k in enumerate(COLUMNS)},
       }
       for pad in pads
     ],
@@ -127,15 +126,13 @@ def table(result: Dict[str, Any]) -> str:
   lines = [
     f"{result['objects']} held-out objects; IoU after one click: {result['iou_one_click']:.3f}",
     "",
-    "| box widened by | IoU, box prompt | centre click, cut, no box crop "
-    "| box and first click | centre on the object |",
-    "|---|---|---|---|---|",
+    "| box widened by | IoU, box prompt | the box itself | its centre click, whole image, "
+    "cut | box and first click | centre on the object |",
+    "|---|---|---|---|---|---|",
   ]
   for b in result["boxes"]:
-    lines.append(
-      f"| {b['pad']:.0%} | {b['iou']:.3f} | {b['iou_centre_click_cut']:.3f} "
-      f"| {b['iou_box_and_click']:.3f} | {b['centre_on_object']:.0%} |"
-    )
+    cells = [f"{b[k]:.3f}" for k in COLUMNS[:-1]] + [f"{b['centre_on_object']:.0%}"]
+    lines.append(f"| {b['pad']:.0%} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 

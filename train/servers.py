@@ -186,7 +186,9 @@ class SegmentationServer(_Server):
   def _segment(self, image, box, positive_clicks, negative_clicks, previous_mask):
     """Every click signature's graph, traced once: one image's outputs for its
     clicks, previous mask (all zeros: none) and box (`NO_BOX`: none; else
-    checked by `_checked_box`)."""
+    checked by `_checked_box`). A box is the serving side's crop
+    (`prepare_box`), the positive click at its centre when none is given, the
+    previous mask when none is given, and the mask is cut to it."""
     h, w = tf.shape(image)[0], tf.shape(image)[1]
     region, has_box = box_region(box, h, w)
     with tf.control_dependencies(
@@ -198,7 +200,12 @@ class SegmentationServer(_Server):
       lambda: box_centre(box, h, w)[None],
       lambda: positive_clicks,
     )
-    ex = _request(image, positive, negative_clicks, tf.cast(previous_mask, tf.bool))
+    previous = tf.cast(previous_mask, tf.bool)
+    # A box with no previous mask is the model's previous mask (where it takes one).
+    previous = tf.logical_or(
+      previous, tf.logical_and(region, tf.logical_not(tf.reduce_any(previous)))
+    )
+    ex = _request(image, positive, negative_clicks, previous)
     prob = self._source_probabilities(self._side.prepare_box(ex, region))
     inside = tf.logical_or(region, tf.logical_not(has_box))
     return _outputs(tf.where(inside, prob, tf.zeros_like(prob)))

@@ -17,7 +17,13 @@ def test_boxes_reports_one_click_and_each_box(prep_dir, trained, tmp_path, capsy
   assert result["objects"] == 3 and 0 <= result["iou_one_click"] <= 1
   assert [b["pad"] for b in result["boxes"]] == [0.0, 0.25]
   for b in result["boxes"]:
-    for k in ("iou", "iou_centre_click_cut", "iou_box_and_click", "centre_on_object"):
+    for k in (
+      "iou",
+      "iou_box_filled",
+      "iou_centre_click_cut",
+      "iou_box_and_click",
+      "centre_on_object",
+    ):
       assert 0 <= b[k] <= 1, k
   assert "| 25% |" in capsys.readouterr().out
 
