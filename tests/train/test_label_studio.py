@@ -442,3 +442,20 @@ def test_nothing_label_studio_could_send_answers_500(backend):
       r = client.post(route, json=bad)
       assert r.status_code < 500, (route, bad, r.get_json())
       assert r.status_code == 200 or "error" in r.get_json()
+
+
+def test_a_turned_rectangle_is_the_box_of_its_corners():
+  from train.serve.label_studio import parse_context  # pylint: disable=g-import-not-at-top
+
+  def box(**value):
+    region = {"type": "rectanglelabels", "value": dict(value, rectanglelabels=["Object"])}
+    return parse_context({"result": [region]}, W, H).box
+
+  # 20% x 30% of a 128 x 96 image at (50%, 10%): 25.6 x 28.8 pixels from (64, 9.6).
+  assert box(x=50, y=10, width=20, height=30) == (64, 9, 89, 38)
+  assert box(x=50, y=10, width=20, height=30, rotation=0) == (64, 9, 89, 38)
+  # Turned 90 degrees clockwise about its top left corner: it spans x 35.2..64, y 9.6..35.2.
+  assert box(x=50, y=10, width=20, height=30, rotation=90) == (35, 9, 64, 35)
+  assert box(x=50, y=10, width=20, height=30, rotation=360) == (64, 9, 89, 38)
+  with pytest.raises(page.RequestError, match=r"value\.rotation"):
+    box(x=50, y=10, width=20, height=30, rotation="x")

@@ -126,8 +126,32 @@ class Prompts:
     )
 
 
+def _rectangle_box(x, y, w, h, angle: float, width: int, height: int):
+  """A rectangle's box in pixels (x0, y0, x1, y1): Label Studio's rectangle
+  (percents of the image) turned `angle` degrees clockwise about its top
+  left corner (x, y); a turned one's box is the box of its corners."""
+  turn = math.radians(angle)
+  cos, sin = math.cos(turn), math.sin(turn)
+  dx, dy = w / 100.0 * width, h / 100.0 * height
+  xs, ys = [], []
+  for cx, cy in ((0, 0), (dx, 0), (dx, dy), (0, dy)):
+    xs.append(x / 100.0 * width + cx * cos - cy * sin)
+    ys.append(y / 100.0 * height + cx * sin + cy * cos)
+  return (
+    _in_image(min(xs), width),
+    _in_image(min(ys), height),
+    _in_image(max(xs), width),
+    _in_image(max(ys), height),
+  )
+
+
 def _pixel(percent: float, size: int) -> int:
-  return min(max(int(math.floor(percent / 100.0 * size)), 0), size - 1)
+  return _in_image(percent / 100.0 * size, size)
+
+
+def _in_image(at: float, size: int) -> int:
+  """The pixel under coordinate `at` of an axis of `size` pixels, clamped into it."""
+  return min(max(int(math.floor(at)), 0), size - 1)
 
 
 def parse_context(context: Any, width: int, height: int) -> Prompts:
@@ -154,12 +178,8 @@ def parse_context(context: Any, width: int, height: int) -> Prompts:
       )
       continue
     w, h = (_number(value.get(k), f"{where}.value.{k}") for k in ("width", "height"))
-    prompts.box = (
-      _pixel(min(x, x + w), width),
-      _pixel(min(y, y + h), height),
-      _pixel(max(x, x + w), width),
-      _pixel(max(y, y + h), height),
-    )
+    angle = _number(value.get("rotation") or 0, f"{where}.value.rotation")
+    prompts.box = _rectangle_box(x, y, w, h, angle, width, height)
   if prompts.box is None and not any(positive for positive, _, _ in prompts.clicks):
     raise RequestError(
       f"params.context.result: no positive keypoint and no rectangle among {len(regions)} "
