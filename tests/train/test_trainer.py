@@ -300,9 +300,9 @@ def test_fine_tuning_from_a_checkpoint_with_frozen_layers(prep_dir, tmp_path):
   assert not np.array_equal(_kernel(a, "up0_conv1"), _kernel(b, "up0_conv1"))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_saves_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path, sig):
-  model_dir = str(tmp_path / "m")
+def _interrupted_fit(prep_dir, model_dir, sig, at_step):
+  """`fit` in a fresh process, sent `sig` once it logs step `at_step`: the
+  step its checkpoint holds."""
   args = [
     "fit",
     "--data",
@@ -314,35 +314,44 @@ def test_ctrl_c_saves_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path, sig):
     "--checkpoint-every",
     "100000",
   ] + SMALL
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
   proc = subprocess.Popen(
     [sys.executable, "-m", "train"] + args,
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
     text=True,
-    env=env,
+    env=dict(os.environ, PYTHONUNBUFFERED="1"),
   )
   deadline = time.time() + 300
   seen = ""
   while time.time() < deadline:
     line = proc.stdout.readline()
     seen += line
-    if "train: step 3/" in line:
+    if f"train: step {at_step}/" in line:
       break
-  proc.send_signal(sig)  # Ctrl-C, or a preemptible machine's SIGTERM
+  proc.send_signal(sig)
   rest, _ = proc.communicate(timeout=300)
   assert proc.returncode == 130, seen + rest
   latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
   assert latest is not None
   saved_step = int(latest.rsplit("-", 1)[1])
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
-  assert m["interrupted"] and m["final_step"] == saved_step >= 3
+  assert m["interrupted"] and m["final_step"] == saved_step >= at_step
+  return saved_step
+
+
+def test_ctrl_c_and_sigterm_save_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path):
+  """Ctrl-C stops a run with a checkpoint; its rerun resumes from it and is
+  stopped by a preemptible machine's SIGTERM the same way; the next rerun
+  resumes and ends."""
+  model_dir = str(tmp_path / "m")
+  first = _interrupted_fit(prep_dir, model_dir, signal.SIGINT, 3)
+  second = _interrupted_fit(prep_dir, model_dir, signal.SIGTERM, first + 2)
+  assert second >= first + 2
   assert (
-    _fit(["--data", prep_dir, "--model-dir", model_dir, "--steps", str(saved_step + 2)] + SMALL)
-    == 0
+    _fit(["--data", prep_dir, "--model-dir", model_dir, "--steps", str(second + 2)] + SMALL) == 0
   )
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
-  assert m["final_step"] == saved_step + 2 and m["steps_this_run"] == 2
+  assert m["final_step"] == second + 2 and m["steps_this_run"] == 2
 
 
 def test_retrace_guard_names_the_change_in_the_real_step():
