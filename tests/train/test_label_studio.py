@@ -376,6 +376,11 @@ def test_webhooks_keep_and_remove_annotations_in_the_label_store(backend):
     "/webhook", json={"action": "ANNOTATIONS_DELETED", "annotations": [{"id": 51}]}
   )
   assert gone.get_json()["removed"] == ["images/0a1b2c3d-scene.png"] and labels.count() == 0
+  assert client.post("/webhook", json=event).status_code == 200 and labels.count() == 1
+  one = {"action": "ANNOTATION_DELETED", "annotation": {"id": 51}}
+  assert client.post("/webhook", json=one).get_json()["removed"] and labels.count() == 0
+  r = client.post("/webhook", json={"action": "ANNOTATION_DELETED", "annotation": "x"})
+  assert r.status_code == 400 and r.get_json()["error"].startswith("annotations:")
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,9 @@ from train.serve.rest import RequestError
 
 TOOL = "label-studio"
 SAVE_ACTIONS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED", "ANNOTATIONS_CREATED")
-DELETE_ACTIONS = ("ANNOTATIONS_DELETED",)
+# Label Studio 1.23 sends ANNOTATIONS_DELETED with a list; ANNOTATION_DELETED,
+# with one "annotation", is taken too.
+DELETE_ACTIONS = ("ANNOTATIONS_DELETED", "ANNOTATION_DELETED")
 FETCH_TIMEOUT_S = 30
 # Masks answered lately, by image and clicks, so that the next keypoint refines them.
 RECENT_MASKS = 64
@@ -417,7 +419,9 @@ class LabelStudio:
     """Keeps or removes the labels of an annotation event; other events are ignored."""
     action = body.get("action")
     if action in DELETE_ACTIONS:
-      ids = _annotation_ids(body.get("annotations"))
+      ids = _annotation_ids(
+        body["annotations"] if "annotations" in body else [body.get("annotation")]
+      )
       removed = [n for i in ids for n in self.page.labels.remove_origin(tool=TOOL, annotation=i)]
       return {"action": action, "removed": removed}
     if action not in SAVE_ACTIONS:
