@@ -190,6 +190,19 @@ def test_the_encoded_signatures_answer_as_the_array_ones(runs, name, sample_dir)
     got = model.predict(*model.encoded_inputs(data, pos, neg, previous))
     assert_encoded_answer({k: v[0] for k, v in got.items()}, want)  # PNG files.
     previous = want["mask"]
+  # A box prompt on whole-image records too: the encoded answer is the array
+  # one, nothing outside the box; the box is the previous mask given as an input.
+  box = [w // 4, h // 4, w // 2, h // 2]
+  want = model.segment(pixels, [], neg, box=box)
+  got = model.predict(*model.encoded_inputs(data, [], neg, box=box))
+  assert_encoded_answer({k: v[0] for k, v in got.items()}, want)
+  outside = np.ones((h, w), bool)
+  outside[h // 4 : h // 2 + 1, w // 4 : w // 2 + 1] = False
+  assert not want["mask"][outside].any() and not want["probabilities"][outside].any()
+  as_previous = np.zeros((h, w), np.uint8)
+  as_previous[~outside] = 1
+  again = model.segment(pixels, [], neg, as_previous, box=box)
+  np.testing.assert_array_equal(again["probabilities"], want["probabilities"])
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
