@@ -88,14 +88,6 @@ LABEL_VOCABULARY = "label"
 BACKGROUND = 0
 IGNORE = 255
 
-# RITM's evaluation: a pixel is object where the model's probability exceeds
-# this (the NoC protocol, the served mask and `beam-train evaluate --pred-thr`).
-PRED_THR = 0.49
-# The field's NoC report: clicks per object at most (an object that never
-# reaches a threshold counts this many), and the IoU thresholds of NoC@85/@90.
-NOC_MAX_CLICKS = 20
-NOC_IOU_THRESHOLDS = (0.85, 0.90)
-
 # File names of the images a folder is listed for (the page's picker, the
 # DirectRunner's input count); the decoder itself goes by the bytes.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -122,15 +114,10 @@ EVAL_SPLIT = "eval"
 RECORD_SUFFIX = ".tfrecord"
 GZIP_SUFFIX = ".gz"
 
-# Layout of a model directory (`beam-train fit --model-dir`): the run's
-# settings (its data among them), checkpoints, TensorBoard logs, the serving
-# exports (EXPORT_DIR/<version>/), the evaluation reports and the final metrics.
+# A model directory's settings file (`beam-train fit --model-dir`): beam-prep
+# reads the data a model was trained on from it (`PrepOutput.of_model`); the
+# rest of a model directory's layout is the trainer's (`train.model_layout`).
 MODEL_CONFIG_FILE = "config.json"
-CHECKPOINTS_DIR = "checkpoints"
-TENSORBOARD_DIR = "tensorboard"
-EXPORT_DIR = "export"
-EVAL_DIR = "eval"
-METRICS_FILE = "metrics.json"
 
 
 def is_remote(path: str) -> bool:

@@ -12,6 +12,7 @@ from typing import Any, Dict
 import numpy as np
 
 from benchmarks.common import log, make_data, run_pipeline
+from train import protocol
 
 
 def bench_noc_source(workdir: str, model_dir: str, s: Dict[str, Any]) -> Dict[str, float]:
@@ -22,7 +23,6 @@ def bench_noc_source(workdir: str, model_dir: str, s: Dict[str, Any]) -> Dict[st
   timed alone on masks of the same size)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from train import clicker, source_eval  # pylint: disable=g-import-not-at-top
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
 
   data = make_data(workdir, s["noc_images"], s["noc_size"], seed=2)
@@ -33,7 +33,7 @@ def bench_noc_source(workdir: str, model_dir: str, s: Dict[str, Any]) -> Dict[st
     ("baseline", clicker.baseline_logits),
     ("model", source_eval.ServedPredictor(model_dir)),
   ):
-    args = (PrepOutput(prep), {name: predictor}, k, keys.NOC_IOU_THRESHOLDS, clicker.PRED_THR)
+    args = (PrepOutput(prep), {name: predictor}, k, protocol.NOC_IOU_THRESHOLDS, clicker.PRED_THR)
     source_eval.run(*args, max_objects=1)  # Warm-up: first calls; the timed run traces once.
     t = time.perf_counter()
     rows, _ = source_eval.run(*args)

@@ -37,6 +37,8 @@ import traceback
 from typing import Any, Callable, Dict, List, Sequence
 
 from benchmarks.common import environment, log, write_result
+from train import protocol
+from train import model_layout
 
 # Every arm runs both commands with `--preset PRESET`; the corrective arm is
 # the preset itself (mask guidance and corrective clicks), the others take
@@ -72,7 +74,6 @@ class RealError(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   """The `--real` flags of `python -m benchmarks`."""
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
 
   parser.add_argument(
     "--real",
@@ -108,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--real-max-clicks",
     type=int,
-    default=keys.NOC_MAX_CLICKS,
+    default=protocol.NOC_MAX_CLICKS,
     metavar="K",
     help="--real: clicks per object at most in NoC (default: %(default)s)",
   )
@@ -420,7 +421,6 @@ def _timed(main, argv, log_path: str, what: str, command: str):
 
 
 def _fit(s: Settings, arm: Dict[str, Any], prep: str, model: str, arm_dir: str) -> Dict[str, Any]:
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train import cli  # pylint: disable=g-import-not-at-top
 
   log_path = os.path.join(arm_dir, "fit.log")
@@ -429,7 +429,7 @@ def _fit(s: Settings, arm: Dict[str, Any], prep: str, model: str, arm_dir: str) 
   seconds, reason = _timed(cli.main, argv, log_path, f"{arm['name']}: fit", "beam-train fit")
   if reason:
     return {"fit_seconds": seconds, "reason": reason}
-  with open(os.path.join(model, keys.METRICS_FILE)) as f:
+  with open(os.path.join(model, model_layout.METRICS_FILE)) as f:
     m = json.load(f)
   rate = m.get("examples_per_second")
   steps_s = rate / m["global_batch_size"] if rate else None
@@ -448,10 +448,9 @@ def _fit(s: Settings, arm: Dict[str, Any], prep: str, model: str, arm_dir: str) 
 def _evaluate(s: Settings, name: str, prep: str, model: str, arm_dir: str) -> Dict[str, Any]:
   """`beam-train evaluate --resolution source` of the arm's model (or of the
   baseline alone) -> its figures."""
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train import cli, noc  # pylint: disable=g-import-not-at-top
 
-  out_dir = os.path.join(arm_dir, keys.EVAL_DIR)
+  out_dir = os.path.join(arm_dir, model_layout.EVAL_DIR)
   log_path = os.path.join(arm_dir, "evaluate.log")
   argv = [
     "evaluate",
@@ -475,12 +474,12 @@ def _evaluate(s: Settings, name: str, prep: str, model: str, arm_dir: str) -> Di
   got = {
     "eval_seconds": seconds,
     "objects": figures["objects"],
-    **{noc.noc_key(t): figures.get(noc.noc_key(t)) for t in keys.NOC_IOU_THRESHOLDS},
+    **{noc.noc_key(t): figures.get(noc.noc_key(t)) for t in protocol.NOC_IOU_THRESHOLDS},
     "report": os.path.join(out_dir, noc.NOC_FILE),
     **{f"iou@{c}": curve.get(str(c)) for c in IOU_AT},
   }
   said = ", ".join(
-    f"NoC@{noc.threshold_name(t)} {got[noc.noc_key(t)]:.2f}" for t in keys.NOC_IOU_THRESHOLDS
+    f"NoC@{noc.threshold_name(t)} {got[noc.noc_key(t)]:.2f}" for t in protocol.NOC_IOU_THRESHOLDS
   )
   log(f"real: {name}: {said} on {got['objects']} objects in {seconds:.0f} s")
   return got
@@ -492,12 +491,11 @@ def _cell(value: Any, fmt: str) -> str:
 
 def table(result: Dict[str, Any]) -> str:
   """The arms as a Markdown table, one row per arm."""
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train import noc  # pylint: disable=g-import-not-at-top
 
   s = result["settings"]
   heads = (
-    [f"NoC@{noc.threshold_name(t)}" for t in keys.NOC_IOU_THRESHOLDS]
+    [f"NoC@{noc.threshold_name(t)}" for t in protocol.NOC_IOU_THRESHOLDS]
     + [f"IoU@{c}" for c in IOU_AT]
     + ["objects", "train steps/s", "wall s"]
   )
@@ -514,7 +512,7 @@ def table(result: Dict[str, Any]) -> str:
       lines.append(f"| {a['name']} | {a['status']}: {a['reason']} |" + "  |" * (len(heads) - 1))
       continue
     cells = (
-      [_cell(a[noc.noc_key(t)], ".2f") for t in keys.NOC_IOU_THRESHOLDS]
+      [_cell(a[noc.noc_key(t)], ".2f") for t in protocol.NOC_IOU_THRESHOLDS]
       + [_cell(a[f"iou@{c}"], ".3f") for c in IOU_AT]
       + [str(a["objects"]), _cell(a.get("train_steps_s"), ".2f"), f"{a['wall_seconds']:.0f}"]
     )

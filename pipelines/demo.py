@@ -141,9 +141,9 @@ def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: i
 
 
 def _summary(data: str, prep: str, model: str, pred: str, predicted, engine, times, log) -> None:
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from train import model_layout  # pylint: disable=g-import-not-at-top
 
-  metrics = json.load(open(os.path.join(model, keys.METRICS_FILE)))
+  metrics = json.load(open(os.path.join(model, model_layout.METRICS_FILE)))
   _summary_records(data, prep, log)
   _summary_model(model, metrics, log)
   _summary_outputs(model, metrics, prep, pred, predicted, engine, times, log)
@@ -169,8 +169,8 @@ def _summary_records(data: str, prep: str, log) -> None:
 
 
 def _summary_model(model: str, metrics, log) -> None:
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
 
+  from train import model_layout  # pylint: disable=g-import-not-at-top
   from train.noc import NOC_FILE  # pylint: disable=g-import-not-at-top
   from train.tasks import task_class  # pylint: disable=g-import-not-at-top
 
@@ -218,7 +218,7 @@ def _summary_model(model: str, metrics, log) -> None:
         n["baseline"],
         n["objects"],
         n["max_clicks"],
-        f"{model}/{keys.EVAL_DIR}/ (the eval records, at the records' size)",
+        f"{model}/{model_layout.EVAL_DIR}/ (the eval records, at the records' size)",
       )
     )
 
@@ -249,11 +249,11 @@ def _summary_outputs(
 
 def _clicks_line(what: str, m, b, objects: int, max_clicks: int, where: str) -> str:
   """NoC of the model vs the baseline's at each threshold of the protocol."""
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
+  from train import protocol  # pylint: disable=g-import-not-at-top
   from train.noc import noc_key, threshold_name  # pylint: disable=g-import-not-at-top
 
   said = []
-  for t in keys.NOC_IOU_THRESHOLDS:
+  for t in protocol.NOC_IOU_THRESHOLDS:
     k = noc_key(t)
     fewer = 100 * (1 - m[k] / b[k]) if b[k] else float("nan")
     said.append(f"NoC@{threshold_name(t)} {m[k]:.2f} vs {b[k]:.2f} ({fewer:.0f}% fewer clicks)")

@@ -19,11 +19,12 @@ import json
 import os
 from typing import List, Optional
 
-from beam_prep import keys, kit
+from beam_prep import kit
 from beam_prep.console import check_unknown, dispatch, option_flags
 from train import logs
 from train.config import EvalConfig, ExportConfig, PredictConfig, TrainConfig
 from train.serve.config import ServeConfig
+from train import model_layout
 
 
 def fit_parser() -> argparse.ArgumentParser:
@@ -228,7 +229,7 @@ def _evaluate_source(config, prep, log):
   """NoC on the eval images at their own size (`train.source_eval`)."""
   from train import source_eval  # pylint: disable=g-import-not-at-top
 
-  out = config.output or os.path.join(config.model, keys.EVAL_DIR)
+  out = config.output or os.path.join(config.model, model_layout.EVAL_DIR)
   log.info(
     "evaluate: %s on every object of the eval images of %s at their own size, up to %d clicks",
     config.model or "the nearest-click baseline",
@@ -268,9 +269,9 @@ def _evaluate_records(config, prep, log):
       "(beam-train export --model-dir MODEL_DIR writes one)"
     )
   model = models.rebuild(config.model)
-  ckpt = tf.train.latest_checkpoint(os.path.join(config.model, keys.CHECKPOINTS_DIR)) or ""
+  ckpt = tf.train.latest_checkpoint(os.path.join(config.model, model_layout.CHECKPOINTS_DIR)) or ""
   step = int(ckpt.rsplit("-", 1)[1]) if "-" in os.path.basename(ckpt) else 0
-  out = config.output or os.path.join(config.model, keys.EVAL_DIR)
+  out = config.output or os.path.join(config.model, model_layout.EVAL_DIR)
   log.info(
     "evaluate: %s on the eval objects of %s at the records' size, up to %d clicks",
     config.model,
@@ -285,7 +286,7 @@ def _evaluate_records(config, prep, log):
     config.thresholds,
     config.batch_size,
     config.max_objects,
-    summary_dir=os.path.join(config.model, keys.TENSORBOARD_DIR, keys.EVAL_DIR),
+    summary_dir=os.path.join(config.model, model_layout.TENSORBOARD_DIR, model_layout.EVAL_DIR),
     step=step,
     pred_thr=config.pred_thr,
     trained_on=PrepOutput.of_model(config.model),

@@ -35,9 +35,10 @@ import numpy as np
 import tensorflow as tf
 
 from beam_prep import keys
+from train import protocol
 
 NONE, POSITIVE, NEGATIVE = 0, 1, -1
-PRED_THR = keys.PRED_THR
+PRED_THR = protocol.PRED_THR
 
 
 def logit_threshold(pred_thr: float = PRED_THR) -> float:

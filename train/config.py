@@ -10,7 +10,8 @@ import json
 import os
 from typing import Any, ClassVar, Dict, List, Tuple
 
-from beam_prep import keys
+from train import model_layout
+from train import protocol
 from beam_prep.kit import CommandConfig, check_known, option
 from train import augment
 
@@ -264,9 +265,9 @@ class EvalConfig(CommandConfig):
     choices=("auto", "source", "records"),
   )
   max_clicks: int = option(
-    keys.NOC_MAX_CLICKS, "clicks per object at most; NoC counts this when never reached"
+    protocol.NOC_MAX_CLICKS, "clicks per object at most; NoC counts this when never reached"
   )
-  iou: str = option(_text(keys.NOC_IOU_THRESHOLDS), "IoU thresholds, comma-separated")
+  iou: str = option(_text(protocol.NOC_IOU_THRESHOLDS), "IoU thresholds, comma-separated")
   max_objects: int = option(0, "evaluate the first N eval objects only (0: all)")
   batch_size: int = option(16, "objects per batch (records resolution)")
   min_area: int = option(
@@ -275,7 +276,7 @@ class EvalConfig(CommandConfig):
     "noc.json's skipped_objects (0: every object, the field's protocol)",
   )
   pred_thr: float = option(
-    keys.PRED_THR, "a pixel is object where the model's probability exceeds this (RITM's)"
+    protocol.PRED_THR, "a pixel is object where the model's probability exceeds this (RITM's)"
   )
   output: str = option(
     "", "report folder (default: MODEL/eval; required without --model)", show_default=False
@@ -353,4 +354,4 @@ class ExportConfig(CommandConfig):
 
   @property
   def export_base(self) -> str:
-    return self.output or os.path.join(self.model_dir, keys.EXPORT_DIR)
+    return self.output or os.path.join(self.model_dir, model_layout.EXPORT_DIR)

@@ -34,6 +34,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from beam_prep import keys
+from train import model_layout
 from beam_prep.kit import CommandConfig, option
 
 ENGINE_FILE = "engine.json"
@@ -259,7 +260,7 @@ def publish(export_dir: str, model: str) -> str:
   """Copies an export under MODEL/export/ as the same version: written beside
   (hidden), then renamed in, so a server never loads half of it."""
   version = os.path.basename(export_dir.rstrip("/"))
-  base = os.path.join(model, keys.EXPORT_DIR)
+  base = os.path.join(model, model_layout.EXPORT_DIR)
   os.makedirs(base, exist_ok=True)
   target, tmp = os.path.join(base, version), os.path.join(base, f".publishing-{version}")
   shutil.rmtree(tmp, ignore_errors=True)

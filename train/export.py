@@ -88,7 +88,7 @@ import keras
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from beam_prep import keys
+from train import model_layout
 from beam_prep.features import FeatureTable
 from beam_prep.prep_output import PrepOutput
 from train import graphs, models
@@ -164,7 +164,7 @@ def latest_export(model: str) -> str:
   model/export/."""
   if tf.io.gfile.exists(os.path.join(model, "saved_model.pb")):
     return model
-  for base in (model, os.path.join(model, keys.EXPORT_DIR)):
+  for base in (model, os.path.join(model, model_layout.EXPORT_DIR)):
     versions = [v.rstrip("/") for v in tf.io.gfile.listdir(base)] if tf.io.gfile.isdir(base) else []
     versions = sorted(
       (
@@ -178,5 +178,5 @@ def latest_export(model: str) -> str:
       return os.path.join(base, str(versions[0]))
   raise FileNotFoundError(
     f"no SavedModel at {model}, and no version under it or under "
-    f"{os.path.join(model, keys.EXPORT_DIR)}"
+    f"{os.path.join(model, model_layout.EXPORT_DIR)}"
   )

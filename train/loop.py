@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from beam_prep import keys
+from train import model_layout
 from beam_prep.features import FEATURES_FILE
 from beam_prep.prep_output import PrepOutput, RecordsError
 from train import augment, devices, export, graphs, logs, models
@@ -157,7 +158,7 @@ def _init_from(model: keras.Model, path: str) -> str:
   ckpt = path
   if tf.io.gfile.isdir(path):
     ckpt = tf.train.latest_checkpoint(
-      os.path.join(path, keys.CHECKPOINTS_DIR)
+      os.path.join(path, model_layout.CHECKPOINTS_DIR)
     ) or tf.train.latest_checkpoint(path)
   if not ckpt:
     raise FileNotFoundError(f"--init-from {path}: no checkpoint found")
@@ -345,7 +346,7 @@ def _restore(config: TrainConfig, model_dir: str, model, optimizer, global_step)
   log = logs.get()
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=global_step)
   manager = tf.train.CheckpointManager(
-    checkpoint, os.path.join(model_dir, keys.CHECKPOINTS_DIR), max_to_keep=3
+    checkpoint, os.path.join(model_dir, model_layout.CHECKPOINTS_DIR), max_to_keep=3
   )
   if manager.latest_checkpoint:
     checkpoint.restore(manager.latest_checkpoint).expect_partial()
@@ -422,7 +423,7 @@ def _loop(run: _Run, config: TrainConfig) -> _LoopState:
     )
   )
   run.step.take(batches.element_spec)  # Its clicks vary in number from batch to batch.
-  tb_dir = os.path.join(run.model_dir, keys.TENSORBOARD_DIR)
+  tb_dir = os.path.join(run.model_dir, model_layout.TENSORBOARD_DIR)
   start_step = int(run.global_step.numpy())
   state = _LoopState(start_step, max(config.steps - start_step, 0))
   if not state.remaining:
@@ -615,9 +616,9 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
         run.model,
         run.prep.tft_output,
         run.prep.table,
-        os.path.join(config.model_dir, keys.EXPORT_DIR),
+        os.path.join(config.model_dir, model_layout.EXPORT_DIR),
       )
-  with tf.io.gfile.GFile(os.path.join(run.model_dir, keys.METRICS_FILE), "w") as f:
+  with tf.io.gfile.GFile(os.path.join(run.model_dir, model_layout.METRICS_FILE), "w") as f:
     json.dump(metrics, f, indent=2, sort_keys=True)
   if state.interrupted:
     raise KeyboardInterrupt

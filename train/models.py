@@ -44,7 +44,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import keras
 
-from beam_prep import keys, plugins
+from beam_prep import plugins
+from train import model_layout
 
 _MODELS: Dict[str, Callable[..., keras.Model]] = {}
 MODEL_FILE = "model.json"
@@ -149,7 +150,7 @@ def rebuild(model_dir: str) -> keras.Model:
   # The checkpoint holds every weight: no pretrained backbone to fetch again.
   args["builtin"] = dict(args.get("builtin") or {}, backbone_weights="none")
   model = build_model(**args)
-  ckpt = tf.train.latest_checkpoint(os.path.join(model_dir, keys.CHECKPOINTS_DIR))
+  ckpt = tf.train.latest_checkpoint(os.path.join(model_dir, model_layout.CHECKPOINTS_DIR))
   if not ckpt:
     raise FileNotFoundError(f"no checkpoint under {model_dir}/checkpoints")
   tf.train.Checkpoint(model=model).restore(ckpt).expect_partial()

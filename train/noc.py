@@ -35,6 +35,7 @@ from beam_prep import drawing, keys
 from beam_prep.prep_output import PrepOutput
 from train import clicker, graphs
 from train.servers import SegmentationServer
+from train import protocol
 
 IOU_AT = (1, 2, 3, 5, 10, 20)
 PROTOCOL = (
@@ -248,8 +249,8 @@ def evaluate(
   model,
   prep: PrepOutput,
   out_dir: str,
-  max_clicks: int = keys.NOC_MAX_CLICKS,
-  thresholds: Sequence[float] = keys.NOC_IOU_THRESHOLDS,
+  max_clicks: int = protocol.NOC_MAX_CLICKS,
+  thresholds: Sequence[float] = protocol.NOC_IOU_THRESHOLDS,
   batch_size: int = 16,
   max_objects: int = 0,
   sheet_objects: int = 4,

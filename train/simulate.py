@@ -18,9 +18,10 @@ from typing import Any, Dict, List
 import numpy as np
 
 from beam_prep import keys
+from train import protocol
 
 TARGET_IOU = 0.90
-MAX_CLICKS = keys.NOC_MAX_CLICKS
+MAX_CLICKS = protocol.NOC_MAX_CLICKS
 
 
 class Annotator:

@@ -33,6 +33,7 @@ from beam_prep.prep_output import PrepOutput
 from beam_prep.version import library_versions
 from train import clicker, noc
 from train.served import ServedModel
+from train import protocol
 
 PIXELS_PER_BATCH = 8_000_000
 
@@ -216,8 +217,8 @@ def evaluate(
   prep: PrepOutput,
   out_dir: str,
   model: Optional[str] = None,
-  max_clicks: int = keys.NOC_MAX_CLICKS,
-  thresholds: Sequence[float] = keys.NOC_IOU_THRESHOLDS,
+  max_clicks: int = protocol.NOC_MAX_CLICKS,
+  thresholds: Sequence[float] = protocol.NOC_IOU_THRESHOLDS,
   pred_thr: float = clicker.PRED_THR,
   max_objects: int = 0,
   min_area: int = 0,

@@ -24,6 +24,7 @@ from train.serve import app as serve_app
 from train.serve import exports, page
 from train.serve.store import Labels
 from train.serve.config import ServeConfig
+from train import protocol
 
 H, W = 96, 128  # Not square: a transposed mask or RLE would show.
 
@@ -53,8 +54,13 @@ def _item(image, name, data=b""):
 def test_levels_are_the_served_mask_at_the_default_level_and_threshold_elsewhere():
   rng = np.random.default_rng(0)
   prob = rng.random((50, 60)).astype(np.float32)
-  prob.flat[:4] = [keys.PRED_THR, np.nextafter(np.float32(keys.PRED_THR), np.float32(1)), 0, 1]
-  mask = prob > np.float32(keys.PRED_THR)  # As the serving graph compares.
+  prob.flat[:4] = [
+    protocol.PRED_THR,
+    np.nextafter(np.float32(protocol.PRED_THR), np.float32(1)),
+    0,
+    1,
+  ]
+  mask = prob > np.float32(protocol.PRED_THR)  # As the serving graph compares.
   levels = page.probability_levels(prob, mask)
   assert page.DEFAULT_LEVEL == 49 and levels.dtype == np.uint8 and levels.max() < page.LEVELS
   np.testing.assert_array_equal(levels >= page.DEFAULT_LEVEL, mask)

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from beam_prep import keys
+from train import model_layout
 from tests.helpers import png
 from train.export import latest_export
 from train.serve import app as serve_app
@@ -25,13 +25,13 @@ NAME = "cat"
 def model_dir(trained, tmp_path):
   """A model dir holding one export, the trained model's, as version 100."""
   root = tmp_path / "model"
-  shutil.copytree(latest_export(trained), root / keys.EXPORT_DIR / "100")
+  shutil.copytree(latest_export(trained), root / model_layout.EXPORT_DIR / "100")
   return root
 
 
 def _new_version(model_dir, version: int, source: int = 100):
   """A new version appears as an export does: written beside, then renamed in."""
-  export = model_dir / keys.EXPORT_DIR
+  export = model_dir / model_layout.EXPORT_DIR
   shutil.copytree(export / str(source), export / f".tmp-{version}")
   os.rename(export / f".tmp-{version}", export / str(version))
 
@@ -105,7 +105,7 @@ def test_a_version_that_fails_to_load_is_listed_and_the_one_serving_goes_on(mode
   from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
 
   versions = Versions(str(model_dir), NAME)
-  broken = model_dir / keys.EXPORT_DIR / "300"
+  broken = model_dir / model_layout.EXPORT_DIR / "300"
   broken.mkdir()
   (broken / "saved_model.pb").write_bytes(b"not a SavedModel")
   assert not versions.poll() and versions.current.version == 100
@@ -120,6 +120,6 @@ def test_a_version_that_fails_to_load_is_listed_and_the_one_serving_goes_on(mode
 def test_one_export_folder_is_served_as_it_is(model_dir):
   from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
 
-  versions = Versions(str(model_dir / keys.EXPORT_DIR / "100"), NAME)
+  versions = Versions(str(model_dir / model_layout.EXPORT_DIR / "100"), NAME)
   _new_version(model_dir, 500)
   assert not versions.watched and not versions.poll() and versions.current.version == 100

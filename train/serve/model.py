@@ -20,7 +20,7 @@ import tensorflow as tf
 from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
 
-from beam_prep import keys
+from train import model_layout
 from train.served import InvalidInput, ServedModel
 from train.serve.rest import RequestError, check_clicks
 
@@ -29,7 +29,7 @@ def default_name(model: str) -> str:
   """The model's name when none is given: its folder's name, skipping the
   export/ and version folders (`runs/cat/export/17` -> `cat`)."""
   parts = [p for p in os.path.abspath(model).split(os.sep) if p]
-  while len(parts) > 1 and (parts[-1].isdigit() or parts[-1] == keys.EXPORT_DIR):
+  while len(parts) > 1 and (parts[-1].isdigit() or parts[-1] == model_layout.EXPORT_DIR):
     parts.pop()
   return parts[-1] if parts else "model"
 

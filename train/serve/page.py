@@ -75,6 +75,7 @@ import tensorflow as tf
 from PIL import Image
 
 from beam_prep import keys
+from train import protocol
 from beam_prep.drawing import png
 from train import clicker, predict
 from train import signatures as sig
@@ -313,8 +314,8 @@ class Page:
       "saved": self.labels.saved(),
       "level": DEFAULT_LEVEL,
       "levels": LEVELS,
-      "max_clicks": keys.NOC_MAX_CLICKS,
-      "iou_target": max(keys.NOC_IOU_THRESHOLDS),
+      "max_clicks": protocol.NOC_MAX_CLICKS,
+      "iou_target": max(protocol.NOC_IOU_THRESHOLDS),
     }
 
   def _opened(self, key: str) -> Dict[str, Any]:

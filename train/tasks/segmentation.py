@@ -10,6 +10,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep import keys
+from train import protocol
 from beam_prep.kit import option
 from beam_prep.features import FeatureTable
 from train import clicker, logs, noc, servers, step_inputs
@@ -17,6 +18,7 @@ from train.config import TrainConfig
 from train.serving_inputs import ServingPlanError
 from train.tasks import register_trainer
 from train.tasks.base import TrainingTask, check_output, fit_options, model_spec
+from train import model_layout
 
 
 LOSSES = ("bce_iou", "normalized_focal")
@@ -27,7 +29,7 @@ class SegmentationFitOptions:
   """segmentation's own `beam-train fit` settings."""
 
   noc_clicks: int = option(
-    keys.NOC_MAX_CLICKS,
+    protocol.NOC_MAX_CLICKS,
     "segmentation: NoC evaluation at the end with "
     "up to N simulated clicks per eval object (0: skip it)",
   )
@@ -189,10 +191,10 @@ class SegmentationTask(TrainingTask):
       report = noc.evaluate(
         model,
         prep,
-        os.path.join(model_dir, keys.EVAL_DIR),
+        os.path.join(model_dir, model_layout.EVAL_DIR),
         o.noc_clicks,
         max_objects=o.noc_objects,
-        summary_dir=os.path.join(log_dir, keys.TENSORBOARD_DIR, keys.EVAL_DIR),
+        summary_dir=os.path.join(log_dir, model_layout.TENSORBOARD_DIR, model_layout.EVAL_DIR),
         step=step,
       )
     except ServingPlanError as e:
