@@ -37,8 +37,7 @@ import traceback
 from typing import Any, Callable, Dict, List, Sequence
 
 from benchmarks.common import environment, log, write_result
-from train import protocol
-from train import model_layout
+from train import model_layout, protocol
 
 # Every arm runs both commands with `--preset PRESET`; the corrective arm is
 # the preset itself (mask guidance and corrective clicks), the others take

@@ -21,10 +21,9 @@ from typing import List, Optional
 
 from beam_prep import kit
 from beam_prep.console import check_unknown, dispatch, option_flags
-from train import logs
+from train import logs, model_layout
 from train.config import EvalConfig, ExportConfig, PredictConfig, TrainConfig
 from train.serve.config import ServeConfig
-from train import model_layout
 
 
 def fit_parser() -> argparse.ArgumentParser:

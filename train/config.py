@@ -10,10 +10,8 @@ import json
 import os
 from typing import Any, ClassVar, Dict, List, Tuple
 
-from train import model_layout
-from train import protocol
 from beam_prep.kit import CommandConfig, check_known, option
-from train import augment
+from train import augment, model_layout, protocol
 
 
 # The training half of each preset (`beam_prep.config.PREP_PRESETS` holds the

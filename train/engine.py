@@ -34,8 +34,8 @@ import time
 from typing import Any, Dict, List, Optional
 
 from beam_prep import keys
-from train import model_layout
 from beam_prep.kit import CommandConfig, option
+from train import model_layout
 
 ENGINE_FILE = "engine.json"
 LOCK_FILE = ".engine.lock"

@@ -88,10 +88,9 @@ import keras
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from train import model_layout
 from beam_prep.features import FeatureTable
 from beam_prep.prep_output import PrepOutput
-from train import graphs, models
+from train import graphs, model_layout, models
 
 # ServingPlanError and to_raw_bytes are imported from here too (the twins'
 # tests, the benchmark), though they live in train.serving_inputs.

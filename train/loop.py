@@ -27,10 +27,9 @@ import numpy as np
 import tensorflow as tf
 
 from beam_prep import keys
-from train import model_layout
 from beam_prep.features import FEATURES_FILE
 from beam_prep.prep_output import PrepOutput, RecordsError
-from train import augment, devices, export, graphs, logs, models
+from train import augment, devices, export, graphs, logs, model_layout, models
 from train.config import TrainConfig
 from train.data import InputReader
 from train.serving_inputs import serving_plan

@@ -33,9 +33,8 @@ from PIL import Image, ImageDraw
 
 from beam_prep import drawing, keys
 from beam_prep.prep_output import PrepOutput
-from train import clicker, graphs
+from train import clicker, graphs, protocol
 from train.servers import SegmentationServer
-from train import protocol
 
 IOU_AT = (1, 2, 3, 5, 10, 20)
 PROTOCOL = (

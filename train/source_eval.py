@@ -31,9 +31,8 @@ from beam_prep.ops.image import instance_areas, listed_objects, object_label
 from beam_prep.ops.registry import ExampleError
 from beam_prep.prep_output import PrepOutput
 from beam_prep.version import library_versions
-from train import clicker, noc
+from train import clicker, noc, protocol
 from train.served import ServedModel
-from train import protocol
 
 PIXELS_PER_BATCH = 8_000_000
 

@@ -20,11 +20,11 @@ from beam_prep.ops.image import decode_file, mask_to_ids
 from beam_prep.prep_output import PrepOutput
 from tests import helpers
 from tests.helpers import png, run_cli
+from train import protocol
 from train.serve import app as serve_app
 from train.serve import exports, page
 from train.serve.store import Labels
 from train.serve.config import ServeConfig
-from train import protocol
 
 H, W = 96, 128  # Not square: a transposed mask or RLE would show.
 

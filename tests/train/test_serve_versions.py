@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from train import model_layout
 from tests.helpers import png
+from train import model_layout
 from train.export import latest_export
 from train.serve import app as serve_app
 from train.serve.config import ServeConfig

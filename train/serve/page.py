@@ -75,9 +75,8 @@ import tensorflow as tf
 from PIL import Image
 
 from beam_prep import keys
-from train import protocol
 from beam_prep.drawing import png
-from train import clicker, predict
+from train import clicker, predict, protocol
 from train import signatures as sig
 from train.serve import exports
 from train.serve.store import Labels

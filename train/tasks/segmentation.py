@@ -10,15 +10,13 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from beam_prep import keys
-from train import protocol
 from beam_prep.kit import option
 from beam_prep.features import FeatureTable
-from train import clicker, logs, noc, servers, step_inputs
+from train import clicker, logs, model_layout, noc, protocol, servers, step_inputs
 from train.config import TrainConfig
 from train.serving_inputs import ServingPlanError
 from train.tasks import register_trainer
 from train.tasks.base import TrainingTask, check_output, fit_options, model_spec
-from train import model_layout
 
 
 LOSSES = ("bce_iou", "normalized_focal")
