@@ -117,8 +117,8 @@ def _fit(argv: List[str]) -> int:
       ", ".join(missing),
     )
     return 2
-  from train import loop  # pylint: disable=g-import-not-at-top
   from beam_prep.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
+  from train import loop, train_step  # pylint: disable=g-import-not-at-top
 
   log.info(
     "train: %s, %d steps, batch %d per replica -> %s",
@@ -137,7 +137,7 @@ def _fit(argv: List[str]) -> int:
     ImportError,
     ValueError,
     RecordsError,
-    loop.RetraceError,
+    train_step.RetraceError,
     FloatingPointError,
   ) as e:
     log.error("beam-train fit: %s", e)

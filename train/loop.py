@@ -15,10 +15,6 @@ model inputs cannot be recomputed).
 import dataclasses
 import json
 import os
-import re
-import signal
-import sys
-import threading
 import time
 from typing import Any, Dict
 
@@ -28,8 +24,9 @@ import tensorflow as tf
 
 from beam_prep import keys
 from beam_prep.features import FEATURES_FILE
-from beam_prep.prep_output import PrepOutput, RecordsError
+from beam_prep.prep_output import PrepOutput
 from train import augment, devices, export, graphs, logs, model_layout, models
+from train import model_setup, record_checks, step_hooks, train_step
 from train.config import TrainConfig
 from train.data import InputReader
 from train.serving_inputs import serving_plan
@@ -38,146 +35,6 @@ from train.tasks import make_task
 # Above this share of step time spent waiting for the next batch, training
 # is input-bound and the trainer says so.
 INPUT_BOUND_FRACTION = 0.10
-
-
-class RetraceError(RuntimeError):
-  """The finalized training step would be traced again."""
-
-
-class FinalizedFunction:
-  """A tf.function that may be traced once: TF2's form of graph.finalize().
-
-  A second trace (a changed input shape or dtype, a new Python argument)
-  would silently add a new graph inside the training loop; instead it raises
-  `RetraceError` naming what changed.
-  """
-
-  def __init__(self, fn, name: str):
-    self._name = name
-    self._first_spec = None
-    self._error = None
-    self.traces = 0
-
-    def traced(*args):
-      self.traces += 1
-      spec = tf.nest.map_structure(_spec_of, args)
-      if self._first_spec is None:
-        self._first_spec = spec
-      else:
-        self._error = RetraceError(
-          f"{self._name} would be traced again (trace {self.traces}): the step is "
-          f"finalized after its first trace. First inputs: {self._first_spec}; "
-          f"now: {spec}"
-        )
-        raise self._error
-      return fn(*args)
-
-    self._traced = traced
-    self._function = graphs.function(traced, reduce_retracing=False)
-
-  def take(self, *element_spec) -> None:
-    """Traces for inputs of these specs (e.g. a dataset's `element_spec`,
-    whose variable-length features vary from batch to batch), not for the
-    first call's shapes. Before the first call only."""
-    self._function = graphs.function(
-      self._traced, input_signature=element_spec, reduce_retracing=False
-    )
-
-  def __call__(self, *args):
-    try:
-      with graphs.explained(self._name):
-        return self._function(*args)
-    except Exception:  # Errors raised while tracing come back wrapped.
-      if self._error is not None:
-        raise self._error from None
-      raise
-
-
-def _spec_of(x):
-  if isinstance(x, (tf.Tensor, tf.Variable)):
-    return f"{x.dtype.name}{list(x.shape)}"
-  if isinstance(x, tf.SparseTensor):
-    return f"sparse {x.dtype.name}{list(x.shape)}"
-  if isinstance(x, tf.distribute.DistributedValues):  # PerReplica
-    return [_spec_of(v) for v in x.values]
-  return repr(x)
-
-
-class _StopRequest:
-  """Ctrl-C (SIGINT) or SIGTERM ask the loop to stop after the current step.
-
-  Stopping between steps, not inside one, lets the checkpoint be saved
-  cleanly (an exception raised in the middle of a TensorFlow call can take
-  the process down). A second Ctrl-C stops at once.
-  """
-
-  def __init__(self):
-    self.requested = False
-    self._previous = {}
-    if threading.current_thread() is threading.main_thread():
-      for sig in (signal.SIGINT, signal.SIGTERM):
-        self._previous[sig] = signal.signal(sig, self._handle)
-
-  def _handle(self, signum, frame):
-    del frame
-    if self.requested and signum == signal.SIGINT:
-      raise KeyboardInterrupt
-    self.requested = True
-    logs.get().info(
-      "\ntrain: %s: stopping after this step (Ctrl-C again to stop now)",
-      signal.Signals(signum).name,
-    )
-
-  def restore(self) -> None:
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-    self._previous = {}
-
-
-class Progress:
-  """A progress bar on a terminal; a line every `every` steps otherwise."""
-
-  def __init__(self, total: int, every: int):
-    self._total, self._every = total, every
-    self._tty = sys.stdout.isatty()
-
-  def update(self, step: int, text: str, force: bool = False) -> None:
-    if self._tty:
-      done = int(30 * step / max(self._total, 1))
-      sys.stdout.write(f"\rtrain: [{'#' * done}{'.' * (30 - done)}] {step}/{self._total} {text}")
-      sys.stdout.flush()
-      if step >= self._total:
-        sys.stdout.write("\n")
-    elif force or step % self._every == 0 or step == self._total:
-      logs.get().info("train: step %d/%d  %s", step, self._total, text)
-
-
-def _init_from(model: keras.Model, path: str) -> str:
-  """Restores model weights from a checkpoint prefix or a model dir."""
-  ckpt = path
-  if tf.io.gfile.isdir(path):
-    ckpt = tf.train.latest_checkpoint(
-      os.path.join(path, model_layout.CHECKPOINTS_DIR)
-    ) or tf.train.latest_checkpoint(path)
-  if not ckpt:
-    raise FileNotFoundError(f"--init-from {path}: no checkpoint found")
-  tf.train.Checkpoint(model=model).restore(ckpt).expect_partial()
-  return ckpt
-
-
-def _freeze(model: keras.Model, pattern: str) -> int:
-  rx = re.compile(pattern)
-  frozen = 0
-  for layer in model.layers:
-    if rx.search(layer.name) and layer.weights:
-      layer.trainable = False
-      frozen += 1
-  if not frozen:
-    raise ValueError(
-      f"--freeze {pattern!r} matches no layer with weights; layers: "
-      + ", ".join(layer.name for layer in model.layers if layer.weights)
-    )
-  return frozen
 
 
 @dataclasses.dataclass
@@ -194,19 +51,11 @@ class _Run:
   optimizer: Any
   global_step: Any
   manager: Any
-  step: "FinalizedFunction"
+  step: "train_step.FinalizedFunction"
   lr: float
   lr_schedule: Any  # The learning rate, or a schedule of the step.
   global_batch: int
-  records: "_Records"
-
-
-@dataclasses.dataclass
-class _Records:
-  """What the shard check found before training."""
-
-  skipped: Any  # With --skip-corrupt-records: what is skipped (else None).
-  has_eval: bool  # Whether any eval shard holds a record.
+  records: "record_checks.Records"
 
 
 @dataclasses.dataclass
@@ -268,19 +117,21 @@ def _setup(config: TrainConfig) -> _Run:
     config.skip_corrupt_records,
     augment.parse(config.augment),
   )
-  records = _check_records(config, prep)
+  records = record_checks.check_records(config, prep)
 
   module_files = models.import_model_modules(config.model_module)
   spec = task.model_spec(config)
   with strategy.scope():
-    model, optimizer, global_step, schedule = _build_model(config, task, spec, lr)
+    model, optimizer, global_step, schedule = model_setup.build_model(config, task, spec, lr)
   if chief:  # What `models.rebuild` needs to build this model again.
     models.write_model_file(
       model_dir,
       dict(spec, task=task.name, model_module=config.model_module, module_files=module_files),
     )
-  manager = _restore(config, model_dir, model, optimizer, global_step)
-  step = _make_step(config, strategy, reader, task, model, optimizer, global_step, global_batch)
+  manager = model_setup.restore(config, model_dir, model, optimizer, global_step)
+  step = train_step.make_step(
+    config, strategy, reader, task, model, optimizer, global_step, global_batch
+  )
   return _Run(
     prep,
     task,
@@ -319,100 +170,6 @@ def _write_run_files(config: TrainConfig, prep: PrepOutput, model_dir: str) -> N
     f.write(prep.table.to_json())
 
 
-def _build_model(config: TrainConfig, task, spec: Dict[str, Any], lr: float):
-  """(model, optimizer, global step, learning-rate schedule), in the strategy's scope."""
-  model = models.build_model(**spec)
-  task.check_model(model, spec["name"])
-  global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-  if config.freeze:
-    logs.get().info(
-      "train: froze %d layers matching %r", _freeze(model, config.freeze), config.freeze
-    )
-  schedule = lr
-  if config.lr_schedule == "cosine":
-    schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=config.steps, alpha=0.05)
-  optimizer = keras.optimizers.Adam(schedule)
-  if config.mixed_precision == "mixed_float16":
-    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-  # Created now, not in the first step: variables created while tracing
-  # make tf.function trace twice, which the finalized step forbids.
-  optimizer.build(model.trainable_variables)
-  return model, optimizer, global_step, schedule
-
-
-def _restore(config: TrainConfig, model_dir: str, model, optimizer, global_step):
-  """The checkpoint manager; resumes from its latest checkpoint, else --init-from."""
-  log = logs.get()
-  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=global_step)
-  manager = tf.train.CheckpointManager(
-    checkpoint, os.path.join(model_dir, model_layout.CHECKPOINTS_DIR), max_to_keep=3
-  )
-  if manager.latest_checkpoint:
-    checkpoint.restore(manager.latest_checkpoint).expect_partial()
-    log.info(
-      "train: resumed from %s at step %d", manager.latest_checkpoint, int(global_step.numpy())
-    )
-  elif config.init_from:
-    log.info("train: weights from %s", _init_from(model, config.init_from))
-  return manager
-
-
-def _make_step(
-  config, strategy, reader, task, model, optimizer, global_step, global_batch
-) -> "FinalizedFunction":
-  """The finalized, distributed training step."""
-  parser = reader.parser
-  gradient = _gradient_fn(task, model, optimizer, global_batch, config.xla)
-
-  def step_fn(*batch):
-    if reader.transform_in_step:
-      # The exported transform graph, on the device: raw bytes in, floats out.
-      inputs, labels = parser(batch[0], training=True)
-    else:
-      inputs, labels = batch
-    loss, grads = gradient(inputs, labels)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
-
-  def train_step(batch):
-    args = (batch,) if reader.transform_in_step else batch
-    per_replica = strategy.run(step_fn, args=args)
-    global_step.assign_add(1)
-    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-  return FinalizedFunction(train_step, "train_step")
-
-
-def _gradient_fn(task, model, optimizer, global_batch: int, xla: bool):
-  """(inputs, labels) -> (loss, gradients): the task's rounds without gradient
-  (`task.iterate`), then the gradient of the loss. With --xla compiled; outside it
-  stay what XLA cannot hold or sync: the parse of the stored bytes and the
-  exported transform (strings), labels the loss does not read (strings,
-  ragged clicks), and the optimizer's step (its all-reduce across replicas
-  is a sync point, which a compiled function inside `strategy.run` cannot hold)."""
-
-  def gradient(inputs, labels):
-    inputs = task.iterate(model, inputs, labels)
-    with tf.GradientTape() as tape:
-      logits = model(inputs, training=True)
-      loss = tf.nn.compute_average_loss(task.loss(labels, logits), global_batch_size=global_batch)
-      scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
-    return loss, tape.gradient(scaled, model.trainable_variables)
-
-  if not xla:
-    return gradient
-  compiled = graphs.function(gradient, jit_compile=True, reduce_retracing=False)
-
-  def gradient_xla(inputs, labels):
-    if isinstance(labels, dict):
-      labels = {
-        k: v for k, v in labels.items() if isinstance(v, tf.Tensor) and v.dtype != tf.string
-      }
-    return compiled(inputs, labels)
-
-  return gradient_xla
-
-
 def _loop(run: _Run, config: TrainConfig) -> _LoopState:
   """Trains until --steps (or a stop request); logs, checkpoints, profiles."""
   log = logs.get()
@@ -431,9 +188,11 @@ def _loop(run: _Run, config: TrainConfig) -> _LoopState:
       start_step,
       config.steps,
     )
-  periodic = _Periodic(run, config, tf.summary.create_file_writer(os.path.join(tb_dir, "train")))
-  profiler = _Profiler(config.profile_steps if run.chief else (), tb_dir)
-  stop = _StopRequest()
+  periodic = step_hooks.Periodic(
+    run, config, tf.summary.create_file_writer(os.path.join(tb_dir, "train"))
+  )
+  profiler = step_hooks.Profiler(config.profile_steps if run.chief else (), tb_dir)
+  stop = step_hooks.StopRequest()
   deadline = time.monotonic() + 60 * config.max_minutes if config.max_minutes > 0 else None
   try:
     for i in range(state.remaining):
@@ -479,7 +238,7 @@ def _timed_step(run: _Run, batches, state: _LoopState, timed: bool):
   try:
     batch = next(batches)
   except tf.errors.OpError as e:
-    raise _name_corrupt_shards(run.reader, e) from None
+    raise record_checks.name_corrupt_shards(run.reader, e) from None
   t1 = time.perf_counter()
   state.loss = float(run.step(batch))
   t2 = time.perf_counter()
@@ -488,87 +247,6 @@ def _timed_step(run: _Run, batches, state: _LoopState, timed: bool):
     state.busy_s += t2 - t0
     state.timed_steps += 1
   return batch
-
-
-class _Profiler:
-  """A profiler trace of global steps A..B (--profile-steps; empty: none)."""
-
-  def __init__(self, steps, log_dir: str):
-    self._steps, self._dir, self._active = tuple(steps), log_dir, False
-
-  def before(self, current: int) -> None:
-    if self._steps and current == self._steps[0]:
-      tf.profiler.experimental.start(self._dir)
-      self._active = True
-
-  def after(self, current: int) -> None:
-    if self._active and current == self._steps[1]:
-      self.close()
-      logs.get().info(
-        "train: profiled steps %d-%d -> %s (TensorBoard, Profile tab)", *self._steps, self._dir
-      )
-
-  def close(self) -> None:
-    if self._active:
-      tf.profiler.experimental.stop()
-      self._active = False
-
-
-class _Periodic:
-  """What runs after a step, every so many steps: the progress window,
-  histograms (on the chief) and checkpoints."""
-
-  def __init__(self, run: _Run, config: TrainConfig, writer):
-    self._run, self._config, self._writer = run, config, writer
-    self._window = _Window(run, config, writer)
-
-    @graphs.function
-    def gradients(inputs, labels):
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(run.task.loss(labels, run.model(inputs, training=False)))
-      return tape.gradient(loss, run.model.trainable_variables)
-
-    self._gradients = gradients
-
-  def after(self, current: int, state: _LoopState, batch) -> None:
-    run, config = self._run, self._config
-    self._window.step(current, state)
-    if config.histogram_every and current % config.histogram_every == 0 and run.chief:
-      _histograms(self._writer, current, run, batch, self._gradients)
-    if current % config.checkpoint_every == 0:
-      run.manager.save(checkpoint_number=current)
-
-
-class _Window:
-  """Throughput, input wait and loss every --log-every steps: progress line
-  and TensorBoard scalars."""
-
-  def __init__(self, run: _Run, config: TrainConfig, writer):
-    self._run, self._config, self._writer = run, config, writer
-    self._progress = Progress(config.steps, config.log_every)
-    self._steps, self._t = 0, time.perf_counter()
-
-  def step(self, current: int, state: _LoopState) -> None:
-    self._steps += 1
-    if current % self._config.log_every and current != self._config.steps:
-      if sys.stdout.isatty():
-        self._progress.update(current, f"loss {state.loss:.4f}")
-      return
-    now = time.perf_counter()
-    rate = self._steps * self._run.global_batch / (now - self._t)
-    wait = state.wait_s / state.busy_s if state.busy_s else 0.0
-    with self._writer.as_default(step=current):
-      tf.summary.scalar("loss", state.loss)
-      tf.summary.scalar("examples_per_second", rate)
-      tf.summary.scalar("input_wait_fraction", wait)
-      lr = self._run.lr_schedule
-      tf.summary.scalar("learning_rate", float(lr(current - 1)) if callable(lr) else lr)
-    self._t, self._steps = now, 0
-    self._progress.update(
-      current,
-      f"loss {state.loss:.4f}  {rate:.1f} examples/s  input wait {100 * wait:.0f}%",
-      force=True,
-    )
 
 
 def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]:
@@ -636,7 +314,7 @@ def _evaluation(run: _Run, config: TrainConfig, step: int) -> Dict[str, Any]:
     why = (
       f"{run.prep.no_records(keys.EVAL_SPLIT)}; evaluation needs images held out of "
       f"training: run beam-prep with --eval-percent N (N > 0, e.g. 20"
-      f"{_ran_with_eval_percent(run.prep)})"
+      f"{record_checks.ran_with_eval_percent(run.prep)})"
     )
     log.info("eval: skipped %s: %s", " and ".join(["evaluation", *more.values()]), why)
     return dict({"eval": {"examples": 0, "skipped": why}}, **{f"{m}_skipped": why for m in more})
@@ -644,98 +322,6 @@ def _evaluation(run: _Run, config: TrainConfig, step: int) -> Dict[str, Any]:
   if more and out["eval"].get("examples"):
     out.update(run.task.evaluate_end(run.model, run.prep, config.model_dir, run.model_dir, step))
   return out
-
-
-def _ran_with_eval_percent(prep: PrepOutput) -> str:
-  percent = prep.manifest.get("config", {}).get("eval_percent")
-  return "" if percent is None else f"; this output was made with --eval-percent {percent}"
-
-
-def _check_records(config: TrainConfig, prep: PrepOutput) -> _Records:
-  """Checks the shards before training; with --skip-corrupt-records, scans them.
-
-  Raises:
-    RecordsError: no train record, or a shard is unreadable or from another run.
-  """
-  files, eval_files = prep.files(keys.TRAIN_SPLIT), prep.files(keys.EVAL_SPLIT)
-  if config.skip_corrupt_records:
-    skipped, readable = _scan_records(prep, files, eval_files)
-    has_train = skipped["train_records_readable"] > 0
-    if not has_train and skipped["corrupt_shards"]:
-      raise RecordsError(
-        f"no train record of {prep.path} is readable; corrupt: "
-        + ", ".join(skipped["corrupt_shards"])
-      )
-  else:
-    skipped, readable = None, set(prep.check_shards(files + eval_files))
-    has_train = any(p in readable for p in files)
-  if not has_train:
-    raise RecordsError(
-      f"{prep.no_records(keys.TRAIN_SPLIT)}: nothing to train on. "
-      f"{prep.join(keys.MANIFEST_FILE)} counts what the job read and wrote, and "
-      f"{prep.join(keys.ERRORS_DIR)}/ lists each input that failed and why"
-    )
-  return _Records(skipped, any(p in readable for p in eval_files))
-
-
-def _scan_records(prep: PrepOutput, files, eval_files):
-  """With --skip-corrupt-records: (what is skipped, the shards worth reading).
-
-  What is skipped: corrupt shards, their errors, records readable, and
-  records lost (from the manifest's counts). A corrupt shard is worth
-  reading: its readable part is trained on.
-  """
-  scan = prep.scan_shards(files + eval_files)
-  corrupt = {p: v["error"] for p, v in scan.items() if v["error"]}
-  prep.check_shards([p for p in files + eval_files if scan[p]["records"] > 0])
-  report: Dict[str, Any] = {"corrupt_shards": sorted(corrupt), "errors": corrupt}
-  expected = prep.manifest.get("counts", {}).get("records_written")
-  for split, split_files in ((keys.TRAIN_SPLIT, files), (keys.EVAL_SPLIT, eval_files)):
-    readable = sum(scan[p]["records"] for p in split_files)
-    report[f"{split}_records_readable"] = readable
-    if expected is not None:
-      report[f"{split}_records_skipped"] = max(expected.get(split, 0) - readable, 0)
-  if corrupt:
-    logs.get().info(
-      "train: skipping the unreadable part of %d shard(s): %s; %s train records lost",
-      len(corrupt),
-      ", ".join(sorted(corrupt)),
-      report.get("train_records_skipped", "an unknown number of"),
-    )
-  return report, {p for p, v in scan.items() if v["records"] or v["error"]}
-
-
-def _name_corrupt_shards(reader: InputReader, error: Exception) -> Exception:
-  """Turns a read error in the middle of training into one naming the shard."""
-  scan = reader.prep.scan_shards(reader.files(keys.TRAIN_SPLIT))
-  bad = {p: v["error"] for p, v in scan.items() if v["error"]}
-  if not bad:
-    return error
-  return RecordsError(
-    "corrupt records in "
-    + "; ".join(f"shard {p}: {e}" for p, e in sorted(bad.items()))
-    + " (pass --skip-corrupt-records to train on the readable records)"
-  )
-
-
-def _histograms(writer, current, run: _Run, batch, gradients) -> None:
-  """Weight and gradient histograms, and the task's pictures (predicted masks)."""
-  local = tf.nest.map_structure(lambda t: run.strategy.experimental_local_results(t)[0], batch)
-  if run.reader.transform_in_step:
-    inputs, labels = run.reader.parser(local, training=False)
-  else:
-    inputs, labels = local
-  grads = gradients(inputs, labels)
-  with writer.as_default(step=current):
-    for var, grad in zip(run.model.trainable_variables, grads):
-      name = var.path if hasattr(var, "path") else var.name
-      tf.summary.histogram(f"weights/{name}", var)
-      if grad is not None:
-        tf.summary.histogram(f"gradients/{name}", grad)
-    logits = run.model(inputs[:3], training=False)
-    if len(logits.shape) == 4:  # Per-pixel predictions: show them beside the truth.
-      tf.summary.image("predicted_masks", tf.sigmoid(tf.cast(logits, tf.float32)), max_outputs=3)
-      tf.summary.image("true_masks", labels[keys.LABEL][:3], max_outputs=3)
 
 
 def evaluate(model: keras.Model, reader: InputReader, task, max_batches: int = 0) -> Dict[str, Any]:

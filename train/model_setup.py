@@ -1,0 +1,80 @@
+"""The model a run trains: built from its spec and checked by the task,
+frozen (--freeze), given its optimizer and learning-rate schedule, and
+restored from the run's latest checkpoint, else warm-started (--init-from).
+"""
+
+import os
+import re
+from typing import Any, Dict
+
+import keras
+import tensorflow as tf
+
+from train import logs, model_layout, models
+from train.config import TrainConfig
+
+
+def _init_from(model: keras.Model, path: str) -> str:
+  """Restores model weights from a checkpoint prefix or a model dir."""
+  ckpt = path
+  if tf.io.gfile.isdir(path):
+    ckpt = tf.train.latest_checkpoint(
+      os.path.join(path, model_layout.CHECKPOINTS_DIR)
+    ) or tf.train.latest_checkpoint(path)
+  if not ckpt:
+    raise FileNotFoundError(f"--init-from {path}: no checkpoint found")
+  tf.train.Checkpoint(model=model).restore(ckpt).expect_partial()
+  return ckpt
+
+
+def _freeze(model: keras.Model, pattern: str) -> int:
+  rx = re.compile(pattern)
+  frozen = 0
+  for layer in model.layers:
+    if rx.search(layer.name) and layer.weights:
+      layer.trainable = False
+      frozen += 1
+  if not frozen:
+    raise ValueError(
+      f"--freeze {pattern!r} matches no layer with weights; layers: "
+      + ", ".join(layer.name for layer in model.layers if layer.weights)
+    )
+  return frozen
+
+
+def build_model(config: TrainConfig, task, spec: Dict[str, Any], lr: float):
+  """(model, optimizer, global step, learning-rate schedule), in the strategy's scope."""
+  model = models.build_model(**spec)
+  task.check_model(model, spec["name"])
+  global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+  if config.freeze:
+    logs.get().info(
+      "train: froze %d layers matching %r", _freeze(model, config.freeze), config.freeze
+    )
+  schedule = lr
+  if config.lr_schedule == "cosine":
+    schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=config.steps, alpha=0.05)
+  optimizer = keras.optimizers.Adam(schedule)
+  if config.mixed_precision == "mixed_float16":
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+  # Created now, not in the first step: variables created while tracing
+  # make tf.function trace twice, which the finalized step forbids.
+  optimizer.build(model.trainable_variables)
+  return model, optimizer, global_step, schedule
+
+
+def restore(config: TrainConfig, model_dir: str, model, optimizer, global_step):
+  """The checkpoint manager; resumes from its latest checkpoint, else --init-from."""
+  log = logs.get()
+  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=global_step)
+  manager = tf.train.CheckpointManager(
+    checkpoint, os.path.join(model_dir, model_layout.CHECKPOINTS_DIR), max_to_keep=3
+  )
+  if manager.latest_checkpoint:
+    checkpoint.restore(manager.latest_checkpoint).expect_partial()
+    log.info(
+      "train: resumed from %s at step %d", manager.latest_checkpoint, int(global_step.numpy())
+    )
+  elif config.init_from:
+    log.info("train: weights from %s", _init_from(model, config.init_from))
+  return manager
