@@ -56,10 +56,12 @@ DEFAULT_CONTEXT = 0.4
 DEFAULT_MIN_SIDE = 32
 # A box prompt's crop at serving: the box widened this many times about its
 # centre, then given the records' context. On COCO-MVal's held-out photos,
-# the `real` preset's model's IoU after a tight box (2026-11-26, `python -m
-# benchmarks --boxes`): 0.73 with the box as its previous mask at any width
-# from 1 to 4; with no previous-mask input, 0.09 at 1 (the records' own
-# frame), 0.32 at 3 and 0.40 at 4, against 0.33 after one click.
+# the `real` preset's model's IoU after a tight box was 0.735 at this width
+# (2026-11-26, `python -m benchmarks --boxes`), against 0.325 after one
+# click. An experiment outside the project, on the same objects, chose the
+# width: 0.72-0.735 with the box as the previous mask at any width from 1 to
+# 4; with no previous-mask input, 0.09 at 1 (the records' own frame), 0.32
+# at 3 and 0.40 at 4.
 BOX_WIDENING = 4.0
 
 
