@@ -44,6 +44,10 @@ EXTRAS = {
   # Launching on Dataflow: Beam builds the package it stages with
   # `python -m build` (without it, with the deprecated `setup.py sdist`).
   "dataflow": ["build"],
+  # `beam-train export --format tflite|onnx` and `beam-train predict` on
+  # those files (train.portable): tf2onnx converts, onnxruntime and LiteRT
+  # run the files. Never on a Dataflow worker.
+  "portable": ["tf2onnx>=1.17", "onnxruntime>=1.20", "ai-edge-litert>=1.2"],
   # The page's test drives a real browser (Debian's chromium and
   # chromium-driver, installed by .ci/run) through selenium; the suite
   # runs on every core with pytest-xdist (`make test`); a test builds the
@@ -60,7 +64,7 @@ EXTRAS = {
     "nuclio-sdk>=0.5",
   ],
 }
-EXTRAS["all"] = sorted({r for name in ("train", "dataflow") for r in EXTRAS[name]})
+EXTRAS["all"] = sorted({r for name in ("train", "dataflow", "portable") for r in EXTRAS[name]})
 
 setuptools.setup(
   name="beam-prep",

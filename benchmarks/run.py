@@ -4,6 +4,7 @@
     python -m benchmarks --real DIR [--json PATH] [--workdir DIR] [...]   (`benchmarks.real`)
     python -m benchmarks --engine DIR --engine-base MODEL_DIR [...]       (`benchmarks.engine`)
     python -m benchmarks --boxes PREP --boxes-model MODEL [...]         (`benchmarks.boxes`)
+    python -m benchmarks --portable EXPORT --portable-data PREP [...]   (`benchmarks.portable`)
 
 Figures (each the median of several timed repetitions after a warm-up):
 
@@ -54,7 +55,7 @@ import tempfile
 import time
 from typing import Any, Dict
 
-from benchmarks import boxes, engine, real
+from benchmarks import boxes, engine, portable, real
 from benchmarks.clicks import bench_clicks
 from benchmarks.common import environment, log, make_data, pipeline_in_fresh_process
 from benchmarks.input import bench_input
@@ -176,11 +177,14 @@ def main(argv=None) -> None:
   real.add_arguments(parser)
   engine.add_arguments(parser)
   boxes.add_arguments(parser)
+  portable.add_arguments(parser)
   args = parser.parse_args(argv)
   if args.real is not None:
     sys.exit(real.main(args))
   if args.boxes is not None:
     sys.exit(boxes.main(args))
+  if args.portable is not None:
+    sys.exit(portable.main(args))
   from pipelines import logs  # pylint: disable=g-import-not-at-top
 
   logs.quiet()

@@ -138,3 +138,21 @@ def _fit(prep, model_dir):
 def trained(prep_dir, tmp_path_factory):
   """A segmentation model trained a few steps on the session's records, exported."""
   return _made_once(tmp_path_factory, "model", lambda path: _fit(prep_dir, path))
+
+
+def _portable(prep, model, out):
+  from train import cli  # pylint: disable=g-import-not-at-top
+
+  argv = ["export", "--data", prep, "--model-dir", model, "--output", out]
+  with pytest.raises(SystemExit) as e:
+    cli.main(argv + ["--format", "tflite", "--format", "onnx"])
+  assert e.value.code == 0
+
+
+@pytest.fixture(scope="session")
+def portable_export(prep_dir, trained, tmp_path_factory):
+  """The session's model as TFLite and ONNX files (no SavedModel beside them):
+  its export folder."""
+  out = _made_once(tmp_path_factory, "portable", lambda path: _portable(prep_dir, trained, path))
+  (version,) = os.listdir(out)
+  return os.path.join(out, version)

@@ -2,11 +2,11 @@
 
 beam-train fit --data PREP_OUTPUT --model-dir DIR [--preset smoke]
                [--config FILE] [--steps N] [--batch-size B] ...
-beam-train predict --model DIR --image FILE --positive X,Y [...]
+beam-train predict --model DIR|FILE.tflite|FILE.onnx --image FILE --positive X,Y [...]
                    [--negative X,Y ...] --output MASK.png
 beam-train evaluate --model DIR [--data PREP_OUTPUT] [--max-clicks 20] [--iou 0.85,0.90]
 beam-train export --data PREP_OUTPUT (--model-file MODEL.keras | --model-dir DIR)
-                  [--output EXPORT_DIR] [--model-module M]
+                  [--output EXPORT_DIR] [--model-module M] [--format savedmodel|tflite|onnx|all]
 beam-train serve --model MODEL_DIR|EXPORT_DIR [--model-name NAME] [--host 127.0.0.1]
                  [--port 8501] [--images DIR] [--data PREP_OUTPUT] [--save-dir DIR]
                  [--engine-every N]
@@ -299,10 +299,10 @@ def _predict(argv: List[str]) -> int:
     return 2
   from train import predict  # pylint: disable=g-import-not-at-top
   from train import signatures as sig  # pylint: disable=g-import-not-at-top
-  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.portable_model import open_model  # pylint: disable=g-import-not-at-top
 
   try:
-    model = ServedModel(config.model)
+    model = open_model(config.model)
     if model.classifies:
       out = predict.classify(model, config.image)
       probs = out[sig.PROBABILITIES][0]
@@ -359,16 +359,27 @@ def _export(argv: List[str]) -> int:
   config = kit.parse_command("beam-train export", EXPORT, ExportConfig, argv, log)
   if config is None:
     return 2
-  from train import export  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from train import export, portable  # pylint: disable=g-import-not-at-top
 
   try:
+    formats = portable.parse_formats(config.format)
     path = export.export_trained(
-      config.data, config.export_base, config.model_file, config.model_dir, config.model_module
+      config.data,
+      config.export_base,
+      config.model_file,
+      config.model_dir,
+      config.model_module,
+      formats,
     )
   except (ValueError, FileNotFoundError, ImportError, OSError) as e:
     log.error("beam-train export: %s", e)
     return 1
   log.info("export: %s", path)
+  for suffix in (portable.SUFFIXES[f] for f in formats if f in portable.SUFFIXES):
+    for name in sorted(tf.io.gfile.glob(os.path.join(path, "*" + suffix))):
+      log.info("export: %s (%d kB)", name, tf.io.gfile.stat(name).length // 1024)
   return 0
 
 

@@ -322,7 +322,12 @@ class EvalConfig(CommandConfig):
 class PredictConfig(CommandConfig):
   """`beam-train predict`: one image and its clicks through the export."""
 
-  model: str = option("", "model dir (newest export) or one export dir", required=True)
+  model: str = option(
+    "",
+    "model dir (newest export), one export dir, or a .tflite / .onnx file of beam-train "
+    "export --format",
+    required=True,
+  )
   image: str = option("", "image file (PNG, JPEG, ...; EXIF orientation applied)", required=True)
   positive: Tuple[str, ...] = option(
     (), "a click on the object (x = column, y = row); repeat for more", metavar="X,Y"
@@ -344,6 +349,13 @@ class ExportConfig(CommandConfig):
     "export base; the SavedModel goes to OUTPUT/<version>/ (default: "
     "MODEL_DIR/export with --model-dir)",
     show_default=False,
+  )
+  format: Tuple[str, ...] = option(
+    (),
+    "savedmodel, tflite, onnx or all; repeat for more (TFLite and ONNX: "
+    "serving_default.tflite / .onnx and serve_iterative's beside the SavedModel; "
+    "default: savedmodel)",
+    metavar="FORMAT",
   )
 
   def __post_init__(self):

@@ -9,8 +9,12 @@ deleted, without the ops module.
 The serving graph follows the chain of the prep output's `features.json`:
 every op of the chain that produces or changes a model input runs through its
 TensorFlow twin (`register_op(..., twin=...)`), in chain order, on the
-request; then each model input becomes the raw bytes the records hold, the
-exported tf.Transform layer normalizes them, and the model predicts. With the
+request; then the exported transform normalizes each model input (looked up
+in the table of its values the transform gives, `serving_inputs.
+transform_tables`; or, for a transform that is no such table, written as the
+raw bytes the records hold for the tf.Transform layer), and the model
+predicts. `train.portable` writes the click signatures as TFLite and ONNX
+files (`--format`). With the
 default chain: `decode` (decoded pixels pass), `crop_objects` (the box of the
 previous mask and the positive clicks, cut and resized exactly as the Beam
 job cut its objects; clicks moved into it: `beam_prep.ops.crop`), or with
@@ -83,6 +87,7 @@ Classification, signature `serving_default`:
 
 import os
 import time
+from typing import Sequence
 
 import keras
 import tensorflow as tf
@@ -90,7 +95,7 @@ import tensorflow_transform as tft
 
 from beam_prep.features import FeatureTable
 from beam_prep.prep_output import PrepOutput
-from train import graphs, model_layout, models
+from train import graphs, model_layout, models, portable
 
 # ServingPlanError and to_raw_bytes are imported from here too (the twins'
 # tests, the benchmark), though they live in train.serving_inputs.
@@ -101,21 +106,41 @@ from train.tasks import make_task, task_class
 
 
 def export_model(
-  model, tft_output: tft.TFTransformOutput, table: FeatureTable, export_base: str
+  model,
+  tft_output: tft.TFTransformOutput,
+  table: FeatureTable,
+  export_base: str,
+  formats: Sequence[str] = (portable.SAVEDMODEL,),
 ) -> str:
-  """Writes `EXPORT_BASE/<unix time>/` for the table's task and returns its path."""
+  """Writes `EXPORT_BASE/<unix time>/` for the table's task, in `formats`
+  (`train.portable`: the SavedModel, and TFLite and ONNX files of the click
+  signatures), and returns its path.
+
+  Raises:
+    ValueError: a portable format cannot be written (the reason), before
+      anything is.
+  """
   server = task_class(table.task).server(model, tft_output, table)
   version = int(time.time())
   while tf.io.gfile.exists(os.path.join(export_base, str(version))):
     version += 1
   path = os.path.join(export_base, str(version))
-  with graphs.explained(f"export to {path}"):
-    tf.saved_model.save(server, path, signatures=server.signatures())
+
+  def save(folder):
+    with graphs.explained(f"export to {path}"):
+      tf.saved_model.save(server, folder, signatures=server.signatures())
+
+  portable.export_formats(server, path, formats, save)
   return path
 
 
 def export_trained(
-  data_dir: str, output: str, model_file: str = "", model_dir: str = "", model_module: str = ""
+  data_dir: str,
+  output: str,
+  model_file: str = "",
+  model_dir: str = "",
+  model_module: str = "",
+  formats: Sequence[str] = (portable.SAVEDMODEL,),
 ) -> str:
   """`beam-train export`: serves a trained Keras model with the records' preprocessing.
 
@@ -128,6 +153,7 @@ def export_trained(
     model_dir: or a `beam-train fit` model dir: its model is rebuilt from
       model.json and its newest checkpoint.
     model_module: modules to import first (custom layers of the model file).
+    formats: what to write (`train.portable.FORMATS`).
 
   Raises:
     ValueError: the model cannot be loaded, or does not take the records'
@@ -155,7 +181,7 @@ def export_trained(
       ) from None
     name = model_file
   task.check_model(model, name)
-  return export_model(model, prep.tft_output, prep.table, output)
+  return export_model(model, prep.tft_output, prep.table, output, formats)
 
 
 def latest_export(model: str) -> str:

@@ -89,7 +89,7 @@ def parse_message(message: str) -> Optional[str]:
 _NOT_AN_EXAMPLE = f"{sig.EXAMPLES}: a value is not a serialized tf.Example"
 
 
-def _clicks(points):
+def as_clicks(points):
   """Clicks as [N, 2]: a tensor as it is, a list of (x, y) pairs (or none) reshaped."""
   return points if tf.is_tensor(points) else np.reshape(np.asarray(points), (-1, 2))
 
@@ -186,8 +186,8 @@ class ServedModel:
     `serve_box_iterative` or `serve_box`."""
     inputs = {
       sig.IMAGE: image,
-      sig.POSITIVE_CLICKS: _clicks(positive),
-      sig.NEGATIVE_CLICKS: _clicks(negative),
+      sig.POSITIVE_CLICKS: as_clicks(positive),
+      sig.NEGATIVE_CLICKS: as_clicks(negative),
     }
     if box is not None:
       return self._box_inputs(inputs, box, previous)
@@ -223,8 +223,8 @@ class ServedModel:
     outputs are PNG files [1] (`mask_bytes`, `probabilities_bytes`)."""
     inputs = {
       sig.IMAGE_BYTES: [image_bytes],
-      sig.POSITIVE_CLICKS: _clicks(positive)[None],
-      sig.NEGATIVE_CLICKS: _clicks(negative)[None],
+      sig.POSITIVE_CLICKS: as_clicks(positive)[None],
+      sig.NEGATIVE_CLICKS: as_clicks(negative)[None],
     }
     if box is not None and previous is not None:
       raise ValueError(f"the encoded signatures take a {sig.BOX} or a previous mask, not both")

@@ -18,6 +18,7 @@ from train import clicker, graphs
 from train import signatures as sig
 from train.serving_inputs import (
   Example,
+  apply_tables,
   image_decoder,
   model_inputs,
   raw_inputs,
@@ -25,6 +26,7 @@ from train.serving_inputs import (
   run_twins,
   serving_plan,
   serving_side,
+  transform_tables,
 )
 
 
@@ -156,6 +158,10 @@ class SegmentationServer(_Server):
   def __init__(self, model, tft_output: tft.TFTransformOutput, table: FeatureTable):
     super().__init__(model, tft_output, table)
     self._side = serving_side(table)
+    tables, why = transform_tables(table, self._tft_layer)
+    self._tables = NoDependency(tables)
+    # Why the click signatures cannot go to TFLite or ONNX ("": they can).
+    self.not_portable = why
 
   def _predict(self, inputs):
     logits = self.model(inputs, training=False)
@@ -178,9 +184,18 @@ class SegmentationServer(_Server):
     probabilities [H, W] at the request image's size."""
     shape = tf.shape(ex[keys.IMAGE])
     out = run_twins(self._plan, ex)
-    raw = {k: v[None] for k, v in raw_inputs(self._table, out).items()}
-    prob = self._predict(self.model_input(raw))[0]
+    prob = self._predict(self.twins_model_input(out))[0]
     return self._side.to_request(prob, out, shape[0], shape[1])
+
+  def twins_model_input(self, out: Example) -> tf.Tensor:
+    """One example after the twins -> the model's input [1, S, S, C]: the
+    transform's tables applied to its model inputs (`apply_tables`), or, for a
+    transform that is not a table of each pixel's value, its model inputs as
+    raw bytes through the exported transform."""
+    if self._tables is not None:
+      return apply_tables(self._table, self._tables, out)
+    raw = {k: v[None] for k, v in raw_inputs(self._table, out).items()}
+    return self.model_input(raw)
 
   @graphs.function(input_signature=sig.specs(sig.IMAGE, sig.BOX, *sig.CLICKS, sig.PREVIOUS_MASK))
   def _segment(self, image, box, positive_clicks, negative_clicks, previous_mask):
@@ -215,14 +230,12 @@ class SegmentationServer(_Server):
     h, w = tf.shape(image)[0], tf.shape(image)[1]
     clicked = tf.logical_or(has_box, tf.shape(positive_clicks)[0] > 0)
     return [
-      tf.debugging.assert_positive(h * w, message="image: the image is empty"),
-      tf.debugging.Assert(
-        clicked, ["positive_clicks: at least one positive click is required (or a box)"]
-      ),
+      tf.debugging.assert_positive(h * w, message=sig.EMPTY_IMAGE),
+      tf.debugging.Assert(clicked, [sig.NO_POSITIVE_CLICK]),
       tf.debugging.assert_equal(
         tf.shape(previous_mask),
         tf.stack([h, w]),
-        message="previous_mask: must have the image's height and width",
+        message=sig.PREVIOUS_MASK_SIZE,
       ),
     ]
 

@@ -4,29 +4,40 @@ the trainer, the serving export and the NoC evaluation.
 The trainer's input is the exported tf.Transform graph applied to the raw
 bytes the records hold, its model inputs (features.json, role
 `model_input`) concatenated in declared order (`model_inputs`). At serving
-time those raw bytes are computed from the request by the TensorFlow twins
-of the ops of the chain (`serving_plan`, `run_plan`), then go through the
-same transform and concatenation; the chain's op that changes the image's
-geometry says how a request is framed and its prediction placed back
-(`serving_side`).
+time the model inputs are computed from the request by the TensorFlow twins
+of the ops of the chain (`serving_plan`, `run_twins`), then normalized as
+the transform does: looked up in the table of what it gives each uint8
+value (`transform_tables`, `apply_tables`: no bytes, and a graph TFLite and
+ONNX convert), or, for a transform that is no such table, written as raw
+bytes for the same transform (`raw_inputs`); the chain's op that changes the
+image's geometry says how a request is framed and its prediction placed
+back (`serving_side`).
 
 This module imports nothing of `train`.
 """
 
-from typing import Callable, Dict, List, Sequence, Tuple, Union
+import weakref
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import tensorflow as tf
 
 from beam_prep import keys
-from beam_prep.features import FeatureTable
+from beam_prep.features import Entry, FeatureTable
 from beam_prep.ops import registry
 from beam_prep.ops.serving import ServingSide
 
 Example = Dict[str, tf.Tensor]
+Tables = Dict[str, np.ndarray]
 
 # raw bytes <-> tensors: the records hold `ndarray.tobytes()` (little-endian);
 # in the graph, a tensor becomes those same bytes by joining one-byte strings.
 _BYTE_TABLE = [bytes([i]) for i in range(256)]
+PROBE_CHUNK = 16  # Examples per call of the transform in `lookup_tables`.
+# What `lookup_tables` learnt of each transform, kept while the transform lives:
+# {transform: {(key, image size): table or None}}. The trainer's reader, the
+# task's corrective clicks and the portable export ask the same transform layer.
+_PROBED = weakref.WeakKeyDictionary()
 
 
 class ServingPlanError(ValueError):
@@ -183,17 +194,103 @@ def run_twins(plan, ex: Example) -> Example:
 
 def raw_inputs(table: FeatureTable, ex: Example) -> Dict[str, tf.Tensor]:
   """{model input key: raw bytes (scalar)} of an example the twins made."""
-  out = {}
+  return {e.key: to_raw_bytes(_model_input_value(e, ex)) for e in table.model_inputs}
+
+
+def _model_input_value(e: Entry, ex: Example) -> tf.Tensor:
+  """Model input `e` of an example the twins made.
+
+  Raises:
+    ServingPlanError: the twins did not make it, or made it of another dtype.
+  """
+  if e.key not in ex:
+    raise ServingPlanError(
+      f"the serving graph has no {e.key!r} after the chain's twins (declared by op {e.op!r})"
+    )
+  value = ex[e.key]
+  if value.dtype != tf.as_dtype(e.feature.dtype):
+    raise ServingPlanError(
+      f"the twin of op {e.op!r} gives {e.key!r} as {value.dtype.name}; "
+      f"features.json declares {e.feature.dtype}"
+    )
+  return value
+
+
+def transform_tables(table: FeatureTable, transform: Callable) -> Tuple[Optional[Tables], str]:
+  """({model input key: float32 [256 * C], the transform's value of uint8
+  value v, channel c at v * C + c}, "") when the transform maps each pixel of
+  every model input by its own uint8 value (the default preprocessing does:
+  per-channel standardization and scaling), so it applies to tensors
+  (`apply_tables`); else (None, why not).
+  """
   for e in table.model_inputs:
-    if e.key not in ex:
-      raise ServingPlanError(
-        f"the serving graph has no {e.key!r} after the chain's twins (declared by op {e.op!r})"
-      )
-    value = ex[e.key]
-    if value.dtype != tf.as_dtype(e.feature.dtype):
-      raise ServingPlanError(
-        f"the twin of op {e.op!r} gives {e.key!r} as {value.dtype.name}; "
-        f"features.json declares {e.feature.dtype}"
-      )
-    out[e.key] = to_raw_bytes(value)
-  return out
+    if not e.feature.per_pixel or e.feature.dtype != "uint8":
+      return None, f"model input {e.key!r} is {e.feature.dtype}, not per-pixel uint8"
+  inputs = table.keys("model_input")
+  tables = lookup_tables(table, transform, inputs, inputs)
+  for key, lut in tables.items():
+    if lut is None:
+      return None, f"the transform does not map each pixel of model input {key!r} by its own value"
+  return {k: v.reshape(-1) for k, v in tables.items()}, ""
+
+
+def apply_tables(table: FeatureTable, tables: Tables, ex: Example) -> tf.Tensor:
+  """One example the twins made -> the model's input [1, H, W, C]: each model
+  input looked up in its table (`transform_tables`), concatenated in declared
+  order; what the transform gives its raw bytes, with no bytes made."""
+  parts = []
+  for e in table.model_inputs:
+    value = _model_input_value(e, ex)
+    channels = e.feature.channels
+    at = tf.cast(tf.reshape(value, e.shape(table.image_size)), tf.int32) * channels
+    parts.append(tf.gather(tf.constant(tables[e.key]), at + tf.range(channels)))
+  return (parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1))[None]
+
+
+def lookup_tables(
+  table: FeatureTable, transform: Callable, transform_keys: List[str], inputs: List[str]
+) -> Dict[str, Optional[np.ndarray]]:
+  """{key: what the transform gives each uint8 value of each channel of the
+  uint8 per-pixel feature `key`, float32 [256, C]; None when it is not a
+  function of the pixel's own value}.
+
+  The transform is asked once per input for as long as it lives (`_probe`).
+  """
+  known = _PROBED.setdefault(transform, {})
+  todo = [k for k in inputs if (k, table.image_size) not in known]
+  if todo:
+    got = _probe(table, transform, transform_keys, todo)
+    known.update({(k, table.image_size): lut for k, lut in got.items()})
+  return {k: known[(k, table.image_size)] for k in inputs}
+
+
+def _probe(
+  table: FeatureTable, transform: Callable, transform_keys: List[str], inputs: List[str]
+) -> Dict[str, Optional[np.ndarray]]:
+  """`lookup_tables` of `inputs`, asking the transform: one batch where
+  example v holds v at every pixel (v = 0..255), the last one every value in
+  turn, pixel after pixel, which must map through the table.
+  """
+  ramp = {k: np.arange(table[k].stored_bytes(table.image_size)) % 256 for k in inputs}
+  fill = {k: list(range(256)) + [r.astype(np.uint8).tobytes()] for k, r in ramp.items()}
+  parts = {k: [] for k in inputs}
+  with tf.init_scope():
+    # In chunks: the eager transform's time grows faster than its batch (at
+    # 128 px, 257 examples at once took 22 s, in chunks of 16 about 2 s).
+    for start in range(0, 257, PROBE_CHUNK):
+      chunk = {k: v[start : start + PROBE_CHUNK] for k, v in fill.items()}
+      out = transform(probe_inputs(table, transform_keys, len(next(iter(chunk.values()))), chunk))
+      for k in inputs:
+        parts[k].append(np.asarray(out[k], np.float32))
+  got = {k: np.concatenate(v) for k, v in parts.items()}
+  tables = {}
+  for k in inputs:
+    g, channels = got[k], table[k].feature.channels
+    lut = g[:256, 0, 0, :]  # [256, C]
+    ok = (
+      g.shape[0] == 257
+      and np.array_equal(g[:256], np.broadcast_to(lut[:, None, None, :], g[:256].shape))
+      and np.array_equal(g[256], lut[ramp[k].reshape(g[256].shape), np.arange(channels)])
+    )
+    tables[k] = lut if ok else None
+  return tables

@@ -64,6 +64,12 @@ ENCODED_OUTPUTS = (MASK_BYTES, PROBABILITIES_BYTES)
 LABEL = "label"
 CLASSES = "classes"
 
+# Why a segmentation request is refused (the graph's assertions; the portable
+# files' runtime, `train.portable_model`, checks the same before a call).
+EMPTY_IMAGE = f"{IMAGE}: the image is empty"
+NO_POSITIVE_CLICK = f"{POSITIVE_CLICKS}: at least one positive click is required (or a box)"
+PREVIOUS_MASK_SIZE = f"{PREVIOUS_MASK}: must have the image's height and width"
+
 _SPECS = {
   IMAGE: tf.TensorSpec([None, None, 3], tf.uint8, name=IMAGE),
   POSITIVE_CLICKS: tf.TensorSpec([None, 2], tf.int32, name=POSITIVE_CLICKS),

@@ -26,7 +26,6 @@ This module imports `train.serving_inputs` only.
 """
 
 import dataclasses
-import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -35,14 +34,9 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.ops import registry
-from train.serving_inputs import probe_inputs
+from train.serving_inputs import lookup_tables
 
 CLICK_KEYS = (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
-PROBE_CHUNK = 16  # Examples per call of the transform in `lookup_tables`.
-# What `lookup_tables` learnt of each transform, kept while the transform lives:
-# {transform: {(key, image size): table or None}}. The trainer's reader and
-# the task's corrective clicks ask the same transform layer.
-_PROBED = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +98,7 @@ def exact(
     ValueError: an input's transform is not its raw value over `scale`, to the
       nearest raw value, pixel by pixel.
   """
-  luts = lookup_tables(table, transform, transform_keys, inputs)
+  luts = lookup_tables(table, transform, transform_keys, [c.key for c in inputs])
   out = []
   for c in inputs:
     lut = luts[c.key]
@@ -176,7 +170,7 @@ class StepInputs:
         self.empty[keys.PREV_MASK] = value.tobytes()
     candidates = self._candidates(table)
     if candidates:
-      luts = lookup_tables(table, transform, transform_keys, [c for c, _ in candidates])
+      luts = lookup_tables(table, transform, transform_keys, [c.key for c, _ in candidates])
       for c, value in candidates:
         if luts[c.key] is None:
           self.read_from_records[c.key] = "the transform does not map each pixel by its own value"
@@ -281,51 +275,3 @@ class StepInputs:
       at = tf.cast(m, tf.int32) * c.channels + tf.range(c.channels)
       x = put(x, c.offset, c.channels, tf.cast(tf.gather(self._lut[i], at), x.dtype))
     return x
-
-
-def lookup_tables(
-  table: FeatureTable, transform: Callable, transform_keys: List[str], inputs: List[ClickInput]
-) -> Dict[str, Optional[np.ndarray]]:
-  """{key: what the transform gives each uint8 value of each channel,
-  float32 [256, C]; None when it is not a function of the pixel's own value}.
-
-  The transform is asked once per input for as long as it lives (`_probe`).
-  """
-  known = _PROBED.setdefault(transform, {})
-  todo = [c for c in inputs if (c.key, table.image_size) not in known]
-  if todo:
-    got = _probe(table, transform, transform_keys, todo)
-    known.update({(k, table.image_size): lut for k, lut in got.items()})
-  return {c.key: known[(c.key, table.image_size)] for c in inputs}
-
-
-def _probe(
-  table: FeatureTable, transform: Callable, transform_keys: List[str], inputs: List[ClickInput]
-) -> Dict[str, Optional[np.ndarray]]:
-  """`lookup_tables` of `inputs`, asking the transform: one batch where
-  example v holds v at every pixel (v = 0..255), the last one every value in
-  turn, pixel after pixel, which must map through the table.
-  """
-  ramp = {c.key: np.arange(table[c.key].stored_bytes(table.image_size)) % 256 for c in inputs}
-  fill = {k: list(range(256)) + [r.astype(np.uint8).tobytes()] for k, r in ramp.items()}
-  parts = {c.key: [] for c in inputs}
-  with tf.init_scope():
-    # In chunks: the eager transform's time grows faster than its batch (at
-    # 128 px, 257 examples at once took 22 s, in chunks of 16 about 2 s).
-    for start in range(0, 257, PROBE_CHUNK):
-      chunk = {k: v[start : start + PROBE_CHUNK] for k, v in fill.items()}
-      out = transform(probe_inputs(table, transform_keys, len(next(iter(chunk.values()))), chunk))
-      for c in inputs:
-        parts[c.key].append(np.asarray(out[c.key], np.float32))
-  got = {k: np.concatenate(v) for k, v in parts.items()}
-  tables = {}
-  for c in inputs:
-    g = got[c.key]
-    lut = g[:256, 0, 0, :]  # [256, C]
-    ok = (
-      g.shape[0] == 257
-      and np.array_equal(g[:256], np.broadcast_to(lut[:, None, None, :], g[:256].shape))
-      and np.array_equal(g[256], lut[ramp[c.key].reshape(g[256].shape), np.arange(c.channels)])
-    )
-    tables[c.key] = lut if ok else None
-  return tables

@@ -79,7 +79,9 @@ def square_box(top, left, bottom, right, ratio: int, min_side: int, xp=np):
   left). Integer arithmetic, numpy (`xp=np`) or TensorFlow (`xp=tf`)."""
   extent = xp.maximum(bottom - top + 1, right - left + 1)
   side = xp.maximum(xp.maximum((extent * ratio + 999) // 1000, min_side), 1)
-  return (top + bottom + 1 - side) // 2, (left + right + 1 - side) // 2, side
+  # floor((n - side) / 2) as floor((n + side) / 2) - side: the numerator stays
+  # >= 0, where ONNX's integer division (which truncates) agrees with floor.
+  return (top + bottom + 1 + side) // 2 - side, (left + right + 1 + side) // 2 - side, side
 
 
 def jittered_box(top, left, bottom, right, y0, x0, side, jitter: float, rng: np.random.Generator):
@@ -150,9 +152,9 @@ def crop_image_tf(image, y0, x0, side, size: int):
     ys, xs = ys + y0, xs + x0
     inside = ((ys >= 0) & (ys < shape[0]))[:, None] & ((xs >= 0) & (xs < shape[1]))[None, :]
     rows = tf.gather(image, tf.clip_by_value(ys, 0, shape[0] - 1), axis=0)
-    pixels = tf.gather(rows, tf.clip_by_value(xs, 0, shape[1] - 1), axis=1)
-    pixels = tf.where(inside[..., None], pixels, tf.constant(IMAGE_PAD, image.dtype))
-    return tf.cast(pixels, tf.float32)
+    pixels = tf.cast(tf.gather(rows, tf.clip_by_value(xs, 0, shape[1] - 1), axis=1), tf.float32)
+    # Selected as float32: TFLite's builtins select no uint8 with a scalar.
+    return tf.where(inside[..., None], pixels, float(IMAGE_PAD))
 
   ly, uy, fy = _bilinear_weights_tf(side, size)
   lx, ux, fx = _bilinear_weights_tf(side, size)
@@ -188,11 +190,12 @@ def derived_box(mask, positive_clicks, ratio: int, min_side: int):
   clicks (int64 [P, 2], (x, y)), in TensorFlow."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  rows = tf.where(tf.reduce_any(mask, axis=1))[:, 0]
-  cols = tf.where(tf.reduce_any(mask, axis=0))[:, 0]
-  ys = tf.concat([rows, positive_clicks[:, 1]], 0)
-  xs = tf.concat([cols, positive_clicks[:, 0]], 0)
-  return square_box(
+  # int32 arithmetic (pixel coordinates fit): TFLite's builtins divide no int64.
+  rows = tf.cast(tf.where(tf.reduce_any(mask, axis=1))[:, 0], tf.int32)
+  cols = tf.cast(tf.where(tf.reduce_any(mask, axis=0))[:, 0], tf.int32)
+  ys = tf.concat([rows, tf.cast(positive_clicks[:, 1], tf.int32)], 0)
+  xs = tf.concat([cols, tf.cast(positive_clicks[:, 0], tf.int32)], 0)
+  box = square_box(
     tf.reduce_min(ys),
     tf.reduce_min(xs),
     tf.reduce_max(ys),
@@ -201,6 +204,7 @@ def derived_box(mask, positive_clicks, ratio: int, min_side: int):
     min_side,
     xp=tf,
   )
+  return tuple(tf.cast(v, tf.int64) for v in box)
 
 
 def box_tensor(y0, x0, side):
@@ -246,14 +250,25 @@ def clicks_in_image(clicks_xy, shape):
   )
 
 
+def floor_div(a, b):
+  """`a // b` for a divisor b > 0 (TensorFlow), rounded down in every runtime:
+  ONNX's integer division truncates, so a quotient above a / b steps down one."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  q = tf.math.floordiv(a, b)
+  return q - tf.cast(q * b > a, q.dtype)
+
+
 def clicks_to_crop(clicks_xy, x0, y0, side, size: int, keep_outside: bool = False):
   """Source clicks (x, y) -> the crop's pixels of nearest centre; clicks that
   fall outside the box are dropped (or clamped into it, `keep_outside`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  c = tf.reshape(tf.cast(clicks_xy, tf.int64), [-1, 2])
-  x = ((c[:, 0] - x0) * 2 + 1) * size // (2 * side)
-  y = ((c[:, 1] - y0) * 2 + 1) * size // (2 * side)
+  # int32 arithmetic (pixel coordinates fit): TFLite's builtins divide no int64.
+  c = tf.reshape(tf.cast(clicks_xy, tf.int32), [-1, 2])
+  x0, y0, side = (tf.cast(v, tf.int32) for v in (x0, y0, side))
+  x = tf.cast(floor_div(((c[:, 0] - x0) * 2 + 1) * size, 2 * side), tf.int64)
+  y = tf.cast(floor_div(((c[:, 1] - y0) * 2 + 1) * size, 2 * side), tf.int64)
   out = tf.stack([x, y], axis=1)
   if keep_outside:
     return tf.clip_by_value(out, 0, size - 1)
