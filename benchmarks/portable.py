@@ -60,15 +60,17 @@ def _files(export: str) -> Dict[str, str]:
   return {f: os.path.join(export, portable.file_name(sig.SERVE_ITERATIVE, f)) for f in FORMATS}
 
 
-def _compare(want: Dict[str, np.ndarray], got: Dict[str, np.ndarray], thr: float):
-  """(pixels, differing pixels, max |p - thr| where they differ, max |dp|)."""
-  differ = want["mask"] != got["mask"]
-  near = float(np.max(np.abs(want["probabilities"][differ] - thr))) if differ.any() else 0.0
+def _compare(want: Dict[str, np.ndarray], got: Dict[str, np.ndarray]):
+  """(pixels, differing pixels, max |p - threshold| where they differ, max |dp|)."""
+  from train import portable  # pylint: disable=g-import-not-at-top
+
+  equal, near = portable.parity(want, got)
   dp = float(np.max(np.abs(want["probabilities"] - got["probabilities"])))
-  return differ.size, int(differ.sum()), near, dp
+  size = want["mask"].size
+  return size, int(round((1 - equal) * size)), near, dp
 
 
-def _object(models, image, label, clicks: int, thr: float) -> Dict[str, List]:
+def _object(models, image, label, clicks: int) -> Dict[str, List]:
   """Per format, the `_compare` of each click of one object."""
   from train import clicker  # pylint: disable=g-import-not-at-top
 
@@ -82,7 +84,7 @@ def _object(models, image, label, clicks: int, thr: float) -> Dict[str, List]:
     want = models["savedmodel"].segment(image, positive, negative, previous)
     for f in FORMATS:
       got = models[f].segment(image, positive, negative, previous)
-      rows[f].append(_compare(want, got, thr))
+      rows[f].append(_compare(want, got))
     previous = want["mask"]
   return rows
 
@@ -90,7 +92,6 @@ def _object(models, image, label, clicks: int, thr: float) -> Dict[str, List]:
 def parity(export: str, saved: str, prep: str, objects: int, clicks: int) -> Dict[str, Any]:
   """`_object`'s comparisons over the first `objects` held-out objects of
   `prep`: the files of `export` against the SavedModel `saved`."""
-  from train import protocol  # pylint: disable=g-import-not-at-top
   from train.portable_model import PortableModel  # pylint: disable=g-import-not-at-top
   from train.served import ServedModel  # pylint: disable=g-import-not-at-top
   from train.simulate import source_objects  # pylint: disable=g-import-not-at-top
@@ -102,7 +103,7 @@ def parity(export: str, saved: str, prep: str, objects: int, clicks: int) -> Dic
   sizes = set()
   for o in found:
     sizes.add(o["image"].shape[:2])
-    for f, r in _object(models, o["image"], o["label"], clicks, protocol.PRED_THR).items():
+    for f, r in _object(models, o["image"], o["label"], clicks).items():
       rows[f].extend(r)
   log(f"portable: {len(found)} objects, {len(rows[FORMATS[0]])} clicks, {len(sizes)} image sizes")
   return {

@@ -444,7 +444,8 @@ def fitted_size(in_height, in_width, height, width, xp=np):
   frame, the other is rounded to the nearest pixel (halves up), at least 1.
 
   Integer arithmetic only, so that the Beam job (`xp=np`, Python or numpy
-  integers) and the serving graph (`xp=tf`, int64 tensors) agree exactly.
+  integers) and the serving graph (`xp=tf`, int32 tensors: TFLite's builtins
+  divide no int64) agree exactly.
   The image sits at the frame's top-left corner: a pixel (x, y) of the frame
   is valid when x < w and y < h.
   """
@@ -472,34 +473,28 @@ def resize_twin(ex, size: int, width: int = None):
 
   height, width = int(size), int(width or size)
   image = ex[keys.IMAGE]
-  in_shape = tf.shape(image, out_type=tf.int64)
+  # int32 sizes and float32 pixels until the end: what TFLite's builtins
+  # divide, pad and resize (no int64 division, no uint8 padding).
+  in_shape = tf.shape(image)
   in_h, in_w = in_shape[0], in_shape[1]
   fit_h, fit_w = fitted_size(in_h, in_w, height, width, xp=tf)
-  resized = tf.image.resize(
-    tf.cast(image, tf.float32)[None],
-    tf.cast(tf.stack([fit_h, fit_w]), tf.int32),
-    method="bilinear",
-    antialias=False,
-  )[0]
-  resized = tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
+  fitted = tf.stack([fit_h, fit_w])
+  resized = tf.image.resize(tf.cast(image, tf.float32)[None], fitted, "bilinear")[0]
+  resized = tf.clip_by_value(tf.round(resized), 0, 255)
   out = dict(ex)
-  zero = tf.constant(0, tf.int64)
   padding = tf.stack(
-    [tf.stack([zero, height - fit_h]), tf.stack([zero, width - fit_w]), tf.zeros([2], tf.int64)]
+    [tf.stack([0, height - fit_h]), tf.stack([0, width - fit_w]), tf.zeros([2], tf.int32)]
   )
-  out[keys.IMAGE] = tf.pad(resized, padding, constant_values=IMAGE_PAD)
+  out[keys.IMAGE] = tf.cast(tf.pad(resized, padding, constant_values=IMAGE_PAD), tf.uint8)
   out[keys.IMAGE].set_shape([height, width, 3])
-  out[keys.HEIGHT], out[keys.WIDTH] = in_h, in_w
+  out[keys.HEIGHT], out[keys.WIDTH] = tf.cast(in_h, tf.int64), tf.cast(in_w, tf.int64)
   for key in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS):
     if key in ex:
       out[key] = scale_clicks(ex[key], in_h, in_w, fit_h, fit_w)
   if keys.PREVIOUS_MASK in ex:  # Into the records' frame, nearest, padded with none.
-    previous = tf.image.resize(
-      tf.cast(ex[keys.PREVIOUS_MASK], tf.uint8)[..., None],
-      tf.cast(tf.stack([fit_h, fit_w]), tf.int32),
-      method="nearest",
-    )
-    out[keys.PREVIOUS_MASK] = tf.pad(previous[..., 0], padding[:2]) > 0
+    previous = tf.expand_dims(tf.cast(tf.cast(ex[keys.PREVIOUS_MASK], tf.bool), tf.float32), -1)
+    previous = tf.image.resize(previous[None], fitted, method="nearest")[0, ..., 0]
+    out[keys.PREVIOUS_MASK] = tf.pad(previous, padding[:2]) > 0
   return out
 
 
@@ -529,11 +524,10 @@ class ResizeServing(ServingSide):
   def to_request(self, prob, out, height, width):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    fit_h, fit_w = fitted_size(
-      tf.cast(height, tf.int64), tf.cast(width, tf.int64), self.height, self.width, xp=tf
-    )
-    valid = prob[: tf.cast(fit_h, tf.int32), : tf.cast(fit_w, tf.int32)]
-    return tf.image.resize(valid[..., None], tf.stack([height, width]), method="bilinear")[..., 0]
+    height, width = tf.cast(height, tf.int32), tf.cast(width, tf.int32)
+    fit_h, fit_w = fitted_size(height, width, self.height, self.width, xp=tf)
+    valid = tf.expand_dims(prob[:fit_h, :fit_w], -1)
+    return tf.image.resize(valid, tf.stack([height, width]), method="bilinear")[..., 0]
 
 
 @register_op(

