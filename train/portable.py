@@ -25,7 +25,8 @@ anything is written, naming the input.
 
 Every file written is run once on a made-up request and compared with the
 SavedModel's function (`check_file`): an export whose file answers
-otherwise (a probability more than `PARITY_ATOL` apart) fails. The files keep no assertions (neither format has them):
+otherwise (a probability more than `PARITY_ATOL` apart) fails. The files
+keep no assertions (neither format has them):
 `train.portable_model.PortableModel` checks a request before the call;
 `runner` runs a file as it is.
 Box prompts, encoded files and `serve_examples` stay in the SavedModel.
