@@ -113,6 +113,8 @@ def parity(export: str, saved: str, prep: str, objects: int, clicks: int) -> Dic
     "image_sizes": len(sizes),
     "formats": {
       f: {
+        "pixels": sum(r[0] for r in rs),
+        "differing_pixels": sum(r[1] for r in rs),
         "equal_pixels": 1 - sum(r[1] for r in rs) / sum(r[0] for r in rs),
         "max_threshold_distance": max(r[2] for r in rs),
         "max_probability_difference": max(r[3] for r in rs),
@@ -186,8 +188,8 @@ def table(result: Dict[str, Any]) -> str:
   ]
   for f, r in result["formats"].items():
     lines.append(
-      f"| {f} | {r['equal_pixels']:.6%} | {r['max_threshold_distance']:.4f} "
-      f"| {r['max_probability_difference']:.2e} |"
+      f"| {f} | {r['equal_pixels']:.7%} ({r['differing_pixels']} of {r['pixels']} differ) "
+      f"| {r['max_threshold_distance']:.2g} | {r['max_probability_difference']:.2e} |"
     )
   h, w = LATENCY_SIZE
   lines += ["", f"Latency of one click at {h}x{w} (median ms)", "", "| runtime | threads | ms |"]
