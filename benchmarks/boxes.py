@@ -25,13 +25,11 @@ of boxes whose centre is on the object).
 
 import argparse
 import os
-import sys
-import time
 from typing import Any, Dict
 
 import numpy as np
 
-from benchmarks.common import log, write_result
+from benchmarks.common import log, refuse, run_and_write
 
 PROG = "python -m benchmarks --boxes"
 # Each box's figures, in `_object`'s order.
@@ -152,10 +150,5 @@ def _refusal(args: argparse.Namespace) -> str:
 def main(args: argparse.Namespace) -> int:
   why = _refusal(args)
   if why:
-    print(f"{PROG}: {why}", file=sys.stderr)
-    return 2
-  t0 = time.time()
-  result = run(args)
-  result["seconds"] = time.time() - t0
-  write_result(result, args.json or "out/bench_boxes.json", table(result))
-  return 0
+    return refuse(PROG, why)
+  return run_and_write(lambda: run(args), args.json or "out/bench_boxes.json", table)

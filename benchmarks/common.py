@@ -53,6 +53,22 @@ def timed(fn: Callable[[], Any], repeats: int) -> List[float]:
   return times
 
 
+def refuse(prog: str, why: str) -> int:
+  """Says why a benchmark's flags cannot run, in one line; its exit code (2)."""
+  print(f"{prog}: {why}", file=sys.stderr)
+  return 2
+
+
+def run_and_write(run: Callable[[], Dict[str, Any]], path: str, table: Callable) -> int:
+  """`run()`'s result with its `seconds`, written as JSON at `path` and
+  printed as `table(result)` (`write_result`); the exit code (0)."""
+  t0 = time.time()
+  result = run()
+  result["seconds"] = time.time() - t0
+  write_result(result, path, table(result))
+  return 0
+
+
 def write_result(result: Dict[str, Any], path: str, text: str) -> None:
   """Writes a run's result as JSON at `path`, then prints its table `text`
   and the run's seconds."""

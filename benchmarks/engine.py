@@ -42,7 +42,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from benchmarks.common import environment, log, write_result
+from benchmarks.common import environment, log, refuse, run_and_write
 from beam_prep.kit import with_default
 from train.serve.config import ENGINE_FIELDS, ServeConfig
 from train.simulate import TARGET_IOU, Annotator, label_batch, source_objects
@@ -269,16 +269,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
 def main(args: argparse.Namespace) -> int:
   if not args.engine_base:
-    print(f"{PROG}: --engine-base MODEL_DIR is required", file=sys.stderr)
-    return 2
-  t0 = time.time()
-  result = run(args)
-  result["seconds"] = time.time() - t0
+    return refuse(PROG, "--engine-base MODEL_DIR is required")
   path = args.json or os.path.join(
     os.path.abspath(args.workdir or "out/bench_engine"), "engine.json"
   )
-  write_result(result, path, table(result))
-  return 0
+  return run_and_write(lambda: run(args), path, table)
 
 
 def table(result: Dict[str, Any]) -> str:

@@ -25,13 +25,12 @@ one thread and with every core, each in a process of its own: the median of
 import argparse
 import multiprocessing
 import os
-import sys
 import time
 from typing import Any, Dict, List
 
 import numpy as np
 
-from benchmarks.common import log, write_result
+from benchmarks.common import log, refuse, run_and_write
 
 PROG = "python -m benchmarks --portable"
 FORMATS = ("tflite", "onnx")
@@ -89,17 +88,16 @@ def _object(models, image, label, clicks: int) -> Dict[str, List]:
   return rows
 
 
-def parity(export: str, saved: str, prep: str, objects: int, clicks: int) -> Dict[str, Any]:
-  """`_object`'s comparisons over the first `objects` held-out objects of
-  `prep`: the files of `export` against the SavedModel `saved`."""
+def parity(export: str, saved: str, found: List[Dict[str, Any]], clicks: int) -> Dict[str, Any]:
+  """`_object`'s comparisons over held-out objects `found`
+  (`train.simulate.source_objects`): the files of `export` against the
+  SavedModel `saved`."""
   from train.portable_model import PortableModel  # pylint: disable=g-import-not-at-top
   from train.served import ServedModel  # pylint: disable=g-import-not-at-top
-  from train.simulate import source_objects  # pylint: disable=g-import-not-at-top
 
   models = {"savedmodel": ServedModel(saved)}
   models.update({f: PortableModel(p) for f, p in _files(export).items()})
   rows = {f: [] for f in FORMATS}
-  found = source_objects(prep)[:objects]
   sizes = set()
   for o in found:
     sizes.add(o["image"].shape[:2])
@@ -219,16 +217,15 @@ def main(args: argparse.Namespace) -> int:
       args.portable = latest_export(args.portable)  # A model dir: its newest export.
     saved = latest_export(args.portable_model or args.portable)
   except FileNotFoundError as e:
-    print(f"{PROG}: {e}", file=sys.stderr)
-    return 2
+    return refuse(PROG, str(e))
   why = _refusal(args)
   if why:
-    print(f"{PROG}: {why}", file=sys.stderr)
-    return 2
-  t0 = time.time()
-  found = (args.portable_data, args.portable_objects, args.portable_clicks)
-  result = parity(args.portable, saved, *found)
-  result["latency"] = latency(args.portable, saved, source_objects(args.portable_data)[0]["image"])
-  result["seconds"] = time.time() - t0
-  write_result(result, args.json or "out/bench_portable.json", table(result))
-  return 0
+    return refuse(PROG, why)
+
+  def run():
+    found = source_objects(args.portable_data)[: args.portable_objects]
+    result = parity(args.portable, saved, found, args.portable_clicks)
+    result["latency"] = latency(args.portable, saved, found[0]["image"])
+    return result
+
+  return run_and_write(run, args.json or "out/bench_portable.json", table)

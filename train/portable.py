@@ -46,6 +46,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from train import protocol
 from train import signatures as sig
 
 SAVEDMODEL, TFLITE, ONNX = "savedmodel", "tflite", "onnx"
@@ -180,7 +181,7 @@ def to_onnx(function, signature: str) -> bytes:
     )
   except Exception as e:  # pylint: disable=broad-except  (tf2onnx's errors have no common type)
     raise ValueError(f"tf2onnx cannot convert {signature}: {type(e).__name__}: {e}") from None
-  return proto.SerializeToString()
+  return proto.SerializeToString(deterministic=True)
 
 
 def _tflite_runner(path: str, threads: int):
@@ -246,8 +247,6 @@ def parity(want: Dict[str, np.ndarray], got: Dict[str, np.ndarray]) -> Tuple[flo
   """(share of mask pixels equal, largest distance from the threshold of a
   differing pixel's probability, 0 when none differs) of a portable file's
   outputs `got` against the SavedModel's `want`."""
-  from train import protocol  # pylint: disable=g-import-not-at-top
-
   differ = np.asarray(want[sig.MASK]) != np.asarray(got[sig.MASK])
   near = np.abs(np.asarray(want[sig.PROBABILITIES])[differ] - protocol.PRED_THR)
   return 1.0 - float(differ.mean()), float(near.max()) if near.size else 0.0

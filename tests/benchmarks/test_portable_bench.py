@@ -11,7 +11,10 @@ from benchmarks import run
 
 
 def test_parity_compares_every_click_of_each_file(portable_export, trained, prep_dir):
-  result = bench.parity(portable_export, trained, prep_dir, objects=2, clicks=3)
+  from train.simulate import source_objects  # pylint: disable=g-import-not-at-top
+
+  found = source_objects(prep_dir)[:2]
+  result = bench.parity(portable_export, trained, found, clicks=3)
   assert result["objects"] == 2 and 2 <= result["clicks"] <= 6
   for fmt in bench.FORMATS:
     r = result["formats"][fmt]
