@@ -3,6 +3,7 @@ files, unknown options. `beam-prep` and `beam-train` import it; it imports
 neither, and TensorFlow only when silencing it.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -95,6 +96,65 @@ def dispatch(
     print("\ncommands: " + ", ".join(commands))
     sys.exit(0 if not argv or argv[0] in ("-h", "--help") else 2)
   sys.exit(commands[argv[0]](argv[1:]))
+
+
+# Exit codes, the same for every command of both command lines.
+EXIT_FAILED = 1  # The work ran and failed (a job over its error fraction, a fit that stopped).
+EXIT_REFUSED = 2  # Refused before any work: options, a config, an input (argparse's own code).
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM (128 + SIGINT).
+
+# The errors every command reports in one line (a command adds its own); any
+# other exception is a bug and keeps its traceback.
+EXPECTED_ERRORS = (ValueError, OSError, ImportError)
+
+
+class Refused(Exception):
+  """A problem found before any work: the command exits EXIT_REFUSED."""
+
+
+class Interrupted(Exception):
+  """Stopped by the user, the message saying what is left: the command exits
+  EXIT_INTERRUPTED."""
+
+
+@contextlib.contextmanager
+def refusing(*errors: type):
+  """Turns `errors` (default EXPECTED_ERRORS) raised inside into `Refused`."""
+  try:
+    yield
+  except errors or EXPECTED_ERRORS as e:
+    raise Refused(str(e)) from e
+
+
+def run_command(
+  command: str,
+  log: logging.Logger,
+  body: Callable[[], Optional[int]],
+  failures: tuple = (),
+  interrupted: str = "interrupted",
+) -> int:
+  """`body()`'s exit code (0 when it returns None); what it raises, said in one
+  line `command: reason` and mapped to an exit code here and nowhere else:
+  `Refused` EXIT_REFUSED, EXPECTED_ERRORS and `failures` EXIT_FAILED, Ctrl-C
+  (with `interrupted`) and `Interrupted` EXIT_INTERRUPTED. With --verbose (the log at DEBUG)
+  the traceback follows the line."""
+  try:
+    code = body()
+  except Refused as e:
+    return _said(log, command, e, EXIT_REFUSED)
+  except KeyboardInterrupt:
+    return _said(log, command, interrupted, EXIT_INTERRUPTED)
+  except Interrupted as e:
+    return _said(log, command, e, EXIT_INTERRUPTED)
+  except EXPECTED_ERRORS + tuple(failures) as e:
+    return _said(log, command, e, EXIT_FAILED)
+  return 0 if code is None else code
+
+
+def _said(log: logging.Logger, command: str, reason, code: int) -> int:
+  log.error("%s: %s", command, reason)
+  log.debug("%s: traceback", command, exc_info=True)
+  return code
 
 
 def load_config_file(path: str) -> dict:

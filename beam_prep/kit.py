@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from beam_prep.console import check_unknown, load_config_file, option_flags
+from beam_prep.console import check_unknown, load_config_file, option_flags, refusing
 
 
 def option(
@@ -194,12 +194,11 @@ def resolve_argv(parser: argparse.ArgumentParser, cls, argv: List[str]):
   return resolve(cls, args)
 
 
-def parse_command(prog: str, description: str, cls, argv: List[str], log):
-  """A `command_parser` command's config from its argv, or None once `log`
-  has said why (the command then exits 2)."""
-  parser = command_parser(prog, description, cls)
-  try:
-    return resolve_argv(parser, cls, argv)
-  except (ValueError, TypeError) as e:
-    log.error("%s: %s", prog, e)
-    return None
+def parse_command(prog: str, description: str, cls, argv: List[str]):
+  """A `command_parser` command's config from its argv.
+
+  Raises:
+    Refused: naming what `resolve_argv` refuses (the command exits 2).
+  """
+  with refusing(ValueError, TypeError):
+    return resolve_argv(command_parser(prog, description, cls), cls, argv)

@@ -17,7 +17,15 @@ from typing import List, Optional
 
 from beam_prep import keys, kit
 from beam_prep.config import PrepConfig, PreviewConfig, SampleDataConfig
-from beam_prep.console import beam_option_flags, check_unknown, dispatch, option_flags
+from beam_prep.console import (
+  Refused,
+  beam_option_flags,
+  check_unknown,
+  dispatch,
+  option_flags,
+  refusing,
+  run_command,
+)
 from pipelines import logs
 
 # Chosen by measurement (docs/performance.md, "Running mode of the DirectRunner"): below
@@ -64,25 +72,18 @@ def _preview(argv: List[str]) -> int:
     "Draw a grid of what the records hold (image, clicks, mask, distance maps).",
     PreviewConfig,
     argv,
-    logs.quiet("--verbose" in argv),
   )
-  if config is None:
-    return 2
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
   from pipelines import preview  # pylint: disable=g-import-not-at-top
 
   records = config.records
   if not FileSystems.exists(records):
-    logs.get().error("beam-prep preview: %s does not exist", records)
-    return 2
+    raise Refused(f"{records} does not exist")
   nested = FileSystems.join(records, keys.RECORDS_DIR)
   if FileSystems.exists(nested):
     records = nested
-  try:
+  with refusing(FileNotFoundError):
     path = preview.write_preview(records, config.output, config.count)
-  except FileNotFoundError as e:
-    logs.get().error("beam-prep preview: %s", e)
-    return 2
   logs.get().info("preview: %d examples -> %s", config.count, path)
   return 0
 
@@ -93,15 +94,13 @@ def _sample_data(argv: List[str]) -> int:
     "Write a deterministic sample data set (images/ + masks/).",
     SampleDataConfig,
     argv,
-    logs.quiet("--verbose" in argv),
   )
-  if config is None:
-    return 2
   from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
 
-  counts = write_sample_data(
-    config.output, config.count, config.seed, (config.width, config.height)
-  )
+  with refusing(ValueError):  # The sizes and counts asked.
+    counts = write_sample_data(
+      config.output, config.count, config.seed, (config.width, config.height)
+    )
   logs.get().info(
     "sample-data: wrote %d scenes with %d objects to %s",
     counts["images"],
@@ -200,76 +199,55 @@ def pipeline_args(beam_args: List[str], input_root: str = "") -> List[str]:
   return args
 
 
-def _check(config, log, task: str) -> bool:
+def _check(config) -> None:
   """Checks what can be checked before the job: chain, declarations, preprocessing_fn."""
   from beam_prep import preprocessing  # pylint: disable=g-import-not-at-top
   from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
 
-  try:
+  with refusing(ValueError, TypeError, OSError, ImportError):
     registry.import_ops_modules(config.ops_module)
     registry.build_chain(config.chain)  # Names and literal arguments, checked now.
     table = config.features()  # Declarations, checked now.
     preprocessing.preprocessing_fn_for(table, config.preprocessing_fn)
-  except (ValueError, TypeError, OSError, ImportError) as e:
-    log.error("beam-prep %s: %s", task, e)
-    return False
-  return True
 
 
-def _launch(config, beam_args, known, log, task: str):
-  """Runs the job -> (manifest or None, exit code when it is already known)."""
+def _launch(config, beam_args, known):
+  """Runs the job -> its manifest."""
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from beam_prep.features import FeatureError  # pylint: disable=g-import-not-at-top
   from pipelines import dataflow, outputs, prep, runners  # pylint: disable=g-import-not-at-top
 
-  try:
-    if runners.is_dataflow(beam_args):
-      beam_args = dataflow.check_and_complete(beam_args, config)
-    options = PipelineOptions(pipeline_args(beam_args, config.input))
-    return prep.run(config, options, wait=known.wait), None
-  except (
+  refused = (
     outputs.OutputError,
     prep.InputError,
     prep.TransformFromError,
     dataflow.DataflowOptionsError,
-  ) as e:
-    log.error("beam-prep %s: %s", task, e)
-    return None, 2
-  except prep.JobStillRunning as e:
-    log.error("beam-prep %s: %s", task, e)
-    return None, 130
+  )
+  try:
+    with refusing(*refused):
+      if runners.is_dataflow(beam_args):
+        beam_args = dataflow.check_and_complete(beam_args, config)
+      options = PipelineOptions(pipeline_args(beam_args, config.input))
+      return prep.run(config, options, wait=known.wait)
   except FeatureError as e:  # An op's bug: it stops the job, which leaves no output.
-    log.error(
-      "beam-prep %s: the job stopped and its output was removed: %s",
-      task,
-      str(e).split(" [while running")[0],
-    )
-    return None, 2
+    raise Refused(
+      f"the job stopped and its output was removed: {str(e).split(' [while running')[0]}"
+    ) from e
 
 
 def _prep(task: str, argv: List[str]) -> int:
   log = logs.get()
-  try:
+  with refusing(ImportError):
     _import_user_modules(argv)
-  except ImportError as e:
-    log.error("beam-prep %s: %s", task, e)
-    return 2
   parser = prep_parser(task)
   known, beam_args = parser.parse_known_args(argv)
-  try:
+  with refusing(ValueError, TypeError, OSError):
     # Beam drops options it does not know with a log line: a typo here
     # would run a whole job with a default.
     check_unknown(beam_args, option_flags(parser) + beam_option_flags(), f"beam-prep {task}")
     config = build_config(known, task)
-  except (ValueError, TypeError, OSError) as e:
-    log.error("beam-prep %s: %s", task, e)
-    return 2
-  if not _check(config, log, task):
-    return 2
-  manifest, code = _launch(config, beam_args, known, log, task)
-  if manifest is None:
-    return code
-  return _report(manifest, config, log, task)
+  _check(config)
+  return _report(_launch(config, beam_args, known), config, log, task)
 
 
 def _report(manifest, config, log, task: str) -> int:
@@ -296,12 +274,29 @@ def _report(manifest, config, log, task: str) -> int:
   return 1
 
 
+def _command(name: str, body):
+  """`beam-prep NAME`: its logger made quiet first (before TensorFlow), then
+  `body(argv)` under the one error-to-exit-code mapping (`run_command`)."""
+
+  def run(argv: List[str]) -> int:
+    log = logs.quiet("--verbose" in argv)
+    return run_command(f"beam-prep {name}", log, lambda: body(argv))
+
+  return run
+
+
 def _task_commands():
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
 
-  return {name: (lambda argv, name=name: _prep(name, argv)) for name in tasks.task_names()}
+  return {
+    name: _command(name, lambda argv, name=name: _prep(name, argv)) for name in tasks.task_names()
+  }
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-  commands = {"sample-data": _sample_data, **_task_commands(), "preview": _preview}
+  commands = {
+    "sample-data": _command("sample-data", _sample_data),
+    **_task_commands(),
+    "preview": _command("preview", _preview),
+  }
   dispatch(__doc__, commands, argv)

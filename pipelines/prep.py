@@ -41,6 +41,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep import keys, layouts
 from beam_prep.config import PrepConfig, PreviewConfig
+from beam_prep.console import Interrupted
 from beam_prep.features import FEATURES_FILE, FeatureError, FeatureTable
 from beam_prep.kernel import Kernel
 from beam_prep.ops import registry
@@ -225,7 +226,7 @@ def check_input(config: PrepConfig) -> None:
     ) from None
 
 
-class JobStillRunning(Exception):
+class JobStillRunning(Interrupted):
   """The launcher stopped waiting; the Dataflow job goes on (the message says how to stop it)."""
 
 

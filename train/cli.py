@@ -20,8 +20,8 @@ import os
 from typing import List, Optional
 
 from beam_prep import kit
-from beam_prep.console import check_unknown, dispatch, option_flags
-from train import logs, model_layout
+from beam_prep.console import Refused, check_unknown, dispatch, option_flags, refusing, run_command
+from train import logs
 from train.config import EvalConfig, ExportConfig, PredictConfig, TrainConfig
 from train.serve.config import ServeConfig
 
@@ -99,26 +99,19 @@ def missing_train_packages() -> List[str]:
   return missing
 
 
-def _fit(argv: List[str]) -> int:
-  log = logs.quiet("--verbose" in argv)  # Before the parser imports the tasks (TensorFlow).
+def _fit(argv: List[str], log) -> int:
   parser = fit_parser()
   args, rest = parser.parse_known_args(argv)
-  try:
+  with refusing(ValueError, TypeError, OSError, json.JSONDecodeError):
     check_unknown(rest, option_flags(parser), "beam-train fit", strict=True)
     config = build_config(args)
-  except (ValueError, TypeError, OSError, json.JSONDecodeError) as e:
-    log.error("beam-train fit: %s", e)
-    return 2
   missing = missing_train_packages()
   if missing:
-    log.error(
-      "beam-train fit: %s not installed; the trainer needs the train extra: "
-      "pip install 'beam-prep[train]'",
-      ", ".join(missing),
+    raise Refused(
+      f"{', '.join(missing)} not installed; the trainer needs the train extra: "
+      "pip install 'beam-prep[train]'"
     )
-    return 2
-  from beam_prep.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
-  from train import loop, train_step  # pylint: disable=g-import-not-at-top
+  from train import loop  # pylint: disable=g-import-not-at-top
 
   log.info(
     "train: %s, %d steps, batch %d per replica -> %s",
@@ -127,21 +120,7 @@ def _fit(argv: List[str]) -> int:
     config.batch_size,
     config.model_dir,
   )
-  try:
-    m = loop.fit(config)
-  except KeyboardInterrupt:
-    log.error("beam-train fit: interrupted; checkpoint saved, rerun the same command to resume")
-    return 130
-  except (
-    FileNotFoundError,
-    ImportError,
-    ValueError,
-    RecordsError,
-    train_step.RetraceError,
-    FloatingPointError,
-  ) as e:
-    log.error("beam-train fit: %s", e)
-    return 1
+  m = loop.fit(config)
   log.info(
     "train: done at step %d, loss %.4f, %.1f examples/s, input wait %.0f%%, "
     "%d replica(s), step traced %d time(s)",
@@ -159,6 +138,21 @@ def _fit(argv: List[str]) -> int:
   if "export_dir" in m:
     log.info("export: %s", m["export_dir"])
   return 0
+
+
+def _fit_failures():
+  """What stops a fit run besides EXPECTED_ERRORS (they import TensorFlow)."""
+  from beam_prep.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
+
+  from train.train_step import RetraceError  # pylint: disable=g-import-not-at-top
+
+  return (RecordsError, RetraceError, FloatingPointError)
+
+
+def _evaluate_failures():
+  from beam_prep.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
+
+  return (RecordsError, KeyError)
 
 
 EVALUATE = (
@@ -180,31 +174,11 @@ SERVE = (
 )
 
 
-def _evaluate(argv: List[str]) -> int:
-  log = logs.quiet("--verbose" in argv)
-  config = kit.parse_command("beam-train evaluate", EVALUATE, EvalConfig, argv, log)
-  if config is None:
-    return 2
-  from train import noc  # pylint: disable=g-import-not-at-top
-  from train.tasks import task_class  # pylint: disable=g-import-not-at-top
-  from beam_prep.prep_output import PrepOutput, RecordsError  # pylint: disable=g-import-not-at-top
-  from beam_prep import source_records  # pylint: disable=g-import-not-at-top
+def _evaluate(argv: List[str], log) -> int:
+  config = kit.parse_command("beam-train evaluate", EVALUATE, EvalConfig, argv)
+  from train import evaluate, noc  # pylint: disable=g-import-not-at-top
 
-  try:
-    # The data a model dir recorded is found from any folder (PrepOutput.of_model).
-    prep = PrepOutput(config.data) if config.data else PrepOutput.of_model(config.model)
-    if "noc" not in task_class(prep.table.task).evaluators:
-      raise ValueError(f"NoC is no evaluation of task {prep.table.task!r} ({prep.path})")
-    source = config.resolution == "source" or (
-      config.resolution == "auto"
-      and prep.has_records(source_records.SPLIT)
-      and (not config.model or _has_export(config.model))
-    )
-    run = _evaluate_source if source else _evaluate_records
-    report, out = run(config, prep, log)
-  except (ValueError, FileNotFoundError, ImportError, OSError, KeyError, RecordsError) as e:
-    log.error("beam-train evaluate: %s", e)
-    return 1
+  report, out = evaluate.run(config, log)
   for line in noc.lines(noc.brief(report)):
     log.info("evaluate: %s", line)
   curve = report.get("model", report["baseline"])["mean_iou_by_clicks"]
@@ -213,111 +187,21 @@ def _evaluate(argv: List[str]) -> int:
   return 0
 
 
-def _has_export(model: str) -> bool:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from train.export import latest_export  # pylint: disable=g-import-not-at-top
-
-  try:
-    latest_export(model)
-  except (FileNotFoundError, tf.errors.OpError):
-    return False
-  return True
-
-
-def _evaluate_source(config, prep, log):
-  """NoC on the eval images at their own size (`train.source_eval`)."""
-  from train import source_eval  # pylint: disable=g-import-not-at-top
-
-  out = config.output or os.path.join(config.model, model_layout.EVAL_DIR)
-  log.info(
-    "evaluate: %s on every object of the eval images of %s at their own size, up to %d clicks",
-    config.model or "the nearest-click baseline",
-    prep.path,
-    config.max_clicks,
-  )
-  report = source_eval.evaluate(
-    prep,
-    out,
-    config.model,
-    config.max_clicks,
-    config.thresholds,
-    config.pred_thr,
-    config.max_objects,
-    config.min_area,
-    config.flip,
-  )
-  if report["skipped_objects"]:
-    log.info(
-      "evaluate: %d object(s) under --min-area %d pixels left out (noc.json's skipped_objects)",
-      len(report["skipped_objects"]),
-      config.min_area,
-    )
-  return report, out
-
-
-def _evaluate_records(config, prep, log):
-  """NoC on the eval records (`train.noc`), with the model dir's Keras model."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from train import models, noc  # pylint: disable=g-import-not-at-top
-  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
-
-  if prep.manifest.get("eval_only"):
-    raise ValueError(
-      f"{prep.path} is an evaluation-only output: it is evaluated at the images' "
-      f"own size through the model's export, and {config.model} has none "
-      "(beam-train export --model-dir MODEL_DIR writes one)"
-    )
-  model = models.rebuild(config.model)
-  ckpt = tf.train.latest_checkpoint(os.path.join(config.model, model_layout.CHECKPOINTS_DIR)) or ""
-  step = int(ckpt.rsplit("-", 1)[1]) if "-" in os.path.basename(ckpt) else 0
-  out = config.output or os.path.join(config.model, model_layout.EVAL_DIR)
-  log.info(
-    "evaluate: %s on the eval objects of %s at the records' size, up to %d clicks",
-    config.model,
-    prep.path,
-    config.max_clicks,
-  )
-  return noc.evaluate(
-    model,
-    prep,
-    out,
-    config.max_clicks,
-    config.thresholds,
-    config.batch_size,
-    config.max_objects,
-    summary_dir=os.path.join(config.model, model_layout.TENSORBOARD_DIR, model_layout.EVAL_DIR),
-    step=step,
-    pred_thr=config.pred_thr,
-    trained_on=PrepOutput.of_model(config.model),
-  ), out
-
-
-def _predict(argv: List[str]) -> int:
-  log = logs.quiet("--verbose" in argv)
-  config = kit.parse_command("beam-train predict", PREDICT, PredictConfig, argv, log)
-  if config is None:
-    return 2
+def _predict(argv: List[str], log) -> int:
+  config = kit.parse_command("beam-train predict", PREDICT, PredictConfig, argv)
   from train import predict  # pylint: disable=g-import-not-at-top
   from train import signatures as sig  # pylint: disable=g-import-not-at-top
   from train.portable_model import open_model  # pylint: disable=g-import-not-at-top
 
-  try:
+  # A model, an image or clicks that cannot be used: nothing was predicted.
+  with refusing():
     model = open_model(config.model)
     if model.classifies:
-      out = predict.classify(model, config.image)
-      probs = out[sig.PROBABILITIES][0]
-      ranked = sorted(zip(out[sig.CLASSES].tolist(), probs.tolist()), key=lambda t: -t[1])
-      log.info(
-        "predict: %s (%s)",
-        out[sig.LABEL][0].decode(),
-        ", ".join(f"{c.decode()} {v:.3f}" for c, v in ranked[:5]),
-      )
+      for line in predict.class_lines(predict.classify(model, config.image)):
+        log.info("predict: %s", line)
       return 0
-    image, positive, negative = _predict_inputs(config, model, log)
+    image, positive, negative = predict.segment_inputs(config, model, log)
     result = model.segment(image, positive, negative)
-  except (ValueError, FileNotFoundError, OSError) as e:
-    log.error("beam-train predict: %s", e)
-    return 2
   mask_path, overlay_path = predict.write_outputs(config.output, image, result, positive, negative)
   log.info(
     "predict: %d of %d pixels in the mask -> %s (overlay %s)",
@@ -329,53 +213,22 @@ def _predict(argv: List[str]) -> int:
   return 0
 
 
-def _predict_inputs(config, model, log):
-  """(image, positive, negative clicks clamped into it) of a segmentation request."""
-  from train import predict  # pylint: disable=g-import-not-at-top
-
-  model.require_segmentation()
-  if not config.output:
-    raise ValueError("--output MASK.png is required for a segmentation model")
-  positive = [predict.parse_point(s) for s in config.positive]
-  negative = [predict.parse_point(s) for s in config.negative]
-  if not positive:
-    raise ValueError("at least one --positive X,Y click on the object is required")
-  image = predict.load_image(config.image)
-  h, w = image.shape[:2]
-  positive, moved_p = predict.clamp(positive, w, h)
-  negative, moved_n = predict.clamp(negative, w, h)
-  if moved_p or moved_n:
-    log.info(
-      "predict: clicks outside the %dx%d image clamped to its border: %s",
-      w,
-      h,
-      ", ".join(f"{x},{y}" for x, y in moved_p + moved_n),
-    )
-  return image, positive, negative
-
-
-def _export(argv: List[str]) -> int:
-  log = logs.quiet("--verbose" in argv)
-  config = kit.parse_command("beam-train export", EXPORT, ExportConfig, argv, log)
-  if config is None:
-    return 2
+def _export(argv: List[str], log) -> int:
+  config = kit.parse_command("beam-train export", EXPORT, ExportConfig, argv)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from train import export, portable  # pylint: disable=g-import-not-at-top
 
-  try:
+  with refusing(ValueError):
     formats = portable.parse_formats(config.format)
-    path = export.export_trained(
-      config.data,
-      config.export_base,
-      config.model_file,
-      config.model_dir,
-      config.model_module,
-      formats,
-    )
-  except (ValueError, FileNotFoundError, ImportError, OSError) as e:
-    log.error("beam-train export: %s", e)
-    return 1
+  path = export.export_trained(
+    config.data,
+    config.export_base,
+    config.model_file,
+    config.model_dir,
+    config.model_module,
+    formats,
+  )
   log.info("export: %s", path)
   for suffix in (portable.SUFFIXES[f] for f in formats if f in portable.SUFFIXES):
     for name in sorted(tf.io.gfile.glob(os.path.join(path, "*" + suffix))):
@@ -383,22 +236,15 @@ def _export(argv: List[str]) -> int:
   return 0
 
 
-def _serve(argv: List[str]) -> int:
+def _serve(argv: List[str], log) -> int:
   p = kit.command_parser("beam-train serve", SERVE, ServeConfig)
-  log = logs.quiet("--verbose" in argv)
   missing = [m for m in ("flask", "waitress") if importlib.util.find_spec(m) is None]
   if missing:
-    log.error(
-      "beam-train serve: %s not installed: pip install 'beam-prep[train]'", ", ".join(missing)
-    )
-    return 2
+    raise Refused(f"{', '.join(missing)} not installed: pip install 'beam-prep[train]'")
   from train.serve import app  # pylint: disable=g-import-not-at-top
 
-  try:
+  with refusing(ValueError, FileNotFoundError, OSError):
     server, _ = app.start(kit.resolve_argv(p, ServeConfig, argv), log)
-  except (ValueError, FileNotFoundError, OSError) as e:
-    log.error("beam-train serve: %s", e)
-    return 2
   try:
     server.serve_forever()
   except KeyboardInterrupt:
@@ -414,28 +260,37 @@ ENGINE = (
 )
 
 
-def _engine(argv: List[str]) -> int:
-  log = logs.quiet("--verbose" in argv)
+def _engine(argv: List[str], log) -> int:
   from train import engine  # pylint: disable=g-import-not-at-top
 
-  config = kit.parse_command("beam-train engine", ENGINE, engine.EngineConfig, argv, log)
-  if config is None:
-    return 2
-  try:
-    engine.run_round(config, log)
-  except (RuntimeError, FileNotFoundError, ValueError, OSError) as e:
-    log.error("beam-train engine: %s", e)
-    return 1
+  config = kit.parse_command("beam-train engine", ENGINE, engine.EngineConfig, argv)
+  engine.run_round(config, log)
   return 0
 
 
+def _command(name: str, body, failures=lambda: (), interrupted: str = "interrupted"):
+  """`beam-train NAME`: its logger made quiet first (before TensorFlow), then
+  `body(argv, log)` under the one error-to-exit-code mapping (`run_command`)."""
+
+  def run(argv: List[str]) -> int:
+    log = logs.quiet("--verbose" in argv)
+    return run_command(f"beam-train {name}", log, lambda: body(argv, log), failures(), interrupted)
+
+  return run
+
+
 COMMANDS = {
-  "fit": _fit,
-  "evaluate": _evaluate,
-  "predict": _predict,
-  "export": _export,
-  "serve": _serve,
-  "engine": _engine,
+  "fit": _command(
+    "fit",
+    _fit,
+    _fit_failures,
+    "interrupted; checkpoint saved, rerun the same command to resume",
+  ),
+  "evaluate": _command("evaluate", _evaluate, _evaluate_failures),
+  "predict": _command("predict", _predict),
+  "export": _command("export", _export),
+  "serve": _command("serve", _serve),
+  "engine": _command("engine", _engine, lambda: (RuntimeError,)),
 }
 
 

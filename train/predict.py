@@ -78,6 +78,40 @@ def classify(model, path: str) -> Dict[str, np.ndarray]:
 OVERLAY_MIN_SIDE = 512
 
 
+def class_lines(out: Dict[str, np.ndarray], top: int = 5):
+  """`classify`'s answer as lines: the label, then the `top` classes' probabilities."""
+  probs = out[sig.PROBABILITIES][0]
+  ranked = sorted(zip(out[sig.CLASSES].tolist(), probs.tolist()), key=lambda t: -t[1])
+  yield "%s (%s)" % (
+    out[sig.LABEL][0].decode(),
+    ", ".join(f"{c.decode()} {v:.3f}" for c, v in ranked[:top]),
+  )
+
+
+def segment_inputs(config, model, log):
+  """(image, positive, negative clicks clamped into it) of a segmentation
+  request of `config` (a `PredictConfig`)."""
+  model.require_segmentation()
+  if not config.output:
+    raise ValueError("--output MASK.png is required for a segmentation model")
+  positive = [parse_point(s) for s in config.positive]
+  negative = [parse_point(s) for s in config.negative]
+  if not positive:
+    raise ValueError("at least one --positive X,Y click on the object is required")
+  image = load_image(config.image)
+  h, w = image.shape[:2]
+  positive, moved_p = clamp(positive, w, h)
+  negative, moved_n = clamp(negative, w, h)
+  if moved_p or moved_n:
+    log.info(
+      "predict: clicks outside the %dx%d image clamped to its border: %s",
+      w,
+      h,
+      ", ".join(f"{x},{y}" for x, y in moved_p + moved_n),
+    )
+  return image, positive, negative
+
+
 def write_outputs(
   output: str, image: np.ndarray, result: Dict[str, np.ndarray], positive, negative
 ) -> Tuple[str, str]:

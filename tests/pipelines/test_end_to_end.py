@@ -39,6 +39,9 @@ def test_pipeline_train_export_predict_without_prep_dir(prep_dir, sample_dir, tm
         "6",
         "--checkpoint-every",
         "6",
+        # NoC after fit: tests/train/test_noc.py.
+        "--noc-clicks",
+        "0",
       ]
     )
   assert e.value.code == 0
@@ -103,6 +106,8 @@ def test_resumed_run_reaches_the_same_step(prep_dir, tmp_path):
     "--checkpoint-every",
     "5",
     "--no-export",
+    "--noc-clicks",
+    "0",
   ]
   for steps in ("5", "9"):
     with pytest.raises(SystemExit) as e:
