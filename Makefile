@@ -23,7 +23,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # Imported once after the install, TensorFlow beside the rest (2 cores):
 # every later process, the suite's first ones too, finds them compiled.
 WARM_FIRST := apache_beam, pandas, scipy, PIL, flask, waitress, selenium
-WARM_THEN := tensorflow_transform, pipelines.cli, train.cli, train.serve.app, train.loop, train.export, benchmarks.run
+WARM_THEN := tensorflow_transform, pipelines.cli, train.cli, train.serve.app, train.fit.loop, train.export.saved_model, benchmarks.run
 
 # Reinstalls when setup.py changes.
 $(STAMP): $(BIN)/python setup.py

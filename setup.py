@@ -45,7 +45,7 @@ EXTRAS = {
   # `python -m build` (without it, with the deprecated `setup.py sdist`).
   "dataflow": ["build"],
   # `beam-train export --format tflite|onnx` and `beam-train predict` on
-  # those files (train.portable): tf2onnx converts, onnxruntime and LiteRT
+  # those files (train.export.portable): tf2onnx converts, onnxruntime and LiteRT
   # run the files. Never on a Dataflow worker.
   "portable": ["tf2onnx>=1.17", "onnxruntime>=1.20", "ai-edge-litert>=1.2"],
   # The page's test drives a real browser (Debian's chromium and

@@ -2,7 +2,7 @@
 
 A record holds one unit with its variants stacked (`beam_prep.features`,
 format 3); the `Decoder` is the one reader of that layout. The trainer's
-input path runs it in its tf.data graph (`train.data`), and
+input path runs it in its tf.data graph (`train.fit.data`), and
 `FeatureTable.decode_examples` runs it eagerly and turns its output into
 numpy arrays (`Decoder.numpy`), so a change to the record layout is made
 here, once.
@@ -133,7 +133,7 @@ class Decoder:
 def raw_view(table, stored: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
   """Picked, expanded or split features, as stored -> the example view:
   per-pixel features as raw bytes, stacked numbers as the lists or arrays
-  their spec parses to. The trainer's step runs it (`train.data.Parser`), so
+  their spec parses to. The trainer's step runs it (`train.fit.data.Parser`), so
   its reader only parses and picks."""
   out = {}
   for k, v in stored.items():

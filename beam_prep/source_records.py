@@ -15,7 +15,7 @@ lossless PNG:
 
 They live beside the records as `records/source-SSSSS-of-NNNNN.tfrecord`
 (`SPLIT`). Every object of the mask is evaluated, none dropped for being
-small, unless the evaluation is asked to (`train.source_eval`'s `--min-area`).
+small, unless the evaluation is asked to (`train.evaluate.source_eval`'s `--min-area`).
 """
 
 import io

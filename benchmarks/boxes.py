@@ -8,11 +8,11 @@ records, as `beam-train evaluate` measures NoC) are the held-out
 photographs. For each of their objects, MODEL's export (a model dir or an
 export) is given:
 
-  one click   the protocol's first click (`train.clicker.next_click_of` on
+  one click   the protocol's first click (`train.evaluate.clicker.next_click_of` on
               an empty mask: the object's innermost pixel);
   a box       the object's box, widened by each --boxes-pad fraction of its
               sides, as a box prompt (`serve_box`: see
-              `train.signatures`); to weigh that rule, also the box itself
+              `train.export.signatures`); to weigh that rule, also the box itself
               as the mask (what the model adds to it), the box's centre click
               without the box's crop and input (the whole image's crop, the
               mask cut to the box), and the box with the first click.
@@ -49,10 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _iou(mask: np.ndarray, label: np.ndarray) -> float:
-  """The protocol's IoU (`train.clicker.label_iou`: 1 object, IGNORE not counted)."""
+  """The protocol's IoU (`train.evaluate.clicker.label_iou`: 1 object, IGNORE not counted)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from train import clicker  # pylint: disable=g-import-not-at-top
+  from train.evaluate import clicker  # pylint: disable=g-import-not-at-top
 
   return float(clicker.label_iou(tf.constant(mask[None]), tf.constant(label[None]))[0])
 
@@ -79,7 +79,7 @@ def _cut(mask: np.ndarray, box) -> np.ndarray:
 
 
 def _object(model, image, label, pads) -> Dict[str, Any]:
-  from train import clicker  # pylint: disable=g-import-not-at-top
+  from train.evaluate import clicker  # pylint: disable=g-import-not-at-top
 
   xy, _ = clicker.next_click_of(np.zeros(label.shape, bool), label, [], [])
   out = {"one": _iou(model.segment(image, [list(xy)], [])["mask"] > 0, label)}
@@ -98,9 +98,9 @@ def _object(model, image, label, pads) -> Dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
-  from train.export import latest_export  # pylint: disable=g-import-not-at-top
-  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
-  from train.simulate import source_objects  # pylint: disable=g-import-not-at-top
+  from train.export.saved_model import latest_export  # pylint: disable=g-import-not-at-top
+  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.evaluate.simulate import source_objects  # pylint: disable=g-import-not-at-top
 
   pads = [float(p) for p in args.boxes_pad.split(",")]
   objects = source_objects(args.boxes)[: args.boxes_objects]

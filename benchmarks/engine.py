@@ -9,7 +9,7 @@ DIR is any input `beam-prep segmentation` reads; its objects, taken in a
 fixed order (by image id, then object id), are cut into --engine-rounds
 batches of --engine-objects. A simulated annotator labels them through a
 running `beam-train serve` (the page's own endpoints, as a person's browser
-calls them) with the protocol's clicker (`train.clicker.next_click_of`: the
+calls them) with the protocol's clicker (`train.evaluate.clicker.next_click_of`: the
 next click in the larger error) until IoU >= 0.90 or 20 clicks, and saves
 what the model gave at that moment, not the truth. Round 1 is labelled
 with MODEL_DIR; between rounds `beam-train engine` fine-tunes the served
@@ -45,7 +45,7 @@ import numpy as np
 from benchmarks.common import environment, log, refuse, run_and_write
 from beam_prep.kit import with_default
 from train.serve.config import ENGINE_FIELDS, ServeConfig
-from train.simulate import TARGET_IOU, Annotator, label_batch, source_objects
+from train.evaluate.simulate import TARGET_IOU, Annotator, label_batch, source_objects
 
 PROG = "python -m benchmarks --engine"
 # The served server's rounds run when the benchmark starts them, never by its count of saves.
@@ -225,7 +225,7 @@ def _rounds(batches, workdir: str, served, frozen_url: str) -> tuple:
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
   """The whole measurement (see the module docstring)."""
-  from train.export import latest_export  # pylint: disable=g-import-not-at-top
+  from train.export.saved_model import latest_export  # pylint: disable=g-import-not-at-top
 
   workdir = os.path.abspath(args.workdir or "out/bench_engine")
   os.makedirs(workdir, exist_ok=True)

@@ -38,7 +38,7 @@ def _on_the_fly(files: List[str], decoder, batch: int, size: int):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.distance import distance_maps  # pylint: disable=g-import-not-at-top
-  from train.export import to_raw_bytes  # pylint: disable=g-import-not-at-top
+  from train.export.saved_model import to_raw_bytes  # pylint: disable=g-import-not-at-top
 
   def with_maps(serialized):
     raw = decoder.decode(serialized[None])  # One variant of the record, picked.
@@ -68,7 +68,7 @@ def _on_the_fly(files: List[str], decoder, batch: int, size: int):
 def bench_input(prep_dir: str, batch: int, batches: int, repeats: int) -> Dict[str, float]:
   """Images/s of three input pipelines that yield the same model input."""
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  from train.data import Decoder, InputReader  # pylint: disable=g-import-not-at-top
+  from train.fit.data import Decoder, InputReader  # pylint: disable=g-import-not-at-top
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
 

@@ -12,7 +12,7 @@ from typing import Any, Dict
 import numpy as np
 
 from benchmarks.common import log, make_data, run_pipeline
-from train import protocol
+from train.evaluate import protocol
 
 
 def bench_noc_source(workdir: str, model_dir: str, s: Dict[str, Any]) -> Dict[str, float]:
@@ -22,7 +22,7 @@ def bench_noc_source(workdir: str, model_dir: str, s: Dict[str, Any]) -> Dict[st
   the baseline's time its distance transforms take (2 per click per object,
   timed alone on masks of the same size)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from train import clicker, source_eval  # pylint: disable=g-import-not-at-top
+  from train.evaluate import clicker, source_eval  # pylint: disable=g-import-not-at-top
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
 
   data = make_data(workdir, s["noc_images"], s["noc_size"], seed=2)

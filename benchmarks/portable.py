@@ -9,7 +9,7 @@ are compared with (default: EXPORT's own). PREP's eval images at their own
 size (its source records) are the held-out photographs.
 
 Parity: each object is clicked by the protocol's clicker
-(`train.clicker.next_click_of`) for --portable-clicks clicks with the
+(`train.evaluate.clicker.next_click_of`) for --portable-clicks clicks with the
 SavedModel's `serve_iterative`, each click given its previous mask; the
 TFLite and ONNX `serve_iterative` files get the very same inputs at every
 click. Per format: the share of mask pixels equal to the SavedModel's, the
@@ -54,14 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _files(export: str) -> Dict[str, str]:
-  from train import portable, signatures as sig  # pylint: disable=g-import-not-at-top
+  from train.export import portable, signatures as sig  # pylint: disable=g-import-not-at-top
 
   return {f: os.path.join(export, portable.file_name(sig.SERVE_ITERATIVE, f)) for f in FORMATS}
 
 
 def _compare(want: Dict[str, np.ndarray], got: Dict[str, np.ndarray]):
   """(pixels, differing pixels, max |p - threshold| where they differ, max |dp|)."""
-  from train import portable  # pylint: disable=g-import-not-at-top
+  from train.export import portable  # pylint: disable=g-import-not-at-top
 
   equal, near = portable.parity(want, got)
   dp = float(np.max(np.abs(want["probabilities"] - got["probabilities"])))
@@ -71,7 +71,7 @@ def _compare(want: Dict[str, np.ndarray], got: Dict[str, np.ndarray]):
 
 def _object(models, image, label, clicks: int) -> Dict[str, List]:
   """Per format, the `_compare` of each click of one object."""
-  from train import clicker  # pylint: disable=g-import-not-at-top
+  from train.evaluate import clicker  # pylint: disable=g-import-not-at-top
 
   positive, negative, previous = [], [], np.zeros(label.shape, np.uint8)
   rows = {f: [] for f in FORMATS}
@@ -90,10 +90,10 @@ def _object(models, image, label, clicks: int) -> Dict[str, List]:
 
 def parity(export: str, saved: str, found: List[Dict[str, Any]], clicks: int) -> Dict[str, Any]:
   """`_object`'s comparisons over held-out objects `found`
-  (`train.simulate.source_objects`): the files of `export` against the
+  (`train.evaluate.simulate.source_objects`): the files of `export` against the
   SavedModel `saved`."""
-  from train.portable_model import PortableModel  # pylint: disable=g-import-not-at-top
-  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.export.portable_model import PortableModel  # pylint: disable=g-import-not-at-top
+  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
   models = {"savedmodel": ServedModel(saved)}
   models.update({f: PortableModel(p) for f, p in _files(export).items()})
@@ -141,11 +141,11 @@ def _time_one(runtime: str, path: str, threads: int, request, out) -> None:
     if threads:
       tf.config.threading.set_intra_op_parallelism_threads(threads)
       tf.config.threading.set_inter_op_parallelism_threads(threads)
-    from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+    from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
     model = ServedModel(path)
   else:
-    from train.portable_model import PortableModel  # pylint: disable=g-import-not-at-top
+    from train.export.portable_model import PortableModel  # pylint: disable=g-import-not-at-top
 
     model = PortableModel(path, threads)
   times = []
@@ -209,8 +209,8 @@ def _refusal(args: argparse.Namespace) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-  from train.export import latest_export  # pylint: disable=g-import-not-at-top
-  from train.simulate import source_objects  # pylint: disable=g-import-not-at-top
+  from train.export.saved_model import latest_export  # pylint: disable=g-import-not-at-top
+  from train.evaluate.simulate import source_objects  # pylint: disable=g-import-not-at-top
 
   try:
     if not all(os.path.isfile(p) for p in _files(args.portable).values()):

@@ -37,7 +37,8 @@ import traceback
 from typing import Any, Callable, Dict, List, Sequence
 
 from benchmarks.common import environment, log, write_result
-from train import model_layout, protocol
+from train import model_layout
+from train.evaluate import protocol
 
 # Every arm runs both commands with `--preset PRESET`; the corrective arm is
 # the preset itself (mask guidance and corrective clicks), the others take
@@ -447,7 +448,8 @@ def _fit(s: Settings, arm: Dict[str, Any], prep: str, model: str, arm_dir: str) 
 def _evaluate(s: Settings, name: str, prep: str, model: str, arm_dir: str) -> Dict[str, Any]:
   """`beam-train evaluate --resolution source` of the arm's model (or of the
   baseline alone) -> its figures."""
-  from train import cli, noc  # pylint: disable=g-import-not-at-top
+  from train import cli  # pylint: disable=g-import-not-at-top
+  from train.evaluate import noc  # pylint: disable=g-import-not-at-top
 
   out_dir = os.path.join(arm_dir, model_layout.EVAL_DIR)
   log_path = os.path.join(arm_dir, "evaluate.log")
@@ -490,7 +492,7 @@ def _cell(value: Any, fmt: str) -> str:
 
 def table(result: Dict[str, Any]) -> str:
   """The arms as a Markdown table, one row per arm."""
-  from train import noc  # pylint: disable=g-import-not-at-top
+  from train.evaluate import noc  # pylint: disable=g-import-not-at-top
 
   s = result["settings"]
   heads = (

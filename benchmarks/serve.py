@@ -53,8 +53,8 @@ def bench_serve(model_dir: str, repeats: int) -> Dict[str, float]:
 def bench_serving(model_dir: str, repeats: int) -> Dict[str, float]:
   """Milliseconds from click to mask of the loaded SavedModel's signature."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from train import signatures as sig  # pylint: disable=g-import-not-at-top
-  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.export import signatures as sig  # pylint: disable=g-import-not-at-top
+  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
   model = ServedModel(model_dir)
   rng = np.random.default_rng(0)
@@ -106,7 +106,7 @@ def bench_rest(model_dir: str, repeats: int, saved_model_p50: float) -> Dict[str
   import threading  # pylint: disable=g-import-not-at-top
   import urllib.request  # pylint: disable=g-import-not-at-top
   import orjson  # pylint: disable=g-import-not-at-top
-  from train import signatures as sig  # pylint: disable=g-import-not-at-top
+  from train.export import signatures as sig  # pylint: disable=g-import-not-at-top
   from train.serve import app  # pylint: disable=g-import-not-at-top
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
 
@@ -165,7 +165,7 @@ def _encoded_request(jpeg: bytes, pos, neg) -> bytes:
   """TF Serving's predict request of `serve_encoded`: one instance, the file as {"b64": ...}."""
   import base64  # pylint: disable=g-import-not-at-top
   import orjson  # pylint: disable=g-import-not-at-top
-  from train import signatures as sig  # pylint: disable=g-import-not-at-top
+  from train.export import signatures as sig  # pylint: disable=g-import-not-at-top
 
   instance = {
     sig.IMAGE_BYTES: {"b64": base64.b64encode(jpeg).decode()},
@@ -185,7 +185,7 @@ def bench_rest_encoded(model_dir: str, repeats: int) -> Dict[str, float]:
   import threading  # pylint: disable=g-import-not-at-top
   import urllib.request  # pylint: disable=g-import-not-at-top
   import orjson  # pylint: disable=g-import-not-at-top
-  from train import signatures as sig  # pylint: disable=g-import-not-at-top
+  from train.export import signatures as sig  # pylint: disable=g-import-not-at-top
   from train.serve import app  # pylint: disable=g-import-not-at-top
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
 

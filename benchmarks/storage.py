@@ -76,7 +76,7 @@ def reader_rate(files: List[str], table, s: Dict[str, Any]) -> float:
   pool of one thread, as the trainer's reader path (`InputReader.dataset`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  from train.data import Decoder  # pylint: disable=g-import-not-at-top
+  from train.fit.data import Decoder  # pylint: disable=g-import-not-at-top
 
   decoder = Decoder(table, table.transform_keys)
   ds = tf.data.Dataset.from_tensor_slices(files).interleave(

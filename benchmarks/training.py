@@ -46,7 +46,7 @@ def bench_train(
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from train import models  # pylint: disable=g-import-not-at-top
-  from train.data import InputReader  # pylint: disable=g-import-not-at-top
+  from train.fit.data import InputReader  # pylint: disable=g-import-not-at-top
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
 
@@ -92,7 +92,7 @@ def bench_train(
 def fit_model(workdir: str, prep_dir: str, s: Dict[str, Any]) -> str:
   """Trains `fit_steps` steps on the records in `prep_dir`; returns the model dir."""
   from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
-  from train import loop  # pylint: disable=g-import-not-at-top
+  from train.fit import loop  # pylint: disable=g-import-not-at-top
 
   model_dir = os.path.join(workdir, "model")
   shutil.rmtree(model_dir, ignore_errors=True)

@@ -52,13 +52,13 @@ def _first_eval_object(prep_dir: str):
 
 def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, run):
   """`beam-train predict` on an eval object with the protocol's first click
-  (its innermost pixel, `train.clicker`) -> (what was predicted, for the
+  (its innermost pixel, `train.evaluate.clicker`) -> (what was predicted, for the
   summary, and its seconds)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.layouts.folders import IMAGES_DIR, MASK_SUFFIX, MASKS_DIR  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.image import object_label  # pylint: disable=g-import-not-at-top
-  from train import clicker  # pylint: disable=g-import-not-at-top
+  from train.evaluate import clicker  # pylint: disable=g-import-not-at-top
 
   image_id, object_id = _first_eval_object(prep)
   image_path = sorted(glob.glob(os.path.join(data, IMAGES_DIR, image_id + ".*")))[0]
@@ -88,7 +88,7 @@ def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: i
   `beam-train engine` fine-tunes it on them; the other half is labelled
   before and after the round, nothing saved -> (the figures, its seconds)."""
   import threading  # pylint: disable=g-import-not-at-top
-  from train import simulate  # pylint: disable=g-import-not-at-top
+  from train.evaluate import simulate  # pylint: disable=g-import-not-at-top
   from train.serve import app as serve_app  # pylint: disable=g-import-not-at-top
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
 
@@ -171,7 +171,7 @@ def _summary_records(data: str, prep: str, log) -> None:
 def _summary_model(model: str, metrics, log) -> None:
 
   from train import model_layout  # pylint: disable=g-import-not-at-top
-  from train.noc import NOC_FILE  # pylint: disable=g-import-not-at-top
+  from train.evaluate.noc import NOC_FILE  # pylint: disable=g-import-not-at-top
   from train.tasks import task_class  # pylint: disable=g-import-not-at-top
 
   ev = metrics["eval"]
@@ -249,8 +249,8 @@ def _summary_outputs(
 
 def _clicks_line(what: str, m, b, objects: int, max_clicks: int, where: str) -> str:
   """NoC of the model vs the baseline's at each threshold of the protocol."""
-  from train import protocol  # pylint: disable=g-import-not-at-top
-  from train.noc import noc_key, threshold_name  # pylint: disable=g-import-not-at-top
+  from train.evaluate import protocol  # pylint: disable=g-import-not-at-top
+  from train.evaluate.noc import noc_key, threshold_name  # pylint: disable=g-import-not-at-top
 
   said = []
   for t in protocol.NOC_IOU_THRESHOLDS:

@@ -36,7 +36,7 @@ def assert_encoded_answer(got, want):
   """One image's answer from an encoded signature (`got`: its PNG files)
   against the array signature's outputs (`want`): the mask exactly (0 / 255
   greyscale), the probabilities' grey levels within 1 of round(p * 255)."""
-  from train import signatures as sig  # pylint: disable=g-import-not-at-top
+  from train.export import signatures as sig  # pylint: disable=g-import-not-at-top
 
   mask, grey = unpng(got[sig.MASK_BYTES]), unpng(got[sig.PROBABILITIES_BYTES])
   assert mask.dtype == grey.dtype == np.uint8, (mask.dtype, grey.dtype)
@@ -137,9 +137,10 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
   import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
-  from train import clicker, models  # pylint: disable=g-import-not-at-top
-  from train.data import Decoder, Parser  # pylint: disable=g-import-not-at-top
-  from train.export import SegmentationServer, latest_export  # pylint: disable=g-import-not-at-top
+  from train.evaluate import clicker  # pylint: disable=g-import-not-at-top
+  from train import models  # pylint: disable=g-import-not-at-top
+  from train.fit.data import Decoder, Parser  # pylint: disable=g-import-not-at-top
+  from train.export.saved_model import SegmentationServer, latest_export  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
 
   table = FeatureTable.load(prep_dir)

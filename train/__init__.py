@@ -6,23 +6,24 @@ feature declarations (`beam_prep.features`, `beam_prep.keys`) and the op
 registry, whose TensorFlow twins build the serving graph; `beam_prep` never
 imports `train`.
 
-Modules, each importing only those on the lines below it:
+Packages and modules, each importing only those on the lines below it:
 
   cli             beam-train's commands (imports the rest when a command runs)
-  serve           beam-train serve: TF Serving's REST API and the click-and-see page
-  loop            fit: setup, the step loop, evaluation, NoC, export
-  noc, predict    NoC evaluation and its report; beam-train predict
-  export          the serving SavedModel
-  data            the input path (Decoder, Parser, InputReader, `dataset`)
+  serve           beam-train serve: TF Serving's REST API, the page, the label store
+  engine          beam-train engine: a data engine round (labels -> records -> model)
+  fit             beam-train fit: the loop, the reader, the step and its inputs
+  evaluate        beam-train evaluate: NoC, the simulated user, the protocol
+  export          beam-train export and predict: the serving graph, SavedModel,
+                  TFLite and ONNX files
   tasks, models   what differs by task (labels, loss, metrics, its server and
                   evaluators); the models
-  servers         each task's serving tf.Module and its signatures
-  prep_output     PrepOutput: a beam-prep output, opened in one place
-  serving_inputs  the model input from records or from a request (twins)
-  clicker         the simulated user's clicks, the nearest-click baseline, IoU
-  drawing         a mask and clicks drawn on an image (Pillow only)
-  devices         threads, GPU memory, precision, the distribution strategy
-  config, logs    TrainConfig; the log
+  graphs          the graph functions of training and serving, declared once
+  config, logs    TrainConfig and the other commands' configs; the log
+  model_layout    the files of a model directory
+
+Each package's `__init__` says what it owns. Imports cross the packages
+(fit reads export's model input, NoC runs export's servers, the served
+model clicks with evaluate's clicker), never in a circle of modules.
 
 Public API for one's own training code (imported lazily: `import train`
 does not load TensorFlow):
@@ -35,7 +36,7 @@ __all__ = ["dataset", "register_model"]
 
 def __getattr__(name):
   if name == "dataset":
-    from train.data import dataset  # pylint: disable=g-import-not-at-top
+    from train.fit.data import dataset  # pylint: disable=g-import-not-at-top
 
     return dataset
   if name == "register_model":

@@ -111,7 +111,7 @@ def _fit(argv: List[str], log) -> int:
       f"{', '.join(missing)} not installed; the trainer needs the train extra: "
       "pip install 'beam-prep[train]'"
     )
-  from train import loop  # pylint: disable=g-import-not-at-top
+  from train.fit import loop  # pylint: disable=g-import-not-at-top
 
   log.info(
     "train: %s, %d steps, batch %d per replica -> %s",
@@ -144,7 +144,7 @@ def _fit_failures():
   """What stops a fit run besides EXPECTED_ERRORS (they import TensorFlow)."""
   from beam_prep.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
 
-  from train.train_step import RetraceError  # pylint: disable=g-import-not-at-top
+  from train.fit.train_step import RetraceError  # pylint: disable=g-import-not-at-top
 
   return (RecordsError, RetraceError, FloatingPointError)
 
@@ -176,9 +176,9 @@ SERVE = (
 
 def _evaluate(argv: List[str], log) -> int:
   config = kit.parse_command("beam-train evaluate", EVALUATE, EvalConfig, argv)
-  from train import evaluate, noc  # pylint: disable=g-import-not-at-top
+  from train.evaluate import command, noc  # pylint: disable=g-import-not-at-top
 
-  report, out = evaluate.run(config, log)
+  report, out = command.run(config, log)
   for line in noc.lines(noc.brief(report)):
     log.info("evaluate: %s", line)
   curve = report.get("model", report["baseline"])["mean_iou_by_clicks"]
@@ -189,9 +189,9 @@ def _evaluate(argv: List[str], log) -> int:
 
 def _predict(argv: List[str], log) -> int:
   config = kit.parse_command("beam-train predict", PREDICT, PredictConfig, argv)
-  from train import predict  # pylint: disable=g-import-not-at-top
-  from train import signatures as sig  # pylint: disable=g-import-not-at-top
-  from train.portable_model import open_model  # pylint: disable=g-import-not-at-top
+  from train.export import predict  # pylint: disable=g-import-not-at-top
+  from train.export import signatures as sig  # pylint: disable=g-import-not-at-top
+  from train.export.portable_model import open_model  # pylint: disable=g-import-not-at-top
 
   # A model, an image or clicks that cannot be used: nothing was predicted.
   with refusing():
@@ -217,11 +217,11 @@ def _export(argv: List[str], log) -> int:
   config = kit.parse_command("beam-train export", EXPORT, ExportConfig, argv)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from train import export, portable  # pylint: disable=g-import-not-at-top
+  from train.export import saved_model, portable  # pylint: disable=g-import-not-at-top
 
   with refusing(ValueError):
     formats = portable.parse_formats(config.format)
-  path = export.export_trained(
+  path = saved_model.export_trained(
     config.data,
     config.export_base,
     config.model_file,

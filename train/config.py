@@ -11,7 +11,9 @@ import os
 from typing import Any, ClassVar, Dict, List, Tuple
 
 from beam_prep.kit import CommandConfig, check_known, option
-from train import augment, model_layout, protocol
+from train.fit import augment
+from train import model_layout
+from train.evaluate import protocol
 
 
 # The training half of each preset (`beam_prep.config.PREP_PRESETS` holds the

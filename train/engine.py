@@ -322,7 +322,7 @@ def _mixed(config: EngineConfig, prep_dir: str, number: int, log) -> Dict[str, i
 
 
 def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
-  from train.export import latest_export  # pylint: disable=g-import-not-at-top
+  from train.export.saved_model import latest_export  # pylint: disable=g-import-not-at-top
 
   number = len(done) + 1
   folder = _fresh_folder(config.root, number)

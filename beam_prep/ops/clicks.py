@@ -16,7 +16,7 @@ sampling of:
   3. pixels along the object's boundary at distance `d_margin`, spread by
      farthest-point sampling (10 clicks).
 
-  4. (not DIOS) the clicks of the evaluation protocol (`train.noc`), run
+  4. (not DIOS) the clicks of the evaluation protocol (`train.evaluate.noc`), run
      against the nearest-click baseline: the first positive click at the
      object's pixel farthest from its boundary, then each next click at the
      error pixel farthest from its error region's boundary, 1 to

@@ -1,6 +1,6 @@
 """The serving side of an op that changes an image's geometry.
 
-The serving graph (`train.servers`) runs the chain's twins on a request. An
+The serving graph (`train.export.servers`) runs the chain's twins on a request. An
 op whose records show the image in another frame than the request's (one
 object's crop, the whole image fitted into a square) declares how the
 serving graph goes between the two, with `register_op(..., serving=Cls)`:
@@ -17,7 +17,7 @@ serving graph goes between the two, with `register_op(..., serving=Cls)`:
                                the model's [S, S] output -> [height, width] of
                                the request (`out`: the example after the twins)
 
-The serving graph asks the chain's op for its side (`train.serving_inputs`)
+The serving graph asks the chain's op for its side (`train.export.serving_inputs`)
 and never names an op. A chain holds at most one such op.
 """
 

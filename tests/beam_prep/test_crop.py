@@ -201,7 +201,7 @@ def test_small_objects_of_a_photograph_get_records(tmp_path, crop_mode, least):
 def test_the_serving_graph_makes_the_records_from_the_source_image(prep_dir):
   """For the job's crop records: given the record's box and its clicks (moved to
   the source), the serving twins give the records' bytes from the source image."""
-  from train.serving_inputs import run_plan, serving_plan  # pylint: disable=g-import-not-at-top
+  from train.export.serving_inputs import run_plan, serving_plan  # pylint: disable=g-import-not-at-top
 
   table = FeatureTable.load(prep_dir)
   assert keys.CROP_BOX in table
@@ -249,9 +249,9 @@ def _colour_model(tmp_path, image, instances, size):
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
   from tests.helpers import records  # pylint: disable=g-import-not-at-top
-  from train.data import Decoder  # pylint: disable=g-import-not-at-top
-  from train.servers import SegmentationServer  # pylint: disable=g-import-not-at-top
-  from train.serving_inputs import model_inputs  # pylint: disable=g-import-not-at-top
+  from train.fit.data import Decoder  # pylint: disable=g-import-not-at-top
+  from train.export.servers import SegmentationServer  # pylint: disable=g-import-not-at-top
+  from train.export.serving_inputs import model_inputs  # pylint: disable=g-import-not-at-top
 
   for sub, arr, mode in (("images", image, None), ("masks", instances, "L")):
     (tmp_path / "data" / sub).mkdir(parents=True)

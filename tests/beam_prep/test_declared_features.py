@@ -176,7 +176,7 @@ def test_the_encoded_signatures_answer_as_the_array_ones(runs, name, sample_dir)
   file sent to serve_encoded (serve_iterative_encoded) is answered, as PNG
   files, as its decoded pixels are by serving_default (serve_iterative)."""
   from beam_prep.ops.image import decode_file  # pylint: disable=g-import-not-at-top
-  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
   model = ServedModel(runs[name][1])
   folder = os.path.join(sample_dir, "images")
@@ -255,13 +255,13 @@ def test_portable_files_answer_as_the_saved_model_on_the_whole_image_chain(runs,
   """The chain with the most twins (whole-image resize, flips, both click
   encodings, a previous mask, a user op) as TFLite and ONNX files, equal to
   its SavedModel (the crop chain's: tests/train/test_portable.py)."""
-  from train import export, portable  # pylint: disable=g-import-not-at-top
-  from train.portable_model import PortableModel  # pylint: disable=g-import-not-at-top
-  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.export import saved_model, portable  # pylint: disable=g-import-not-at-top
+  from train.export.portable_model import PortableModel  # pylint: disable=g-import-not-at-top
+  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
   prep, model_dir = runs["both+cap"]
   formats = (portable.TFLITE, portable.ONNX)
-  path = export.export_trained(prep, str(tmp_path), model_dir=model_dir, formats=formats)
+  path = saved_model.export_trained(prep, str(tmp_path), model_dir=model_dir, formats=formats)
   served = ServedModel(model_dir)
   rng = np.random.default_rng(1)
   image = rng.integers(0, 256, (57, 83, 3), dtype=np.uint8)

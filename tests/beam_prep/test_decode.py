@@ -198,7 +198,7 @@ def test_exif_orientation_is_applied_so_photo_and_mask_align(tmp_path):
   label = ex[keys.MASK][..., 0] == 1
   assert np.abs(image[label].astype(int) - (230, 40, 30)).mean() < 25
   # ... and `beam-train predict` reads the photo the same way.
-  from train.predict import load_image  # pylint: disable=g-import-not-at-top
+  from train.export.predict import load_image  # pylint: disable=g-import-not-at-top
 
   path = tmp_path / "phone.jpg"
   path.write_bytes(jpeg)

@@ -187,7 +187,7 @@ def test_transform_statistics_weigh_every_image_once(small):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
-  from train.data import Decoder, Parser  # pylint: disable=g-import-not-at-top
+  from train.fit.data import Decoder, Parser  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
 
   table = FeatureTable.load(small)

@@ -13,7 +13,7 @@ from beam_prep.kernel import Kernel
 from beam_prep.ops import registry
 from beam_prep.preprocessing import decode_feature
 from tests.helpers import png, scene
-from train.data import Decoder
+from train.fit.data import Decoder
 
 SIZE, VARIANTS = 48, 3
 

@@ -123,7 +123,7 @@ def test_tf_distance_maps_equal_numpy(h, w, n_pos, n_neg):
 
 
 def test_raw_bytes_equal_numpy_tobytes():
-  from train.export import to_raw_bytes  # pylint: disable=g-import-not-at-top
+  from train.export.saved_model import to_raw_bytes  # pylint: disable=g-import-not-at-top
 
   x = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
   assert to_raw_bytes(tf.constant(x)).numpy() == x.tobytes()

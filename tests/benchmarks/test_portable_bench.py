@@ -11,7 +11,7 @@ from benchmarks import run
 
 
 def test_parity_compares_every_click_of_each_file(portable_export, trained, prep_dir):
-  from train.simulate import source_objects  # pylint: disable=g-import-not-at-top
+  from train.evaluate.simulate import source_objects  # pylint: disable=g-import-not-at-top
 
   found = source_objects(prep_dir)[:2]
   result = bench.parity(portable_export, trained, found, clicks=3)

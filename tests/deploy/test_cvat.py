@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw
 from scipy import ndimage
 
 from tests.helpers import ROOT, png
-from train.export import latest_export
+from train.export.saved_model import latest_export
 from train.serve import app as serve_app
 from train.serve.config import ServeConfig
 

@@ -297,12 +297,12 @@ def test_imports_flow_one_way():
 
 
 def test_the_serving_graph_names_no_op():
-  """train/servers.py composes the chain's twins and serving sides from
+  """train/export/servers.py composes the chain's twins and serving sides from
   features.json: it names no op, and imports no op module."""
   from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
 
   registry.import_ops_modules("tests.fixtures.user_ops,tests.fixtures.edge_ops")
-  path = os.path.join(ROOT, "train", "servers.py")
+  path = os.path.join(ROOT, "train", "export", "servers.py")
   tree = ast.parse(open(path).read(), path)
   said = set()
   for node in ast.walk(tree):
@@ -313,7 +313,7 @@ def test_the_serving_graph_names_no_op():
     elif isinstance(node, ast.Constant) and isinstance(node.value, str):
       said.add(node.value)
   assert registry.registered_ops() and not said & set(registry.registered_ops())
-  assert not [m for m in _imports(path, "train.servers") if m.startswith("beam_prep.ops")]
+  assert not [m for m in _imports(path, "train.export.servers") if m.startswith("beam_prep.ops")]
 
 
 def test_no_import_circle_among_the_packages():

@@ -7,9 +7,9 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.prep_output import PrepOutput
 from beam_prep.record_decoder import Decoder
-from train import augment
+from train.fit import augment
 from train.config import TrainConfig
-from train.data import Parser
+from train.fit.data import Parser
 from train.tasks import make_task
 
 

@@ -18,7 +18,7 @@ from PIL import Image
 from beam_prep import keys
 from beam_prep.layouts import folders
 from train import engine
-from train.export import latest_export
+from train.export.saved_model import latest_export
 from train.serve import app as serve_app
 from train.serve.config import ServeConfig
 

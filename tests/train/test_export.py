@@ -15,7 +15,7 @@ from PIL import Image
 from beam_prep import keys
 from tests.helpers import assert_encoded_answer, assert_serving_parity, png, run_cli, unpng
 from train import models
-from train.export import latest_export
+from train.export.saved_model import latest_export
 from beam_prep.prep_output import PrepOutput
 
 
@@ -88,7 +88,7 @@ def test_a_wide_image_is_padded_in_its_records_and_served_back_in_place(tmp_path
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   from beam_prep.ops.image import resize_nearest  # pylint: disable=g-import-not-at-top
   from tests.helpers import records, red_disk_data  # pylint: disable=g-import-not-at-top
-  from train.servers import SegmentationServer  # pylint: disable=g-import-not-at-top
+  from train.export.servers import SegmentationServer  # pylint: disable=g-import-not-at-top
 
   h, w, size, (cx, cy, r) = 60, 180, 96, (120, 30, 20)
   img, obj = red_disk_data(str(tmp_path), h, w, cx, cy, r)
@@ -307,7 +307,7 @@ def _encoded(arr, fmt="PNG", **save):
 
 def test_encoded_signatures_answer_as_the_array_ones_on_the_decoded_pixels(trained):
   from beam_prep.ops.image import decode_file  # pylint: disable=g-import-not-at-top
-  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
   model = ServedModel(trained)
   rng = np.random.default_rng(4)
@@ -341,7 +341,7 @@ def test_encoded_signatures_answer_as_the_array_ones_on_the_decoded_pixels(train
   for k in alone:
     assert batch[k][1] == alone[k][0], k
   assert [unpng(m).shape for m in batch["mask_bytes"]] == [(41, 57), (20, 57)]
-  from train.served import InvalidInput  # pylint: disable=g-import-not-at-top
+  from train.export.served import InvalidInput  # pylint: disable=g-import-not-at-top
 
   with pytest.raises(InvalidInput, match="previous_mask: must have the image's height"):
     model.predict(
@@ -372,7 +372,7 @@ def test_an_exif_rotated_jpeg_is_served_as_displayed(trained):
   signature answers for the picture as shown, as the array signature does
   for the shown pixels; clicks are in the shown picture."""
   from beam_prep.ops.image import decode_file  # pylint: disable=g-import-not-at-top
-  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
   model = ServedModel(trained)
   stored = np.random.default_rng(5).integers(0, 256, (24, 48, 3), dtype=np.uint8)
@@ -395,7 +395,7 @@ def test_serve_examples_says_in_one_line_what_an_example_lacks(prep_dir, trained
   wrong examples are refused with one line naming the feature and why."""
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   from tests.helpers import records  # pylint: disable=g-import-not-at-top
-  from train.served import InvalidInput, ServedModel  # pylint: disable=g-import-not-at-top
+  from train.export.served import InvalidInput, ServedModel  # pylint: disable=g-import-not-at-top
 
   model = ServedModel(trained)
   job = [r.SerializeToString() for r in records(prep_dir, keys.EVAL_SPLIT)][:2]

@@ -21,7 +21,7 @@ from tests.helpers import png
 from train.serve import app as serve_app
 from train.serve import brush, page
 from train.serve.config import ServeConfig
-from train.served import ServedModel
+from train.export.served import ServedModel
 
 H, W = 96, 128
 LS_TOKEN = "0123456789abcdef0123456789abcdef01234567"

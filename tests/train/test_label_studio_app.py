@@ -58,7 +58,7 @@ def _interactive(url, ml, task, regions):
 def test_label_studio_calls_the_server_and_its_annotations_reach_the_label_store(
   label_studio, trained, tmp_path
 ):
-  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
   save = str(tmp_path / "labels")
   server, _ = serve_app.start(ServeConfig(model=trained, port=0, save_dir=save))

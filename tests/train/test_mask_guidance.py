@@ -7,8 +7,9 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.prep_output import PrepOutput
 from tests.helpers import assert_serving_parity, examples
-from train import clicker, export
-from train.served import ServedModel
+from train.evaluate import clicker
+from train.export import saved_model
+from train.export.served import ServedModel
 from train.tasks import make_task
 
 
@@ -71,7 +72,7 @@ def test_the_served_model_sees_the_previous_mask(guided_prep, tmp_path):
   frame: a model that echoes that channel returns the previous mask."""
   prep = PrepOutput(guided_prep)
   model = _prev_model(prep.table, prep.table.input_channels - 1)
-  path = export.export_model(model, prep.tft_output, prep.table, str(tmp_path / "export"))
+  path = saved_model.export_model(model, prep.tft_output, prep.table, str(tmp_path / "export"))
   served = ServedModel(path)
   rng = np.random.default_rng(0)
   image = rng.integers(0, 255, (90, 120, 3), dtype=np.uint8)
@@ -119,7 +120,7 @@ def test_serving_parity_with_a_previous_mask_input(guided_prep, tmp_path):
   assert e.value.code == 0
   assert_serving_parity(guided_prep, model_dir, n=3)
   # noc.json names what the model used besides image and clicks.
-  from train import source_eval  # pylint: disable=g-import-not-at-top
+  from train.evaluate import source_eval  # pylint: disable=g-import-not-at-top
 
   report = source_eval.evaluate(
     PrepOutput(guided_prep),

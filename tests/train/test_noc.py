@@ -1,4 +1,4 @@
-"""NoC evaluation: the in-graph click step (`train.clicker`) against a scipy
+"""NoC evaluation: the in-graph click step (`train.evaluate.clicker`) against a scipy
 reference, the loop's counting with predictors of known quality, tracing, and
 `beam-train evaluate` on a trained model."""
 
@@ -12,7 +12,7 @@ from scipy import ndimage
 
 from beam_prep import keys
 from beam_prep.ops.clicks import nearest_click_mask, protocol_click, protocol_clicks
-from train import clicker, noc
+from train.evaluate import clicker, noc
 
 
 def _edt_sq_reference(mask):
@@ -43,7 +43,7 @@ def test_edt_equals_scipy(h, w):
 
 
 def test_next_click_equals_the_scipy_reference():
-  """train.clicker's TensorFlow step against beam_prep's numpy/scipy clicker."""
+  """train.evaluate.clicker's TensorFlow step against beam_prep's numpy/scipy clicker."""
   rng = np.random.default_rng(0)
   h, w, cases = 24, 31, 40
   preds, labels, clicked, want = [], [], [], []

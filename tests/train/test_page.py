@@ -20,7 +20,7 @@ from beam_prep.ops.image import decode_file, mask_to_ids
 from beam_prep.prep_output import PrepOutput
 from tests import helpers
 from tests.helpers import png, run_cli
-from train import protocol
+from train.evaluate import protocol
 from train.serve import app as serve_app
 from train.serve import exports, page
 from train.serve.store import Labels
@@ -179,7 +179,7 @@ def _upload(client, image, name):
 
 def test_the_server_keeps_no_click_state_and_saves_what_it_is_sent(labelled, trained):
   client, save = labelled
-  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
   model = ServedModel(trained)
   image, _, _ = _two_objects()
@@ -252,7 +252,7 @@ def test_the_server_keeps_no_click_state_and_saves_what_it_is_sent(labelled, tra
 
 def test_a_box_prompt_is_served_by_serve_box_and_a_bad_box_is_a_400(labelled, trained):
   client, _ = labelled
-  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
   model = ServedModel(trained)
   image, _, _ = _two_objects()
@@ -424,7 +424,7 @@ def _box_prompt(s, trained, image):
   steps = s.js(JS_STEPS)
   draft = s.drag_box(74, 20, 117, 75)
   assert draft["clicks"] == [] and draft["box"] == pytest.approx([74, 20, 117, 75], abs=1)
-  from train.served import ServedModel  # pylint: disable=g-import-not-at-top
+  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
   want = ServedModel(trained).segment(image, [], [], box=draft["box"])["mask"] > 0
   level = s.js("return labelPage.current().level")
@@ -439,7 +439,7 @@ def _box_prompt(s, trained, image):
 def _true_outline_is_shown(s, prep_dir):
   """An eval object of --data: the true mask's outline, where the true mask is."""
   from selenium.webdriver.support.ui import Select  # pylint: disable=g-import-not-at-top
-  from train.noc import eval_objects  # pylint: disable=g-import-not-at-top
+  from train.evaluate.noc import eval_objects  # pylint: disable=g-import-not-at-top
 
   Select(s.b.find_element("id", "evals")).select_by_index(1)
   s.wait(lambda b: s.js("return labelPage.page.truth && labelPage.page.at === 0"))
@@ -543,7 +543,7 @@ def _upload_over_http(url, image):
 def _beam_prep_reads_back(save, saved):
   """`beam-prep segmentation` on the saved folder, both layouts: the eval
   images at their own size hold the page's instance mask."""
-  from train.source_eval import source_images  # pylint: disable=g-import-not-at-top
+  from train.evaluate.source_eval import source_images  # pylint: disable=g-import-not-at-top
 
   for layout, given in (("folders", save), ("coco", save / exports.COCO_FILE)):
     out = save.parent / f"prep_{layout}"

@@ -10,11 +10,12 @@ from PIL import Image
 
 from beam_prep import keys
 from beam_prep.prep_output import PrepOutput
-from train import cli, portable
-from train import signatures as sig
-from train.portable_model import PortableModel, open_model
-from train.served import InvalidInput, ServedModel
-from train.serving_inputs import transform_tables
+from train import cli
+from train.export import portable
+from train.export import signatures as sig
+from train.export.portable_model import PortableModel, open_model
+from train.export.served import InvalidInput, ServedModel
+from train.export.serving_inputs import transform_tables
 
 
 def _cli(argv) -> int:

@@ -23,8 +23,8 @@ from beam_prep import keys
 from beam_prep.ops.image import decode_file
 from tests import helpers
 from tests.helpers import ROOT, assert_encoded_answer, encoded, png, unpng
-from train.export import latest_export
-from train.noc import eval_objects
+from train.export.saved_model import latest_export
+from train.evaluate.noc import eval_objects
 from beam_prep.prep_output import PrepOutput
 from train.serve import app as serve_app
 from train.serve import json_arrays
@@ -562,7 +562,7 @@ def test_the_page_opens_uploads_with_exif_applied_and_the_limits_hold(client, tr
   opened = r.get_json()
   assert (opened["width"], opened["height"], opened["truth"]) == (24, 48, False)
   shown = np.asarray(Image.open(io.BytesIO(client.get(f"/page/image/{opened['id']}.png").data)))
-  from train.predict import load_image  # pylint: disable=g-import-not-at-top
+  from train.export.predict import load_image  # pylint: disable=g-import-not-at-top
 
   np.testing.assert_array_equal(shown, load_image(os.path.join(images_dir, "phone.jpg")))
   r = client.post(

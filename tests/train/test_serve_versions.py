@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import png
 from train import model_layout
-from train.export import latest_export
+from train.export.saved_model import latest_export
 from train.serve import app as serve_app
 from train.serve.config import ServeConfig
 

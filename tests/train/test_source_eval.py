@@ -167,7 +167,7 @@ def test_source_records_hold_the_image_and_mask_at_their_own_size(tmp_path):
   prep = tmp_path / "prep"
   _prep_eval_only(tmp_path / "GrabCut", prep)
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
-  from train.source_eval import object_labels, source_images  # pylint: disable=g-import-not-at-top
+  from train.evaluate.source_eval import object_labels, source_images  # pylint: disable=g-import-not-at-top
 
   (image,) = list(source_images(PrepOutput(str(prep))))
   shown = np.asarray(Image.open(tmp_path / "GrabCut" / "data_GT" / "im0.jpg").convert("RGB"))
@@ -225,7 +225,7 @@ def test_a_1536_pixel_image_is_evaluated_in_bounded_memory(tmp_path):
 def test_flip_averaging_mirrors_image_clicks_and_previous_mask():
   """--flip: the mean of the prediction and the mirrored image's, mirrored back."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from train.source_eval import flip_averaged  # pylint: disable=g-import-not-at-top
+  from train.evaluate.source_eval import flip_averaged  # pylint: disable=g-import-not-at-top
 
   h, w = 5, 7
   calls = []

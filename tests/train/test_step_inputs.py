@@ -8,9 +8,9 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.prep_output import PrepOutput
 from beam_prep.record_decoder import Decoder
-from train.data import InputReader, Parser
-from train import step_inputs
-from train.step_inputs import StepInputs
+from train.fit.data import InputReader, Parser
+from train.fit import step_inputs
+from train.fit.step_inputs import StepInputs
 from train.tasks import make_task
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from train.train_step import FinalizedFunction, RetraceError
+from train.fit.train_step import FinalizedFunction, RetraceError
 from train.tasks.segmentation import (
   LOSSES,
   SegmentationFitOptions,

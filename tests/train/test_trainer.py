@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from beam_prep import keys
 from tests.helpers import run_cli
-from train.data import Decoder, InputReader, Parser
+from train.fit.data import Decoder, InputReader, Parser
 from beam_prep.prep_output import PrepOutput
 from train.tasks import make_task
 
@@ -355,7 +355,7 @@ def test_ctrl_c_and_sigterm_save_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_
 
 
 def test_retrace_guard_names_the_change_in_the_real_step():
-  from train.train_step import FinalizedFunction, RetraceError  # pylint: disable=g-import-not-at-top
+  from train.fit.train_step import FinalizedFunction, RetraceError  # pylint: disable=g-import-not-at-top
 
   v = tf.Variable(0.0)
   step = FinalizedFunction(lambda x: v.assign_add(tf.reduce_sum(x)), "train_step")

@@ -156,7 +156,7 @@ def test_user_model_mistakes_are_refused_before_training(
 
 def test_dataset_gives_the_trainers_tensors_in_keras_form(prep_dir):
   from train import dataset  # pylint: disable=g-import-not-at-top
-  from train.data import InputReader  # pylint: disable=g-import-not-at-top
+  from train.fit.data import InputReader  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
 
   prep = PrepOutput(prep_dir)
@@ -258,7 +258,7 @@ def test_tfx_style_run_fn_reads_the_records_and_exports(prep_dir, tmp_path):
     serving_model_dir=str(tmp_path / "serving"),
   )
   tfx_run_fn.run_fn(fn_args)
-  from train.export import latest_export  # pylint: disable=g-import-not-at-top
+  from train.export.saved_model import latest_export  # pylint: disable=g-import-not-at-top
 
   serving = tf.saved_model.load(latest_export(fn_args.serving_model_dir))
   out = serving.signatures["serving_default"](

@@ -1,6 +1,6 @@
 """The exported model as TF Serving describes it.
 
-`RestModel` is the one client of an export (`train.served.ServedModel`) with
+`RestModel` is the one client of an export (`train.export.served.ServedModel`) with
 what TF Serving's REST API adds: a name and a version, the metadata JSON,
 and `predict`, which refuses more clicks than the server's
 limit (--max-clicks) before running the graph, REST's and the page's alike,
@@ -21,7 +21,7 @@ from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
 
 from train import model_layout
-from train.served import InvalidInput, ServedModel
+from train.export.served import InvalidInput, ServedModel
 from train.serve.rest import RequestError, check_clicks
 
 

@@ -51,7 +51,7 @@ the protocol's 0.49: `beam-train evaluate`'s mask) it is the served mask
 exactly. The page thresholds them itself as its slider moves.
 
 Clicks are (x, y) = (column, row) in the image's own pixels. The next click
-is `train.clicker.next_click` on the current mask, the true mask and the
+is `train.evaluate.clicker.next_click` on the current mask, the true mask and the
 pixels clicked so far: the protocol `beam-train evaluate` runs (with no
 click yet, the current mask is empty, so the first click is positive at the
 object's innermost pixel).
@@ -76,13 +76,14 @@ from PIL import Image
 
 from beam_prep import keys
 from beam_prep.drawing import png
-from train import clicker, predict, protocol
-from train import signatures as sig
+from train.evaluate import clicker, protocol
+from train.export import predict
+from train.export import signatures as sig
 from train.serve import exports
 from train.serve.store import Labels
 from train.serve.config import ServeConfig
 from train.serve.model import RestModel
-from train.served import InvalidInput
+from train.export.served import InvalidInput
 from train.serve.versions import Versions
 from train.serve.rest import RequestError, check_clicks
 
@@ -147,7 +148,7 @@ class Sources:
     self.eval_images = self.eval_labels = None
     self.eval_names: List[str] = []
     if prep_dir:
-      from train.noc import eval_objects  # pylint: disable=g-import-not-at-top
+      from train.evaluate.noc import eval_objects  # pylint: disable=g-import-not-at-top
       from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
 
       self.eval_images, self.eval_labels, self.eval_names = eval_objects(

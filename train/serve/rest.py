@@ -41,7 +41,7 @@ instance, zero rows of that instance), which TF Serving's graph accepts too.
 Limits of this server, checked before the values are converted or the model
 runs, each a 400 naming its flag: JSON nested deeper than
 `json_arrays.MAX_DEPTH`, more clicks in a request (the rows of the inputs
-`train.signatures.CLICKS` names, over all instances) than --max-clicks, an
+`train.export.signatures.CLICKS` names, over all instances) than --max-clicks, an
 image of more pixels than --max-pixels (an encoded `image_bytes` by the size
 its header declares, before it is decoded; a file of a format the graph does
 not decode is refused there too).
@@ -57,7 +57,7 @@ import orjson
 import tensorflow as tf
 
 from beam_prep.ops.image import declared_pixels
-from train import signatures as sig
+from train.export import signatures as sig
 from train.serve.json_arrays import TooDeep, loads
 
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from train.export import latest_export
+from train.export.saved_model import latest_export
 from train.serve.model import RestModel, version_of
 from train.serve.rest import RequestError
 

@@ -22,7 +22,7 @@ class TrainingTask:
   Attributes:
     options: frozen dataclass of the task's own `beam-train fit` settings
       (`option` fields are flags; `TrainConfig.task_options` holds them).
-    server: the serving module's class (`train.servers`).
+    server: the serving module's class (`train.export.servers`).
     evaluators: what the task evaluates besides the eval metrics ("noc").
   """
 

@@ -9,7 +9,7 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
-from train import servers
+from train.export import servers
 from train.config import TrainConfig
 from train.tasks import register_trainer
 from train.tasks.base import TrainingTask, check_output, model_spec

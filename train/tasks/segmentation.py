@@ -12,9 +12,12 @@ import tensorflow_transform as tft
 from beam_prep import keys
 from beam_prep.kit import option
 from beam_prep.features import FeatureTable
-from train import clicker, logs, model_layout, noc, protocol, servers, step_inputs
+from train.evaluate import clicker, noc, protocol
+from train import logs, model_layout
+from train.export import servers
+from train.fit import step_inputs
 from train.config import TrainConfig
-from train.serving_inputs import ServingPlanError
+from train.export.serving_inputs import ServingPlanError
 from train.tasks import register_trainer
 from train.tasks.base import TrainingTask, check_output, fit_options, model_spec
 

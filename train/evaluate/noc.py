@@ -2,7 +2,7 @@
 
 The protocol of the interactive segmentation literature (DIOS, Xu et al.
 2016; RITM, Sofiiuk et al. 2021; SimpleClick, 2023), here as RITM's clicker
-runs it (`train.clicker`: the first click at the object's interior point
+runs it (`train.evaluate.clicker`: the first click at the object's interior point
 farthest from its boundary, then each click at the error pixel farthest from
 its error region's boundary). After each click the click encodings are
 computed again from all clicks so far, by the TensorFlow twins of the ops
@@ -33,8 +33,9 @@ from PIL import Image, ImageDraw
 
 from beam_prep import drawing, keys
 from beam_prep.prep_output import PrepOutput
-from train import clicker, graphs, protocol
-from train.servers import SegmentationServer
+from train.evaluate import clicker, protocol
+from train import graphs
+from train.export.servers import SegmentationServer
 
 IOU_AT = (1, 2, 3, 5, 10, 20)
 PROTOCOL = (

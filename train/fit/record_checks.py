@@ -11,7 +11,7 @@ from beam_prep import keys
 from beam_prep.prep_output import PrepOutput, RecordsError
 from train import logs
 from train.config import TrainConfig
-from train.data import InputReader
+from train.fit.data import InputReader
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 """What runs around the training step: stop requests (Ctrl-C, SIGTERM),
 progress lines, the profiler, and every so many steps throughput and loss
-scalars, histograms and checkpoints. The loop (`train.loop`) owns the run
+scalars, histograms and checkpoints. The loop (`train.fit.loop`) owns the run
 they read.
 """
 

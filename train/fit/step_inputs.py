@@ -22,7 +22,7 @@ later op changes the clicks, and the transform maps each pixel by its own
 value (`StepInputs` says why any other input is read from the records
 instead).
 
-This module imports `train.serving_inputs` only.
+This module imports `train.export.serving_inputs` only.
 """
 
 import dataclasses
@@ -34,7 +34,7 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.ops import registry
-from train.serving_inputs import lookup_tables
+from train.export.serving_inputs import lookup_tables
 
 CLICK_KEYS = (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)
 

@@ -7,8 +7,8 @@ and format:
   serving_default.tflite   serving_default.onnx
   serve_iterative.tflite   serve_iterative.onnx
 
-Each holds the SavedModel signature's own graph (`train.servers`), with its
-input and output names and dtypes (`train.signatures`):
+Each holds the SavedModel signature's own graph (`train.export.servers`), with its
+input and output names and dtypes (`train.export.signatures`):
   inputs   image            uint8 [H, W, 3], any size
            positive_clicks  int32 [P, 2], (x, y); P >= 1
            negative_clicks  int32 [N, 2]; N may be 0
@@ -27,7 +27,7 @@ Every file written is run once on a made-up request and compared with the
 SavedModel's function (`check_file`): an export whose file answers
 otherwise (a probability more than `PARITY_ATOL` apart) fails. The files
 keep no assertions (neither format has them):
-`train.portable_model.PortableModel` checks a request before the call;
+`train.export.portable_model.PortableModel` checks a request before the call;
 `runner` runs a file as it is.
 Box prompts, encoded files and `serve_examples` stay in the SavedModel.
 
@@ -46,8 +46,8 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from train import protocol
-from train import signatures as sig
+from train.evaluate import protocol
+from train.export import signatures as sig
 
 SAVEDMODEL, TFLITE, ONNX = "savedmodel", "tflite", "onnx"
 FORMATS = (SAVEDMODEL, TFLITE, ONNX)

@@ -1,7 +1,7 @@
 """The exported model's signatures: names, inputs and outputs, declared once.
 
-The servers (`train.servers`) trace their `tf.function`s with these specs,
-and every client (`train.served.ServedModel`: predict, evaluate, the page,
+The servers (`train.export.servers`) trace their `tf.function`s with these specs,
+and every client (`train.export.served.ServedModel`: predict, evaluate, the page,
 the REST server, the benchmarks) names inputs and outputs from here. An
 input's name is the raw feature it stands for (`beam_prep.keys`), except
 `examples`, TFX's name for serialized tf.Examples. `_SPECS` declares one
@@ -65,7 +65,7 @@ LABEL = "label"
 CLASSES = "classes"
 
 # Why a segmentation request is refused (the graph's assertions; the portable
-# files' runtime, `train.portable_model`, checks the same before a call).
+# files' runtime, `train.export.portable_model`, checks the same before a call).
 EMPTY_IMAGE = f"{IMAGE}: the image is empty"
 NO_POSITIVE_CLICK = f"{POSITIVE_CLICKS}: at least one positive click is required (or a box)"
 PREVIOUS_MASK_SIZE = f"{PREVIOUS_MASK}: must have the image's height and width"

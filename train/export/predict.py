@@ -15,8 +15,8 @@ from PIL import Image
 from beam_prep import drawing, keys
 from beam_prep.ops.image import decode_file
 from beam_prep.ops.registry import ExampleError
-from train import signatures as sig
-from train.served import InvalidInput
+from train.export import signatures as sig
+from train.export.served import InvalidInput
 
 
 def parse_point(text: str) -> Tuple[int, int]:

@@ -1,9 +1,9 @@
-"""`PortableModel`: a TFLite or ONNX file of `train.portable`, called as
+"""`PortableModel`: a TFLite or ONNX file of `train.export.portable`, called as
 `ServedModel` is, and `open_model`, which opens either.
 
 A TFLite file runs in LiteRT, an ONNX file in onnxruntime
-(`train.portable.runner`). Neither format keeps the graph's assertions, so a request is
-checked here first, with the SavedModel's messages (`train.signatures`).
+(`train.export.portable.runner`). Neither format keeps the graph's assertions, so a request is
+checked here first, with the SavedModel's messages (`train.export.signatures`).
 One call at a time: calls from several threads wait for each other.
 """
 
@@ -13,9 +13,9 @@ from typing import Dict, Mapping
 
 import numpy as np
 
-from train import portable
-from train import signatures as sig
-from train.served import InvalidInput, ServedModel, as_clicks
+from train.export import portable
+from train.export import signatures as sig
+from train.export.served import InvalidInput, ServedModel, as_clicks
 
 
 def open_model(path: str, threads: int = 0):

@@ -25,11 +25,13 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.features import FEATURES_FILE
 from beam_prep.prep_output import PrepOutput
-from train import augment, devices, export, graphs, logs, model_layout, models
-from train import model_setup, record_checks, step_hooks, train_step
+from train.fit import augment, devices
+from train.export import saved_model
+from train import graphs, logs, model_layout, models
+from train.fit import model_setup, record_checks, step_hooks, train_step
 from train.config import TrainConfig
-from train.data import InputReader
-from train.serving_inputs import serving_plan
+from train.fit.data import InputReader
+from train.export.serving_inputs import serving_plan
 from train.tasks import make_task
 
 # Above this share of step time spent waiting for the next batch, training
@@ -289,7 +291,7 @@ def _finish(run: _Run, state: _LoopState, config: TrainConfig) -> Dict[str, Any]
   if not state.interrupted:
     metrics.update(_evaluation(run, config, final_step))
     if config.export and run.chief:
-      metrics["export_dir"] = export.export_model(
+      metrics["export_dir"] = saved_model.export_model(
         run.model,
         run.prep.tft_output,
         run.prep.table,

@@ -1,6 +1,6 @@
 """The simulated user and the no-model baseline, in the graph.
 
-Click protocol (RITM's clicker; `train.noc` runs it in a loop):
+Click protocol (RITM's clicker; `train.evaluate.noc` runs it in a loop):
 
 1. The first click is positive, at the object's pixel farthest from its
    boundary (the image border counts as boundary).
@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from beam_prep import keys
-from train import protocol
+from train.evaluate import protocol
 
 NONE, POSITIVE, NEGATIVE = 0, 1, -1
 PRED_THR = protocol.PRED_THR

@@ -13,7 +13,7 @@ A record holds one object with all its click variants; the Decoder
 graph (or, on eval, keeps each). The Parser decompresses what the record
 stores compressed and unpacks the stacked clicks (`record_decoder.raw_view`).
 The click encodings and the previous mask are not read: the step makes
-them from the clicks (`train.step_inputs`), so the reader parses the image,
+them from the clicks (`train.fit.step_inputs`), so the reader parses the image,
 the mask and the clicks.
 
 Segmentation keeps the data compact as long as possible: the reader yields
@@ -41,12 +41,12 @@ from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.prep_output import PrepOutput
 from beam_prep.record_decoder import Decoder, raw_view
-from train import augment as augment_
+from train.fit import augment as augment_
 from train import graphs
 from train import logs
 from train.config import TrainConfig
-from train.serving_inputs import model_inputs
-from train.step_inputs import StepInputs
+from train.export.serving_inputs import model_inputs
+from train.fit.step_inputs import StepInputs
 from train.tasks import make_task
 
 
@@ -54,7 +54,7 @@ class Parser:
   """Records' features as stored -> `(inputs, labels)`, with a train and an eval branch.
 
   The train branch adds the augmentation cheap enough to do on the fly
-  (`train.augment`: a left-right flip of the inputs and the task's per-pixel
+  (`train.fit.augment`: a left-right flip of the inputs and the task's per-pixel
   labels together, and the image's colour jitter), as `augment` names. The
   heavy augmentation (crop jitter, click variants) was precomputed by the
   Beam job. Raw features the transform does not read (e.g. clicks on eval
@@ -87,7 +87,7 @@ class Parser:
 
   def read_keys(self, training: bool) -> List[str]:
     """The raw features to read: the transform's, but those the step makes
-    (`train.step_inputs`), and what it makes them from; eval: the task's eval keys too."""
+    (`train.fit.step_inputs`), and what it makes them from; eval: the task's eval keys too."""
     wanted = [k for k in self._task.transform_keys if k not in self.step.empty]
     wanted += self.step.reads + ([] if training else self._task.eval_keys)
     return list(dict.fromkeys(wanted))
@@ -120,7 +120,7 @@ class InputReader:
     seed: shuffle seed.
     skip_corrupt_records: drop records that fail to read or parse instead of
       stopping.
-    augment: the training batches' augmentation (`train.augment`).
+    augment: the training batches' augmentation (`train.fit.augment`).
   """
 
   def __init__(

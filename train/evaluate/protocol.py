@@ -1,6 +1,6 @@
 """The field's NoC protocol (RITM's evaluation), its numbers declared once:
-the simulated user (`train.clicker`), the evaluation (`train.noc`,
-`train.source_eval`), the served mask (`train.servers`), the page and the
+the simulated user (`train.evaluate.clicker`), the evaluation (`train.evaluate.noc`,
+`train.evaluate.source_eval`), the served mask (`train.export.servers`), the page and the
 benchmarks read them here.
 
 This module imports nothing.

@@ -13,7 +13,7 @@ request; then the exported transform normalizes each model input (looked up
 in the table of its values the transform gives, `serving_inputs.
 transform_tables`; or, for a transform that is no such table, written as the
 raw bytes the records hold for the tf.Transform layer), and the model
-predicts. `train.portable` writes the click signatures as TFLite and ONNX
+predicts. `train.export.portable` writes the click signatures as TFLite and ONNX
 files (`--format`). With the
 default chain: `decode` (decoded pixels pass), `crop_objects` (the box of the
 previous mask and the positive clicks, cut and resized exactly as the Beam
@@ -30,7 +30,7 @@ Segmentation, signature `serving_default` (one image per request):
            negative_clicks  int32 [N, 2], same; N may be 0
   outputs  probabilities    float32 [H, W], object probability
            mask             uint8 [H, W], 1 object (probability > 0.49, the NoC
-                            protocol's threshold: train.clicker.PRED_THR), 0 background
+                            protocol's threshold: train.evaluate.clicker.PRED_THR), 0 background
 Crop records: without a previous mask (the first click) the crop is cut around
 the whole image (`beam_prep.ops.crop.CropServing`, the op's serving side),
 else around the previous mask and the positive clicks; the crop's
@@ -78,7 +78,7 @@ Segmentation, signature `serve_examples` (batch scoring, TFX convention):
 An example without those features, of an image of other bytes than S x S x 3,
 or with no positive click is refused with a message naming the feature; the
 job's records themselves are too (their clicks are bytes lists, one per
-variant: `train.served.parse_message` says so).
+variant: `train.export.served.parse_message` says so).
 
 Classification, signature `serving_default`:
   inputs   image_bytes      string [B]: encoded PNG/JPEG/GIF/BMP/WebP files
@@ -95,13 +95,14 @@ import tensorflow_transform as tft
 
 from beam_prep.features import FeatureTable
 from beam_prep.prep_output import PrepOutput
-from train import graphs, model_layout, models, portable
+from train import graphs, model_layout, models
+from train.export import portable
 
 # ServingPlanError and to_raw_bytes are imported from here too (the twins'
-# tests, the benchmark), though they live in train.serving_inputs.
-from train.serving_inputs import ServingPlanError, to_raw_bytes  # noqa: F401
-from train.serving_inputs import serving_plan
-from train.servers import ClassificationServer, SegmentationServer  # noqa: F401  (importers)
+# tests, the benchmark), though they live in train.export.serving_inputs.
+from train.export.serving_inputs import ServingPlanError, to_raw_bytes  # noqa: F401
+from train.export.serving_inputs import serving_plan
+from train.export.servers import ClassificationServer, SegmentationServer  # noqa: F401  (importers)
 from train.tasks import make_task, task_class
 
 
@@ -113,7 +114,7 @@ def export_model(
   formats: Sequence[str] = (portable.SAVEDMODEL,),
 ) -> str:
   """Writes `EXPORT_BASE/<unix time>/` for the table's task, in `formats`
-  (`train.portable`: the SavedModel, and TFLite and ONNX files of the click
+  (`train.export.portable`: the SavedModel, and TFLite and ONNX files of the click
   signatures), and returns its path.
 
   Raises:
@@ -153,7 +154,7 @@ def export_trained(
     model_dir: or a `beam-train fit` model dir: its model is rebuilt from
       model.json and its newest checkpoint.
     model_module: modules to import first (custom layers of the model file).
-    formats: what to write (`train.portable.FORMATS`).
+    formats: what to write (`train.export.portable.FORMATS`).
 
   Raises:
     ValueError: the model cannot be loaded, or does not take the records'

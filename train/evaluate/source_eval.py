@@ -3,7 +3,7 @@
 The field's numbers (RITM, SimpleClick, ...) place clicks and compute IoU on
 the original image. This evaluation reads a prep output's source records
 (`beam_prep.source_records`: each eval image at its own size with its
-instance mask) and runs the click protocol (`train.clicker`, `train.noc`'s
+instance mask) and runs the click protocol (`train.evaluate.clicker`, `train.evaluate.noc`'s
 loop) on every annotated object of every image, whatever its size:
 
 - the model is asked through its exported serving graph (image and clicks
@@ -19,7 +19,7 @@ distance transform too), so memory follows the image's pixels.
 
 `noc.json` holds, per object, the image id, object id, source height and
 width and its NoC at each threshold, for each predictor; the aggregates
-(`train.noc.summarize`), the protocol, the threshold and the versions used.
+(`train.evaluate.noc.summarize`), the protocol, the threshold and the versions used.
 """
 
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -31,14 +31,14 @@ from beam_prep.ops.image import instance_areas, listed_objects, object_label
 from beam_prep.ops.registry import ExampleError
 from beam_prep.prep_output import PrepOutput
 from beam_prep.version import library_versions
-from train import clicker, noc, protocol
-from train.served import ServedModel
+from train.evaluate import clicker, noc, protocol
+from train.export.served import ServedModel
 
 PIXELS_PER_BATCH = 8_000_000
 
 
 class ServedPredictor:
-  """An exported segmentation model as a loop predictor (`train.served`): its
+  """An exported segmentation model as a loop predictor (`train.export.served`): its
   `serve_iterative` (image, clicks and the previous mask), or
   `serving_default` for an export without it. With `flip`, each prediction
   is the mean of the image's and its mirror's (clicks and previous mask
@@ -74,7 +74,7 @@ class ServedPredictor:
 def _zooms_in(table) -> Optional[bool]:
   """Whether the chain's serving side crops around the object (None: its ops
   cannot be imported here)."""
-  from train.serving_inputs import ServingPlanError, serving_side  # pylint: disable=g-import-not-at-top
+  from train.export.serving_inputs import ServingPlanError, serving_side  # pylint: disable=g-import-not-at-top
 
   try:
     return serving_side(table).zooms_in

@@ -101,7 +101,7 @@ class Colour:
         "--augment colour jitters the 'image' model input, which these "
         "records do not have; give --augment flip or none"
       )
-    from train.serving_inputs import probe_inputs  # pylint: disable=g-import-not-at-top
+    from train.export.serving_inputs import probe_inputs  # pylint: disable=g-import-not-at-top
 
     points = {
       v: transform(probe_inputs(table, transform_keys, 1, {keys.IMAGE: [v]}))[keys.IMAGE].numpy()[0]

@@ -3,7 +3,7 @@
 
 Each object is labelled through the page's own endpoints (`/page/upload`,
 `/page/segment` with the previous mask, `/page/save`), as the page calls
-them: the next click is the protocol's (`train.clicker.next_click_of`: in
+them: the next click is the protocol's (`train.evaluate.clicker.next_click_of`: in
 the larger error, from the true mask) until the mask reaches TARGET_IOU or
 MAX_CLICKS clicks, and what is saved is the model's mask at that moment,
 not the truth. The data engine's benchmark and the demo use it.
@@ -18,7 +18,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from beam_prep import keys
-from train import protocol
+from train.evaluate import protocol
 
 TARGET_IOU = 0.90
 MAX_CLICKS = protocol.NOC_MAX_CLICKS
@@ -68,7 +68,7 @@ class Annotator:
 
   def _label_object(self, key: str, label: np.ndarray):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from train import clicker  # pylint: disable=g-import-not-at-top
+    from train.evaluate import clicker  # pylint: disable=g-import-not-at-top
     from train.serve.page import DEFAULT_LEVEL  # pylint: disable=g-import-not-at-top
 
     pos, neg, prob, ious, version = [], [], None, [], None
@@ -127,7 +127,7 @@ def source_objects(prep_dir: str) -> List[Dict[str, Any]]:
   own size), in a fixed order (image id, object id): {image_id, object_id,
   image, label (uint8: 1 object, 0 background, 255 ignore)}."""
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
-  from train.source_eval import object_labels, source_images  # pylint: disable=g-import-not-at-top
+  from train.evaluate.source_eval import object_labels, source_images  # pylint: disable=g-import-not-at-top
 
   found = []
   for record in source_images(PrepOutput(prep_dir)):

@@ -1,7 +1,7 @@
 """The serving graph's servers: the twins, tf.Transform and the model in one
-tf.Module per task, with its signatures (their contract: `train.export`).
+tf.Module per task, with its signatures (their contract: `train.export.saved_model`).
 
-A task's training side names its server (`train.tasks`); `train.export`
+A task's training side names its server (`train.tasks`); `train.export.saved_model`
 writes it as a SavedModel.
 """
 
@@ -14,9 +14,10 @@ from tensorflow.python.trackable.data_structures import NoDependency  # pylint: 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.preprocessing import decode_feature
-from train import clicker, graphs
-from train import signatures as sig
-from train.serving_inputs import (
+from train.evaluate import clicker
+from train import graphs
+from train.export import signatures as sig
+from train.export.serving_inputs import (
   Example,
   apply_tables,
   image_decoder,
@@ -169,7 +170,7 @@ class SegmentationServer(_Server):
 
   def probabilities(self, image, positive_clicks, negative_clicks, previous_mask):
     """One image's object probabilities [H, W], float32, with no box (the
-    NoC evaluation's call, `train.noc`).
+    NoC evaluation's call, `train.evaluate.noc`).
 
     Args:
       image: uint8 [H, W, 3].

@@ -1,7 +1,7 @@
 """`beam-train evaluate`: NoC of a model (or of the nearest-click baseline) on
 the eval images at their own size through the model's export
-(`train.source_eval`), or on the eval records with the model dir's Keras model
-(`train.noc`), whichever the data and the model allow.
+(`train.evaluate.source_eval`), or on the eval records with the model dir's Keras model
+(`train.evaluate.noc`), whichever the data and the model allow.
 """
 
 import os
@@ -10,8 +10,9 @@ import tensorflow as tf
 
 from beam_prep import source_records
 from beam_prep.prep_output import PrepOutput
-from train import model_layout, models, noc, source_eval
-from train.export import latest_export
+from train import model_layout, models
+from train.evaluate import noc, source_eval
+from train.export.saved_model import latest_export
 from train.tasks import task_class
 
 
@@ -38,7 +39,7 @@ def _has_export(model: str) -> bool:
 
 
 def _at_source(config, prep, log):
-  """NoC on the eval images at their own size (`train.source_eval`)."""
+  """NoC on the eval images at their own size (`train.evaluate.source_eval`)."""
   out = config.output or os.path.join(config.model, model_layout.EVAL_DIR)
   log.info(
     "evaluate: %s on every object of the eval images of %s at their own size, up to %d clicks",
@@ -67,7 +68,7 @@ def _at_source(config, prep, log):
 
 
 def _on_records(config, prep, log):
-  """NoC on the eval records (`train.noc`), with the model dir's Keras model."""
+  """NoC on the eval records (`train.evaluate.noc`), with the model dir's Keras model."""
   if prep.manifest.get("eval_only"):
     raise ValueError(
       f"{prep.path} is an evaluation-only output: it is evaluated at the images' "

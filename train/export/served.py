@@ -2,8 +2,8 @@
 
 It finds the export (a model dir's newest `export/<version>/`, or that
 folder itself), loads it once, and calls its signatures by the names
-`train.signatures` declares. `beam-train predict`, `beam-train evaluate`
-(`train.source_eval`), the page, the REST server (`train.serve.model`) and
+`train.export.signatures` declares. `beam-train predict`, `beam-train evaluate`
+(`train.evaluate.source_eval`), the page, the REST server (`train.serve.model`) and
 the benchmarks all ask the model through it.
 
 Calling a signature is safe from several threads at once.
@@ -15,8 +15,8 @@ from typing import Dict, Mapping, Optional
 import numpy as np
 import tensorflow as tf
 
-from train import signatures as sig
-from train.export import latest_export
+from train.export import signatures as sig
+from train.export.saved_model import latest_export
 
 
 class InvalidInput(ValueError):
