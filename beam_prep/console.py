@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import warnings
 from typing import Callable, Dict, List, Optional
@@ -151,8 +152,12 @@ def run_command(
   return 0 if code is None else code
 
 
+# What Beam appends to an error raised in a step: the step's name, not the reason.
+_BEAM_STEP = re.compile(r" \[while running '[^']*'\]")
+
+
 def _said(log: logging.Logger, command: str, reason, code: int) -> int:
-  log.error("%s: %s", command, reason)
+  log.error("%s: %s", command, _BEAM_STEP.sub("", str(reason)).strip())
   log.debug("%s: traceback", command, exc_info=True)
   return code
 

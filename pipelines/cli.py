@@ -230,9 +230,7 @@ def _launch(config, beam_args, known):
       options = PipelineOptions(pipeline_args(beam_args, config.input))
       return prep.run(config, options, wait=known.wait)
   except FeatureError as e:  # An op's bug: it stops the job, which leaves no output.
-    raise Refused(
-      f"the job stopped and its output was removed: {str(e).split(' [while running')[0]}"
-    ) from e
+    raise Refused(f"the job stopped and its output was removed: {e}") from e
 
 
 def _prep(task: str, argv: List[str]) -> int:

@@ -4,6 +4,7 @@ dead-lettered, the JSON file streamed, and a real job on the DirectRunner."""
 import io
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -238,12 +239,17 @@ def test_auto_layout_tells_coco_from_a_json_lines_manifest(tmp_path):
   assert readers.resolve_layout(str(jsonl), "auto").name == "manifest"
 
 
-def test_broken_json_names_the_file_and_the_place(tmp_path):
+def test_broken_json_names_the_file_and_the_place(tmp_path, capsys):
   bad = tmp_path / "instances.json"
   bad.write_text('{"images": [{"id": 1, "file_name": "a.png"}, {"id": 2,, }]}')
   out = str(tmp_path / "out")
-  with pytest.raises(Exception, match=r"instances\.json is not a COCO JSON file.*character"):
-    run_cli(["segmentation", "--input", str(bad), "--layout", "coco", "--output", out])
+  assert run_cli(["segmentation", "--input", str(bad), "--layout", "coco", "--output", out]) == 1
+  (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "not a COCO JSON file" in ln]
+  assert re.fullmatch(
+    rf"beam-prep segmentation: {re.escape(str(bad))} is not a COCO JSON file: .* at character \d+",
+    line,
+  )  # One line: the file and the place, without Beam's step name.
+  assert not os.path.exists(os.path.join(out, "_SUCCESS"))
 
 
 def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):

@@ -114,7 +114,7 @@ def test_format_flags(tmp_path, caplog):
   with pytest.raises(ValueError, match="--format keras: unknown"):
     portable.parse_formats(["keras"])
   argv = ["export", "--data", str(tmp_path), "--model-dir", str(tmp_path), "--format", "pb"]
-  assert _cli(argv) == 1
+  assert _cli(argv) == 2  # Refused, as any bad option is.
   assert "--format pb: unknown; one of savedmodel, tflite, onnx or all" in caplog.text
 
 
