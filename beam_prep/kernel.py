@@ -22,7 +22,7 @@ objects_failed == objects_found` hold by construction, and `examples_written
 `Tally.accounting` checks.
 
 A record is one unit (an object, or an image when nothing fans out) with the
-examples it finished (`FeatureTable.encode_unit`: the variants stacked, a
+examples it finished (`RecordCodec.encode_unit`: the variants stacked, a
 failed one absent). `examples/SPLIT` counts the examples written, as
 (object, variant) pairs, so the accounting above is unchanged;
 `records/SPLIT` counts the records that hold them.
@@ -53,6 +53,7 @@ from beam_prep.ops import registry
 from beam_prep.ops.clicks import MARGIN_REDUCED
 from beam_prep.ops.registry import ExampleError, OpBugError
 from beam_prep.tasks.registry import EXAMPLE, INPUT, OBJECT, Stage
+from beam_prep.record_codec import RecordCodec
 
 OP_BUG_AFTER = 8
 OP_ERROR = "op_error"
@@ -180,7 +181,7 @@ class Kernel:
     ops_module: module(s) the workers import first (user ops).
     table: the run's FeatureTable.
     summary_rows: the image's analysis row is its summary
-      (`FeatureTable.summary_row`, for the default preprocessing_fn), else
+      (`RecordCodec.summary_row`, for the default preprocessing_fn), else
       its first record.
   """
 
@@ -191,6 +192,7 @@ class Kernel:
     self.stages = [s for s in stages if s.chain]
     self.ops_module = ops_module
     self.table = table
+    self.codec = RecordCodec(table)
     self.summary_rows = summary_rows
     self._fns = None
     self._layout = None
@@ -328,14 +330,14 @@ class Kernel:
     if ex is None:
       return Result([], read_errors, tally, None)
     units, errors, source = self.apply_units(ex, tally, counted=len(read_errors))
-    records = [self.table.encode_unit(unit) for unit in units]
+    records = [self.codec.encode_unit(unit) for unit in units]
     tally.add(f"examples/{split}", sum(len(unit) for unit in units))
     tally.add(f"records/{split}", len(records))
     row = None
     if records:
       self._made_records = True
       first = units[0][0]
-      row = self.table.summary_row(first) if self.summary_rows else self.table.encode(first)
+      row = self.codec.summary_row(first) if self.summary_rows else self.codec.encode(first)
     if source is None or split != keys.EVAL_SPLIT or tally.counts.get("images_failed"):
       return Result(records, read_errors + errors, tally, row)
     tally.add(f"examples/{source_records.SPLIT}")

@@ -10,7 +10,7 @@ A beam-prep output (local or gs://, read through `tf.io.gfile`) holds:
   _SUCCESS        written last: the output is complete (`.check_complete()`)
 
 `read_numpy(split)` gives a split's examples as dicts of numpy arrays, each
-(object, variant) of a record on its own (`FeatureTable.decode_examples`:
+(object, variant) of a record on its own (`RecordCodec.decode_examples`:
 per-pixel features [H, W, C] in their declared dtype, string scalars as str,
 int64 lists as arrays).
 
@@ -31,8 +31,9 @@ from google.protobuf.message import DecodeError
 
 from beam_prep import keys
 from beam_prep.features import FeatureError, FeatureTable
+from beam_prep.record_codec import RecordCodec
 
-# Records `read_numpy` decodes in one call (`FeatureTable.decode_records`): a
+# Records `read_numpy` decodes in one call (`RecordCodec.decode_records`): a
 # call costs about what 15 records do, so one call per record would be slow.
 READ_BATCH = 64
 
@@ -207,12 +208,12 @@ class PrepOutput:
       limit: stop after this many examples (0: all).
 
     Yields:
-      One dict per example (`FeatureTable.decode_examples`).
+      One dict per example (`RecordCodec.decode_examples`).
     """
     n = 0
     # A record holds at least one example: `limit` records are enough.
     for batch in self.dataset(split).batch(min(READ_BATCH, limit) if limit else READ_BATCH):
-      for examples in self.table.decode_records(list(batch.numpy())):
+      for examples in RecordCodec(self.table).decode_records(list(batch.numpy())):
         for rec in examples:
           if limit and n >= limit:
             return
@@ -278,7 +279,7 @@ class PrepOutput:
         continue  # An empty shard (a split smaller than the shard count).
       holding.append(path)
       try:
-        self.table.decode_examples(first.numpy())
+        RecordCodec(self.table).decode_examples(first.numpy())
       except FeatureError as e:  # A per-pixel feature of another size.
         raise RecordsError(f"shard {path}: {e} (a shard from another run?)") from None
       except (ValueError, zlib.error, DecodeError) as e:

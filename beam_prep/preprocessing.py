@@ -9,7 +9,7 @@ covers every declared feature (see `beam_prep.features`):
   declared ("standardize": per-channel mean and standard deviation over the
   analyzed split, by full-pass analyzers; `scale(s)`: divided by s; "none"),
   under its own key. The job feeds the analysis one small row per train
-  image (`FeatureTable.summary_row`: the channel means and means of squares
+  image (`RecordCodec.summary_row`: the channel means and means of squares
   of its standardized inputs), so every image weighs once and no pixel is
   analyzed twice; the same function analyzes full records as well;
 - the `label`, turned into label outputs by its kind (`label_outputs`): a
@@ -39,6 +39,7 @@ import tensorflow_transform as tft
 
 from beam_prep import keys
 from beam_prep.features import Entry, FeatureError, FeatureTable
+from beam_prep.record_codec import RecordCodec
 
 PreprocessingFn = Callable[[Dict[str, tf.Tensor]], Dict[str, tf.Tensor]]
 
@@ -79,11 +80,11 @@ def normalize(
   """A decoded model input, normalized as its declaration says.
 
   With `inputs` holding the entry's per-image summaries
-  (`FeatureTable.summary_keys`), standardization analyzes those.
+  (`RecordCodec.summary_keys`), standardization analyzes those.
   """
   x = tf.cast(x, tf.float32)
   if entry.feature.normalize == "standardize":
-    mean_key, square_key = FeatureTable.summary_keys(entry)
+    mean_key, square_key = RecordCodec.summary_keys(entry)
     if inputs is not None and mean_key in inputs:
       return standardize(x, entry.key, inputs[mean_key], inputs[square_key])
     return standardize(x, entry.key)
@@ -127,7 +128,7 @@ def make_preprocessing_fn(table: FeatureTable) -> PreprocessingFn:
   """The default preprocessing_fn of a feature table (see the module docstring).
 
   It analyzes either full records or the job's small per-image summary rows
-  (`FeatureTable.summary_row`, schema `analysis_feature_spec`): the exported
+  (`RecordCodec.summary_row`, schema `analysis_feature_spec`): the exported
   graph transforms full records either way, and the summaries, absent at
   training and serving, are never needed there.
   """

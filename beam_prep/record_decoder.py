@@ -3,7 +3,7 @@
 A record holds one unit with its variants stacked (`beam_prep.features`,
 format 3); the `Decoder` is the one reader of that layout. The trainer's
 input path runs it in its tf.data graph (`train.fit.data`), and
-`FeatureTable.decode_examples` runs it eagerly and turns its output into
+`RecordCodec.decode_examples` runs it eagerly and turns its output into
 numpy arrays (`Decoder.numpy`), so a change to the record layout is made
 here, once.
 

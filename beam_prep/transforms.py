@@ -107,7 +107,7 @@ class AnalyzeAndTransform(beam.PTransform):
 
   Input is a PCollection of serialized tf.Examples of `analysis_spec`
   (default: the records' own spec; the job gives one small summary row per
-  train image, `FeatureTable.summary_row`), fed to tf.Transform as Arrow RecordBatches through
+  train image, `RecordCodec.summary_row`), fed to tf.Transform as Arrow RecordBatches through
   TFXIO (the
   fast path; instance dicts are tf.Transform's test format). Only the
   analysis runs: the records keep the compact raw features, and the trainer

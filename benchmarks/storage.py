@@ -13,6 +13,7 @@ import time
 from typing import Any, Dict, List, Sequence
 
 from benchmarks.common import batches_rate, log, run_pipeline
+from beam_prep.record_codec import RecordCodec
 
 # The record layouts are measured at 4 variants per object (at the settings' size).
 STORAGE_VARIANTS = 4
@@ -59,10 +60,12 @@ def rewrite(prep, path: str, table, per_example: bool, gzip: bool = False) -> fl
   spent = 0.0
   with tf.io.TFRecordWriter(path, options="GZIP" if gzip else None) as writer:
     for serialized in prep.dataset(keys.TRAIN_SPLIT):
-      examples = prep.table.decode_examples(serialized.numpy())
+      examples = RecordCodec(prep.table).decode_examples(serialized.numpy())
       t = time.perf_counter()
       for record in (
-        [table.encode(ex) for ex in examples] if per_example else [table.encode_unit(examples)]
+        [RecordCodec(table).encode(ex) for ex in examples]
+        if per_example
+        else [RecordCodec(table).encode_unit(examples)]
       ):
         writer.write(record)
       spent += time.perf_counter() - t

@@ -49,6 +49,7 @@ from beam_prep.prep_output import PrepOutput
 from beam_prep.readers import ListInputs, resolve_layout
 from beam_prep.shards import commit, plan, write
 from beam_prep.transforms import AnalyzeAndTransform
+from beam_prep.record_codec import RecordCodec
 from pipelines import logs, outputs, report, runners
 
 PREVIEW_COUNT = PreviewConfig.count
@@ -84,7 +85,7 @@ class _FinalizeFn(beam.DoFn):
       from pipelines import preview as drawing  # pylint: disable=g-import-not-at-top
 
       m["paths"]["preview"] = drawing.save(
-        [self._table.decode_numpy(r) for r in previews],
+        [RecordCodec(self._table).decode_numpy(r) for r in previews],
         self._table,
         FileSystems.join(out, keys.PREVIEW_FILE),
       )
@@ -131,7 +132,7 @@ def _analyze(written, config: PrepConfig, table: FeatureTable, kernel: Kernel, t
       preprocessing_fn,
       FileSystems.join(config.output, keys.TRANSFORM_DIR),
       table.raw_feature_spec(),
-      analysis_spec=table.analysis_feature_spec() if kernel.summary_rows else None,
+      analysis_spec=RecordCodec(table).analysis_feature_spec() if kernel.summary_rows else None,
     )
 
 

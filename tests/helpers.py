@@ -10,6 +10,7 @@ import tempfile
 import numpy as np
 import pytest
 from PIL import Image
+from beam_prep.record_codec import RecordCodec
 
 # The project's root: the folder of setup.py and the packages.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,7 +115,7 @@ def examples(out, split="*"):
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
 
   table = FeatureTable.load(out)
-  decoded = table.decode_records([r.SerializeToString() for r in records(out, split)])
+  decoded = RecordCodec(table).decode_records([r.SerializeToString() for r in records(out, split)])
   return [ex for examples in decoded for ex in examples]
 
 
@@ -162,7 +163,7 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
     # reads of it (the step makes the click inputs from the clicks).
     raw = decoder.decode(tf.constant([serialized]), training=False)
     train_all, _ = parser(reader.stored(tf.constant([serialized]), training=False), training=False)
-    for i, rec in enumerate(table.decode_examples(serialized)):
+    for i, rec in enumerate(RecordCodec(table).decode_examples(serialized)):
       clicks = {k: rec[k] for k in (keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS)}
       served = server.raw_model_input(
         {
@@ -182,7 +183,7 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
         out = {
           k: v[0]
           for k, v in signatures["serve_examples"](
-            examples=tf.constant([table.encode(rec)])
+            examples=tf.constant([RecordCodec(table).encode(rec)])
           ).items()
         }
       else:

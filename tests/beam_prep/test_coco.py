@@ -15,6 +15,7 @@ from beam_prep import keys, readers
 from beam_prep.features import FeatureTable
 from beam_prep.layouts import coco
 from beam_prep.ops.image import resize_nearest
+from beam_prep.record_codec import RecordCodec
 from tests.helpers import dead_letters, manifest, records, run_cli
 
 W, H = 128, 96  # Not square: a transposed RLE or polygon would show.
@@ -317,7 +318,7 @@ def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
     small = np.full((64, 64), keys.IGNORE, np.uint8)
     small[:48] = resize_nearest(inst, 48, 64)
     want = np.where(small == keys.IGNORE, keys.IGNORE, small == object_id).astype(np.uint8)
-    stored = FeatureTable.load(out).decode_numpy(r.SerializeToString())[keys.MASK]
+    stored = RecordCodec(FeatureTable.load(out)).decode_numpy(r.SerializeToString())[keys.MASK]
     np.testing.assert_array_equal(stored[..., 0], want)
   assert got == {("a", 1), ("a", 2), ("sub/b", 1)}
 
@@ -404,7 +405,9 @@ def test_coco_job_counts_box_only_rows_apart(tmp_path):
   assert c["objects_of_failed_images"] == 1 and c["accounted"]
   assert c["errors_by_reason"] == {"empty_segmentation": 1, "missing_image": 1}
   [rec] = records(out)
-  stored = FeatureTable.load(out).decode_numpy(rec.SerializeToString())[keys.MASK][..., 0]
+  stored = RecordCodec(FeatureTable.load(out)).decode_numpy(rec.SerializeToString())[keys.MASK][
+    ..., 0
+  ]
   # 128 x 96 fills 64 x 48: the boxes at half size are ignore, not background.
   for rows in (slice(5, 20), slice(25, 40)):
     assert (stored[rows, 35:55] == keys.IGNORE).all()

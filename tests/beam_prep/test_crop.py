@@ -14,6 +14,7 @@ from PIL import Image
 from beam_prep import keys, source_records
 from beam_prep.features import FeatureTable
 from beam_prep.ops import crop, registry
+from beam_prep.record_codec import RecordCodec
 from tests.helpers import manifest, png, run_cli, scene
 
 
@@ -215,7 +216,7 @@ def test_the_serving_graph_makes_the_records_from_the_source_image(prep_dir):
   images = encodings = 0
   for path in sorted(glob.glob(keys.record_pattern(prep_dir, keys.EVAL_SPLIT))):
     for serialized in tf.data.TFRecordDataset(path):
-      for rec in table.decode_examples(serialized.numpy()):
+      for rec in RecordCodec(table).decode_examples(serialized.numpy()):
         box = rec[keys.CROP_BOX]
         clicks = {
           k: crop.clicks_to_source(rec[k], box, size)
@@ -283,7 +284,7 @@ def _colour_model(tmp_path, image, instances, size):
   raw = Decoder(table, table.keys("model_input")).decode(tf.constant([serialized]), False)
   x = model_inputs(table, transform.transform_raw_features(raw))
   redness = (x[0, ..., 0] - x[0, ..., 1]).numpy()
-  label = table.decode_numpy(serialized)[keys.MASK].reshape(size, size)
+  label = RecordCodec(table).decode_numpy(serialized)[keys.MASK].reshape(size, size)
   middle = (redness[label == 1].mean() + redness[label == 0].mean()) / 2
   model = keras.Sequential(
     [

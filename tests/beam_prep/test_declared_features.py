@@ -24,6 +24,7 @@ from PIL import Image
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.ops import registry
+from beam_prep.record_codec import RecordCodec
 from tests.helpers import ROOT, assert_encoded_answer, assert_serving_parity, run_cli
 
 RUNS = {
@@ -147,7 +148,7 @@ def test_records_features_json_and_model_follow_the_declarations(runs, name):
   )
   stored = set(tf.train.Example.FromString(first.numpy()).features.feature)
   assert stored == set(table.keys())
-  ex = table.decode_numpy(first.numpy())
+  ex = RecordCodec(table).decode_numpy(first.numpy())
   if "edges" in table:
     from tests.fixtures.edge_ops import gradient_magnitude  # pylint: disable=g-import-not-at-top
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.prep_output import PrepOutput, RecordsError
+from beam_prep.record_codec import RecordCodec
 
 
 def test_opens_the_table_transform_shards_and_manifest(prep_dir, tmp_path, monkeypatch):
@@ -40,7 +41,9 @@ def test_read_numpy_decodes_a_split_in_file_order(prep_dir):
   records = list(prep.read_numpy(keys.EVAL_SPLIT))
   assert len(records) == written[keys.EVAL_SPLIT] > 0
   raw = [r.numpy() for f in prep.files(keys.EVAL_SPLIT) for r in tf.data.TFRecordDataset(f)]
-  examples = [ex for serialized in raw for ex in prep.table.decode_examples(serialized)]
+  examples = [
+    ex for serialized in raw for ex in RecordCodec(prep.table).decode_examples(serialized)
+  ]
   assert len(examples) == len(records) > len(raw)  # Records stack an object's variants.
   for got, want in zip(records, examples):
     assert sorted(got) == sorted(want)

@@ -7,6 +7,7 @@ from tensorflow_transform.tf_metadata import dataset_metadata
 
 from beam_prep import keys, preprocessing
 from beam_prep.features import Entry, Feature, FeatureTable
+from beam_prep.record_codec import RecordCodec
 
 
 def _analyze_and_transform(tmp_path, rows, table, fn):
@@ -135,9 +136,9 @@ def test_summary_rows_analyze_to_the_same_graph_as_full_records(tmp_path):
       }
     )
   full = [{k: v.tobytes() for k, v in ex.items()} for ex in examples]
-  summary = [tf.train.Example.FromString(table.summary_row(ex)) for ex in examples]
+  summary = [tf.train.Example.FromString(RecordCodec(table).summary_row(ex)) for ex in examples]
   assert all(len(s.SerializeToString()) < 200 for s in summary)  # a few floats, no pixels
-  spec = table.analysis_feature_spec()
+  spec = RecordCodec(table).analysis_feature_spec()
   summary_rows = [
     {
       k: (

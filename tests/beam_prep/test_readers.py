@@ -9,6 +9,7 @@ from PIL import Image
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
+from beam_prep.record_codec import RecordCodec
 from tests.helpers import dead_letters, manifest, png, records, run_cli, scene
 
 
@@ -209,7 +210,9 @@ def test_user_op_gzip_and_flipped_variants(tmp_path):
   # Flipping runs per variant, so each variant keeps its own (mirrored) image.
   assert table[keys.IMAGE].stacked and not table[keys.IMAGE_ID].stacked
   examples = [
-    ex for r in records(out, "train") for ex in table.decode_examples(r.SerializeToString())
+    ex
+    for r in records(out, "train")
+    for ex in RecordCodec(table).decode_examples(r.SerializeToString())
   ]
   assert len(examples) == manifest(out)["counts"]["examples_written"]["train"] == 12
   for ex in examples:

@@ -10,6 +10,7 @@ import pytest
 
 from beam_prep import keys
 from beam_prep.shards import commit as sharding
+from beam_prep.record_codec import RecordCodec
 from tests.helpers import ROOT, manifest, run_cli
 
 TARGET_MB = 0.06
@@ -195,7 +196,7 @@ def test_transform_statistics_weigh_every_image_once(small):
   task = make_task(table, tft_out)
   files = sorted(glob.glob(keys.record_pattern(small, keys.TRAIN_SPLIT)))
   serialized = [r.numpy() for r in tf.data.TFRecordDataset(files)]
-  examples = [ex for s in serialized for ex in table.decode_examples(s)]
+  examples = [ex for s in serialized for ex in RecordCodec(table).decode_examples(s)]
   first, per_record = {}, []
   for ex in examples:
     mean = ex[keys.IMAGE].reshape(-1, 3).mean(axis=0)

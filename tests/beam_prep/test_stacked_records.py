@@ -12,6 +12,7 @@ from beam_prep.features import FeatureError, FeatureTable
 from beam_prep.kernel import Kernel
 from beam_prep.ops import registry
 from beam_prep.preprocessing import decode_feature
+from beam_prep.record_codec import RecordCodec
 from tests.helpers import png, scene
 from train.fit.data import Decoder
 
@@ -62,16 +63,16 @@ def test_a_record_holds_the_object_once_and_every_variant(tmp_path):
   f = tf.train.Example.FromString(record).features.feature
   assert len(f[keys.IMAGE].bytes_list.value) == len(f[keys.MASK].bytes_list.value) == 1
   assert len(f[keys.DISTANCE_MAPS].bytes_list.value) == VARIANTS
-  examples = table.decode_examples(record)
+  examples = RecordCodec(table).decode_examples(record)
   assert [int(ex[keys.VARIANT]) for ex in examples] == list(range(VARIANTS))
   assert all(ex[keys.IMAGE] is examples[0][keys.IMAGE] for ex in examples)
   # The same examples as the layout before: one example-view record each.
   view = table.example_view
   for ex in examples:
-    back = view.decode_numpy(table.encode(ex))
+    back = RecordCodec(view).decode_numpy(RecordCodec(table).encode(ex))
     for k, v in ex.items():
       np.testing.assert_array_equal(back[k], v)
-  assert len(record) < 0.5 * sum(len(table.encode(ex)) for ex in examples)
+  assert len(record) < 0.5 * sum(len(RecordCodec(table).encode(ex)) for ex in examples)
 
 
 def test_counts_add_up_when_a_variant_fails(tmp_path):
@@ -83,13 +84,13 @@ def test_counts_add_up_when_a_variant_fails(tmp_path):
   assert [e["reason"] for e in result.errors] == ["dropped_variant"]
   assert result.tally.accounting(VARIANTS, splits_objects=True)["accounted"]
   [record] = result.records
-  assert [int(ex[keys.VARIANT]) for ex in table.decode_examples(record)] == [0, 2]
+  assert [int(ex[keys.VARIANT]) for ex in RecordCodec(table).decode_examples(record)] == [0, 2]
 
 
 def test_the_reader_picks_each_variant_as_the_layout_before_gives_it(tmp_path):
   kernel, table = _kernel(tmp_path)
   [record] = kernel.process(_pointer(tmp_path)).records
-  examples = table.decode_examples(record)
+  examples = RecordCodec(table).decode_examples(record)
   wanted = (
     table.keys("model_input")
     + table.keys("label")
@@ -97,7 +98,7 @@ def test_the_reader_picks_each_variant_as_the_layout_before_gives_it(tmp_path):
   )
   # The layout before: a record per (object, variant), every array raw.
   before = Decoder(table.example_view, wanted).decode(
-    tf.constant([table.encode(ex) for ex in examples]), training=False
+    tf.constant([RecordCodec(table).encode(ex) for ex in examples]), training=False
   )
   decoder = Decoder(table, wanted, seed=1)
 
@@ -156,7 +157,7 @@ def test_the_numpy_reader_gives_what_the_trainer_reads(tmp_path):
   }
   [record] = kernel.process(_pointer(tmp_path)).records
   [other] = kernel.process(_pointer(tmp_path, boxes=((10, 12, 40, 44),))).records
-  examples = table.decode_examples(record)
+  examples = RecordCodec(table).decode_examples(record)
   trainer = _trainer_values(table, record)
   assert len(examples) == VARIANTS
   for i, ex in enumerate(examples):
@@ -176,7 +177,8 @@ def test_the_numpy_reader_gives_what_the_trainer_reads(tmp_path):
       np.testing.assert_array_equal(ex[e.key], want, err_msg=e.key)
   # Many records in one call: the same examples as one call each.
   for batch, single in zip(
-    table.decode_records([record, other]), [examples, table.decode_examples(other)]
+    RecordCodec(table).decode_records([record, other]),
+    [examples, RecordCodec(table).decode_examples(other)],
   ):
     assert len(batch) == len(single)
     for a, b in zip(batch, single):
@@ -202,19 +204,19 @@ def test_a_record_that_does_not_match_its_declarations_is_refused(tmp_path):
     match=r"feature 'distance_maps' holds 10 bytes, but "
     r"features.json declares \[48, 48, 2\] uint8 \(4608 bytes\) at 48x48",
   ):
-    table.decode_examples(changed(short_map))
+    RecordCodec(table).decode_examples(changed(short_map))
 
   def long_image(f):
     f[keys.IMAGE].bytes_list.value[0] += b"\0"
 
   with pytest.raises(FeatureError, match=r"feature 'image' holds 6913 bytes"):
-    table.decode_examples(changed(long_image))
+    RecordCodec(table).decode_examples(changed(long_image))
 
   def no_mask(f):
     del f[keys.MASK]
 
   with pytest.raises(ValueError, match=r"the record has no feature 'mask' \(declared by op "):
-    table.decode_examples(changed(no_mask))
+    RecordCodec(table).decode_examples(changed(no_mask))
 
 
 def test_classification_records_are_one_example_each(tmp_path):
@@ -231,7 +233,7 @@ def test_classification_records_are_one_example_each(tmp_path):
     {"image_id": "cat/x", "source": str(tmp_path / "cat" / "x.png"), "label": "cat"}
   ).records
   # The record is the example view itself, as before format 3.
-  assert record == table.encode(table.decode_numpy(record))
+  assert record == RecordCodec(table).encode(RecordCodec(table).decode_numpy(record))
   parsed = tf.io.parse_single_example(record, table.raw_feature_spec())
   assert parsed[keys.LABEL].numpy() == b"cat"
 

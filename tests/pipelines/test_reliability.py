@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from beam_prep.features import FeatureTable
+from beam_prep.record_codec import RecordCodec
 from tests.helpers import dead_letters, manifest, png, run_cli, scene
 
 TRAIN = [
@@ -151,7 +152,7 @@ def test_shard_from_another_run_is_refused_before_training(prep_dir, tmp_path, c
   other_table = FeatureTable(table.entries, (32, 32), table.task)
   path = os.path.join(data, "records", "train-00007-of-00008.tfrecord")
   with tf.io.TFRecordWriter(path) as w:
-    w.write(other_table.encode(other))
+    w.write(RecordCodec(other_table).encode(other))
   assert _fit(["--data", data, "--model-dir", str(tmp_path / "m"), "--steps", "3"] + TRAIN) == 1
   out = capsys.readouterr().out
   assert "train-00007-of-00008.tfrecord: feature 'image' holds 3072 bytes" in out

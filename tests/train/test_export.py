@@ -17,6 +17,7 @@ from tests.helpers import assert_encoded_answer, assert_serving_parity, png, run
 from train import models
 from train.export.saved_model import latest_export
 from beam_prep.prep_output import PrepOutput
+from beam_prep.record_codec import RecordCodec
 
 
 def _restored_model(model_dir):
@@ -26,7 +27,7 @@ def _restored_model(model_dir):
 def _eval_examples(prep_dir, n=4):
   """The first eval examples in the example view (what serve_examples takes)."""
   prep = PrepOutput(prep_dir)
-  return [prep.table.encode(ex) for ex in prep.read_numpy(keys.EVAL_SPLIT, limit=n)]
+  return [RecordCodec(prep.table).encode(ex) for ex in prep.read_numpy(keys.EVAL_SPLIT, limit=n)]
 
 
 def test_serving_input_and_output_match_the_training_path(prep_dir, trained):
@@ -116,7 +117,7 @@ def test_a_wide_image_is_padded_in_its_records_and_served_back_in_place(tmp_path
     == 0
   )
   table = FeatureTable.load(out)
-  [rec] = [table.decode_numpy(r.SerializeToString()) for r in records(out)]
+  [rec] = [RecordCodec(table).decode_numpy(r.SerializeToString()) for r in records(out)]
   fit_h = h * size // w  # 32 rows of 96 hold the image; 64 rows are padding.
   mask = rec[keys.MASK].reshape(size, size)
   assert (mask[fit_h:] == keys.IGNORE).all() and (rec[keys.IMAGE][fit_h:] == 0).all()
@@ -444,7 +445,7 @@ def test_serve_examples_says_in_one_line_what_an_example_lacks(prep_dir, trained
     assert re.match(
       re.escape(message).replace(r"\(positive\|negative\)", "(positive|negative)"), str(e.value)
     ) and "\n" not in str(e.value), str(e.value)
-  # What it asks for: the records' examples, as FeatureTable.encode writes them.
+  # What it asks for: the records' examples, as RecordCodec.encode writes them.
   table = FeatureTable.load(prep_dir)
-  examples = [table.encode(ex) for ex in table.decode_examples(job[0])]
+  examples = [RecordCodec(table).encode(ex) for ex in RecordCodec(table).decode_examples(job[0])]
   assert model.predict("serve_examples", {"examples": examples})["mask"].shape[0] == len(examples)

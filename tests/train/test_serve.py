@@ -26,6 +26,7 @@ from tests.helpers import ROOT, assert_encoded_answer, encoded, png, unpng
 from train.export.saved_model import latest_export
 from train.evaluate.noc import eval_objects
 from beam_prep.prep_output import PrepOutput
+from beam_prep.record_codec import RecordCodec
 from train.serve import app as serve_app
 from train.serve import json_arrays
 from train.serve.config import ServeConfig
@@ -158,7 +159,9 @@ def test_columnar_predict_answers_what_the_saved_model_answers(client, direct, t
 
 def test_row_predict_of_the_batch_signature(client, direct, prep_dir):
   prep = PrepOutput(prep_dir)  # The example view: what serve_examples takes.
-  examples = [prep.table.encode(ex) for ex in prep.read_numpy(keys.EVAL_SPLIT, limit=2)]
+  examples = [
+    RecordCodec(prep.table).encode(ex) for ex in prep.read_numpy(keys.EVAL_SPLIT, limit=2)
+  ]
   want = {k: v.numpy() for k, v in direct["serve_examples"](examples=tf.constant(examples)).items()}
   plain = [{"b64": base64.b64encode(e).decode()} for e in examples]
   for instances in (plain, [{"examples": p} for p in plain]):

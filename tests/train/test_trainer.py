@@ -17,6 +17,7 @@ from beam_prep import keys
 from tests.helpers import run_cli
 from train.fit.data import Decoder, InputReader, Parser
 from beam_prep.prep_output import PrepOutput
+from beam_prep.record_codec import RecordCodec
 from train.tasks import make_task
 
 
@@ -76,7 +77,7 @@ def test_decoder_and_parser_on_in_memory_examples(prep_dir):
   }
   ex.update(height=64, width=64, negative_strategy=0, flipped=0, crop_box=np.array([0, 0, 64, 64]))
   decoder = Decoder(table)
-  stored = decoder.stored(tf.constant([table.encode_unit([ex])] * 2))
+  stored = decoder.stored(tf.constant([RecordCodec(table).encode_unit([ex])] * 2))
   raw = decoder.raw(stored)
   assert raw[keys.IMAGE].shape == (2,) and raw[keys.POSITIVE_CLICKS].values.numpy().tolist() == [
     20,

@@ -18,6 +18,7 @@ from beam_prep import keys
 from beam_prep.features import FeatureTable
 from tests.helpers import ROOT, assert_serving_parity
 from beam_prep.prep_output import PrepOutput
+from beam_prep.record_codec import RecordCodec
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 
@@ -173,7 +174,7 @@ def test_dataset_gives_the_trainers_tensors_in_keras_form(prep_dir):
   # label_weight is 0 exactly where the record's mask is ignore.
   # (In the reader's order: its shards interleaved, each record's variants in turn.)
   records = [r.numpy() for r in reader.records(keys.EVAL_SPLIT, training=False).take(4)]
-  masks = [ex[keys.MASK] for r in records for ex in table.decode_examples(r)][:4]
+  masks = [ex[keys.MASK] for r in records for ex in RecordCodec(table).decode_examples(r)][:4]
   np.testing.assert_array_equal(weight.numpy() == 0, np.stack(masks) == keys.IGNORE)
   # Training batches repeat past the end of the split, always full.
   examples = manifest_examples(prep_dir)

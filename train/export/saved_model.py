@@ -68,7 +68,7 @@ encoded. Each image keeps its own size.
 Segmentation, signature `serve_examples` (batch scoring, TFX convention):
   inputs   examples         string [B]: serialized tf.Examples in the raw
                             schema, one (object, variant) each (the example
-                            view, `FeatureTable.encode`; a job's records, which
+                            view, `RecordCodec.encode`; a job's records, which
                             stack an object's variants, give these through
                             `decode_examples`); `image` (raw uint8 bytes at the
                             records' size), `positive_clicks`,

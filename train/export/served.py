@@ -71,7 +71,7 @@ def parse_message(message: str) -> Optional[str]:
     return (
       f"{where}: beam-prep's records stack an object's click variants, one bytes value "
       f"each; {sig.SERVE_EXAMPLES} takes one (object, variant) per tf.Example, as "
-      "FeatureTable.encode writes it (FeatureTable.decode_examples gives a record's "
+      "RecordCodec.encode writes it (RecordCodec.decode_examples gives a record's "
       "examples)"
     )
   missing = _MISSING.search(message)

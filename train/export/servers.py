@@ -310,7 +310,7 @@ class SegmentationServer(_Server):
   @graphs.function(input_signature=sig.specs(sig.EXAMPLES, batch=True))
   def serve_examples(self, examples):
     """[B] serialized tf.Examples of one (object, variant) each, in the example
-    view (`FeatureTable.encode`: raw `image` bytes and int64 click lists), not
+    view (`RecordCodec.encode`: raw `image` bytes and int64 click lists), not
     the job's records, which stack an object's variants."""
     spec = self._table.raw_feature_spec([keys.IMAGE, keys.POSITIVE_CLICKS, keys.NEGATIVE_CLICKS])
     parsed = tf.io.parse_example(examples, spec)
@@ -345,7 +345,7 @@ class SegmentationServer(_Server):
         tf.strings.length(image),
         size,
         message=f"{where} '{keys.IMAGE}' must hold the raw bytes of uint8 [{h}, {w}, 3], the "
-        f"records' size ({size} bytes, as FeatureTable.encode writes it)",
+        f"records' size ({size} bytes, as RecordCodec.encode writes it)",
       ),
       tf.debugging.assert_positive(
         clicks[keys.POSITIVE_CLICKS].row_lengths(),

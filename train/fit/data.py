@@ -9,7 +9,7 @@ example: parsing, transform and augmentation are graph ops.
 
 A record holds one object with all its click variants; the Decoder
 (`beam_prep.record_decoder`, the one reader of records, also behind
-`FeatureTable.decode_examples`) picks one variant per record and step in the
+`RecordCodec.decode_examples`) picks one variant per record and step in the
 graph (or, on eval, keeps each). The Parser decompresses what the record
 stores compressed and unpacks the stacked clicks (`record_decoder.raw_view`).
 The click encodings and the previous mask are not read: the step makes
