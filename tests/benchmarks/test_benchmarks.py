@@ -1,4 +1,9 @@
-"""The benchmark at tiny sizes, so that it keeps working (no timing assertions)."""
+"""The benchmark at tiny sizes, so that it keeps working (no timing assertions).
+
+`make test` measures each group in this process on the session's records and
+model; the whole command (its fresh-process scaling runs, targets, table and
+plot) runs in `make test-all`.
+"""
 
 import json
 import math
@@ -6,7 +11,17 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from benchmarks.clicks import bench_clicks
+from benchmarks.input import bench_input
+from benchmarks.labels import bench_labels
+from benchmarks.noc import bench_noc_source
+from benchmarks.prep import bench_prep
 from benchmarks.run import SETTINGS, STORAGE_ROWS, TARGETS
+from benchmarks.serve import bench_serve
+from benchmarks.storage import bench_storage
+from benchmarks.training import bench_train
 from tests.helpers import ROOT
 
 FIGURES = (
@@ -46,6 +61,33 @@ FIGURES = (
 )
 
 
+# Measured only by the fresh-process runs of `bench_scaling`.
+SCALING = ("prep.peak_rss_mb.N", "prep.peak_rss_mb.16N", "prep.kernel_objects_s.16N")
+SCALING += ("prep.two_workers_speedup",)
+
+
+def test_each_group_measures_its_figures(sample_dir, prep_dir, trained, tmp_path):
+  s = SETTINGS["tiny"]
+  work = str(tmp_path)
+  figures = bench_clicks(s["click_repeats"])
+  figures.update(bench_prep(sample_dir, os.path.join(work, "prep"), s))
+  figures.update(bench_input(prep_dir, s["batch"], s["batches"], s["repeats"]))
+  figures.update(
+    bench_train(prep_dir, s["batch"], s["train_steps"], s["repeats"], s["width"], s["depth"])
+  )
+  figures.update(bench_storage(sample_dir, work, s))
+  figures.update(bench_serve(trained, s["serve_repeats"]))
+  figures.update(bench_noc_source(work, trained, s))
+  figures.update(bench_labels(work, s["labels_fill"], s["serve_repeats"]))
+  for name in set(FIGURES) - set(SCALING):
+    value = figures[name]
+    assert math.isfinite(value) and value >= 0, (name, value)
+  for layout, _ in STORAGE_ROWS:
+    assert figures[f"storage.{layout}.bytes_per_example"] > 0
+  assert figures["labels.fill"] == s["labels_fill"]
+
+
+@pytest.mark.slow
 def test_benchmark_reports_every_figure(tmp_path):
   out, plot = str(tmp_path / "b.json"), str(tmp_path / "b.png")
   r = subprocess.run(
