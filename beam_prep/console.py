@@ -113,6 +113,10 @@ class Refused(Exception):
   """A problem found before any work: the command exits EXIT_REFUSED."""
 
 
+class Failed(Exception):
+  """The work ran and failed: the command exits EXIT_FAILED."""
+
+
 class Interrupted(Exception):
   """Stopped by the user, the message saying what is left: the command exits
   EXIT_INTERRUPTED."""
@@ -127,27 +131,30 @@ def refusing(*errors: type):
     raise Refused(str(e)) from e
 
 
-def run_command(
-  command: str,
-  log: logging.Logger,
-  body: Callable[[], Optional[int]],
-  failures: tuple = (),
-  interrupted: str = "interrupted",
-) -> int:
+@contextlib.contextmanager
+def failing(*errors: type):
+  """Turns `errors` raised inside (a step's own, beyond EXPECTED_ERRORS) into `Failed`."""
+  try:
+    yield
+  except errors as e:
+    raise Failed(str(e)) from e
+
+
+def run_command(command: str, log: logging.Logger, body: Callable[[], Optional[int]]) -> int:
   """`body()`'s exit code (0 when it returns None); what it raises, said in one
   line `command: reason` and mapped to an exit code here and nowhere else:
-  `Refused` EXIT_REFUSED, EXPECTED_ERRORS and `failures` EXIT_FAILED, Ctrl-C
-  (with `interrupted`) and `Interrupted` EXIT_INTERRUPTED. With --verbose (the log at DEBUG)
-  the traceback follows the line."""
+  `Refused` EXIT_REFUSED; `Failed` and EXPECTED_ERRORS EXIT_FAILED; Ctrl-C
+  and `Interrupted` EXIT_INTERRUPTED. With --verbose (the log at DEBUG) the
+  traceback follows the line."""
   try:
     code = body()
   except Refused as e:
     return _said(log, command, e, EXIT_REFUSED)
   except KeyboardInterrupt:
-    return _said(log, command, interrupted, EXIT_INTERRUPTED)
+    return _said(log, command, "interrupted", EXIT_INTERRUPTED)
   except Interrupted as e:
     return _said(log, command, e, EXIT_INTERRUPTED)
-  except EXPECTED_ERRORS + tuple(failures) as e:
+  except (Failed,) + EXPECTED_ERRORS as e:
     return _said(log, command, e, EXIT_FAILED)
   return 0 if code is None else code
 

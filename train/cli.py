@@ -20,7 +20,16 @@ import os
 from typing import List, Optional
 
 from beam_prep import kit
-from beam_prep.console import Refused, check_unknown, dispatch, option_flags, refusing, run_command
+from beam_prep.console import (
+  Interrupted,
+  Refused,
+  check_unknown,
+  dispatch,
+  failing,
+  option_flags,
+  refusing,
+  run_command,
+)
 from train import logs
 from train.config import EvalConfig, ExportConfig, PredictConfig, TrainConfig
 from train.serve.config import ServeConfig
@@ -120,7 +129,14 @@ def _fit(argv: List[str], log) -> int:
     config.batch_size,
     config.model_dir,
   )
-  m = loop.fit(config)
+  from beam_prep.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
+  from train.fit.train_step import RetraceError  # pylint: disable=g-import-not-at-top
+
+  try:
+    with failing(RecordsError, RetraceError, FloatingPointError):
+      m = loop.fit(config)
+  except KeyboardInterrupt:
+    raise Interrupted("interrupted; checkpoint saved, rerun the same command to resume") from None
   log.info(
     "train: done at step %d, loss %.4f, %.1f examples/s, input wait %.0f%%, "
     "%d replica(s), step traced %d time(s)",
@@ -138,21 +154,6 @@ def _fit(argv: List[str], log) -> int:
   if "export_dir" in m:
     log.info("export: %s", m["export_dir"])
   return 0
-
-
-def _fit_failures():
-  """What stops a fit run besides EXPECTED_ERRORS (they import TensorFlow)."""
-  from beam_prep.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
-
-  from train.fit.train_step import RetraceError  # pylint: disable=g-import-not-at-top
-
-  return (RecordsError, RetraceError, FloatingPointError)
-
-
-def _evaluate_failures():
-  from beam_prep.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
-
-  return (RecordsError, KeyError)
 
 
 EVALUATE = (
@@ -176,9 +177,11 @@ SERVE = (
 
 def _evaluate(argv: List[str], log) -> int:
   config = kit.parse_command("beam-train evaluate", EVALUATE, EvalConfig, argv)
+  from beam_prep.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
   from train.evaluate import command, noc  # pylint: disable=g-import-not-at-top
 
-  report, out = command.run(config, log)
+  with failing(RecordsError, KeyError):
+    report, out = command.run(config, log)
   for line in noc.lines(noc.brief(report)):
     log.info("evaluate: %s", line)
   curve = report.get("model", report["baseline"])["mean_iou_by_clicks"]
@@ -264,33 +267,32 @@ def _engine(argv: List[str], log) -> int:
   from train import engine  # pylint: disable=g-import-not-at-top
 
   config = kit.parse_command("beam-train engine", ENGINE, engine.EngineConfig, argv)
-  engine.run_round(config, log)
+  with failing(RuntimeError):
+    engine.run_round(config, log)
   return 0
 
 
-def _command(name: str, body, failures=lambda: (), interrupted: str = "interrupted"):
+def _command(name: str, body):
   """`beam-train NAME`: its logger made quiet first (before TensorFlow), then
   `body(argv, log)` under the one error-to-exit-code mapping (`run_command`)."""
 
   def run(argv: List[str]) -> int:
     log = logs.quiet("--verbose" in argv)
-    return run_command(f"beam-train {name}", log, lambda: body(argv, log), failures(), interrupted)
+    return run_command(f"beam-train {name}", log, lambda: body(argv, log))
 
   return run
 
 
 COMMANDS = {
-  "fit": _command(
-    "fit",
-    _fit,
-    _fit_failures,
-    "interrupted; checkpoint saved, rerun the same command to resume",
-  ),
-  "evaluate": _command("evaluate", _evaluate, _evaluate_failures),
-  "predict": _command("predict", _predict),
-  "export": _command("export", _export),
-  "serve": _command("serve", _serve),
-  "engine": _command("engine", _engine, lambda: (RuntimeError,)),
+  name: _command(name, body)
+  for name, body in (
+    ("fit", _fit),
+    ("evaluate", _evaluate),
+    ("predict", _predict),
+    ("export", _export),
+    ("serve", _serve),
+    ("engine", _engine),
+  )
 }
 
 

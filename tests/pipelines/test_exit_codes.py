@@ -55,9 +55,20 @@ def test_each_error_is_one_line_and_its_code(error, code):
     assert record.getMessage() == f"beam-x run: {error}"
 
 
+def _failing(error):
+  def body():
+    with console.failing(RuntimeError):
+      raise error
+
+  return body
+
+
 def test_a_commands_own_failures_the_body_code_and_a_bug():
   log, lines = _log()
-  assert console.run_command("c", log, _raise(RuntimeError("stopped")), (RuntimeError,)) == 1
+  assert console.run_command("c", log, _failing(RuntimeError("stopped"))) == 1
+  assert lines.records[-1].getMessage() == "c: stopped"
+  with pytest.raises(RuntimeError):  # Outside `failing`, a RuntimeError is a bug.
+    console.run_command("c", log, _raise(RuntimeError("stopped")))
   assert console.run_command("c", log, lambda: None) == 0
   assert console.run_command("c", log, lambda: 3) == 3
   with pytest.raises(TypeError):  # A bug: not said in one line, its traceback stays.
