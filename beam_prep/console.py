@@ -159,6 +159,22 @@ def run_command(command: str, log: logging.Logger, body: Callable[[], Optional[i
   return 0 if code is None else code
 
 
+def command(
+  prog: str,
+  quiet_logs: Callable[[bool], logging.Logger],
+  body: Callable[[List[str], logging.Logger], Optional[int]],
+) -> Callable[[List[str]], int]:
+  """The command `prog` (e.g. "beam-train fit") for `dispatch`: its log made
+  quiet first (`quiet_logs(verbose)`, before TensorFlow loads), then
+  `body(argv, log)` under the one error-to-exit-code mapping (`run_command`)."""
+
+  def run(argv: List[str]) -> int:
+    log = quiet_logs("--verbose" in argv)
+    return run_command(prog, log, lambda: body(argv, log))
+
+  return run
+
+
 # What Beam appends to an error raised in a step: the step's name, not the reason.
 _BEAM_STEP = re.compile(r" \[while running '[^']*'\]")
 

@@ -210,10 +210,10 @@ class PrepOutput:
     Yields:
       One dict per example (`RecordCodec.decode_examples`).
     """
-    n = 0
+    n, codec = 0, RecordCodec(self.table)
     # A record holds at least one example: `limit` records are enough.
     for batch in self.dataset(split).batch(min(READ_BATCH, limit) if limit else READ_BATCH):
-      for examples in RecordCodec(self.table).decode_records(list(batch.numpy())):
+      for examples in codec.decode_records(list(batch.numpy())):
         for rec in examples:
           if limit and n >= limit:
             return

@@ -58,14 +58,13 @@ def rewrite(prep, path: str, table, per_example: bool, gzip: bool = False) -> fl
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
 
   spent = 0.0
+  read, write = RecordCodec(prep.table), RecordCodec(table)
   with tf.io.TFRecordWriter(path, options="GZIP" if gzip else None) as writer:
     for serialized in prep.dataset(keys.TRAIN_SPLIT):
-      examples = RecordCodec(prep.table).decode_examples(serialized.numpy())
+      examples = read.decode_examples(serialized.numpy())
       t = time.perf_counter()
       for record in (
-        [RecordCodec(table).encode(ex) for ex in examples]
-        if per_example
-        else [RecordCodec(table).encode_unit(examples)]
+        [write.encode(ex) for ex in examples] if per_example else [write.encode_unit(examples)]
       ):
         writer.write(record)
       spent += time.perf_counter() - t

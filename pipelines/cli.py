@@ -13,6 +13,7 @@ examples.
 """
 
 import argparse
+import functools
 from typing import List, Optional
 
 from beam_prep import keys, kit
@@ -21,10 +22,10 @@ from beam_prep.console import (
   Refused,
   beam_option_flags,
   check_unknown,
+  command,
   dispatch,
   option_flags,
   refusing,
-  run_command,
 )
 from pipelines import logs
 
@@ -66,7 +67,7 @@ def direct_defaults(input_root: str, cores: Optional[int] = None) -> List[str]:
   return ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
 
-def _preview(argv: List[str]) -> int:
+def _preview(argv: List[str], log) -> int:
   config = kit.parse_command(
     "beam-prep preview",
     "Draw a grid of what the records hold (image, clicks, mask, distance maps).",
@@ -84,11 +85,11 @@ def _preview(argv: List[str]) -> int:
     records = nested
   with refusing(FileNotFoundError):
     path = preview.write_preview(records, config.output, config.count)
-  logs.get().info("preview: %d examples -> %s", config.count, path)
+  log.info("preview: %d examples -> %s", config.count, path)
   return 0
 
 
-def _sample_data(argv: List[str]) -> int:
+def _sample_data(argv: List[str], log) -> int:
   config = kit.parse_command(
     "beam-prep sample-data",
     "Write a deterministic sample data set (images/ + masks/).",
@@ -101,7 +102,7 @@ def _sample_data(argv: List[str]) -> int:
     counts = write_sample_data(
       config.output, config.count, config.seed, (config.width, config.height)
     )
-  logs.get().info(
+  log.info(
     "sample-data: wrote %d scenes with %d objects to %s",
     counts["images"],
     counts["objects"],
@@ -130,16 +131,13 @@ def _fields_not_used(task) -> set:
 
 
 def _import_user_modules(argv: List[str]) -> None:
-  """Quiets the logs and imports `--ops-module` before the parser is built, so
-  that the options and the help see the layouts (and ops) it registers."""
+  """Imports `--ops-module` before the parser is built, so that the options
+  and the help see the layouts (and ops) it registers."""
   from beam_prep.ops import registry  # pylint: disable=g-import-not-at-top
 
   pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
   pre.add_argument("--ops-module", default="")
-  pre.add_argument("--verbose", action="store_true")
-  early = pre.parse_known_args(argv)[0]
-  logs.quiet(early.verbose)
-  registry.import_ops_modules(early.ops_module)
+  registry.import_ops_modules(pre.parse_known_args(argv)[0].ops_module)
 
 
 def prep_parser(task_name: str = "segmentation") -> argparse.ArgumentParser:
@@ -233,8 +231,7 @@ def _launch(config, beam_args, known):
     raise Refused(f"the job stopped and its output was removed: {e}") from e
 
 
-def _prep(task: str, argv: List[str]) -> int:
-  log = logs.get()
+def _prep(task: str, argv: List[str], log) -> int:
   with refusing(ImportError):
     _import_user_modules(argv)
   parser = prep_parser(task)
@@ -272,29 +269,19 @@ def _report(manifest, config, log, task: str) -> int:
   return 1
 
 
-def _command(name: str, body):
-  """`beam-prep NAME`: its logger made quiet first (before TensorFlow), then
-  `body(argv)` under the one error-to-exit-code mapping (`run_command`)."""
-
-  def run(argv: List[str]) -> int:
-    log = logs.quiet("--verbose" in argv)
-    return run_command(f"beam-prep {name}", log, lambda: body(argv))
-
-  return run
-
-
 def _task_commands():
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
 
   return {
-    name: _command(name, lambda argv, name=name: _prep(name, argv)) for name in tasks.task_names()
+    name: command(f"beam-prep {name}", logs.quiet, functools.partial(_prep, name))
+    for name in tasks.task_names()
   }
 
 
 def main(argv: Optional[List[str]] = None) -> None:
   commands = {
-    "sample-data": _command("sample-data", _sample_data),
+    "sample-data": command("beam-prep sample-data", logs.quiet, _sample_data),
     **_task_commands(),
-    "preview": _command("preview", _preview),
+    "preview": command("beam-prep preview", logs.quiet, _preview),
   }
   dispatch(__doc__, commands, argv)

@@ -47,9 +47,9 @@ from beam_prep.kernel import Kernel
 from beam_prep.ops import registry
 from beam_prep.prep_output import PrepOutput
 from beam_prep.readers import ListInputs, resolve_layout
+from beam_prep.record_codec import RecordCodec
 from beam_prep.shards import commit, plan, write
 from beam_prep.transforms import AnalyzeAndTransform
-from beam_prep.record_codec import RecordCodec
 from pipelines import logs, outputs, report, runners
 
 PREVIEW_COUNT = PreviewConfig.count
@@ -85,7 +85,7 @@ class _FinalizeFn(beam.DoFn):
       from pipelines import preview as drawing  # pylint: disable=g-import-not-at-top
 
       m["paths"]["preview"] = drawing.save(
-        [RecordCodec(self._table).decode_numpy(r) for r in previews],
+        [ex[0] for ex in RecordCodec(self._table).decode_records(previews)],
         self._table,
         FileSystems.join(out, keys.PREVIEW_FILE),
       )
@@ -132,7 +132,7 @@ def _analyze(written, config: PrepConfig, table: FeatureTable, kernel: Kernel, t
       preprocessing_fn,
       FileSystems.join(config.output, keys.TRANSFORM_DIR),
       table.raw_feature_spec(),
-      analysis_spec=RecordCodec(table).analysis_feature_spec() if kernel.summary_rows else None,
+      analysis_spec=kernel.codec.analysis_feature_spec() if kernel.summary_rows else None,
     )
 
 

@@ -24,11 +24,11 @@ from beam_prep.console import (
   Interrupted,
   Refused,
   check_unknown,
+  command,
   dispatch,
   failing,
   option_flags,
   refusing,
-  run_command,
 )
 from train import logs
 from train.config import EvalConfig, ExportConfig, PredictConfig, TrainConfig
@@ -272,19 +272,8 @@ def _engine(argv: List[str], log) -> int:
   return 0
 
 
-def _command(name: str, body):
-  """`beam-train NAME`: its logger made quiet first (before TensorFlow), then
-  `body(argv, log)` under the one error-to-exit-code mapping (`run_command`)."""
-
-  def run(argv: List[str]) -> int:
-    log = logs.quiet("--verbose" in argv)
-    return run_command(f"beam-train {name}", log, lambda: body(argv, log))
-
-  return run
-
-
 COMMANDS = {
-  name: _command(name, body)
+  name: command(f"beam-train {name}", logs.quiet, body)
   for name, body in (
     ("fit", _fit),
     ("evaluate", _evaluate),
