@@ -210,7 +210,10 @@ class SegmentationServer(_Server):
     with tf.control_dependencies(
       self._request_checks(image, positive_clicks, previous_mask, has_box)
     ):
-      image = tf.identity(image)
+      # Every input waits for the checks, so no op meets a refused input first.
+      image, previous_mask = tf.identity(image), tf.identity(previous_mask)
+      positive_clicks = tf.identity(positive_clicks)
+      negative_clicks = tf.identity(negative_clicks)
     positive = tf.cond(
       tf.logical_and(has_box, tf.equal(tf.shape(positive_clicks)[0], 0)),
       lambda: box_centre(box, h, w)[None],
