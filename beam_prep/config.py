@@ -85,6 +85,10 @@ class PrepConfig:
       are read with, as it is: no analysis. The records must have its raw
       schema. A model warm-started on them sees its inputs normalized as
       before (the data engine's rounds).
+    add: add to `output`, a complete beam-prep output, the inputs whose
+      images it does not hold yet (by digest, `beam_prep.image_index`) as a
+      new shard set, read with its tf.Transform output (no analysis); the
+      manifest accounts for every set. The records must have its raw schema.
     overwrite: replace a non-empty output directory.
     progress_seconds: interval of the job's progress lines (0: none); they
       never change the output.
@@ -153,6 +157,11 @@ class PrepConfig:
     "analysis): fine-tuning data normalized as before",
     metavar="PREP_OUTPUT|MODEL_DIR",
   )
+  add: bool = option(
+    False,
+    "add to OUTPUT, a beam-prep output, the images it does not hold yet (by their "
+    "bytes' digest) as a new shard set, read with its own transform (no analysis)",
+  )
   overwrite: bool = option(False, "replace a non-empty output directory")
   progress_seconds: float = option(
     30.0, "a progress line every N seconds while the job runs (0: none)"
@@ -188,6 +197,10 @@ class PrepConfig:
       (
         0.0 <= self.max_error_fraction <= 1.0,
         f"--max-error-fraction must be in [0, 1], got {self.max_error_fraction}",
+      ),
+      (
+        not (self.add and (self.overwrite or self.transform_from)),
+        "--add keeps OUTPUT and its transform: it takes neither --overwrite nor --transform-from",
       ),
       (
         not self.preprocessing_fn or ":" in self.preprocessing_fn,

@@ -27,6 +27,11 @@ failed one absent). `examples/SPLIT` counts the examples written, as
 (object, variant) pairs, so the accounting above is unchanged;
 `records/SPLIT` counts the records that hold them.
 
+`images_known` counts the inputs of a job that adds to an output (`--add`)
+whose image the output holds already (`beam_prep.image_index`): read and
+skipped, so outside `images_used` and every count below the input level;
+`images_relabelled` those of them held with other labels.
+
 `objects_box_only` counts annotations that mark an object by its box alone
 (a layout's pointer says how many, `objects_box_only`): the layout makes
 their boxes ignore pixels. They are not objects to train on and did not
@@ -47,7 +52,7 @@ which stops the job, instead of dead-lettering every example.
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from beam_prep import keys, layouts, source_records
+from beam_prep import image_index, keys, layouts, source_records
 from beam_prep.dead_letters import READ_STAGE, error_record
 from beam_prep.ops import registry
 from beam_prep.ops.clicks import MARGIN_REDUCED
@@ -71,6 +76,8 @@ COUNTS = (
   *OBJECT_NOTES.values(),
   "examples_made",
   "example_errors",
+  "images_known",
+  "images_relabelled",
 )
 
 
@@ -131,7 +138,7 @@ class Tally:
     """The manifest's counts, and whether they add up (`accounted`)."""
     c = {k: self.counts.get(k, 0) for k in COUNTS}
     written = self.written()
-    images_used = c["inputs_read"] - c["images_failed"]
+    images_used = c["inputs_read"] - c["images_failed"] - c["images_known"]
     objects_used = c["objects_found"] - c["objects_failed"]
     units = objects_used if splits_objects else images_used
     total = sum(written.values())
@@ -139,6 +146,7 @@ class Tally:
       "inputs_read": c["inputs_read"],
       "images_used": images_used,
       "images_failed": c["images_failed"],
+      **({k: c[k] for k in ("images_known", "images_relabelled")} if c["images_known"] else {}),
       "objects_found": c["objects_found"],
       "objects_used": objects_used,
       "objects_failed": c["objects_failed"],
@@ -170,6 +178,7 @@ class Result:
   tally: Tally
   row: Optional[bytes]  # The image's row for tf.Transform's analysis.
   source: Optional[bytes] = None  # An eval image at its own size (`source_records`).
+  index: Optional[Dict[str, Any]] = None  # The image's line of the image index.
 
 
 class Kernel:
@@ -183,10 +192,18 @@ class Kernel:
     summary_rows: the image's analysis row is its summary
       (`RecordCodec.summary_row`, for the default preprocessing_fn), else
       its first record.
+    held_by: (output, sets): skip the images these shard sets of a prep
+      output hold (`image_index.held`), counting them as `images_known`.
   """
 
   def __init__(
-    self, layout: str, stages: Sequence[Stage], ops_module: str, table, summary_rows: bool = True
+    self,
+    layout: str,
+    stages: Sequence[Stage],
+    ops_module: str,
+    table,
+    summary_rows: bool = True,
+    held_by: Optional[Tuple[str, Tuple[str, ...]]] = None,
   ):
     self.layout_name = layout
     self.stages = [s for s in stages if s.chain]
@@ -194,6 +211,8 @@ class Kernel:
     self.table = table
     self.codec = RecordCodec(table)
     self.summary_rows = summary_rows
+    self.held_by = held_by
+    self._held: Optional[Dict[str, str]] = None
     self._fns = None
     self._layout = None
     self._bugs: Dict[Tuple[str, str], int] = {}
@@ -204,27 +223,35 @@ class Kernel:
       registry.import_ops_modules(self.ops_module)
       self._layout = layouts.get_layout(self.layout_name) if self.layout_name else None
       self._fns = [registry.build_chain(s.chain) for s in self.stages]
+    if self.held_by is not None and self._held is None:
+      self._held = image_index.held(*self.held_by)
 
   # ---- reading -------------------------------------------------------------
 
   def read(
-    self, pointer: Dict[str, Any], tally: Tally
+    self, pointer: Dict[str, Any], tally: Tally, digests: Optional[Dict[str, str]] = None
   ) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
     """The pointer's example as its layout reads it (None when that failed),
-    and the dead letters of reading; everything is counted in `tally`."""
+    and the dead letters of reading; everything is counted in `tally`.
+
+    With `digests` (a dict to fill), the image's digests (`image_index`), and
+    None with no dead letter for an image the output held already."""
     self.setup()
     errors = list(pointer.get("object_errors", ()))  # Objects that failed when listed.
     if pointer.get("no_image"):
       self._objects_failed(errors, tally)
       return None, errors
     tally.add("inputs_read")
-    tally.add("objects_box_only", int(pointer.get("objects_box_only", 0)))
     error = pointer.get("read_error")
     if error is None:
       try:
         ex = self._layout.materialize(pointer)
       except ExampleError as e:
         error = error_record(READ_STAGE, e.reason, e.detail, pointer)
+      else:
+        if digests is not None and self._is_held(ex, tally, digests):
+          return None, []
+    tally.add("objects_box_only", int(pointer.get("objects_box_only", 0)))
     if error is not None:
       self._objects_failed(errors, tally)
       self._image_failed(pointer, error, tally, len(errors))
@@ -232,6 +259,19 @@ class Kernel:
     errors += ex.pop("object_errors", [])
     self._objects_failed(errors, tally)
     return ex, errors
+
+  def _is_held(self, ex: Dict[str, Any], tally: Tally, digests: Dict[str, str]) -> bool:
+    """Fills `digests` of a read example (`image_index`); whether the output
+    it is added to holds its image already (counted as known, and relabelled
+    when held with other labels)."""
+    digests[image_index.DIGEST] = image_index.image_digest(ex[keys.IMAGE_BYTES])
+    digests[image_index.LABELS] = image_index.labels_digest(ex, self._layout.gives)
+    labels = (self._held or {}).get(digests[image_index.DIGEST])
+    if labels is None:
+      return False
+    tally.add("images_known")
+    tally.add("images_relabelled", int(labels != digests[image_index.LABELS]))
+    return True
 
   @staticmethod
   def _objects_failed(errors, tally: Tally) -> None:
@@ -325,20 +365,22 @@ class Kernel:
 
     Its records are counted as written to `split`.
     """
-    tally = Tally()
-    ex, read_errors = self.read(pointer, tally)
+    tally, digests = Tally(), {}
+    ex, read_errors = self.read(pointer, tally, digests)
     if ex is None:
       return Result([], read_errors, tally, None)
     units, errors, source = self.apply_units(ex, tally, counted=len(read_errors))
     records = [self.codec.encode_unit(unit) for unit in units]
     tally.add(f"examples/{split}", sum(len(unit) for unit in units))
     tally.add(f"records/{split}", len(records))
-    row = None
+    row, index = None, None
     if records:
+      index = image_index.entry({**pointer, **digests}, split, len(records))
       self._made_records = True
       first = units[0][0]
       row = self.codec.summary_row(first) if self.summary_rows else self.codec.encode(first)
     if source is None or split != keys.EVAL_SPLIT or tally.counts.get("images_failed"):
-      return Result(records, read_errors + errors, tally, row)
+      return Result(records, read_errors + errors, tally, row, index=index)
     tally.add(f"examples/{source_records.SPLIT}")
-    return Result(records, read_errors + errors, tally, row, source_records.encode(source))
+    encoded = source_records.encode(source)
+    return Result(records, read_errors + errors, tally, row, encoded, index)

@@ -213,12 +213,13 @@ def _launch(config, beam_args, known):
   """Runs the job -> its manifest."""
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   from beam_prep.features import FeatureError  # pylint: disable=g-import-not-at-top
-  from pipelines import dataflow, outputs, prep, runners  # pylint: disable=g-import-not-at-top
+  from pipelines import dataflow, outputs, prep, runners, shard_sets  # pylint: disable=g-import-not-at-top
 
   refused = (
     outputs.OutputError,
     prep.InputError,
     prep.TransformFromError,
+    shard_sets.AddError,
     dataflow.DataflowOptionsError,
   )
   try:

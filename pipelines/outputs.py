@@ -74,6 +74,13 @@ def write_text(path: str, text: str) -> None:
     f.write(text.encode("utf-8"))
 
 
+def write_success(output: str) -> None:
+  """`_SUCCESS`: written last, when the output is complete (the trainer refuses one without it)."""
+  write_text(
+    FileSystems.join(output, keys.SUCCESS_FILE), json.dumps({"manifest": keys.MANIFEST_FILE}) + "\n"
+  )
+
+
 def read_json(path: str) -> Any:
   with FileSystems.open(path) as f:
     return json.loads(f.read().decode("utf-8"))

@@ -21,19 +21,24 @@ Output directory:
                                            evaluation-only output, --eval-percent 100;
                                            copied, not analysed, with --transform-from)
     errors/errors-SSSSS-of-NNNNN.jsonl     dead letters
+    index/images-SSSSS-of-NNNNN.jsonl      each image that made records, by digest
+                                           (beam_prep.image_index)
     features.json                          the declared features, chain, ops module
     config.json                            the resolved PrepConfig
     manifest.json                          config, versions, counts, shards, timings
     preview.png                            a few records, drawn
     _SUCCESS                               written last, only when the output is complete
                                            (pipelines.report.problems)
+
+With --add, the job adds the images an output does not hold yet as a new
+shard set of it (`pipelines.shard_sets`).
 """
 
 import dataclasses
 import json
 import time
 import uuid
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -50,7 +55,8 @@ from beam_prep.readers import ListInputs, resolve_layout
 from beam_prep.record_codec import RecordCodec
 from beam_prep.shards import commit, plan, write
 from beam_prep.transforms import AnalyzeAndTransform
-from pipelines import logs, outputs, report, runners
+from pipelines import logs, outputs, report, runners, shard_sets
+from pipelines.shard_sets import AddTarget
 
 PREVIEW_COUNT = PreviewConfig.count
 TEMP_PREFIX = ".temp-"
@@ -58,11 +64,19 @@ SPLITS = (keys.TRAIN_SPLIT, keys.EVAL_SPLIT)
 InputError = layouts.InputError
 
 
-def kernel_for(config: PrepConfig, table: FeatureTable) -> Kernel:
-  """What turns one input of this run into records and errors."""
+def kernel_for(
+  config: PrepConfig, table: FeatureTable, target: Optional[AddTarget] = None
+) -> Kernel:
+  """What turns one input of this run into records and errors (skipping the
+  images an output added to holds)."""
   # A user's preprocessing_fn may analyze anything: it reads whole records.
   return Kernel(
-    config.layout, config.stages, config.ops_module, table, summary_rows=not config.preprocessing_fn
+    config.layout,
+    config.stages,
+    config.ops_module,
+    table,
+    summary_rows=not config.preprocessing_fn,
+    held_by=(target.output, target.kept) if target else None,
   )
 
 
@@ -71,17 +85,28 @@ class _FinalizeFn(beam.DoFn):
   writes the manifest, the preview and, when the output is complete,
   `_SUCCESS` (last)."""
 
-  def __init__(self, config: PrepConfig, table: FeatureTable, temp_root: str, started: float):
+  def __init__(
+    self,
+    config: PrepConfig,
+    table: FeatureTable,
+    temp_root: str,
+    started: float,
+    target: Optional[AddTarget],
+  ):
     self._config, self._table = config, table
-    self._temp_root, self._started = temp_root, started
+    self._temp_root, self._started, self._target = temp_root, started, target
 
   def process(self, _, files, tally, preview, transform_written):
     del transform_written  # Only waited for.
-    config, out = self._config, self._config.output
-    shards = commit.commit_files(files, out, self._temp_root, config.compression == "gzip", SPLITS)
+    config, out, target = self._config, self._config.output, self._target
+    gzip = config.compression == "gzip"
+    set_name = target.name if target else ""
+    shards = commit.commit_files(files, out, self._temp_root, gzip, SPLITS, set_name)
     m = report.manifest(config, self._table, tally, time.time() - self._started, shards)
+    if target:  # The output keeps its preview.
+      m = shard_sets.combined(target, m)
     previews = [record for _, record in sorted(preview)][:PREVIEW_COUNT]
-    if previews:
+    if previews and not target:
       from pipelines import preview as drawing  # pylint: disable=g-import-not-at-top
 
       m["paths"]["preview"] = drawing.save(
@@ -93,10 +118,7 @@ class _FinalizeFn(beam.DoFn):
       FileSystems.join(out, keys.MANIFEST_FILE), json.dumps(m, indent=2, sort_keys=True)
     )
     if m["complete"]:
-      outputs.write_text(
-        FileSystems.join(out, keys.SUCCESS_FILE),
-        json.dumps({"manifest": keys.MANIFEST_FILE}) + "\n",
-      )
+      outputs.write_success(out)
     yield m["counts"]
 
 
@@ -142,18 +164,21 @@ def build(
   table: FeatureTable,
   temp_dir: str,
   started: Optional[float] = None,
+  target: Optional[AddTarget] = None,
 ) -> None:
-  """Adds the whole preprocessing job to pipeline `p`."""
+  """Adds the whole preprocessing job to pipeline `p` (with `target`: the
+  job adds a shard set to that output, `pipelines.shard_sets`)."""
   gzip = config.compression == "gzip"
-  kernel = kernel_for(config, table)
+  kernel = kernel_for(config, table, target)
   temp_root = FileSystems.join(config.output, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
   inputs = _list_and_split(p, config)
   shard_plan = inputs | "PlanShards" >> plan.PlanShards(kernel, config.target_shard_mb * 1e6, gzip)
   written = (inputs, shard_plan) | "WriteShards" >> write.WriteShards(
     kernel, temp_root, gzip, config.progress_seconds
   )
-  if config.eval_only or config.transform_from:
-    # Nothing to train on, or a transform given (`copy_transform`): no analysis.
+  if config.eval_only or config.transform_from or config.add:
+    # Nothing to train on, or a transform given (`copy_transform`, the
+    # output's own with --add): no analysis.
     transform_fn = p | "NoAnalysis" >> beam.Create([])
   else:
     transform_fn = _analyze(written, config, table, kernel, temp_dir)
@@ -166,7 +191,7 @@ def build(
     | "Once" >> beam.Create([None])
     | "Finalize"
     >> beam.ParDo(
-      _FinalizeFn(config, table, temp_root, started or time.time()),
+      _FinalizeFn(config, table, temp_root, started or time.time(), target),
       beam.pvalue.AsList(written[write.FILES_TAG]),
       beam.pvalue.AsSingleton(tally),
       beam.pvalue.AsSingleton(preview),
@@ -257,6 +282,7 @@ def _start(config: PrepConfig, table: FeatureTable, options: PipelineOptions, dr
       if config.transform_from and not config.eval_only
       else None
     )
+  if not dry_run and not config.add:
     outputs.prepare_output(config.output, config.overwrite)
     outputs.write_text(FileSystems.join(config.output, keys.CONFIG_FILE), config.to_json())
     outputs.write_text(FileSystems.join(config.output, FEATURES_FILE), table.to_json())
@@ -299,9 +325,8 @@ def transform_source(path: str, table: FeatureTable) -> PrepOutput:
       f"--transform-from {path}: {prep.path} has no tf.Transform output "
       f"({keys.TRANSFORM_DIR}/transform_fn; an evaluation-only output?)"
     )
-  theirs, ours = _schema(prep.table), _schema(table)
-  if theirs != ours:
-    differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+  differ = schema_differences(prep.table, table)
+  if differ:
     raise TransformFromError(
       f"--transform-from {path}: its records' raw schema differs from this run's in "
       f"{', '.join(differ)} (give the settings it was made with: {prep.join(keys.CONFIG_FILE)})"
@@ -315,6 +340,12 @@ _SCHEMA_FIELDS = ("dtype", "shape", "role", "normalize", "encoding", "channels")
 
 def _schema(table: FeatureTable) -> Dict[str, tuple]:
   return {f["key"]: tuple(str(f[k]) for k in _SCHEMA_FIELDS) for f in table.to_dict()["features"]}
+
+
+def schema_differences(theirs: FeatureTable, ours: FeatureTable) -> List[str]:
+  """The features whose raw schema differs between two tables ([]: none)."""
+  a, b = _schema(theirs), _schema(ours)
+  return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
 def copy_transform(prep: PrepOutput, output: str) -> None:
@@ -352,12 +383,15 @@ def _wait(result, link: Dict[str, Optional[str]]) -> None:
     raise
 
 
-def _guarded(config: PrepConfig, fn, remove: bool = True):
-  """Calls `fn`; an op's bug (it stops the job) removes the half-written output."""
+def _guarded(config: PrepConfig, fn, remove: bool = True, target: Optional[AddTarget] = None):
+  """Calls `fn`; an op's bug (it stops the job) removes the half-written
+  output (or, with --add, the half-written set: the output is as it was)."""
   try:
     return fn()
   except FeatureError:
-    if remove:
+    if remove and target:
+      shard_sets.restore(target)
+    elif remove:
       outputs.remove_output(config.output)
     raise
 
@@ -391,9 +425,13 @@ def run(
   dry_run = bool(options.view_as(TestOptions).dry_run)
   config = with_layout(config, dry_run)
   table = config.features()
+  adding = config.add and not dry_run
+  target = shard_sets.check_target(config, table, schema_differences) if adding else None
   temp_dir = _start(config, table, options, dry_run)
+  if target:
+    shard_sets.ready(target, config.task)
   p = beam.Pipeline(runner=runners.local_engine(options), options=options)
-  build(p, config, table, temp_dir, started)
+  build(p, config, table, temp_dir, started, target)
   runner = runners.runner_name(options) or "DirectRunner"
   log.info(
     "%s: %s on %s (%s layout: %s -> %s)",
@@ -404,7 +442,7 @@ def run(
     config.input,
     config.output,
   )
-  result = _guarded(config, p.run, remove=not dry_run)
+  result = _guarded(config, p.run, remove=not dry_run, target=target)
   if dry_run:
     result.wait_until_finish()
     return {"pipeline": config.task, "dry_run": True, "job": getattr(result, "job", None)}
@@ -415,7 +453,7 @@ def run(
     )
     if not wait:
       return {"pipeline": config.task, "submitted": True, **link}
-  _guarded(config, lambda: _wait(result, link))
+  _guarded(config, lambda: _wait(result, link), target=target)
   return _finished(config, result, temp_dir, options)
 
 

@@ -15,6 +15,7 @@ from beam_prep.config import PrepConfig
 from beam_prep.features import FeatureTable
 from beam_prep.kernel import Tally
 from beam_prep.version import library_versions
+from pipelines.shard_sets import set_lines
 
 # (level, failed count, found count) of the manifest's counts.
 LEVELS = (
@@ -32,7 +33,8 @@ def problems(
 
   An evaluation-only output is judged by its images: its source records are
   what it is for, and objects too small for the records' size are still
-  evaluated there.
+  evaluated there. A job that adds to an output (`--add`) and found only
+  images it holds has nothing to write.
   """
   out = []
   if not counts["accounted"]:
@@ -45,7 +47,7 @@ def problems(
       )
     )
   if not sum(counts["examples_written"].values()) and not (
-    eval_only and counts.get("source_records")
+    (eval_only and counts.get("source_records")) or counts.get("images_known")
   ):
     out.append("no record was written")
   for level, failed, found in LEVELS[:1] if eval_only else LEVELS:
@@ -95,13 +97,27 @@ def manifest(
 
 
 def summary_lines(m: Dict[str, Any]) -> List[str]:
-  """The end-of-run summary, a few lines a person reads at a glance."""
+  """The end-of-run summary, a few lines a person reads at a glance: the
+  job's own counts (the set it added, after --add), then what the output holds."""
+  if m.get("sets"):
+    own = m["sets"][-1]
+    return _job_lines({**m, "counts": own["counts"], "timing": own["timing"]}) + set_lines(m)
+  return _job_lines(m)
+
+
+def _job_lines(m: Dict[str, Any]) -> List[str]:
   c, t = m["counts"], m["timing"]
   ex = c["examples_written"]
   inputs = (
     f"  inputs read      {c['inputs_read']} images ({c['images_used']} used, "
     f"{c['images_failed']} failed)"
   )
+  if c.get("images_known"):
+    inputs += f"; {c['images_known']} held already, skipped"
+    if c.get("images_relabelled"):
+      inputs += (
+        f" ({c['images_relabelled']} with other labels: run without --add to train on those)"
+      )
   if m.get("splits_objects"):
     inputs += (
       f"; {c['objects_found']} objects ({c['objects_used']} used, {c['objects_failed']} failed)"

@@ -6,7 +6,11 @@ store) train the next model, and the server serves it:
   1. LABELS' images and masks -> `beam-prep segmentation`, with the settings
      and the tf.Transform output of the records the serving model was
      trained on (`--transform-from`: no analysis, so the model sees its
-     inputs normalized as before), every image in the train split;
+     inputs normalized as before), every image in the train split. From
+     the second round on, the last round's records are linked in and only
+     the images labelled since are added (`beam-prep --add`, by the
+     image's digest); an image labelled again makes the round read all
+     the labels anew, so no old label of it stays;
   2. `beam-train fit --init-from` the serving model, with its own settings,
      for --steps or --max-minutes, whichever comes first;
   3. the export is published under MODEL/export/<version>/ (written beside,
@@ -27,19 +31,21 @@ import dataclasses
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from beam_prep import keys
+from beam_prep import image_index, keys
 from beam_prep.kit import CommandConfig, option
 from train import model_layout
 
 ENGINE_FILE = "engine.json"
 LOCK_FILE = ".engine.lock"
 ENGINE_DIR = "engine"  # Under the labels' folder when no --workdir is given.
+PREP_DIR = "prep"  # A round's records, in its folder.
 # What `beam-train fit` spends besides training (TensorFlow's start, the
 # model rebuilt and its weights loaded, the export), measured at 50-65 s at
 # 128 px on 2 cores: kept out of a round's training budget.
@@ -138,35 +144,76 @@ def _run(cmd: List[str], log_path: str) -> float:
   return time.time() - started
 
 
-def _prep(config: EngineConfig, current: str, out: str, log_path: str) -> float:
-  """The label store's images -> records read with the current model's transform."""
+def _prep_command(config: EngineConfig, current: str, out: str, add: bool) -> List[str]:
+  """`beam-prep segmentation` of the label store with the settings of the
+  records `current` was trained on: with `add`, into `out` as a new shard set
+  (the images it holds are skipped); else all of them, read with `current`'s
+  transform."""
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
 
   base = PrepOutput.of_model(current)
-  return _run(
-    [
-      sys.executable,
-      "-m",
-      "pipelines",
-      "segmentation",
-      "--config",
-      base.join(keys.CONFIG_FILE),
-      "--input",
-      config.labels,
-      "--layout",
-      "folders",
-      "--output",
-      out,
-      "--transform-from",
-      current,
-      "--eval-percent",
-      "0",
-      "--overwrite",
-      "--progress-seconds",
-      "0",
-    ],
-    log_path,
+  how = (
+    ["--add", "--transform-from", "", "--no-overwrite"]
+    if add
+    else ["--no-add", "--transform-from", current, "--overwrite"]
   )
+  return [
+    sys.executable, "-m", "pipelines", "segmentation",
+    "--config", base.join(keys.CONFIG_FILE),
+    "--input", config.labels, "--layout", "folders", "--output", out,
+    *how,
+    "--eval-percent", "0", "--progress-seconds", "0",
+  ]  # fmt: skip
+
+
+def _prep(
+  config: EngineConfig, current: str, out: str, log_path: str, previous: Optional[str]
+) -> Tuple[float, Dict[str, Any]]:
+  """The label store's images -> records read with the current model's
+  transform: the `previous` round's records, linked in, with the images
+  labelled since added (`beam-prep --add`); all of them in a first round,
+  or when an image was labelled again (its old records would stay).
+
+  Returns:
+    (seconds, how: "mode" add or all, images added and held).
+  """
+  seconds, held = 0.0, 0
+  if previous and os.path.exists(os.path.join(previous, image_index.INDEX_DIR)):
+    _linked_copy(previous, out)
+    seconds = _run(_prep_command(config, current, out, add=True), log_path)
+    counts = _last_set(out)["counts"]
+    if not counts.get("images_relabelled"):
+      added = counts["images_used"]
+      return seconds, {"mode": "add", "images_added": added, "images_held": counts["images_known"]}
+    held = counts["images_known"]
+  seconds += _run(_prep_command(config, current, out, add=False), log_path)
+  counts = _last_set(out)["counts"]
+  return seconds, {"mode": "all", "images_added": counts["images_used"], "relabelled_of": held}
+
+
+def _last_set(prep_dir: str) -> Dict[str, Any]:
+  """The last shard set of a prep output's manifest (its only one without --add)."""
+  with open(os.path.join(prep_dir, keys.MANIFEST_FILE), encoding="utf-8") as f:
+    m = json.load(f)
+  return (m.get("sets") or [m])[-1]
+
+
+def _linked_copy(source: str, target: str) -> None:
+  """`target`: the prep output `source`, its files in folders (records,
+  index, dead letters, transform: never rewritten in place) hard links,
+  its top files (the manifest, rewritten by `--add`) copies, without the
+  shard sets `mix_base` added."""
+  for folder, _, files in os.walk(source):
+    rel = os.path.relpath(folder, source)
+    os.makedirs(os.path.join(target, rel), exist_ok=True)
+    for name in files:
+      if _MIXED.match(name):
+        continue
+      src, dst = os.path.join(folder, name), os.path.join(target, rel, name)
+      if rel == os.curdir:
+        shutil.copyfile(src, dst)
+      else:
+        _link(src, dst)
 
 
 def _fit(
@@ -222,6 +269,11 @@ def label_copies(base_records: int, label_records: int, share: float) -> int:
   return max(1, round(base_records * (1 - share) / (share * label_records)))
 
 
+# The shard sets `mix_base` adds: train-base-*, train-copyN-*.
+_MIX_BASE, _MIX_COPY = "base", "copy"
+_MIXED = re.compile(rf"^{keys.TRAIN_SPLIT}-({_MIX_BASE}|{_MIX_COPY}\d+)-")
+
+
 def mix_base(config: EngineConfig, prep_dir: str) -> Dict[str, int]:
   """Adds the train records MODEL was first trained on to a round's records
   (`--base-share`): the base's shards as the shard set `train-base-*`, the
@@ -244,8 +296,8 @@ def mix_base(config: EngineConfig, prep_dir: str) -> Dict[str, int]:
     own.files(keys.TRAIN_SPLIT),
     label_copies(records(base), records(own), config.base_share),
   )
-  sets = [("base", f) for f in base.files(keys.TRAIN_SPLIT)]
-  sets += [(f"copy{i}", f) for i in range(1, copies) for f in labels_files]
+  sets = [(_MIX_BASE, f) for f in base.files(keys.TRAIN_SPLIT)]
+  sets += [(f"{_MIX_COPY}{i}", f) for i in range(1, copies) for f in labels_files]
   for name, source in sets:
     _link(
       source,
@@ -299,9 +351,13 @@ def run_round(config: EngineConfig, log) -> Optional[Dict[str, Any]]:
     return _round(config, log, done, entries, new, newest)
 
 
+def _round_folder(root: str, number: int) -> str:
+  return os.path.join(root, f"round-{number:03d}")
+
+
 def _fresh_folder(root: str, number: int) -> str:
   """Round `number`'s folder, emptied of what a failed try of it left."""
-  folder = os.path.join(root, f"round-{number:03d}")
+  folder = _round_folder(root, number)
   shutil.rmtree(folder, ignore_errors=True)
   os.makedirs(folder)
   return folder
@@ -321,6 +377,22 @@ def _mixed(config: EngineConfig, prep_dir: str, number: int, log) -> Dict[str, i
   return mix
 
 
+def _round_records(config, log, number: int, current: str, done) -> Tuple[float, Dict[str, Any]]:
+  """`_prep` of round `number`, said on the log."""
+  folder = _round_folder(config.root, number)
+  previous = os.path.join(os.path.dirname(done[-1]["model_dir"]), PREP_DIR) if done else None
+  log_path = os.path.join(folder, "round.log")
+  prep_s, how = _prep(config, current, os.path.join(folder, PREP_DIR), log_path, previous)
+  log.info(
+    "engine: round %d: records of %d image(s) in %.0f s (%s)",
+    number,
+    how["images_added"],
+    prep_s,
+    "added to the last round's" if how["mode"] == "add" else "all the labels",
+  )
+  return prep_s, how
+
+
 def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
   from train.export.saved_model import latest_export  # pylint: disable=g-import-not-at-top
 
@@ -338,12 +410,11 @@ def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
     current,
   )
   started = time.time()
-  prep_s = _prep(config, current, os.path.join(folder, "prep"), log_path)
-  log.info("engine: round %d: records in %.0f s", number, prep_s)
-  mix = _mixed(config, os.path.join(folder, "prep"), number, log) if config.base_share else None
+  prep_s, how = _round_records(config, log, number, current, done)
+  mix = _mixed(config, os.path.join(folder, PREP_DIR), number, log) if config.base_share else None
   model_dir = os.path.join(folder, "model")
   fit_s = _fit(
-    config, current, os.path.join(folder, "prep"), model_dir, log_path, time.time() - started
+    config, current, os.path.join(folder, PREP_DIR), model_dir, log_path, time.time() - started
   )
   published = publish(latest_export(model_dir), config.model)
   entry = {
@@ -358,6 +429,7 @@ def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
     "published": published,
     "version": int(os.path.basename(published)),
     "mix": mix,
+    "records": how,
     "seconds": {
       "prep": round(prep_s, 1),
       "fit": round(fit_s, 1),

@@ -12,6 +12,7 @@ RECORDS_KIND = "records"
 ERRORS_KIND = "errors"
 ERRORS_PREFIX = "errors"
 ERRORS_SUFFIX = ".jsonl"
+INDEX_KIND = "index"
 
 
 def record_suffix(gzip: bool) -> str:

@@ -17,12 +17,13 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_prep import keys, source_records
+from beam_prep import image_index, keys, source_records
 from beam_prep.kernel import Kernel, Tally
 from beam_prep.shards.files import (
   ERRORS_KIND,
   ERRORS_PREFIX,
   ERRORS_SUFFIX,
+  INDEX_KIND,
   RECORDS_KIND,
   RollingFile,
   record_suffix,
@@ -134,6 +135,12 @@ class _GroupFiles:
       plan["roll_bytes"],
       gzip,
     )
+    self.index = RollingFile(
+      FileSystems.join(attempt, f"{image_index.INDEX_PREFIX}-{name}"),
+      image_index.INDEX_SUFFIX,
+      plan["roll_bytes"],
+      False,
+    )
 
   def write(self, result) -> None:
     for s in result.records:
@@ -142,6 +149,8 @@ class _GroupFiles:
       self.sources.write(tfrecord_frame(result.source))
     for e in result.errors:
       self.errors.write(json.dumps(e, sort_keys=True).encode("utf-8") + b"\n")
+    if result.index is not None:
+      self.index.write(json.dumps(result.index, sort_keys=True).encode("utf-8") + b"\n")
 
   def close(self):
     """Closes the files; yields one info dict per file written."""
@@ -149,6 +158,7 @@ class _GroupFiles:
       (RECORDS_KIND, self.split, self.records),
       (ERRORS_KIND, self.split, self.errors),
       (RECORDS_KIND, source_records.SPLIT, self.sources),
+      (INDEX_KIND, self.split, self.index),
     )
     for kind, split, f in files:
       f.close()

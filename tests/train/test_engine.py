@@ -156,3 +156,37 @@ def test_a_rounds_records_take_in_the_base_models_own_at_the_share_asked(
   # serve refuses a background round's bad setting when it starts, not in the round.
   with pytest.raises(ValueError, match=r"\(--engine-\*\): --base-share must be in"):
     ServeConfig(model="m", save_dir="l", engine_every=3, engine_base_share=1.5)
+
+
+def test_a_round_adds_what_was_labelled_since_and_reads_all_after_a_relabel(
+  sample_dir, prep_dir, trained, tmp_path
+):
+  """From the second round on, the last round's records are linked in and only
+  the images labelled since are added; an image drawn again makes the round
+  read every label anew. The last round's folder is never changed."""
+  from tests.pipelines.test_add import _input  # pylint: disable=g-import-not-at-top
+
+  labels = _input(tmp_path, sample_dir, new=2, relabel=False)
+  config = engine.EngineConfig(labels=labels, model=trained)
+  last = str(tmp_path / "last")
+  shutil.copytree(prep_dir, last)  # As if the last round had read the sample.
+  before = open(os.path.join(last, keys.MANIFEST_FILE)).read()
+  log_path = str(tmp_path / "round.log")
+  second = str(tmp_path / "second")
+  _, how = engine._prep(config, trained, second, log_path, last)  # pylint: disable=protected-access
+  assert how == {"mode": "add", "images_added": 2, "images_held": 10}, open(log_path).read()
+  assert open(os.path.join(last, keys.MANIFEST_FILE)).read() == before
+  assert os.path.exists(os.path.join(second, keys.SUCCESS_FILE))
+  # One of the images drawn again: its old records must not stay.
+  mask = os.path.join(
+    labels, folders.MASKS_DIR, sorted(os.listdir(os.path.join(labels, "masks")))[0]
+  )
+  Image.fromarray(np.zeros_like(np.asarray(Image.open(mask)))).save(mask)
+  third = str(tmp_path / "third")
+  _, how = engine._prep(config, trained, third, log_path, second)  # pylint: disable=protected-access
+  assert how["mode"] == "all" and how["relabelled_of"] == 12, how
+  with open(os.path.join(third, keys.MANIFEST_FILE)) as f:
+    m = json.load(f)
+  assert "sets" not in m and m["counts"]["inputs_read"] == 12
+  with open(os.path.join(second, keys.MANIFEST_FILE)) as f:
+    assert [s["name"] for s in json.load(f)["sets"]] == ["", "add0001"]

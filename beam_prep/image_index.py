@@ -1,0 +1,131 @@
+"""The image index: which images a prep output holds, by digest.
+
+Every job writes, beside its records, one line per image that made records:
+
+    index/images-[SET-]SSSSS-of-NNNNN.jsonl
+      {"image_id": ..., "source": ..., "split": "train", "records": 3,
+       "digest": sha256 of the image file's bytes,
+       "labels": sha256 of what the layout read with it (masks, class)}
+
+`beam-prep ... --add` (`pipelines.prep`) reads it to skip the images an
+output holds already: the same bytes under any name or path are the same
+image. An image held with other labels (a mask drawn again) is skipped too,
+and counted as relabelled: its new labels need a full run.
+
+A shard set is the files one job added (`SET`; the first job's files have
+none). A set's name is `add` and a number; files of a set the manifest does
+not list as complete are what a failed or stopped `--add` left
+(`stray_files`).
+"""
+
+import hashlib
+import json
+import re
+from typing import Any, Dict, Iterable, List
+
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from beam_prep import keys
+
+INDEX_DIR = "index"
+INDEX_PREFIX = "images"
+INDEX_SUFFIX = ".jsonl"
+DIGEST = "digest"
+LABELS = "labels"
+SET_PREFIX = "add"
+# A set's part of a file name: SPLIT-SET-SSSSS-of-NNNNN (records), errors-SET-...
+_SET_IN_NAME = re.compile(rf"^[a-z]+-({SET_PREFIX}\d{{4}})-\d{{5}}-of-\d{{5}}")
+
+
+def set_name(number: int) -> str:
+  """The name of the `number`-th set an output gained (1: the first `--add`)."""
+  return f"{SET_PREFIX}{number:04d}"
+
+
+def image_digest(image_bytes: bytes) -> str:
+  return hashlib.sha256(image_bytes).hexdigest()
+
+
+def _feed(h, value: Any) -> None:
+  """Feeds a value to a hash so that equal values, and only they, feed the same."""
+  if value is None:
+    h.update(b"N")
+  elif isinstance(value, (bytes, bytearray)):
+    h.update(b"B%d:" % len(value) + bytes(value))
+  elif isinstance(value, np.ndarray):
+    h.update(f"A{value.dtype.str}{value.shape}:".encode() + np.ascontiguousarray(value).tobytes())
+  elif isinstance(value, dict):
+    h.update(b"D%d:" % len(value))
+    for k in sorted(value, key=str):
+      _feed(h, str(k))
+      _feed(h, value[k])
+  elif isinstance(value, (list, tuple)):
+    h.update(b"L%d:" % len(value))
+    for v in value:
+      _feed(h, v)
+  else:
+    h.update(b"S" + json.dumps(value, default=str).encode())
+
+
+def labels_digest(example: Dict[str, Any], label_keys: Iterable[str]) -> str:
+  """A digest of what a layout read beside the image (`Layout.gives`)."""
+  h = hashlib.sha256()
+  for k in sorted(label_keys):
+    _feed(h, k)
+    _feed(h, example.get(k))
+  return h.hexdigest()
+
+
+def entry(example: Dict[str, Any], split: str, records: int) -> Dict[str, Any]:
+  """An index line of an image that made `records` records (`example`: as read,
+  with its `DIGEST` and `LABELS`)."""
+  return {
+    keys.IMAGE_ID: example.get(keys.IMAGE_ID, ""),
+    keys.SOURCE: example.get(keys.SOURCE, ""),
+    keys.SPLIT: split,
+    "records": records,
+    DIGEST: example[DIGEST],
+    LABELS: example[LABELS],
+  }
+
+
+def index_files(output: str, sets: Iterable[str]) -> List[str]:
+  """The index files of `sets` of an output ("" is the first job's)."""
+  wanted, out = set(sets), []
+  pattern = FileSystems.join(output, INDEX_DIR, f"{INDEX_PREFIX}-*{INDEX_SUFFIX}")
+  for m in FileSystems.match([pattern])[0].metadata_list:
+    if file_set(m.path) in wanted:
+      out.append(m.path)
+  return sorted(out)
+
+
+def file_set(path: str) -> str:
+  """The set a file of an output belongs to ("": the first job's)."""
+  found = _SET_IN_NAME.match(path.rstrip("/").split("/")[-1])
+  return found.group(1) if found else ""
+
+
+def held(output: str, sets: Iterable[str]) -> Dict[str, str]:
+  """{image digest: labels digest} of every image the `sets` of an output hold."""
+  out: Dict[str, str] = {}
+  for path in index_files(output, sets):
+    with FileSystems.open(path) as f:
+      for line in f.read().decode("utf-8").splitlines():
+        if line.strip():
+          e = json.loads(line)
+          out[e[DIGEST]] = e[LABELS]
+  return out
+
+
+def stray_files(output: str, sets: Iterable[str]) -> List[str]:
+  """Files of an output that belong to a set other than `sets`: what a
+  failed or stopped `--add` left."""
+  wanted, out = set(sets), []
+  for folder in (keys.RECORDS_DIR, keys.ERRORS_DIR, INDEX_DIR):
+    pattern = FileSystems.join(output, folder, f"*-{SET_PREFIX}*")
+    for m in FileSystems.match([pattern])[0].metadata_list:
+      name = file_set(m.path)
+      if name and name not in wanted:
+        out.append(m.path)
+  return sorted(out)

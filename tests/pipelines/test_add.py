@@ -1,0 +1,127 @@
+"""`beam-prep segmentation --add`: the images an output does not hold yet (by
+digest) become a new shard set of it, read with its own transform; the
+manifest accounts for every set; a refused add changes nothing, and what a
+failed or stopped add left goes with the next one."""
+
+import collections
+import json
+import os
+import shutil
+
+import numpy as np
+from PIL import Image
+
+from beam_prep import image_index, keys
+from beam_prep.layouts import folders
+from beam_prep.prep_output import PrepOutput
+from beam_prep.sample_data import write_sample_data
+from tests.helpers import manifest, run_cli
+from tests.pipelines.test_transform_from import SETTINGS, _same_tree
+
+
+def _add(data, out, *more) -> int:
+  return run_cli(
+    ["segmentation", "--input", str(data), "--output", str(out), "--add", *SETTINGS, *more]
+  )
+
+
+def _input(tmp_path, sample_dir, new: int, relabel: bool) -> str:
+  """The sample's images (one drawn again when `relabel`) and `new` others."""
+  data = tmp_path / "input"
+  shutil.copytree(sample_dir, data)
+  if new:
+    write_sample_data(str(tmp_path / "new"), count=new, seed=11)
+    for sub in (folders.IMAGES_DIR, folders.MASKS_DIR):
+      for name in os.listdir(tmp_path / "new" / sub):
+        shutil.copy(tmp_path / "new" / sub / name, data / sub / f"new_{name}")
+  if relabel:
+    path = data / folders.MASKS_DIR / sorted(os.listdir(data / folders.MASKS_DIR))[-1]
+    mask = np.asarray(Image.open(path)).copy()
+    mask[mask == mask.max()] = 0  # One object less.
+    Image.fromarray(mask).save(path)
+  return str(data)
+
+
+def _index(out):
+  return [
+    json.loads(line)
+    for path in image_index.index_files(str(out), {"", "add0001", "add0002"})
+    for line in open(path)
+  ]
+
+
+def test_only_new_images_are_added_as_a_set_the_manifest_sums(sample_dir, prep_dir, tmp_path):
+  out = tmp_path / "out"
+  shutil.copytree(prep_dir, out)
+  before = manifest(out)
+  held = before["counts"]["images_used"]
+  assert len(_index(out)) == held  # Every job indexes the images it holds.
+  assert _add(_input(tmp_path, sample_dir, new=3, relabel=True), out) == 0
+  m = manifest(out)
+  assert [s["name"] for s in m["sets"]] == ["", "add0001"] and m["complete"]
+  own = m["sets"][1]["counts"]
+  assert (own["images_known"], own["images_relabelled"]) == (10, 1)
+  assert own["inputs_read"] == 13 and own["images_used"] + own["images_failed"] == 3
+  assert own["images_used"] >= 1 and own["accounted"]
+  c = m["counts"]
+  assert c["images_used"] == held + own["images_used"] and c["accounted"]
+  for split in (keys.TRAIN_SPLIT, keys.EVAL_SPLIT):
+    assert c["examples_written"][split] == sum(
+      s["counts"]["examples_written"][split] for s in m["sets"]
+    )
+  # Read as one output: every set's records, the transform it had.
+  prep = PrepOutput(str(out))
+  prep.check_trainable()
+  n = sum(1 for _ in prep.dataset(keys.TRAIN_SPLIT))
+  assert (
+    n == m["shards"][keys.TRAIN_SPLIT]["records"] > before["shards"][keys.TRAIN_SPLIT]["records"]
+  )
+  assert any("-add0001-" in f for f in prep.files(keys.TRAIN_SPLIT))
+  assert _same_tree(os.path.join(prep_dir, keys.TRANSFORM_DIR), out / keys.TRANSFORM_DIR)
+  index = _index(out)
+  assert len(index) == c["images_used"]
+  assert len({e[image_index.DIGEST] for e in index}) == len(index)
+  # Again: nothing new, a set that adds nothing; the output stays complete.
+  assert _add(_input(tmp_path / "again", sample_dir, new=3, relabel=False), out) == 0
+  m = manifest(out)
+  assert m["sets"][2]["counts"]["images_known"] == 13 and m["sets"][2]["counts"]["images_used"] == 0
+  assert m["complete"] and (out / keys.SUCCESS_FILE).exists()
+  assert collections.Counter(e[keys.IMAGE_ID] for e in _index(out)) == collections.Counter(
+    e[keys.IMAGE_ID] for e in index
+  )
+
+
+def test_a_refused_add_changes_nothing_and_a_failed_sets_files_go_with_the_next(
+  sample_dir, prep_dir, tmp_path
+):
+  out = tmp_path / "out"
+  shutil.copytree(prep_dir, out)
+  data = _input(tmp_path, sample_dir, new=2, relabel=False)
+  before = manifest(out)
+  other = [s if s != "64" else "48" for s in SETTINGS]
+  code = run_cli(["segmentation", "--input", data, "--output", str(out), "--add", *other])
+  assert code == 2 and manifest(out) == before and (out / keys.SUCCESS_FILE).exists()
+  assert _add(data, out, "--overwrite") == 2
+  assert _add(data, tmp_path / "none") == 2
+  # A set that failed (listed, incomplete) and one a stopped job left (not listed).
+  failed = out / keys.RECORDS_DIR / "train-add0001-00000-of-00001.tfrecord"
+  stopped = out / image_index.INDEX_DIR / "images-add0005-00000-of-00001.jsonl"
+  failed.write_bytes(b"")
+  stopped.write_text("{}\n")
+  listed = dict(before, sets=[{"name": "", **before}, {"name": "add0001", **before}])
+  listed["sets"][1].update(complete=False, problems=["no record was written"])
+  (out / keys.MANIFEST_FILE).write_text(json.dumps(listed))
+  (out / keys.SUCCESS_FILE).unlink()
+  assert _add(data, out) == 0
+  m = manifest(out)
+  assert [s["name"] for s in m["sets"]] == ["", "add0002"] and m["complete"]
+  assert not failed.exists() and not stopped.exists()
+  assert m["sets"][1]["counts"]["images_known"] == 10
+  # An output made before outputs had an image index cannot say what it holds.
+  old = tmp_path / "old"
+  shutil.copytree(prep_dir, old)
+  shutil.rmtree(old / image_index.INDEX_DIR)
+  m = manifest(old)
+  del m["shards"]["index"]
+  (old / keys.MANIFEST_FILE).write_text(json.dumps(m))
+  assert _add(data, old) == 2 and (old / keys.SUCCESS_FILE).exists()
