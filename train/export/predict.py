@@ -6,17 +6,15 @@ marked (green positive, red negative), at least 512 px on its long side.
 """
 
 import os
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import tensorflow as tf
 from PIL import Image
 
 from beam_prep import drawing, keys
-from beam_prep.ops.image import decode_file
-from beam_prep.ops.registry import ExampleError
 from train.export import signatures as sig
-from train.export.served import InvalidInput
+from train.export.served import InvalidInput, clamp, decode_image
 
 
 def parse_point(text: str) -> Tuple[int, int]:
@@ -28,16 +26,6 @@ def parse_point(text: str) -> Tuple[int, int]:
   return x, y
 
 
-def decode_image(data: bytes, name: str, max_pixels: int = keys.MAX_PIXELS) -> np.ndarray:
-  """Decodes an encoded image to uint8 RGB as displayed, by the Beam job's
-  decoder (EXIF orientation applied, decompression bombs refused), or raises
-  ValueError naming `name` and the reason."""
-  try:
-    return decode_file(data, max_pixels)
-  except ExampleError as e:
-    raise ValueError(f"cannot read image {name}: {e.detail or e.reason}") from None
-
-
 def load_image(path: str, max_pixels: int = keys.MAX_PIXELS) -> np.ndarray:
   """Reads and decodes an image file (`decode_image`), or raises
   FileNotFoundError / ValueError naming the file."""
@@ -45,17 +33,6 @@ def load_image(path: str, max_pixels: int = keys.MAX_PIXELS) -> np.ndarray:
     raise FileNotFoundError(f"no image at {path}")
   with tf.io.gfile.GFile(path, "rb") as f:
     return decode_image(f.read(), path, max_pixels)
-
-
-def clamp(points: Sequence[Tuple[int, int]], width: int, height: int):
-  """Points clamped into the image, and those that had to move."""
-  out, moved = [], []
-  for x, y in points:
-    cx, cy = min(max(x, 0), width - 1), min(max(y, 0), height - 1)
-    if (cx, cy) != (x, y):
-      moved.append((x, y))
-    out.append((cx, cy))
-  return out, moved
 
 
 def classify(model, path: str) -> Dict[str, np.ndarray]:

@@ -6,21 +6,47 @@ folder itself), loads it once, and calls its signatures by the names
 (`train.evaluate.source_eval`), the page, the REST server (`train.serve.model`) and
 the benchmarks all ask the model through it.
 
-Calling a signature is safe from several threads at once.
+A request's image is decoded (`decode_image`) and its clicks clamped into
+it (`clamp`) here, the same for each of them. Calling a signature is safe
+from several threads at once.
 """
 
 import re
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from beam_prep import keys
+from beam_prep.ops.image import decode_file
+from beam_prep.ops.registry import ExampleError
 from train.export import signatures as sig
 from train.export.saved_model import latest_export
 
 
 class InvalidInput(ValueError):
   """The graph refused a request's inputs; the message is the graph's reason."""
+
+
+def decode_image(data: bytes, name: str, max_pixels: int = keys.MAX_PIXELS) -> np.ndarray:
+  """Decodes an encoded image to uint8 RGB as displayed, by the Beam job's
+  decoder (EXIF orientation applied, decompression bombs refused), or raises
+  ValueError naming `name` and the reason."""
+  try:
+    return decode_file(data, max_pixels)
+  except ExampleError as e:
+    raise ValueError(f"cannot read image {name}: {e.detail or e.reason}") from None
+
+
+def clamp(points: Sequence[Tuple[int, int]], width: int, height: int):
+  """Points clamped into the image, and those that had to move."""
+  out, moved = [], []
+  for x, y in points:
+    cx, cy = min(max(x, 0), width - 1), min(max(y, 0), height - 1)
+    if (cx, cy) != (x, y):
+      moved.append((x, y))
+    out.append((cx, cy))
+  return out, moved
 
 
 def graph_message(e: Exception) -> str:

@@ -9,6 +9,8 @@ Modules, each importing only those on the lines below it:
   label_studio Label Studio's ML backend: /health, /setup, /predict, /webhook
   brush        Label Studio's brush masks: their RLE, written and read
   page         the page's endpoints: images by id, probabilities as PNG, IoU, next click
+  practice     the page's practice mode: eval objects, the protocol's IoU and next
+               click (where the page meets train.evaluate)
   store        Labels: the label store (SQLite) shared by processes, and its files
   exports      the labels' formats: instance PNG and COCO, in beam-prep's layouts
   versions     Versions: the model dir's exports, the newest served, watched for new ones

@@ -51,10 +51,10 @@ the protocol's 0.49: `beam-train evaluate`'s mask) it is the served mask
 exactly. The page thresholds them itself as its slider moves.
 
 Clicks are (x, y) = (column, row) in the image's own pixels. The next click
-is `train.evaluate.clicker.next_click` on the current mask, the true mask and the
-pixels clicked so far: the protocol `beam-train evaluate` runs (with no
-click yet, the current mask is empty, so the first click is positive at the
-object's innermost pixel).
+is the protocol's (`train.serve.practice.next_click`) on the current mask,
+the true mask and the pixels clicked so far: the protocol `beam-train
+evaluate` runs (with no click yet, the current mask is empty, so the first
+click is positive at the object's innermost pixel).
 
 Images are held in a cache bounded in bytes (least recently used first out);
 an id that has left it is a 404, and the page opens the image again (from
@@ -71,15 +71,13 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
 from PIL import Image
 
 from beam_prep import keys
 from beam_prep.drawing import png
-from train.evaluate import clicker, protocol
-from train.export import predict
 from train.export import signatures as sig
-from train.serve import exports
+from train.export.served import clamp, decode_image
+from train.serve import exports, practice
 from train.serve.store import Labels
 from train.serve.config import ServeConfig
 from train.serve.model import RestModel
@@ -91,7 +89,7 @@ from train.serve.rest import RequestError, check_clicks
 MAX_FILES = 2000
 # Probabilities as levels: the mask at level L is `levels >= L` (threshold L / LEVELS).
 LEVELS = 100
-DEFAULT_LEVEL = int(round(clicker.PRED_THR * LEVELS))
+DEFAULT_LEVEL = int(round(practice.THRESHOLD * LEVELS))
 
 
 class ImageStore:
@@ -148,11 +146,8 @@ class Sources:
     self.eval_images = self.eval_labels = None
     self.eval_names: List[str] = []
     if prep_dir:
-      from train.evaluate.noc import eval_objects  # pylint: disable=g-import-not-at-top
-      from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
-
-      self.eval_images, self.eval_labels, self.eval_names = eval_objects(
-        PrepOutput(prep_dir), max_eval
+      self.eval_images, self.eval_labels, self.eval_names = practice.eval_objects(
+        prep_dir, max_eval
       )
 
   def files(self) -> List[str]:
@@ -205,8 +200,7 @@ def _clamped_clicks(item: Dict[str, Any], body: Dict[str, Any], max_clicks: int)
   check_clicks({f: [body[f]] for f in fields if f in body}, max_clicks, fields)
   h, w = item["image"].shape[:2]
   return tuple(
-    np.asarray(predict.clamp(_clicks(body, f).tolist(), w, h)[0], np.int32).reshape(-1, 2)
-    for f in fields
+    np.asarray(clamp(_clicks(body, f).tolist(), w, h)[0], np.int32).reshape(-1, 2) for f in fields
   )
 
 
@@ -314,8 +308,8 @@ class Page:
       "saved": self.labels.saved(),
       "level": DEFAULT_LEVEL,
       "levels": LEVELS,
-      "max_clicks": protocol.NOC_MAX_CLICKS,
-      "iou_target": max(protocol.NOC_IOU_THRESHOLDS),
+      "max_clicks": practice.MAX_CLICKS,
+      "iou_target": practice.IOU_TARGET,
     }
 
   def _opened(self, key: str) -> Dict[str, Any]:
@@ -346,7 +340,7 @@ class Page:
   def add_file(self, data: bytes, name: str, field: str) -> str:
     """Decodes a file's bytes into the store (their id), or a RequestError naming `field`."""
     try:
-      image = predict.decode_image(data, name, self.max_pixels)
+      image = decode_image(data, name, self.max_pixels)
     except ValueError as e:
       raise RequestError(f"{field}: {e}") from None
     return self.store.add(image, name, data=data)
@@ -399,7 +393,7 @@ class Page:
   def _iou(self, item: Dict[str, Any], mask: np.ndarray) -> Optional[float]:
     if item["truth"] is None:
       return None
-    return float(clicker.label_iou(tf.constant(mask[None]), tf.constant(item["truth"][None]))[0])
+    return practice.iou(mask, item["truth"])
 
   def predict_levels(
     self,
@@ -469,10 +463,9 @@ class Page:
       pred = self.predict_levels(item, pos, neg, None)[0] >= level
     else:
       pred = np.zeros((h, w), bool)
-    xy, kind = clicker.next_click_of(pred, item["truth"], pos.tolist(), neg.tolist())
-    if xy is None:
-      return {"click": None, "kind": None}  # The protocol would click (0, 0): the page stops.
-    return {"click": list(xy), "kind": "positive" if kind == clicker.POSITIVE else "negative"}
+    xy, kind = practice.next_click(pred, item["truth"], pos.tolist(), neg.tolist())
+    # No click: the protocol has nothing left to fix, and the page stops.
+    return {"click": list(xy) if xy else None, "kind": kind}
 
   def save(self, body: Dict[str, Any]) -> Dict[str, Any]:
     """Keeps the image's objects as they are now (`store.Labels`): an
