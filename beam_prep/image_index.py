@@ -7,10 +7,12 @@ Every job writes, beside its records, one line per image that made records:
        "digest": sha256 of the image file's bytes,
        "labels": sha256 of what the layout read with it (masks, class)}
 
-`beam-prep ... --add` (`pipelines.prep`) reads it to skip the images an
-output holds already: the same bytes under any name or path are the same
-image. An image held with other labels (a mask drawn again) is skipped too,
-and counted as relabelled: its new labels need a full run.
+`beam-prep ... --add` (`pipelines.prep`) reads it to skip the inputs an
+output holds already (`status`): an image file with the same bytes and the
+same labels, under any name or path. The same bytes with other labels are
+another input (a photograph annotated once per object, as COCO-MVal's),
+unless they come under the same image id: that is a mask drawn again, which
+is skipped and counted as relabelled (its new labels need a full run).
 
 A shard set is the files one job added (`SET`; the first job's files have
 none). A set's name is `add` and a number; files of a set the manifest does
@@ -21,7 +23,7 @@ not list as complete are what a failed or stopped `--add` left
 import hashlib
 import json
 import re
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Tuple
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -106,16 +108,32 @@ def file_set(path: str) -> str:
   return found.group(1) if found else ""
 
 
-def held(output: str, sets: Iterable[str]) -> Dict[str, str]:
-  """{image digest: labels digest} of every image the `sets` of an output hold."""
-  out: Dict[str, str] = {}
+Held = Dict[str, List[Tuple[str, str]]]
+NEW, HELD, RELABELLED = "new", "held", "relabelled"
+
+
+def held(output: str, sets: Iterable[str]) -> Held:
+  """{image digest: [(image id, labels digest), ...]} of every input the
+  `sets` of an output hold."""
+  out: Held = {}
   for path in index_files(output, sets):
     with FileSystems.open(path) as f:
       for line in f.read().decode("utf-8").splitlines():
         if line.strip():
           e = json.loads(line)
-          out[e[DIGEST]] = e[LABELS]
+          out.setdefault(e[DIGEST], []).append((e[keys.IMAGE_ID], e[LABELS]))
   return out
+
+
+def status(index: Held, image_id: str, digest: str, labels: str) -> str:
+  """`HELD` (the same bytes and labels are held), `RELABELLED` (the same
+  bytes under the same image id, with other labels) or `NEW`."""
+  found = index.get(digest, ())
+  if any(theirs == labels for _, theirs in found):
+    return HELD
+  if any(theirs == image_id for theirs, _ in found):
+    return RELABELLED
+  return NEW
 
 
 def stray_files(output: str, sets: Iterable[str]) -> List[str]:

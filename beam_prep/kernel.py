@@ -212,7 +212,7 @@ class Kernel:
     self.codec = RecordCodec(table)
     self.summary_rows = summary_rows
     self.held_by = held_by
-    self._held: Optional[Dict[str, str]] = None
+    self._held: Optional[image_index.Held] = None
     self._fns = None
     self._layout = None
     self._bugs: Dict[Tuple[str, str], int] = {}
@@ -266,11 +266,13 @@ class Kernel:
     when held with other labels)."""
     digests[image_index.DIGEST] = image_index.image_digest(ex[keys.IMAGE_BYTES])
     digests[image_index.LABELS] = image_index.labels_digest(ex, self._layout.gives)
-    labels = (self._held or {}).get(digests[image_index.DIGEST])
-    if labels is None:
+    found = image_index.status(
+      self._held or {}, ex[keys.IMAGE_ID], digests[image_index.DIGEST], digests[image_index.LABELS]
+    )
+    if found == image_index.NEW:
       return False
     tally.add("images_known")
-    tally.add("images_relabelled", int(labels != digests[image_index.LABELS]))
+    tally.add("images_relabelled", int(found == image_index.RELABELLED))
     return True
 
   @staticmethod

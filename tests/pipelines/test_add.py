@@ -25,8 +25,10 @@ def _add(data, out, *more) -> int:
   )
 
 
-def _input(tmp_path, sample_dir, new: int, relabel: bool) -> str:
-  """The sample's images (one drawn again when `relabel`) and `new` others."""
+def _input(tmp_path, sample_dir, new: int, relabel: bool, twin: bool = False) -> str:
+  """The sample's images (one drawn again when `relabel`), `new` others, and
+  with `twin` one of the sample's images again under another name with
+  another mask (a second object of the same photograph)."""
   data = tmp_path / "input"
   shutil.copytree(sample_dir, data)
   if new:
@@ -34,8 +36,16 @@ def _input(tmp_path, sample_dir, new: int, relabel: bool) -> str:
     for sub in (folders.IMAGES_DIR, folders.MASKS_DIR):
       for name in os.listdir(tmp_path / "new" / sub):
         shutil.copy(tmp_path / "new" / sub / name, data / sub / f"new_{name}")
+  masks = sorted(os.listdir(os.path.join(sample_dir, folders.MASKS_DIR)))
+  if twin:
+    image = sorted(os.listdir(os.path.join(sample_dir, folders.IMAGES_DIR)))[0]
+    shutil.copy(data / folders.IMAGES_DIR / image, data / folders.IMAGES_DIR / f"twin_{image}")
+    mask = np.asarray(Image.open(data / folders.MASKS_DIR / masks[0]))
+    Image.fromarray((mask == mask.max()).astype(np.uint8)).save(
+      data / folders.MASKS_DIR / f"twin_{masks[0]}"
+    )
   if relabel:
-    path = data / folders.MASKS_DIR / sorted(os.listdir(data / folders.MASKS_DIR))[-1]
+    path = data / folders.MASKS_DIR / masks[-1]
     mask = np.asarray(Image.open(path)).copy()
     mask[mask == mask.max()] = 0  # One object less.
     Image.fromarray(mask).save(path)
@@ -56,12 +66,13 @@ def test_only_new_images_are_added_as_a_set_the_manifest_sums(sample_dir, prep_d
   before = manifest(out)
   held = before["counts"]["images_used"]
   assert len(_index(out)) == held  # Every job indexes the images it holds.
-  assert _add(_input(tmp_path, sample_dir, new=3, relabel=True), out) == 0
+  assert _add(_input(tmp_path, sample_dir, new=3, relabel=True, twin=True), out) == 0
   m = manifest(out)
   assert [s["name"] for s in m["sets"]] == ["", "add0001"] and m["complete"]
   own = m["sets"][1]["counts"]
+  # The same bytes with other labels under another name are a new input.
   assert (own["images_known"], own["images_relabelled"]) == (10, 1)
-  assert own["inputs_read"] == 13 and own["images_used"] + own["images_failed"] == 3
+  assert own["inputs_read"] == 14 and own["images_used"] + own["images_failed"] == 4
   assert own["images_used"] >= 1 and own["accounted"]
   c = m["counts"]
   assert c["images_used"] == held + own["images_used"] and c["accounted"]
@@ -80,11 +91,11 @@ def test_only_new_images_are_added_as_a_set_the_manifest_sums(sample_dir, prep_d
   assert _same_tree(os.path.join(prep_dir, keys.TRANSFORM_DIR), out / keys.TRANSFORM_DIR)
   index = _index(out)
   assert len(index) == c["images_used"]
-  assert len({e[image_index.DIGEST] for e in index}) == len(index)
+  assert len({(e[image_index.DIGEST], e[image_index.LABELS]) for e in index}) == len(index)
   # Again: nothing new, a set that adds nothing; the output stays complete.
-  assert _add(_input(tmp_path / "again", sample_dir, new=3, relabel=False), out) == 0
+  assert _add(_input(tmp_path / "again", sample_dir, new=3, relabel=False, twin=True), out) == 0
   m = manifest(out)
-  assert m["sets"][2]["counts"]["images_known"] == 13 and m["sets"][2]["counts"]["images_used"] == 0
+  assert m["sets"][2]["counts"]["images_known"] == 14 and m["sets"][2]["counts"]["images_used"] == 0
   assert m["complete"] and (out / keys.SUCCESS_FILE).exists()
   assert collections.Counter(e[keys.IMAGE_ID] for e in _index(out)) == collections.Counter(
     e[keys.IMAGE_ID] for e in index
