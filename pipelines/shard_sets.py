@@ -73,11 +73,9 @@ def check_target(config: PrepConfig, table: FeatureTable, differs) -> AddTarget:
   sets = sets_of(previous)
   names = [s["name"] for s in sets if s["name"]]
   number = 1 + max([int(n[len(image_index.SET_PREFIX) :]) for n in names] or [0])
+  kept = [s for s in sets if s["complete"]]
   return AddTarget(
-    out,
-    dict(previous, sets=[s for s in sets if s["complete"]]),
-    tuple(s["name"] for s in sets if s["complete"]),
-    image_index.set_name(number),
+    out, _of_sets(previous, kept), tuple(s["name"] for s in kept), image_index.set_name(number)
   )
 
 
@@ -151,18 +149,20 @@ def combined(target: AddTarget, job: Dict[str, Any]) -> Dict[str, Any]:
   """The manifest of every set: the output's before the job, with the job's
   own manifest (`pipelines.report.manifest`) as set `target.name`."""
   sets = sets_of(target.previous) + [{"name": target.name, **{k: job[k] for k in SET_KEYS}}]
+  return dict(_of_sets(target.previous, sets), timing=job["timing"], versions=job["versions"])
+
+
+def _of_sets(manifest: Dict[str, Any], sets: List[Dict[str, Any]]) -> Dict[str, Any]:
+  """`manifest` with `sets` as its sets, and the totals of theirs."""
   problems = [f"set {s['name'] or 'first'}: {p}" for s in sets for p in s["problems"] or []]
-  counts, shards = _summed([s["counts"] for s in sets]), _summed([s["shards"] for s in sets])
   return {
-    **target.previous,
+    **manifest,
     "sets": sets,
-    "counts": counts,
-    "shards": shards,
+    "counts": _summed([s["counts"] for s in sets]),
+    "shards": _summed([s["shards"] for s in sets]),
     "complete": not problems,
     "problems": problems,
     "error_examples": {k: v for s in sets for k, v in (s["error_examples"] or {}).items()},
-    "timing": job["timing"],
-    "versions": job["versions"],
   }
 
 

@@ -128,6 +128,9 @@ def test_a_refused_add_changes_nothing_and_a_failed_sets_files_go_with_the_next(
   assert [s["name"] for s in m["sets"]] == ["", "add0002"] and m["complete"]
   assert not failed.exists() and not stopped.exists()
   assert m["sets"][1]["counts"]["images_known"] == 10
+  # The failed set's counts are gone from the totals with it.
+  used = before["counts"]["images_used"] + m["sets"][1]["counts"]["images_used"]
+  assert m["counts"]["images_used"] == used
   # An output made before outputs had an image index cannot say what it holds.
   old = tmp_path / "old"
   shutil.copytree(prep_dir, old)
