@@ -356,6 +356,15 @@ def test_encoded_signatures_answer_as_the_array_ones_on_the_decoded_pixels(train
     )
   with pytest.raises(InvalidInput, match="positive_clicks: at least one positive click"):
     model.predict(*model.encoded_inputs(jpeg, np.zeros([0, 2]), neg))
+  with pytest.raises(InvalidInput, match="image_bytes: at least one image is required"):
+    model.predict(
+      "serve_encoded",
+      {
+        "image_bytes": np.zeros([0], object),
+        "positive_clicks": np.zeros([0, 0, 2], np.int32),
+        "negative_clicks": np.zeros([0, 0, 2], np.int32),
+      },
+    )
   # A box prompt (serve_box_encoded): the array signature's answer for the box.
   box = [40, 30, 5, 3]
   with pytest.raises(InvalidInput, match=r"box: must be \[x0, y0, x1, y1\] with x0 <= x1"):

@@ -283,6 +283,15 @@ class SegmentationServer(_Server):
     when given, and its answer encoded as PNG files (`_png_outputs`). Each
     image keeps its own size."""
     n = tf.shape(image_bytes)[0]
+    # Every input waits for the check, so no op meets an empty batch first.
+    with tf.control_dependencies(
+      [
+        tf.debugging.assert_positive(
+          n, message=f"{sig.IMAGE_BYTES}: at least one image is required"
+        )
+      ]
+    ):
+      n, image_bytes = tf.identity(n), tf.identity(image_bytes)
     # [B, 0] ("[]" per instance, as TF Serving stacks it) is [B, 0, 2].
     clicks = [tf.reshape(c, [n, -1, 2]) for c in (positive_clicks, negative_clicks)]
     more = {} if previous_mask is None else {sig.PREVIOUS_MASK: previous_mask}
@@ -297,18 +306,11 @@ class SegmentationServer(_Server):
       prob = self._segment(image, box_, args[1], args[2], previous)[sig.PROBABILITIES]
       return _png_outputs(prob)
 
-    with tf.control_dependencies(
-      [
-        tf.debugging.assert_positive(
-          n, message=f"{sig.IMAGE_BYTES}: at least one image is required"
-        )
-      ]
-    ):
-      return tf.map_fn(
-        one,
-        (image_bytes, *clicks, more),
-        fn_output_signature={k: tf.TensorSpec([], tf.string) for k in sig.ENCODED_OUTPUTS},
-      )
+    return tf.map_fn(
+      one,
+      (image_bytes, *clicks, more),
+      fn_output_signature={k: tf.TensorSpec([], tf.string) for k in sig.ENCODED_OUTPUTS},
+    )
 
   @graphs.function(input_signature=sig.specs(sig.EXAMPLES, batch=True))
   def serve_examples(self, examples):
