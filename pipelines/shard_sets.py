@@ -149,7 +149,12 @@ def combined(target: AddTarget, job: Dict[str, Any]) -> Dict[str, Any]:
   """The manifest of every set: the output's before the job, with the job's
   own manifest (`pipelines.report.manifest`) as set `target.name`."""
   sets = sets_of(target.previous) + [{"name": target.name, **{k: job[k] for k in SET_KEYS}}]
-  return dict(_of_sets(target.previous, sets), timing=job["timing"], versions=job["versions"])
+  paths = dict(job["paths"])  # Where the output is now (it may have been moved or copied).
+  if target.previous.get("paths", {}).get("preview"):
+    paths["preview"] = FileSystems.join(target.output, keys.PREVIEW_FILE)  # Kept as it was.
+  return dict(
+    _of_sets(target.previous, sets), timing=job["timing"], versions=job["versions"], paths=paths
+  )
 
 
 def _of_sets(manifest: Dict[str, Any], sets: List[Dict[str, Any]]) -> Dict[str, Any]:

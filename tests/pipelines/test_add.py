@@ -89,6 +89,9 @@ def test_only_new_images_are_added_as_a_set_the_manifest_sums(sample_dir, prep_d
   )
   assert any("-add0001-" in f for f in prep.files(keys.TRAIN_SPLIT))
   assert _same_tree(os.path.join(prep_dir, keys.TRANSFORM_DIR), out / keys.TRANSFORM_DIR)
+  # The paths are the output's own (it is a copy of another).
+  assert m["paths"]["records"] == str(out / keys.RECORDS_DIR)
+  assert m["paths"]["preview"] == str(out / keys.PREVIEW_FILE)
   index = _index(out)
   assert len(index) == c["images_used"]
   assert len({(e[image_index.DIGEST], e[image_index.LABELS]) for e in index}) == len(index)
