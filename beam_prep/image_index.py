@@ -23,7 +23,7 @@ not list as complete are what a failed or stopped `--add` left
 import hashlib
 import json
 import re
-from typing import Any, Dict, Iterable, List, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -92,14 +92,23 @@ def entry(example: Dict[str, Any], split: str, records: int) -> Dict[str, Any]:
   }
 
 
-def index_files(output: str, sets: Iterable[str]) -> List[str]:
-  """The index files of `sets` of an output ("" is the first job's)."""
-  wanted, out = set(sets), []
+def index_files(output: str, sets: Optional[Iterable[str]] = None) -> List[str]:
+  """The index files of `sets` of an output ("" is the first job's; None: all)."""
+  wanted, out = None if sets is None else set(sets), []
   pattern = FileSystems.join(output, INDEX_DIR, f"{INDEX_PREFIX}-*{INDEX_SUFFIX}")
   for m in FileSystems.match([pattern])[0].metadata_list:
-    if file_set(m.path) in wanted:
+    if wanted is None or file_set(m.path) in wanted:
       out.append(m.path)
   return sorted(out)
+
+
+def lines(output: str, sets: Optional[Iterable[str]] = None) -> Iterator[Dict[str, Any]]:
+  """The index lines of `sets` of an output (None: all)."""
+  for path in index_files(output, sets):
+    with FileSystems.open(path) as f:
+      for line in f.read().decode("utf-8").splitlines():
+        if line.strip():
+          yield json.loads(line)
 
 
 def file_set(path: str) -> str:
@@ -116,12 +125,8 @@ def held(output: str, sets: Iterable[str]) -> Held:
   """{image digest: [(image id, labels digest), ...]} of every input the
   `sets` of an output hold."""
   out: Held = {}
-  for path in index_files(output, sets):
-    with FileSystems.open(path) as f:
-      for line in f.read().decode("utf-8").splitlines():
-        if line.strip():
-          e = json.loads(line)
-          out.setdefault(e[DIGEST], []).append((e[keys.IMAGE_ID], e[LABELS]))
+  for e in lines(output, sets):
+    out.setdefault(e[DIGEST], []).append((e[keys.IMAGE_ID], e[LABELS]))
   return out
 
 

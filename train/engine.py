@@ -9,8 +9,8 @@ store) train the next model, and the server serves it:
      inputs normalized as before), every image in the train split. From
      the second round on, the last round's records are linked in and only
      the images labelled since are added (`beam-prep --add`, by the
-     image's digest); an image labelled again makes the round read all
-     the labels anew, so no old label of it stays;
+     image's digest); an image labelled again, or no longer labelled,
+     makes the round read all the labels anew, so no old label stays;
   2. `beam-train fit --init-from` the serving model, with its own settings,
      for --steps or --max-minutes, whichever comes first;
   3. the export is published under MODEL/export/<version>/ (written beside,
@@ -36,9 +36,10 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from beam_prep import image_index, keys
+from beam_prep.layouts import folders
 from beam_prep.kit import CommandConfig, option
 from train import model_layout
 
@@ -167,28 +168,47 @@ def _prep_command(config: EngineConfig, current: str, out: str, add: bool) -> Li
 
 
 def _prep(
-  config: EngineConfig, current: str, out: str, log_path: str, previous: Optional[str]
+  config: EngineConfig,
+  current: str,
+  out: str,
+  log_path: str,
+  previous: Optional[str],
+  labelled: Set[str],
 ) -> Tuple[float, Dict[str, Any]]:
   """The label store's images -> records read with the current model's
   transform: the `previous` round's records, linked in, with the images
   labelled since added (`beam-prep --add`); all of them in a first round,
-  or when an image was labelled again (its old records would stay).
+  when an image left the store (`labelled`: the image ids it holds) or when
+  one was labelled again, so no old label stays.
 
   Returns:
-    (seconds, how: "mode" add or all, images added and held).
+    (seconds, how: "mode" add or all, images added and held, or why all).
   """
-  seconds, held = 0.0, 0
-  if previous and os.path.exists(os.path.join(previous, image_index.INDEX_DIR)):
+  seconds, why = 0.0, _why_all(previous, labelled)
+  if not why:
     _linked_copy(previous, out)
     seconds = _run(_prep_command(config, current, out, add=True), log_path)
     counts = _last_set(out)["counts"]
     if not counts.get("images_relabelled"):
       added = counts["images_used"]
       return seconds, {"mode": "add", "images_added": added, "images_held": counts["images_known"]}
-    held = counts["images_known"]
+    why = f"{counts['images_relabelled']} image(s) labelled again"
   seconds += _run(_prep_command(config, current, out, add=False), log_path)
-  counts = _last_set(out)["counts"]
-  return seconds, {"mode": "all", "images_added": counts["images_used"], "relabelled_of": held}
+  return seconds, {
+    "mode": "all",
+    "images_added": _last_set(out)["counts"]["images_used"],
+    "why": why,
+  }
+
+
+def _why_all(previous: Optional[str], labelled: Set[str]) -> str:
+  """Why a round reads all the labels ("": it adds to the `previous` round's records)."""
+  if not previous:
+    return "the first round"
+  if not os.path.exists(os.path.join(previous, image_index.INDEX_DIR)):
+    return f"{previous} has no image index"
+  gone = {e[keys.IMAGE_ID] for e in image_index.lines(previous)} - labelled
+  return f"{len(gone)} image(s) no longer labelled" if gone else ""
 
 
 def _last_set(prep_dir: str) -> Dict[str, Any]:
@@ -377,18 +397,21 @@ def _mixed(config: EngineConfig, prep_dir: str, number: int, log) -> Dict[str, i
   return mix
 
 
-def _round_records(config, log, number: int, current: str, done) -> Tuple[float, Dict[str, Any]]:
-  """`_prep` of round `number`, said on the log."""
+def _round_records(config, log, number: int, current: str, done, entries):
+  """`_prep` of round `number` -> (seconds, how), said on the log."""
   folder = _round_folder(config.root, number)
   previous = os.path.join(os.path.dirname(done[-1]["model_dir"]), PREP_DIR) if done else None
   log_path = os.path.join(folder, "round.log")
-  prep_s, how = _prep(config, current, os.path.join(folder, PREP_DIR), log_path, previous)
+  # The image ids the job will read the label store's files with.
+  labelled = {folders.Folders.pointer("", e["file_name"])[keys.IMAGE_ID] for e in entries}
+  out = os.path.join(folder, PREP_DIR)
+  prep_s, how = _prep(config, current, out, log_path, previous, labelled)
   log.info(
     "engine: round %d: records of %d image(s) in %.0f s (%s)",
     number,
     how["images_added"],
     prep_s,
-    "added to the last round's" if how["mode"] == "add" else "all the labels",
+    "added to the last round's" if how["mode"] == "add" else f"all the labels: {how['why']}",
   )
   return prep_s, how
 
@@ -410,7 +433,7 @@ def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
     current,
   )
   started = time.time()
-  prep_s, how = _round_records(config, log, number, current, done)
+  prep_s, how = _round_records(config, log, number, current, done, entries)
   mix = _mixed(config, os.path.join(folder, PREP_DIR), number, log) if config.base_share else None
   model_dir = os.path.join(folder, "model")
   fit_s = _fit(

@@ -158,12 +158,17 @@ def test_a_rounds_records_take_in_the_base_models_own_at_the_share_asked(
     ServeConfig(model="m", save_dir="l", engine_every=3, engine_base_share=1.5)
 
 
+def _ids(labels: str):
+  return {os.path.splitext(n)[0] for n in os.listdir(os.path.join(labels, folders.IMAGES_DIR))}
+
+
 def test_a_round_adds_what_was_labelled_since_and_reads_all_after_a_relabel(
   sample_dir, prep_dir, trained, tmp_path
 ):
   """From the second round on, the last round's records are linked in and only
-  the images labelled since are added; an image drawn again makes the round
-  read every label anew. The last round's folder is never changed."""
+  the images labelled since are added; an image drawn again, or one no longer
+  labelled, makes the round read every label anew. The last round's folder
+  is never changed."""
   from tests.pipelines.test_add import _input  # pylint: disable=g-import-not-at-top
 
   labels = _input(tmp_path, sample_dir, new=2, relabel=False)
@@ -173,20 +178,24 @@ def test_a_round_adds_what_was_labelled_since_and_reads_all_after_a_relabel(
   before = open(os.path.join(last, keys.MANIFEST_FILE)).read()
   log_path = str(tmp_path / "round.log")
   second = str(tmp_path / "second")
-  _, how = engine._prep(config, trained, second, log_path, last)  # pylint: disable=protected-access
+  _, how = engine._prep(config, trained, second, log_path, last, _ids(labels))  # pylint: disable=protected-access
   assert how == {"mode": "add", "images_added": 2, "images_held": 10}, open(log_path).read()
   assert open(os.path.join(last, keys.MANIFEST_FILE)).read() == before
   assert os.path.exists(os.path.join(second, keys.SUCCESS_FILE))
   # One of the images drawn again: its old records must not stay.
-  mask = os.path.join(
-    labels, folders.MASKS_DIR, sorted(os.listdir(os.path.join(labels, "masks")))[0]
-  )
+  masks = sorted(os.listdir(os.path.join(labels, folders.MASKS_DIR)))
+  mask = os.path.join(labels, folders.MASKS_DIR, masks[0])
   Image.fromarray(np.zeros_like(np.asarray(Image.open(mask)))).save(mask)
   third = str(tmp_path / "third")
-  _, how = engine._prep(config, trained, third, log_path, second)  # pylint: disable=protected-access
-  assert how["mode"] == "all" and how["relabelled_of"] == 12, how
+  _, how = engine._prep(config, trained, third, log_path, second, _ids(labels))  # pylint: disable=protected-access
+  assert how["mode"] == "all" and "1 image(s) labelled again" in how["why"], how
   with open(os.path.join(third, keys.MANIFEST_FILE)) as f:
     m = json.load(f)
   assert "sets" not in m and m["counts"]["inputs_read"] == 12
   with open(os.path.join(second, keys.MANIFEST_FILE)) as f:
     assert [s["name"] for s in json.load(f)["sets"]] == ["", "add0001"]
+  # An image no longer labelled: its records must not stay either.
+  assert engine._why_all(third, _ids(labels)) == ""  # pylint: disable=protected-access
+  gone = _ids(labels) - {os.path.splitext(masks[1])[0]}
+  assert engine._why_all(third, gone) == "1 image(s) no longer labelled"  # pylint: disable=protected-access
+  assert engine._why_all(None, gone) == "the first round"  # pylint: disable=protected-access
