@@ -1,6 +1,7 @@
 """The image index: which images a prep output holds, by digest.
 
-Every job writes, beside its records, one line per image that made records:
+Every job writes, beside its records, one line per image it holds (that
+made records, or an eval image's source record alone):
 
     index/images-[SET-]SSSSS-of-NNNNN.jsonl
       {"image_id": ..., "source": ..., "split": "train", "records": 3,

@@ -375,14 +375,16 @@ class Kernel:
     records = [self.codec.encode_unit(unit) for unit in units]
     tally.add(f"examples/{split}", sum(len(unit) for unit in units))
     tally.add(f"records/{split}", len(records))
-    row, index = None, None
+    row = None
     if records:
-      index = image_index.entry({**pointer, **digests}, split, len(records))
       self._made_records = True
       first = units[0][0]
       row = self.codec.summary_row(first) if self.summary_rows else self.codec.encode(first)
+    # The image index lists an image the output holds: in records, or as a
+    # source record alone (objects too small for the records' size).
+    index = image_index.entry({**pointer, **digests}, split, len(records))
     if source is None or split != keys.EVAL_SPLIT or tally.counts.get("images_failed"):
-      return Result(records, read_errors + errors, tally, row, index=index)
+      return Result(records, read_errors + errors, tally, row, index=index if records else None)
     tally.add(f"examples/{source_records.SPLIT}")
     encoded = source_records.encode(source)
     return Result(records, read_errors + errors, tally, row, encoded, index)

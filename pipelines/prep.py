@@ -21,7 +21,7 @@ Output directory:
                                            evaluation-only output, --eval-percent 100;
                                            copied, not analysed, with --transform-from)
     errors/errors-SSSSS-of-NNNNN.jsonl     dead letters
-    index/images-SSSSS-of-NNNNN.jsonl      each image that made records, by digest
+    index/images-SSSSS-of-NNNNN.jsonl      each image the output holds, by digest
                                            (beam_prep.image_index)
     features.json                          the declared features, chain, ops module
     config.json                            the resolved PrepConfig

@@ -142,3 +142,22 @@ def test_a_refused_add_changes_nothing_and_a_failed_sets_files_go_with_the_next(
   del m["shards"]["index"]
   (old / keys.MANIFEST_FILE).write_text(json.dumps(m))
   assert _add(data, old) == 2 and (old / keys.SUCCESS_FILE).exists()
+
+
+def test_an_evaluation_only_output_takes_more_evaluation_images(sample_dir, tmp_path):
+  """A benchmark's output (every input eval, source records at each image's
+  own size) indexes each image it holds, by its source record alone too:
+  here every object is under --min-object-area, so no record is written."""
+  out = tmp_path / "bench"
+  settings = [s if s != "30" else "100" for s in SETTINGS] + ["--min-object-area", "100000000"]
+  argv = ["segmentation", "--input", sample_dir, "--output", str(out), *settings]
+  assert run_cli(argv) == 0
+  first = manifest(out)
+  assert first["eval_only"] and first["counts"]["source_records"] > 0
+  assert not sum(first["counts"]["examples_written"].values())
+  held = first["counts"]["images_used"]
+  assert len(_index(out)) == held
+  assert run_cli(argv + ["--add"]) == 0
+  own = manifest(out)["sets"][1]["counts"]
+  assert own["images_known"] == held and own["images_used"] == 0
+  assert _add(sample_dir, out) == 2  # Train records are not added to it.
