@@ -89,6 +89,8 @@ class PrepConfig:
       images it does not hold yet (by digest, `beam_prep.image_index`) as a
       new shard set, read with its tf.Transform output (no analysis); the
       manifest accounts for every set. The records must have its raw schema.
+      `overwrite` and `transform_from` do not apply (the command line
+      refuses them beside --add; a config file's are set aside).
     overwrite: replace a non-empty output directory.
     progress_seconds: interval of the job's progress lines (0: none); they
       never change the output.
@@ -172,6 +174,9 @@ class PrepConfig:
   def __post_init__(self):
     from beam_prep import layouts, tasks  # pylint: disable=g-import-not-at-top
 
+    if self.add:  # The output is kept, with its transform (an output's config.json has both).
+      object.__setattr__(self, "overwrite", False)
+      object.__setattr__(self, "transform_from", "")
     task = tasks.get_task(self.task)
     object.__setattr__(self, "options", _task_options(task, self.options))
     if self.layout != layouts.AUTO:
@@ -197,10 +202,6 @@ class PrepConfig:
       (
         0.0 <= self.max_error_fraction <= 1.0,
         f"--max-error-fraction must be in [0, 1], got {self.max_error_fraction}",
-      ),
-      (
-        not (self.add and (self.overwrite or self.transform_from)),
-        "--add keeps OUTPUT and its transform: it takes neither --overwrite nor --transform-from",
       ),
       (
         not self.preprocessing_fn or ":" in self.preprocessing_fn,

@@ -12,8 +12,9 @@ made records, or an eval image's source record alone):
 output holds already (`status`): an image file with the same bytes and the
 same labels, under any name or path. The same bytes with other labels are
 another input (a photograph annotated once per object, as COCO-MVal's),
-unless they come under the same image id: that is a mask drawn again, which
-is skipped and counted as relabelled (its new labels need a full run).
+unless they come under an image id the output holds: that is a mask drawn
+again or a file replaced, which is skipped and counted as relabelled (its
+new labels need a full run).
 
 A shard set is the files one job added (`SET`; the first job's files have
 none). A set's name is `add` and a number; files of a set the manifest does
@@ -21,10 +22,11 @@ not list as complete are what a failed or stopped `--add` left
 (`stray_files`).
 """
 
+import dataclasses
 import hashlib
 import json
 import re
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -118,27 +120,38 @@ def file_set(path: str) -> str:
   return found.group(1) if found else ""
 
 
-Held = Dict[str, List[Tuple[str, str]]]
 NEW, HELD, RELABELLED = "new", "held", "relabelled"
 
 
+@dataclasses.dataclass
+class Held:
+  """The inputs an output holds: (image id, labels digest) by image digest,
+  and the image ids."""
+
+  by_digest: Dict[str, List[Tuple[str, str]]] = dataclasses.field(default_factory=dict)
+  ids: Set[str] = dataclasses.field(default_factory=set)
+
+
 def held(output: str, sets: Iterable[str]) -> Held:
-  """{image digest: [(image id, labels digest), ...]} of every input the
-  `sets` of an output hold."""
-  out: Held = {}
+  """What the `sets` of an output hold."""
+  out = Held()
   for e in lines(output, sets):
-    out.setdefault(e[DIGEST], []).append((e[keys.IMAGE_ID], e[LABELS]))
+    out.by_digest.setdefault(e[DIGEST], []).append((e[keys.IMAGE_ID], e[LABELS]))
+    out.ids.add(e[keys.IMAGE_ID])
   return out
 
 
 def status(index: Held, image_id: str, digest: str, labels: str) -> str:
-  """`HELD` (the same bytes and labels are held), `RELABELLED` (the same
-  bytes under the same image id, with other labels) or `NEW`."""
-  found = index.get(digest, ())
+  """`HELD` (the same bytes and labels are held, under this id or another),
+  `RELABELLED` (this image id is held with other bytes or labels: a mask
+  drawn again, a file replaced) or `NEW`."""
+  found = index.by_digest.get(digest, ())
+  if (image_id, labels) in found:
+    return HELD
+  if image_id in index.ids:
+    return RELABELLED
   if any(theirs == labels for _, theirs in found):
     return HELD
-  if any(theirs == image_id for theirs, _ in found):
-    return RELABELLED
   return NEW
 
 

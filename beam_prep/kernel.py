@@ -267,7 +267,10 @@ class Kernel:
     digests[image_index.DIGEST] = image_index.image_digest(ex[keys.IMAGE_BYTES])
     digests[image_index.LABELS] = image_index.labels_digest(ex, self._layout.gives)
     found = image_index.status(
-      self._held or {}, ex[keys.IMAGE_ID], digests[image_index.DIGEST], digests[image_index.LABELS]
+      self._held or image_index.Held(),
+      ex[keys.IMAGE_ID],
+      digests[image_index.DIGEST],
+      digests[image_index.LABELS],
     )
     if found == image_index.NEW:
       return False

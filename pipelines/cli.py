@@ -174,6 +174,10 @@ def build_config(args: argparse.Namespace, task_name: str = "segmentation"):
   from beam_prep import tasks  # pylint: disable=g-import-not-at-top
 
   task = tasks.get_task(task_name)
+  if getattr(args, "add", None) and (args.overwrite or args.transform_from):
+    raise ValueError(
+      "--add keeps OUTPUT and its transform: it takes neither --overwrite nor --transform-from"
+    )
   return kit.resolve(
     PrepConfig,
     args,
@@ -229,7 +233,8 @@ def _launch(config, beam_args, known):
       options = PipelineOptions(pipeline_args(beam_args, config.input))
       return prep.run(config, options, wait=known.wait)
   except FeatureError as e:  # An op's bug: it stops the job, which leaves no output.
-    raise Refused(f"the job stopped and its output was removed: {e}") from e
+    kept = "the output is as it was before it" if config.add else "its output was removed"
+    raise Refused(f"the job stopped and {kept}: {e}") from e
 
 
 def _prep(task: str, argv: List[str], log) -> int:

@@ -102,7 +102,8 @@ class _FinalizeFn(beam.DoFn):
     gzip = config.compression == "gzip"
     set_name = target.name if target else ""
     shards = commit.commit_files(files, out, self._temp_root, gzip, SPLITS, set_name)
-    m = report.manifest(config, self._table, tally, time.time() - self._started, shards)
+    held = target.previous["counts"] if target else None
+    m = report.manifest(config, self._table, tally, time.time() - self._started, shards, held)
     if target:  # The output keeps its preview.
       m = shard_sets.combined(target, m)
     previews = [record for _, record in sorted(preview)][:PREVIEW_COUNT]
@@ -454,12 +455,15 @@ def run(
     if not wait:
       return {"pipeline": config.task, "submitted": True, **link}
   _guarded(config, lambda: _wait(result, link), target=target)
-  return _finished(config, result, temp_dir, options)
+  return _finished(config, result, temp_dir, options, target)
 
 
-def _finished(config: PrepConfig, result, temp_dir: str, options) -> Dict[str, Any]:
+def _finished(config: PrepConfig, result, temp_dir: str, options, target) -> Dict[str, Any]:
   manifest_path = FileSystems.join(config.output, keys.MANIFEST_FILE)
-  if not FileSystems.exists(manifest_path):
+  written = FileSystems.exists(manifest_path)
+  if written and target:  # The manifest was there before: it must name the job's set.
+    written = shard_sets.sets_of(outputs.read_json(manifest_path))[-1]["name"] == target.name
+  if not written:
     raise RuntimeError(f"the job ended ({result.state}) without writing {manifest_path}")
   if not options.get_all_options().get("temp_location") and FileSystems.exists(temp_dir):
     FileSystems.delete([temp_dir])

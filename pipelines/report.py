@@ -6,7 +6,7 @@ holds at least one record, and no level (images, objects, examples) lost
 more than `--max-error-fraction` of its units.
 """
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -27,14 +27,19 @@ REASONS_SHOWN = 3
 
 
 def problems(
-  counts: Dict[str, Any], max_error_fraction: float, eval_only: bool = False
+  counts: Dict[str, Any],
+  max_error_fraction: float,
+  eval_only: bool = False,
+  held: Optional[Dict[str, Any]] = None,
 ) -> List[str]:
   """Why an output is not complete ([]: it is).
 
   An evaluation-only output is judged by its images: its source records are
   what it is for, and objects too small for the records' size are still
-  evaluated there. A job that adds to an output (`--add`) and found only
-  images it holds has nothing to write.
+  evaluated there. A job that adds to an output (`--add`) is judged with
+  what the output `held` (its counts) before it: its failures against the
+  images, objects and examples the output holds after it; one that found
+  only images the output holds has nothing to write.
   """
   out = []
   if not counts["accounted"]:
@@ -47,27 +52,46 @@ def problems(
       )
     )
   if not sum(counts["examples_written"].values()) and not (
-    (eval_only and counts.get("source_records")) or counts.get("images_known")
+    (eval_only and counts.get("source_records")) or counts.get("images_known") or held
   ):
     out.append("no record was written")
   for level, failed, found in LEVELS[:1] if eval_only else LEVELS:
-    if counts[found] and counts[failed] / counts[found] > max_error_fraction:
+    total = counts[found] + _held_units(level, counts, held)
+    if total and counts[failed] / total > max_error_fraction:
+      also = " (with those the output held)" if held else ""
       out.append(
-        f"{counts[failed]} of {counts[found]} {level} failed "
-        f"({counts[failed] / counts[found]:.0%}), over --max-error-fraction "
-        f"{max_error_fraction:g}"
+        f"{counts[failed]} of {total} {level}{also} failed "
+        f"({counts[failed] / total:.0%}), over --max-error-fraction {max_error_fraction:g}"
       )
   return out
 
 
+def _held_units(level: str, counts: Dict[str, Any], held: Optional[Dict[str, Any]]) -> int:
+  """What an output held at `level` before a job added to it, less the job's
+  inputs it held (counted in both)."""
+  if held is None:
+    return 0
+  if level == "images":
+    return held["images_used"] - counts.get("images_known", 0)
+  if level == "objects":
+    return held["objects_used"]
+  return sum(held["examples_written"].values())
+
+
 def manifest(
-  config: PrepConfig, table: FeatureTable, tally: Tally, seconds: float, shards: Dict[str, Any]
+  config: PrepConfig,
+  table: FeatureTable,
+  tally: Tally,
+  seconds: float,
+  shards: Dict[str, Any],
+  held: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
-  """manifest.json: config, features, versions, counts, verdict, shards, timings."""
+  """manifest.json: config, features, versions, counts, verdict, shards,
+  timings (`held`: the counts of the output a job adds to, `problems`)."""
   task = config.task_object
   counts = tally.accounting(task.examples_per_unit(config), task.splits_objects(config))
   n_examples = sum(counts["examples_written"].values())
-  found = problems(counts, config.max_error_fraction, config.eval_only)
+  found = problems(counts, config.max_error_fraction, config.eval_only, held)
   return {
     "pipeline": config.task,
     "splits_objects": task.splits_objects(config),

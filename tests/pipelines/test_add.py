@@ -15,6 +15,7 @@ from beam_prep import image_index, keys
 from beam_prep.layouts import folders
 from beam_prep.prep_output import PrepOutput
 from beam_prep.sample_data import write_sample_data
+from pipelines.report import problems
 from tests.helpers import manifest, run_cli
 from tests.pipelines.test_transform_from import SETTINGS, _same_tree
 
@@ -96,7 +97,14 @@ def test_only_new_images_are_added_as_a_set_the_manifest_sums(sample_dir, prep_d
   assert len(index) == c["images_used"]
   assert len({(e[image_index.DIGEST], e[image_index.LABELS]) for e in index}) == len(index)
   # Again: nothing new, a set that adds nothing; the output stays complete.
-  assert _add(_input(tmp_path / "again", sample_dir, new=3, relabel=False, twin=True), out) == 0
+  # With the output's own settings, as the docs say, from a config.json
+  # whose run replaced its output and copied a transform (an engine round's).
+  settings = json.loads((out / keys.CONFIG_FILE).read_text())
+  settings.update(overwrite=True, transform_from=str(prep_dir))
+  (tmp_path / "settings.json").write_text(json.dumps(settings))
+  again = _input(tmp_path / "again", sample_dir, new=3, relabel=False, twin=True)
+  argv = ["segmentation", "--config", str(tmp_path / "settings.json"), "--input", again]
+  assert run_cli(argv + ["--output", str(out), "--add", "--progress-seconds", "0"]) == 0
   m = manifest(out)
   assert m["sets"][2]["counts"]["images_known"] == 14 and m["sets"][2]["counts"]["images_used"] == 0
   assert m["complete"] and (out / keys.SUCCESS_FILE).exists()
@@ -161,3 +169,35 @@ def test_an_evaluation_only_output_takes_more_evaluation_images(sample_dir, tmp_
   own = manifest(out)["sets"][1]["counts"]
   assert own["images_known"] == held and own["images_used"] == 0
   assert _add(sample_dir, out) == 2  # Train records are not added to it.
+
+
+def test_an_input_is_held_by_its_bytes_and_labels_and_an_id_held_is_a_relabel():
+  held = image_index.Held({"A": [("x", "L1")]}, {"x"})
+  status = image_index.status
+  assert status(held, "x", "A", "L1") == image_index.HELD
+  assert status(held, "y", "A", "L1") == image_index.HELD  # The same file again.
+  assert status(held, "y", "A", "L2") == image_index.NEW  # Another object of the photograph.
+  assert status(held, "x", "A", "L2") == image_index.RELABELLED  # A mask drawn again.
+  assert status(held, "x", "B", "L1") == image_index.RELABELLED  # A file replaced.
+  assert status(held, "z", "B", "L1") == image_index.NEW
+
+
+def test_an_add_is_judged_with_what_the_output_holds():
+  counts = {
+    "accounted": True,
+    "examples_written": {keys.TRAIN_SPLIT: 0, keys.EVAL_SPLIT: 0},
+    "examples_made": 0,
+    "example_errors": 0,
+    "inputs_read": 11,
+    "images_known": 10,
+    "images_failed": 0,
+    "objects_found": 1,
+    "objects_failed": 1,  # One new label, its object too small to click.
+  }
+  held = {"images_used": 10, "objects_used": 30, "examples_written": {keys.TRAIN_SPLIT: 60}}
+  assert problems(counts, 0.5, held=held) == []
+  assert problems(counts, 0.5) == ["1 of 1 objects failed (100%), over --max-error-fraction 0.5"]
+  counts.update(inputs_read=30, images_failed=20)  # 20 new images of 20 failed.
+  assert problems(counts, 0.5, held=held) == [
+    "20 of 30 images (with those the output held) failed (67%), over --max-error-fraction 0.5"
+  ]
