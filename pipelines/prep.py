@@ -59,7 +59,7 @@ from pipelines import logs, outputs, report, runners, shard_sets
 from pipelines.shard_sets import AddTarget
 
 PREVIEW_COUNT = PreviewConfig.count
-TEMP_PREFIX = ".temp-"
+TEMP_PREFIX = shard_sets.TEMP_PREFIX
 SPLITS = (keys.TRAIN_SPLIT, keys.EVAL_SPLIT)
 InputError = layouts.InputError
 

@@ -194,4 +194,9 @@ def failure_lines(m: Dict[str, Any]) -> List[str]:
   for reason, n in reasons[:REASONS_SHOWN]:
     lines.append(_example_line(reason, n, m["error_examples"].get(reason, {})))
   lines.append(f"  no {keys.SUCCESS_FILE} was written: beam-train refuses this output")
+  if m.get("sets"):
+    lines.append(
+      f"  the sets before {m['sets'][-1]['name']} are unchanged: the next --add removes it "
+      "first (the same command, once its inputs are mended)"
+    )
   return lines

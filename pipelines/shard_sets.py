@@ -30,6 +30,8 @@ from beam_prep.config import PrepConfig
 from beam_prep.features import FeatureTable
 from pipelines import logs, outputs
 
+# The prefix of a job's temp folders in its output (`pipelines.prep`).
+TEMP_PREFIX = ".temp-"
 SET_KEYS = ("config", "counts", "shards", "complete", "problems", "timing", "error_examples")
 
 
@@ -86,6 +88,7 @@ def ready(target: AddTarget, task: str) -> None:
   if FileSystems.exists(success):
     FileSystems.delete([success])
   stray = image_index.stray_files(target.output, target.kept)
+  stray += _temp_folders(target.output)
   if stray:
     FileSystems.delete(stray)
     logs.get().info(
@@ -94,6 +97,17 @@ def ready(target: AddTarget, task: str) -> None:
       len(stray),
       target.output,
     )
+
+
+def _temp_folders(output: str) -> List[str]:
+  """The temp folders a stopped job left in an output (`TEMP_PREFIX`), as
+  `FileSystems.delete` removes a folder (a gs:// one ends in "/")."""
+  roots = set()
+  for m in FileSystems.match([FileSystems.join(output, f"{TEMP_PREFIX}*", "**")])[0].metadata_list:
+    parts = m.path.split("/")
+    top = next(i for i, part in enumerate(parts) if part.startswith(TEMP_PREFIX))
+    roots.add("/".join(parts[: top + 1]) + ("/" if keys.is_remote(output) else ""))
+  return sorted(roots)
 
 
 def restore(target: AddTarget) -> None:

@@ -130,6 +130,9 @@ def test_a_refused_add_changes_nothing_and_a_failed_sets_files_go_with_the_next(
   stopped = out / image_index.INDEX_DIR / "images-add0005-00000-of-00001.jsonl"
   failed.write_bytes(b"")
   stopped.write_text("{}\n")
+  temp = out / ".temp-0123" / "x"  # A stopped job's temp folder.
+  temp.mkdir(parents=True)
+  (temp / "train-00000-00000.tfrecord").write_bytes(b"x")
   listed = dict(before, sets=[{"name": "", **before}, {"name": "add0001", **before}])
   listed["sets"][1].update(complete=False, problems=["no record was written"])
   (out / keys.MANIFEST_FILE).write_text(json.dumps(listed))
@@ -137,7 +140,7 @@ def test_a_refused_add_changes_nothing_and_a_failed_sets_files_go_with_the_next(
   assert _add(data, out) == 0
   m = manifest(out)
   assert [s["name"] for s in m["sets"]] == ["", "add0002"] and m["complete"]
-  assert not failed.exists() and not stopped.exists()
+  assert not failed.exists() and not stopped.exists() and not (out / ".temp-0123").exists()
   assert m["sets"][1]["counts"]["images_known"] == 10
   # The failed set's counts are gone from the totals with it.
   used = before["counts"]["images_used"] + m["sets"][1]["counts"]["images_used"]
@@ -201,3 +204,16 @@ def test_an_add_is_judged_with_what_the_output_holds():
   assert problems(counts, 0.5, held=held) == [
     "20 of 30 images (with those the output held) failed (67%), over --max-error-fraction 0.5"
   ]
+
+
+def test_a_failed_add_says_the_sets_before_it_are_unchanged():
+  from pipelines.report import failure_lines  # pylint: disable=g-import-not-at-top
+
+  m = {
+    "problems": ["set add0002: no record was written"],
+    "counts": {"errors_by_reason": {}},
+    "paths": {"errors": "out/errors"},
+    "sets": [{"name": ""}, {"name": "add0002"}],
+  }
+  assert "the sets before add0002 are unchanged: the next --add removes it" in failure_lines(m)[-1]
+  assert "--add" not in failure_lines(dict(m, sets=None))[-1]
