@@ -266,8 +266,10 @@ class Kernel:
     when held with other labels)."""
     digests[image_index.DIGEST] = image_index.image_digest(ex[keys.IMAGE_BYTES])
     digests[image_index.LABELS] = image_index.labels_digest(ex, self._layout.gives)
+    if self._held is None:  # Not a job that adds to an output.
+      return False
     found = image_index.status(
-      self._held or image_index.Held(),
+      self._held,
       ex[keys.IMAGE_ID],
       digests[image_index.DIGEST],
       digests[image_index.LABELS],

@@ -105,6 +105,8 @@ RECORDS_DIR = "records"
 ERRORS_DIR = "errors"
 TRANSFORM_DIR = "transform"  # holds transform_fn/, transformed_metadata/, metadata/
 MANIFEST_FILE = "manifest.json"
+# A job's temp folders in its output, removed when it ends (or by the next --add).
+TEMP_PREFIX = ".temp-"
 CONFIG_FILE = "config.json"
 PREVIEW_FILE = "preview.png"
 # Written last by the job: the output is complete (the trainer refuses one without it).

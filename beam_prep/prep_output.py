@@ -33,9 +33,20 @@ from beam_prep import keys
 from beam_prep.features import FeatureError, FeatureTable
 from beam_prep.record_codec import RecordCodec
 
+# What a manifest says of each shard set (`beam-prep --add`: `sets_of`).
+SET_KEYS = ("config", "counts", "shards", "complete", "problems", "timing", "error_examples")
+
 # Records `read_numpy` decodes in one call (`RecordCodec.decode_records`): a
 # call costs about what 15 records do, so one call per record would be slow.
 READ_BATCH = 64
+
+
+def sets_of(manifest: Dict[str, Any]) -> List[Dict[str, Any]]:
+  """A manifest's shard sets, each with its `name` and `SET_KEYS` (an output
+  no --add job added to: one set, "", its own)."""
+  if manifest.get("sets"):
+    return list(manifest["sets"])
+  return [{"name": "", **{k: manifest.get(k) for k in SET_KEYS}}]
 
 
 class RecordsError(Exception):

@@ -50,7 +50,7 @@ from beam_prep.console import Interrupted
 from beam_prep.features import FEATURES_FILE, FeatureError, FeatureTable
 from beam_prep.kernel import Kernel
 from beam_prep.ops import registry
-from beam_prep.prep_output import PrepOutput
+from beam_prep.prep_output import PrepOutput, sets_of
 from beam_prep.readers import ListInputs, resolve_layout
 from beam_prep.record_codec import RecordCodec
 from beam_prep.shards import commit, plan, write
@@ -59,7 +59,6 @@ from pipelines import logs, outputs, report, runners, shard_sets
 from pipelines.shard_sets import AddTarget
 
 PREVIEW_COUNT = PreviewConfig.count
-TEMP_PREFIX = shard_sets.TEMP_PREFIX
 SPLITS = (keys.TRAIN_SPLIT, keys.EVAL_SPLIT)
 InputError = layouts.InputError
 
@@ -171,7 +170,7 @@ def build(
   job adds a shard set to that output, `pipelines.shard_sets`)."""
   gzip = config.compression == "gzip"
   kernel = kernel_for(config, table, target)
-  temp_root = FileSystems.join(config.output, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
+  temp_root = FileSystems.join(config.output, f"{keys.TEMP_PREFIX}{uuid.uuid4().hex}")
   inputs = _list_and_split(p, config)
   shard_plan = inputs | "PlanShards" >> plan.PlanShards(kernel, config.target_shard_mb * 1e6, gzip)
   written = (inputs, shard_plan) | "WriteShards" >> write.WriteShards(
@@ -298,7 +297,7 @@ def _start(config: PrepConfig, table: FeatureTable, options: PipelineOptions, dr
   temp_location = options.get_all_options().get("temp_location")
   if temp_location:
     return FileSystems.join(temp_location, "beam_prep_tft")
-  return FileSystems.join(config.output, TEMP_PREFIX + "transform")
+  return FileSystems.join(config.output, keys.TEMP_PREFIX + "transform")
 
 
 class TransformFromError(Exception):
@@ -462,7 +461,7 @@ def _finished(config: PrepConfig, result, temp_dir: str, options, target) -> Dic
   manifest_path = FileSystems.join(config.output, keys.MANIFEST_FILE)
   written = FileSystems.exists(manifest_path)
   if written and target:  # The manifest was there before: it must name the job's set.
-    written = shard_sets.sets_of(outputs.read_json(manifest_path))[-1]["name"] == target.name
+    written = sets_of(outputs.read_json(manifest_path))[-1]["name"] == target.name
   if not written:
     raise RuntimeError(f"the job ended ({result.state}) without writing {manifest_path}")
   if not options.get_all_options().get("temp_location") and FileSystems.exists(temp_dir):

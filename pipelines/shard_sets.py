@@ -28,11 +28,8 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep import image_index, keys
 from beam_prep.config import PrepConfig
 from beam_prep.features import FeatureTable
+from beam_prep.prep_output import SET_KEYS, sets_of
 from pipelines import logs, outputs
-
-# The prefix of a job's temp folders in its output (`pipelines.prep`).
-TEMP_PREFIX = ".temp-"
-SET_KEYS = ("config", "counts", "shards", "complete", "problems", "timing", "error_examples")
 
 
 class AddError(Exception):
@@ -48,13 +45,6 @@ class AddTarget:
   previous: Dict[str, Any]
   kept: Tuple[str, ...]
   name: str
-
-
-def sets_of(manifest: Dict[str, Any]) -> List[Dict[str, Any]]:
-  """A manifest's sets (a job without --add: one set, its own)."""
-  if manifest.get("sets"):
-    return list(manifest["sets"])
-  return [{"name": "", **{k: manifest.get(k) for k in SET_KEYS}}]
 
 
 def check_target(config: PrepConfig, table: FeatureTable, differs) -> AddTarget:
@@ -87,8 +77,7 @@ def ready(target: AddTarget, task: str) -> None:
   success = FileSystems.join(target.output, keys.SUCCESS_FILE)
   if FileSystems.exists(success):
     FileSystems.delete([success])
-  stray = image_index.stray_files(target.output, target.kept)
-  stray += _temp_folders(target.output)
+  stray = _strays(target)
   if stray:
     FileSystems.delete(stray)
     logs.get().info(
@@ -99,20 +88,22 @@ def ready(target: AddTarget, task: str) -> None:
     )
 
 
-def _temp_folders(output: str) -> List[str]:
-  """The temp folders a stopped job left in an output (`TEMP_PREFIX`), as
-  `FileSystems.delete` removes a folder (a gs:// one ends in "/")."""
-  roots = set()
-  for m in FileSystems.match([FileSystems.join(output, f"{TEMP_PREFIX}*", "**")])[0].metadata_list:
+def _strays(target: AddTarget) -> List[str]:
+  """The files of the sets `target` does not keep, and the temp folders a
+  stopped job left (`keys.TEMP_PREFIX`), as `FileSystems.delete` removes a
+  folder (a gs:// one ends in "/")."""
+  output, roots = target.output, set()
+  pattern = FileSystems.join(output, f"{keys.TEMP_PREFIX}*", "**")
+  for m in FileSystems.match([pattern])[0].metadata_list:
     parts = m.path.split("/")
-    top = next(i for i, part in enumerate(parts) if part.startswith(TEMP_PREFIX))
+    top = next(i for i, part in enumerate(parts) if part.startswith(keys.TEMP_PREFIX))
     roots.add("/".join(parts[: top + 1]) + ("/" if keys.is_remote(output) else ""))
-  return sorted(roots)
+  return image_index.stray_files(output, target.kept) + sorted(roots)
 
 
 def restore(target: AddTarget) -> None:
   """The output as it was before a job that stopped (its kept sets, complete)."""
-  stray = image_index.stray_files(target.output, target.kept)
+  stray = _strays(target)
   if stray:
     FileSystems.delete(stray)
   outputs.write_text(

@@ -212,10 +212,10 @@ def _why_all(previous: Optional[str], labelled: Set[str]) -> str:
 
 
 def _last_set(prep_dir: str) -> Dict[str, Any]:
-  """The last shard set of a prep output's manifest (its only one without --add)."""
-  with open(os.path.join(prep_dir, keys.MANIFEST_FILE), encoding="utf-8") as f:
-    m = json.load(f)
-  return (m.get("sets") or [m])[-1]
+  """The last shard set of a prep output (its only one without --add)."""
+  from beam_prep.prep_output import PrepOutput, sets_of  # pylint: disable=g-import-not-at-top
+
+  return sets_of(PrepOutput(prep_dir).manifest)[-1]
 
 
 def _linked_copy(source: str, target: str) -> None:
