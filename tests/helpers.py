@@ -198,6 +198,11 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
   assert checked, f"no eval records in {prep_dir}"
 
 
+# How often a browser test's wait looks again (selenium's default, 0.5 s, is
+# most of the wait for an answer of the page's server).
+POLL_SECONDS = 0.05
+
+
 def browser(width: int = 1280, height: int = 800):
   """A headless Chromium driven by selenium, or a skip saying what is missing."""
   try:

@@ -78,12 +78,13 @@ def small(tmp_path_factory):
 def large(tmp_path_factory):
   data = _data(tmp_path_factory, 32)
   root = tmp_path_factory.mktemp("large")
-  # Two separate processes: one worker in memory, two worker threads.
+  # Two separate processes: this one, one worker in memory; a new one, two
+  # worker threads.
   one = str(root / "one")
   two = str(root / "two")
   # The 4 objects under 100 pixels are dead letters: the error files are compared too.
   small_objects = ["--min-object-area", "100"]
-  _prep_in_new_process(data, one, small_objects)
+  assert run_cli(["segmentation", "--input", data, "--output", one, *ARGS, *small_objects]) == 0
   _prep_in_new_process(
     data, two, small_objects + ["--direct_running_mode=multi_threading", "--direct_num_workers=2"]
   )

@@ -1,15 +1,12 @@
-"""The data engine: labels saved through the server train the next model in
-a background round (`serve --engine-every`), with the served model's own
-transform, and the server serves the published export without a restart;
-a round without new labels does not run."""
+"""The data engine's parts: the server's count of saves that starts a round
+(`serve --engine-every`), the base model's records mixed into a round's
+(`--base-share`), and a round's records added to the last round's or read
+anew. A whole round, started by the server, trained and served without a
+restart: tests/benchmarks/test_engine_bench.py."""
 
-import base64
-import io
 import json
 import os
 import shutil
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -18,101 +15,33 @@ from PIL import Image
 from beam_prep import keys
 from beam_prep.layouts import folders
 from train import engine
-from train.export.saved_model import latest_export
-from train.serve import app as serve_app
 from train.serve.config import ServeConfig
 
 
-def _levels_url(mask: np.ndarray) -> str:
-  """A mask as the page sends an object: its probability levels (99 inside)."""
-  buf = io.BytesIO()
-  Image.fromarray(np.where(mask, 99, 0).astype(np.uint8), "L").save(buf, format="PNG")
-  return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+def test_every_nth_save_starts_a_round_and_a_failed_one_is_counted_and_said(tmp_path, caplog):
+  """`serve --engine-every 3`: two saves start nothing, the third starts a
+  round, a real `beam-train engine` process; one that fails (here: a
+  setting it refuses) is counted and said, with its log, and the count
+  starts again. (A round that trains and publishes, through
+  this same start: tests/benchmarks/test_engine_bench.py.)"""
+  import logging  # pylint: disable=g-import-not-at-top
+  from train.serve.rounds import LOG_FILE, Rounds  # pylint: disable=g-import-not-at-top
 
-
-def _label(client, sample_dir: str, name: str) -> None:
-  """Uploads a sample image and saves its true objects as a person's labels."""
-  image_path = os.path.join(sample_dir, folders.IMAGES_DIR, name)
-  with open(image_path, "rb") as f:
-    data = f.read()
-  r = client.post(
-    "/page/upload", data={"file": (io.BytesIO(data), name)}, content_type="multipart/form-data"
-  )
-  key = r.get_json()["id"]
-  stem = os.path.splitext(name)[0]
-  truth = np.asarray(
-    Image.open(os.path.join(sample_dir, folders.MASKS_DIR, stem + folders.MASK_SUFFIX))
-  )
-  objects = [
-    {"probabilities": _levels_url(truth == i), "positive": [[0, 0]]}
-    for i in sorted(set(np.unique(truth).tolist()) - {0, keys.IGNORE})
-  ]
-  r = client.post("/page/save", json={"id": key, "objects": objects})
-  assert r.status_code == 200, r.get_json()
-
-
-def test_saved_labels_train_the_next_version_in_the_background(trained, sample_dir, tmp_path):
-  model = tmp_path / "model"
-  shutil.copytree(trained, model)
-  base_version = int(os.path.basename(latest_export(str(model))))
-  labels = tmp_path / "labels"
-  config = ServeConfig(
-    model=str(model),
-    model_name="cat",
-    port=0,
-    save_dir=str(labels),
-    poll_seconds=0.5,
-    engine_every=3,
-    engine_steps=3,
-    engine_minutes=0,
-    engine_lr_scale=0.5,
-  )
-  server, versions = serve_app.start(config)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  client, rounds = server.app.test_client(), server.app.extensions[serve_app.ROUNDS]
-  try:
-    names = sorted(os.listdir(os.path.join(sample_dir, folders.IMAGES_DIR)))[:3]
-    for name in names[:2]:
-      _label(client, sample_dir, name)
-    assert not rounds.running  # Two of three.
-    _label(client, sample_dir, names[2])
-    assert rounds.running
-    assert rounds.wait(600) and rounds.finished == 1, open(
-      labels / engine.ENGINE_DIR / "rounds.log"
-    ).read()[-3000:]
-    deadline = time.time() + 120
-    while versions.current.version == base_version and time.time() < deadline:
-      time.sleep(0.2)
-    (done,) = engine.rounds(str(labels / engine.ENGINE_DIR))
-    assert versions.current.version == done["version"] > base_version
-    assert done["images"] == done["new_images"] == 3 and done["from"] == str(model)
-    # The round's records were read with the served model's transform, not a new one.
-    with open(os.path.join(done["model_dir"], keys.MODEL_CONFIG_FILE)) as f:
-      round_config = json.load(f)
-    round_data = round_config["data"]
-    with open(os.path.join(str(model), keys.MODEL_CONFIG_FILE)) as f:  # --engine-lr-scale 0.5
-      assert round_config["learning_rate"] == json.load(f)["learning_rate"] * 0.5
-    with open(os.path.join(round_data, keys.CONFIG_FILE)) as f:
-      assert json.load(f)["transform_from"] == str(model)
-    status = client.get("/v1/models/cat").get_json()["model_version_status"]
-    assert [s["state"] for s in status] == ["AVAILABLE", "END"]
-  finally:
-    server.shutdown()
-  # Nothing labelled since: no round.
-  log = _Log()
-  assert (
-    engine.run_round(engine.EngineConfig(labels=str(labels), model=str(model), steps=3), log)
-    is None
-  )
-  assert "no round" in log.lines[-1]
-
-
-class _Log:
-  def __init__(self):
-    self.lines = []
-
-  def info(self, fmt, *args):
-    self.lines.append(fmt % args)
+  labels = str(tmp_path / "labels")
+  log = logging.getLogger("test_engine.rounds")
+  rounds = Rounds(3, labels, str(tmp_path / "model"), ["--steps", "0"], log=log)
+  with caplog.at_level(logging.INFO, logger=log.name):
+    rounds.saved()
+    rounds.saved()
+    assert not rounds.running and rounds.started == 0
+    rounds.saved()
+    assert rounds.running and rounds.started == 1
+    assert rounds.wait(300) and (rounds.failed, rounds.finished) == (1, 0)
+  round_log = os.path.join(labels, engine.ENGINE_DIR, LOG_FILE)
+  assert "--steps and --min-new must be at least 1" in open(round_log).read()
+  assert f"data engine round failed (exit 2): see {round_log}" in caplog.text
+  rounds.saved()
+  assert not rounds.running  # One save of the next three.
 
 
 def test_a_rounds_records_take_in_the_base_models_own_at_the_share_asked(

@@ -109,10 +109,9 @@ def test_serving_parity_with_a_previous_mask_input(guided_prep, tmp_path):
         "1",
         "--histogram-every",
         "0",
+        # NoC of a model with mask rounds: the --xla test of test_trainer.py.
         "--noc-clicks",
-        "2",
-        "--noc-objects",
-        "2",
+        "0",
         "--mask-rounds",
         "2",
       ]

@@ -312,7 +312,7 @@ class _Session:
     from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
 
     self.b, self.w, self.h = browser, width, height
-    self.wait = WebDriverWait(browser, 60).until
+    self.wait = WebDriverWait(browser, 60, poll_frequency=helpers.POLL_SECONDS).until
 
   def js(self, script):
     return self.b.execute_script(script)

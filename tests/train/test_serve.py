@@ -728,7 +728,7 @@ def test_the_page_in_a_browser(served, prep_dir):
   browser = helpers.browser()
   try:
     browser.get(served[0] + "/")
-    wait = WebDriverWait(browser, 60)
+    wait = WebDriverWait(browser, 60, poll_frequency=helpers.POLL_SECONDS)
     wait.until(lambda b: len(b.find_elements("css selector", "#evals option")) > 1)
     Select(browser.find_element("id", "evals")).select_by_index(1)  # eval object 0
     wait.until(lambda b: b.execute_script("return document.getElementById('clicks').width") > 0)
