@@ -42,53 +42,6 @@ def _fit(args):
   return e.value.code
 
 
-def _wait_for(proc, text, timeout=300):
-  deadline, seen = time.time() + timeout, ""
-  while time.time() < deadline:
-    line = proc.stdout.readline()
-    if not line and proc.poll() is not None:
-      break
-    seen += line
-    if text in line:
-      return seen
-  raise AssertionError(f"never saw {text!r}:\n{seen}")
-
-
-def test_trainer_killed_with_sigkill_resumes_to_the_same_final_step(prep_dir, tmp_path):
-  model_dir = str(tmp_path / "m")
-  command = [
-    sys.executable,
-    "-m",
-    "train",
-    "fit",
-    "--data",
-    prep_dir,
-    "--model-dir",
-    model_dir,
-    "--steps",
-    "14",
-    "--checkpoint-every",
-    "3",
-    "--noc-clicks",
-    "0",
-  ] + TRAIN
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
-  proc = subprocess.Popen(
-    command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-  )
-  _wait_for(proc, "train: step 8/14")
-  proc.kill()
-  proc.wait()
-  latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-  assert latest is not None and 6 <= int(latest.rsplit("-", 1)[1]) < 14
-  tf.train.load_checkpoint(latest)  # readable, not half written
-  again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-  assert again.returncode == 0, again.stdout + again.stderr
-  assert "resumed from" in again.stdout
-  m = json.load(open(os.path.join(model_dir, "metrics.json")))
-  assert m["final_step"] == 14
-
-
 def _copy(prep_dir, tmp_path):
   data = str(tmp_path / "prep")
   shutil.copytree(prep_dir, data)

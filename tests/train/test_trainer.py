@@ -301,22 +301,12 @@ def test_fine_tuning_from_a_checkpoint_with_frozen_layers(prep_dir, tmp_path):
   assert not np.array_equal(_kernel(a, "up0_conv1"), _kernel(b, "up0_conv1"))
 
 
-def _interrupted_fit(prep_dir, model_dir, sig, at_step):
-  """`fit` in a fresh process, sent `sig` once it logs step `at_step`: the
-  step its checkpoint holds."""
-  args = [
-    "fit",
-    "--data",
-    prep_dir,
-    "--model-dir",
-    model_dir,
-    "--steps",
-    "100000",
-    "--checkpoint-every",
-    "100000",
-  ] + SMALL
+def _interrupted_fit(prep_dir, model_dir, sig, at_step, every=100000):
+  """`fit` in a fresh process, checkpointing every `every` steps, sent `sig`
+  once it logs step `at_step`: its output."""
+  args = ["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", "100000"]
   proc = subprocess.Popen(
-    [sys.executable, "-m", "train"] + args,
+    [sys.executable, "-m", "train"] + args + ["--checkpoint-every", str(every)] + SMALL,
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
     text=True,
@@ -331,28 +321,43 @@ def _interrupted_fit(prep_dir, model_dir, sig, at_step):
       break
   proc.send_signal(sig)
   rest, _ = proc.communicate(timeout=300)
-  assert proc.returncode == 130, seen + rest
+  assert proc.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 130), seen + rest
+  return seen + rest
+
+
+def _checkpoint_step(model_dir) -> int:
   latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
   assert latest is not None
-  saved_step = int(latest.rsplit("-", 1)[1])
+  tf.train.load_checkpoint(latest)  # Readable, not half written.
+  return int(latest.rsplit("-", 1)[1])
+
+
+def _stopped_at(prep_dir, model_dir, sig, at_step) -> int:
+  """`_interrupted_fit` by Ctrl-C or SIGTERM: the step its checkpoint holds,
+  saved on the way out."""
+  _interrupted_fit(prep_dir, model_dir, sig, at_step)
+  saved_step = _checkpoint_step(model_dir)
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert m["interrupted"] and m["final_step"] == saved_step >= at_step
   return saved_step
 
 
-def test_ctrl_c_and_sigterm_save_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path):
+def test_ctrl_c_sigterm_and_sigkill_keep_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path):
   """Ctrl-C stops a run with a checkpoint; its rerun resumes from it and is
-  stopped by a preemptible machine's SIGTERM the same way; the next rerun
-  resumes and ends."""
+  stopped by a preemptible machine's SIGTERM the same way; a rerun killed
+  (SIGKILL: no way out) keeps its last periodic checkpoint, whole; the next
+  rerun resumes from it and ends at the step asked."""
   model_dir = str(tmp_path / "m")
-  first = _interrupted_fit(prep_dir, model_dir, signal.SIGINT, 3)
-  second = _interrupted_fit(prep_dir, model_dir, signal.SIGTERM, first + 2)
+  first = _stopped_at(prep_dir, model_dir, signal.SIGINT, 3)
+  second = _stopped_at(prep_dir, model_dir, signal.SIGTERM, first + 2)
   assert second >= first + 2
-  assert (
-    _fit(["--data", prep_dir, "--model-dir", model_dir, "--steps", str(second + 2)] + SMALL) == 0
-  )
+  _interrupted_fit(prep_dir, model_dir, signal.SIGKILL, second + 5, every=2)
+  killed = _checkpoint_step(model_dir)
+  assert killed >= second + 2  # Periodic, while it ran on.
+  end = killed + 2
+  assert _fit(["--data", prep_dir, "--model-dir", model_dir, "--steps", str(end)] + SMALL) == 0
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
-  assert m["final_step"] == second + 2 and m["steps_this_run"] == 2
+  assert m["final_step"] == end and m["steps_this_run"] == 2 and not m.get("interrupted")
 
 
 def test_retrace_guard_names_the_change_in_the_real_step():

@@ -70,6 +70,10 @@ def test_user_model_module_trains_evaluates_exports_and_predicts(
         "4",
         "--histogram-every",
         "0",
+        "--noc-clicks",
+        "2",
+        "--noc-objects",
+        "3",
       ]
     )
     == 0
@@ -95,7 +99,10 @@ def test_user_model_module_trains_evaluates_exports_and_predicts(
   assert_serving_parity(prep_dir, model_dir, n=3)
   assert _cli(["export", "--data", prep_dir, "--model-dir", model_dir]) == 0
   assert (
-    _cli(["evaluate", "--model", model_dir, "--max-clicks", "3", "--output", str(tmp_path / "noc")])
+    _cli(
+      ["evaluate", "--model", model_dir, "--max-clicks", "3", "--max-objects", "3"]
+      + ["--output", str(tmp_path / "noc")]
+    )
     == 0
   )
   assert json.load(open(tmp_path / "noc" / "noc.json"))["model"]["max_clicks"] == 3
