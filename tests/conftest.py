@@ -3,33 +3,20 @@ trained a few steps on it (with its serving export), each made once per test
 run: under pytest-xdist, by the first worker that asks, and read by the
 others (they only read them)."""
 
-import fcntl
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import pytest  # pylint: disable=g-import-not-at-top
 
-
-def _made_once(tmp_path_factory, name, make) -> str:
-  """The folder `name`, made by `make(path)` once for every worker of this run."""
-  root = tmp_path_factory.getbasetemp()
-  if os.environ.get("PYTEST_XDIST_WORKER"):
-    root = root.parent  # The folder all workers of this run share.
-  path = root / f"shared_{name}"
-  with open(root / f"shared_{name}.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if not (root / f"shared_{name}.done").exists():
-      make(str(path))
-      (root / f"shared_{name}.done").touch()
-  return str(path)
+from tests.helpers import made_once  # pylint: disable=g-import-not-at-top
 
 
 @pytest.fixture(scope="session")
 def sample_dir(tmp_path_factory):
   from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
 
-  return _made_once(
+  return made_once(
     tmp_path_factory, "sample", lambda path: write_sample_data(path, count=10, seed=3)
   )
 
@@ -66,7 +53,7 @@ def _prep(sample, out):
 @pytest.fixture(scope="session")
 def prep_dir(sample_dir, tmp_path_factory):
   """The real segmentation pipeline (DirectRunner) over the sample data."""
-  return _made_once(tmp_path_factory, "prep", lambda path: _prep(sample_dir, path))
+  return made_once(tmp_path_factory, "prep", lambda path: _prep(sample_dir, path))
 
 
 def _guided(sample, out):
@@ -103,7 +90,7 @@ def _guided(sample, out):
 @pytest.fixture(scope="session")
 def guided_prep(sample_dir, tmp_path_factory):
   """Records with click disks and a previous mask as model inputs (48 px, one variant)."""
-  return _made_once(tmp_path_factory, "guided", lambda path: _guided(sample_dir, path))
+  return made_once(tmp_path_factory, "guided", lambda path: _guided(sample_dir, path))
 
 
 def _fit(prep, model_dir):
@@ -137,7 +124,7 @@ def _fit(prep, model_dir):
 @pytest.fixture(scope="session")
 def trained(prep_dir, tmp_path_factory):
   """A segmentation model trained a few steps on the session's records, exported."""
-  return _made_once(tmp_path_factory, "model", lambda path: _fit(prep_dir, path))
+  return made_once(tmp_path_factory, "model", lambda path: _fit(prep_dir, path))
 
 
 def _portable(prep, model, out):
@@ -153,6 +140,6 @@ def _portable(prep, model, out):
 def portable_export(prep_dir, trained, tmp_path_factory):
   """The session's model as TFLite and ONNX files (no SavedModel beside them):
   its export folder."""
-  out = _made_once(tmp_path_factory, "portable", lambda path: _portable(prep_dir, trained, path))
+  out = made_once(tmp_path_factory, "portable", lambda path: _portable(prep_dir, trained, path))
   (version,) = os.listdir(out)
   return os.path.join(out, version)

@@ -1,5 +1,6 @@
 """Small builders of image files for tests."""
 
+import fcntl
 import glob
 import io
 import json
@@ -14,6 +15,22 @@ from beam_prep.record_codec import RecordCodec
 
 # The project's root: the folder of setup.py and the packages.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def made_once(tmp_path_factory, name, make) -> str:
+  """The folder `name`, made by `make(path)` once for every worker of this
+  run (under pytest-xdist, by the first worker that asks; the others wait
+  for it and only read it)."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # The folder all workers of this run share.
+  path = root / f"shared_{name}"
+  with open(root / f"shared_{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (root / f"shared_{name}.done").exists():
+      make(str(path))
+      (root / f"shared_{name}.done").touch()
+  return str(path)
 
 
 def png(arr, mode=None, **save) -> bytes:

@@ -73,56 +73,25 @@ def _fit(args):
   return e.value.code
 
 
+def _run(sample_dir, root, args):
+  """One run: its records, and a model trained on them and exported."""
+  prep, model = os.path.join(root, "prep"), os.path.join(root, "model")
+  argv = ["segmentation", "--input", sample_dir, "--output", prep, "--image-size", str(SIZE)]
+  argv += ["--variants", "1", "--eval-percent", "30", "--max-error-fraction", "1"]
+  assert run_cli(argv + args) == 0
+  argv = ["--data", prep, "--model-dir", model, "--steps", "4", "--batch-size", "4"]
+  assert _fit(argv + ["--width", "4", "--depth", "2", "--histogram-every", "0"]) == 0
+
+
 @pytest.fixture(scope="module")
 def runs(sample_dir, tmp_path_factory):
-  """name -> (prep dir, model dir), each prepared and trained for real."""
+  """name -> (prep dir, model dir), each prepared and trained for real (a
+  test moves a prep dir away for a while: these are the module's own)."""
   out = {}
   for name, (args, _) in RUNS.items():
-    root = tmp_path_factory.mktemp(name.replace("+", "_"))
-    prep, model = str(root / "prep"), str(root / "model")
-    assert (
-      run_cli(
-        [
-          "segmentation",
-          "--input",
-          sample_dir,
-          "--output",
-          prep,
-          "--image-size",
-          str(SIZE),
-          "--variants",
-          "1",
-          "--eval-percent",
-          "30",
-          "--max-error-fraction",
-          "1",
-        ]
-        + args
-      )
-      == 0
-    )
-    assert (
-      _fit(
-        [
-          "--data",
-          prep,
-          "--model-dir",
-          model,
-          "--steps",
-          "4",
-          "--batch-size",
-          "4",
-          "--width",
-          "4",
-          "--depth",
-          "2",
-          "--histogram-every",
-          "0",
-        ]
-      )
-      == 0
-    )
-    out[name] = (prep, model)
+    root = str(tmp_path_factory.mktemp(name.replace("+", "_")))
+    _run(sample_dir, root, args)
+    out[name] = (os.path.join(root, "prep"), os.path.join(root, "model"))
   return out
 
 
@@ -275,29 +244,38 @@ def test_export_serves_without_the_prep_output_or_the_ops_module(runs, sample_di
 def test_portable_files_answer_as_the_saved_model_on_the_whole_image_chain(runs, tmp_path):
   """The chain with the most twins (whole-image resize, flips, both click
   encodings, a previous mask, a user op) as TFLite and ONNX files, equal to
-  its SavedModel (the crop chain's: tests/train/test_portable.py)."""
-  from train.export import saved_model, portable  # pylint: disable=g-import-not-at-top
+  its SavedModel: `serve_iterative`, whose graph is `serving_default`'s with
+  the previous mask given (both signatures of the crop chain, through
+  `beam-train export --format`: tests/train/test_portable.py)."""
+  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  from train import models  # pylint: disable=g-import-not-at-top
+  from train.export import portable, saved_model  # pylint: disable=g-import-not-at-top
+  from train.export import signatures as sig  # pylint: disable=g-import-not-at-top
   from train.export.portable_model import PortableModel  # pylint: disable=g-import-not-at-top
   from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
   prep, model_dir = runs["both+cap"]
-  formats = (portable.TFLITE, portable.ONNX)
-  path = saved_model.export_trained(prep, str(tmp_path), model_dir=model_dir, formats=formats)
   served = ServedModel(model_dir)
+  data = PrepOutput(prep)
+  server = saved_model.SegmentationServer(models.rebuild(model_dir), data.tft_output, data.table)
+  files = {
+    portable.TFLITE: portable.to_tflite(served.path, sig.SERVE_ITERATIVE),
+    portable.ONNX: portable.to_onnx(server.signatures()[sig.SERVE_ITERATIVE], sig.SERVE_ITERATIVE),
+  }
   rng = np.random.default_rng(1)
   image = rng.integers(0, 256, (57, 83, 3), dtype=np.uint8)
   pos, neg = [[40, 30], [45, 28]], [[3, 50]]
-  first = served.segment(image, pos, neg)
-  for fmt in formats:
-    for signature, previous in (("serving_default", None), ("serve_iterative", first["mask"])):
-      got = PortableModel(os.path.join(path, portable.file_name(signature, fmt))).segment(
-        image, pos, neg, previous
-      )
-      want = served.segment(image, pos, neg, previous)
-      # This model's probabilities hug the threshold: a few mask pixels may
-      # differ; every probability stays within 2e-3 (at_parity asks 0.01).
-      assert portable.at_parity(want, got), (fmt, signature, portable.parity(want, got))
-      np.testing.assert_allclose(got["probabilities"], want["probabilities"], atol=2e-3)
+  previous = served.segment(image, pos, neg)["mask"]
+  want = served.segment(image, pos, neg, previous)
+  for fmt, content in files.items():
+    path = str(tmp_path / portable.file_name(sig.SERVE_ITERATIVE, fmt))
+    with open(path, "wb") as f:
+      f.write(content)
+    got = PortableModel(path).segment(image, pos, neg, previous)
+    # This model's probabilities hug the threshold: a few mask pixels may
+    # differ; every probability stays within 2e-3 (at_parity asks 0.01).
+    assert portable.at_parity(want, got), (fmt, portable.parity(want, got))
+    np.testing.assert_allclose(got["probabilities"], want["probabilities"], atol=2e-3)
 
 
 def test_an_op_changing_a_model_input_without_a_twin_is_refused_before_training(

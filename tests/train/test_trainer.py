@@ -153,6 +153,8 @@ def test_two_replicas_on_logical_cpus_with_the_full_recipe_compiled_by_xla(guide
       "cosine",
       "--noc-clicks",
       "2",
+      "--noc-objects",
+      "2",
       "--mask-rounds",
       "3",
       "--corrective-clicks",
