@@ -21,6 +21,8 @@ from typing import Any, Callable, Dict, Iterable, List, Tuple
 
 import numpy as np
 
+from benchmarks.common import serving
+
 # The limits of the server the suite is sent to (`beam-train serve` flags).
 SUITE_CONFIG = {"max_request_mb": 2, "max_pixels": 10_000, "threads": 2}
 ROUNDS = 3
@@ -236,18 +238,7 @@ def run(
 
 def bench_bad_requests(model_dir: str) -> Dict[str, float]:
   """The suite against `beam-train serve` on a local port (this process)."""
-  import threading  # pylint: disable=g-import-not-at-top
-  from train.serve import app  # pylint: disable=g-import-not-at-top
-  from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
-
-  server, versions = app.start(
-    ServeConfig(model=model_dir, model_name="bench", port=0, **SUITE_CONFIG)
-  )
-  model = versions.current
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  try:
-    ask(server.port, "POST", f"/v1/models/{model.name}:predict", _predict_body([[1, 1]]))
-    figures, _ = run(suite(server.port, model.name), rss_mb)
-  finally:
-    server.shutdown()
+  with serving(model_dir, **SUITE_CONFIG) as (model, port):
+    ask(port, "POST", f"/v1/models/{model.name}:predict", _predict_body([[1, 1]]))
+    figures, _ = run(suite(port, model.name), rss_mb)
   return figures

@@ -7,6 +7,7 @@ latter reports its peak RSS, wall seconds and objects), and `environment`
 describes the machine a result was measured on.
 """
 
+import contextlib
 import json
 import os
 import platform
@@ -14,7 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 
 def median_rate(fn: Callable[[], int], repeats: int) -> float:
@@ -78,6 +79,23 @@ def write_result(result: Dict[str, Any], path: str, text: str) -> None:
     json.dump(result, f, indent=2, sort_keys=True)
   print(text)
   print(f"\n({result['seconds']:.0f} s; JSON: {path})")
+
+
+@contextlib.contextmanager
+def serving(model_dir: str, **config) -> Iterator[Tuple[Any, int]]:
+  """`beam-train serve` of `model_dir` (with ServeConfig's `config`) on a
+  local port of 127.0.0.1, in a thread of this process: (its loaded model,
+  the port), until the block ends."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from train.serve import app  # pylint: disable=g-import-not-at-top
+  from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
+
+  server, versions = app.start(ServeConfig(model=model_dir, model_name="bench", port=0, **config))
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    yield versions.current, server.port
+  finally:
+    server.shutdown()
 
 
 def log(msg: str) -> None:

@@ -19,28 +19,15 @@ from typing import Dict
 import numpy as np
 
 from benchmarks.bad_requests import bench_bad_requests
-from benchmarks.common import log, timed
+from benchmarks.common import log, serving, timed
 
 
 def bench_serve(model_dir: str, repeats: int) -> Dict[str, float]:
   """The SavedModel's latency (`bench_serving`), then REST's and the page's
-  (`bench_rest`) against it."""
-  out = bench_serving(model_dir, repeats)
-  log(
-    f"serving: p50 {out['serve.latency_ms_p50']:.1f} ms, p95 {out['serve.latency_ms_p95']:.1f} ms"
-  )
-  out.update(bench_rest(model_dir, repeats, out["serve.latency_ms_p50"]))
-  log(
-    f"serving over REST: p50 {out['serve.rest_latency_ms_p50']:.1f} ms "
-    f"({out['serve.rest_vs_saved_model']:.2f}x the SavedModel's); the page's endpoint "
-    f"p50 {out['serve.page_latency_ms_p50']:.1f} ms"
-  )
-  out.update(bench_rest_encoded(model_dir, repeats))
-  log(
-    f"an encoded JPEG: SavedModel p50 {out['serve.encoded_latency_ms_p50']:.1f} ms, REST "
-    f"{out['serve.encoded_rest_latency_ms_p50']:.1f} ms "
-    f"({out['serve.encoded_rest_vs_saved_model']:.2f}x)"
-  )
+  (`bench_rest`, `bench_rest_encoded`) against it: one server, whose loaded
+  model is the one timed alone; then the bad requests, on a server of their own."""
+  with serving(model_dir) as (model, port):
+    out = _served_latencies(model, f"http://127.0.0.1:{port}", repeats)
   out.update(bench_bad_requests(model_dir))
   log(
     f"bad requests: {out['serve.bad_5xx']} of {out['serve.bad_requests']} answered 500 or "
@@ -50,13 +37,32 @@ def bench_serve(model_dir: str, repeats: int) -> Dict[str, float]:
   return out
 
 
-def bench_serving(model_dir: str, repeats: int) -> Dict[str, float]:
-  """Milliseconds from click to mask of the loaded SavedModel's signature."""
+def _served_latencies(model, url: str, repeats: int) -> Dict[str, float]:
+  out = bench_serving(model, repeats)
+  log(
+    f"serving: p50 {out['serve.latency_ms_p50']:.1f} ms, p95 {out['serve.latency_ms_p95']:.1f} ms"
+  )
+  out.update(bench_rest(model, url, repeats, out["serve.latency_ms_p50"]))
+  log(
+    f"serving over REST: p50 {out['serve.rest_latency_ms_p50']:.1f} ms "
+    f"({out['serve.rest_vs_saved_model']:.2f}x the SavedModel's); the page's endpoint "
+    f"p50 {out['serve.page_latency_ms_p50']:.1f} ms"
+  )
+  out.update(bench_rest_encoded(model, url, repeats))
+  log(
+    f"an encoded JPEG: SavedModel p50 {out['serve.encoded_latency_ms_p50']:.1f} ms, REST "
+    f"{out['serve.encoded_rest_latency_ms_p50']:.1f} ms "
+    f"({out['serve.encoded_rest_vs_saved_model']:.2f}x)"
+  )
+  return out
+
+
+def bench_serving(model, repeats: int) -> Dict[str, float]:
+  """Milliseconds from click to mask of the loaded SavedModel's signature
+  (`model`: a `ServedModel`), called in this process."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from train.export import signatures as sig  # pylint: disable=g-import-not-at-top
-  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
-  model = ServedModel(model_dir)
   rng = np.random.default_rng(0)
   request = model.segment_inputs(
     tf.constant(rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)),
@@ -98,22 +104,16 @@ def _page_times(url: str, post, image: np.ndarray, pos, neg, repeats: int):
   return timed(lambda: post("/page/segment", clicks[next(turn) % 2]), repeats)
 
 
-def bench_rest(model_dir: str, repeats: int, saved_model_p50: float) -> Dict[str, float]:
-  """Click to mask through `beam-train serve` on a local port, the same
-  512x512 image and 5+5 clicks as `bench_serving`: TF Serving's JSON predict
-  (request text made once; the answer read into numpy arrays, as a client
-  must) and the page's endpoint (image sent once, then clicks; probabilities and mask as PNG)."""
-  import threading  # pylint: disable=g-import-not-at-top
+def bench_rest(model, url: str, repeats: int, saved_model_p50: float) -> Dict[str, float]:
+  """Click to mask through `beam-train serve` at `url` (serving `model`), the
+  same 512x512 image and 5+5 clicks as `bench_serving`: TF Serving's JSON
+  predict (request text made once; the answer read into numpy arrays, as a
+  client must) and the page's endpoint (image sent once, then clicks;
+  probabilities and mask as PNG)."""
   import urllib.request  # pylint: disable=g-import-not-at-top
   import orjson  # pylint: disable=g-import-not-at-top
   from train.export import signatures as sig  # pylint: disable=g-import-not-at-top
-  from train.serve import app  # pylint: disable=g-import-not-at-top
-  from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
 
-  server, versions = app.start(ServeConfig(model=model_dir, model_name="bench", port=0))
-  model = versions.current
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  url = f"http://127.0.0.1:{server.port}"
   rng = np.random.default_rng(0)
   image = rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)
   pos, neg = rng.integers(0, 512, (5, 2)).tolist(), rng.integers(0, 512, (5, 2)).tolist()
@@ -133,11 +133,8 @@ def bench_rest(model_dir: str, repeats: int, saved_model_p50: float) -> Dict[str
     k: np.asarray(v)
     for k, v in post(f"/v1/models/{model.name}:predict", body)["outputs"].items()  # pylint: disable=unnecessary-lambda-assignment
   }
-  try:
-    rest_times = timed(rest, repeats)
-    page_times = _page_times(url, post, image, pos, neg, repeats)
-  finally:
-    server.shutdown()
+  rest_times = timed(rest, repeats)
+  page_times = _page_times(url, post, image, pos, neg, repeats)
   p50 = float(np.percentile(rest_times, 50))
   return {
     "serve.rest_latency_ms_p50": p50,
@@ -175,29 +172,23 @@ def _encoded_request(jpeg: bytes, pos, neg) -> bytes:
   return orjson.dumps({"signature_name": sig.SERVE_ENCODED, "instances": [instance]})
 
 
-def bench_rest_encoded(model_dir: str, repeats: int) -> Dict[str, float]:
+def bench_rest_encoded(model, url: str, repeats: int) -> Dict[str, float]:
   """Click to mask with the image sent as its file: a 512x600 JPEG and 5+5
   clicks, through `beam-train serve`'s REST `serve_encoded` (TF Serving's
   {"b64": ...}, one instance; the client decodes the answer's PNG mask into a
   numpy array, as a client would, within the REST time) against the same
   loaded SavedModel's `serve_encoded` called on the same bytes (its PNG
-  files as bytes). Timed in turn (`_in_turn`)."""
-  import threading  # pylint: disable=g-import-not-at-top
+  files as bytes) at `url`, serving `model`. Timed in turn (`_in_turn`)."""
   import urllib.request  # pylint: disable=g-import-not-at-top
   import orjson  # pylint: disable=g-import-not-at-top
   from train.export import signatures as sig  # pylint: disable=g-import-not-at-top
-  from train.serve import app  # pylint: disable=g-import-not-at-top
-  from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
 
-  server, versions = app.start(ServeConfig(model=model_dir, model_name="bench", port=0))
-  model = versions.current
-  threading.Thread(target=server.serve_forever, daemon=True).start()
   rng = np.random.default_rng(0)
   jpeg = _photo_jpeg()
   pos, neg = rng.integers(0, 512, (5, 2)).tolist(), rng.integers(0, 512, (5, 2)).tolist()
   body = _encoded_request(jpeg, pos, neg)
   request = urllib.request.Request(
-    f"http://127.0.0.1:{server.port}/v1/models/{model.name}:predict",
+    f"{url}/v1/models/{model.name}:predict",
     data=body,
     headers={"Content-Type": "application/json"},
   )
@@ -210,12 +201,9 @@ def bench_rest_encoded(model_dir: str, repeats: int) -> Dict[str, float]:
     return _png_array(orjson.loads(answer)["predictions"][0][sig.MASK_BYTES]["b64"])
 
   inputs = model.encoded_inputs(jpeg, pos, neg)
-  try:
-    times = _in_turn(
-      {"saved": lambda: model.call(*inputs)[sig.MASK_BYTES].numpy(), "rest": rest}, repeats
-    )
-  finally:
-    server.shutdown()
+  times = _in_turn(
+    {"saved": lambda: model.call(*inputs)[sig.MASK_BYTES].numpy(), "rest": rest}, repeats
+  )
   saved, rest_p50 = (float(np.percentile(times[k], 50)) for k in ("saved", "rest"))
   return {
     "serve.encoded_latency_ms_p50": saved,
