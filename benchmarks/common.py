@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 
@@ -96,6 +97,20 @@ def serving(model_dir: str, **config) -> Iterator[Tuple[Any, int]]:
     yield versions.current, server.port
   finally:
     server.shutdown()
+
+
+def run_command(main_fn: Callable[[List[str]], None], argv: List[str], log_path: str) -> int:
+  """Runs a command's `main(argv)` in this process, its output to `log_path`;
+  returns its exit code (1 for an exception, whose traceback goes to the log)."""
+  with open(log_path, "w") as f, contextlib.redirect_stdout(f):
+    try:
+      main_fn(argv)
+    except SystemExit as e:
+      return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception:  # pylint: disable=broad-except
+      traceback.print_exc(file=f)
+      return 1
+  return 0
 
 
 def log(msg: str) -> None:

@@ -34,15 +34,13 @@ import argparse
 import dataclasses
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from typing import Any, Dict, List
 
 import numpy as np
 
-from benchmarks.common import environment, log, refuse, run_and_write
+from benchmarks.common import environment, log, refuse, run_and_write, run_command
 from beam_prep.kit import with_default
 from train.serve.config import ENGINE_FIELDS, ServeConfig
 from train.evaluate.simulate import TARGET_IOU, Annotator, label_batch, source_objects
@@ -94,41 +92,17 @@ def _objects(data: str, layout: str, base: str, workdir: str) -> List[Dict[str, 
   image, label (uint8: 1 object, 0 background, 255 ignore)}."""
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
 
+  from pipelines import cli  # pylint: disable=g-import-not-at-top
+
   out = os.path.join(workdir, "source")
   if not os.path.exists(os.path.join(out, "_SUCCESS")):
-    prep = PrepOutput.of_model(base)
-    _run(
-      [
-        sys.executable,
-        "-m",
-        "pipelines",
-        "segmentation",
-        "--config",
-        prep.join("config.json"),
-        "--input",
-        data,
-        "--layout",
-        layout,
-        "--output",
-        out,
-        "--eval-percent",
-        "100",
-        "--overwrite",
-        "--progress-seconds",
-        "0",
-        "--max-error-fraction",
-        "1",
-      ],
-      os.path.join(workdir, "source.log"),
-    )
+    argv = ["segmentation", "--config", PrepOutput.of_model(base).join("config.json")]
+    argv += ["--input", data, "--layout", layout, "--output", out, "--eval-percent", "100"]
+    argv += ["--overwrite", "--progress-seconds", "0", "--max-error-fraction", "1"]
+    log_path = os.path.join(workdir, "source.log")
+    if run_command(cli.main, argv, log_path):
+      raise RuntimeError(f"beam-prep segmentation of {data} failed: see {log_path}")
   return source_objects(out)
-
-
-def _run(cmd: List[str], log_path: str) -> None:
-  with open(log_path, "a") as f:
-    done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
-  if done.returncode:
-    raise RuntimeError(f"{' '.join(cmd[:4])} failed: see {log_path}")
 
 
 # ---- the run -------------------------------------------------------------------

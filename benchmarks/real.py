@@ -24,7 +24,6 @@ skipped with the reason, never run with a flag dropped.
 """
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -33,10 +32,9 @@ import shutil
 import sys
 import tempfile
 import time
-import traceback
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
-from benchmarks.common import environment, log, write_result
+from benchmarks.common import environment, log, run_command, write_result
 from train import model_layout
 from train.evaluate import protocol
 
@@ -300,20 +298,6 @@ def availability(arm: Dict[str, Any]) -> Dict[str, Any]:
   if not missing:
     return {}
   return {"skip": f"not available yet: {', '.join(missing)} (unknown to the command's --help)"}
-
-
-def run_command(main_fn: Callable[[List[str]], None], argv: List[str], log_path: str) -> int:
-  """Runs a command's `main(argv)` in this process, its output to `log_path`;
-  returns its exit code (1 for an exception, whose traceback goes to the log)."""
-  with open(log_path, "w") as f, contextlib.redirect_stdout(f):
-    try:
-      main_fn(argv)
-    except SystemExit as e:
-      return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except Exception:  # pylint: disable=broad-except
-      traceback.print_exc(file=f)
-      return 1
-  return 0
 
 
 def _failure(what: str, code: int, log_path: str) -> str:
