@@ -412,6 +412,8 @@ def run(
 
   Raises:
     pipelines.outputs.OutputExistsError: non-empty output without overwrite.
+    pipelines.shard_sets.AddError: --add to an output it cannot add to, or
+      that another job is adding to.
     InputError: a local input with nothing to read.
     FeatureError: an op's bug (the output is removed).
     JobStillRunning: Ctrl-C while waiting for a Dataflow job.
@@ -419,12 +421,20 @@ def run(
   """
   from apache_beam.options.pipeline_options import TestOptions  # pylint: disable=g-import-not-at-top
 
-  log, started = logs.get(), time.time()
+  started = time.time()
   registry.import_ops_modules(config.ops_module)
   options = pipeline_options or PipelineOptions()
   dry_run = bool(options.view_as(TestOptions).dry_run)
   config = with_layout(config, dry_run)
-  table = config.features()
+  if not config.add or dry_run:
+    return _run(config, options, dry_run, wait, started)
+  with shard_sets.held(config.output):
+    return _run(config, options, dry_run, wait, started)
+
+
+def _run(config: PrepConfig, options, dry_run: bool, wait: bool, started: float) -> Dict[str, Any]:
+  """`run`, its config resolved (with --add, under the output's lock)."""
+  log, table = logs.get(), config.features()
   adding = config.add and not dry_run
   target = shard_sets.check_target(config, table, schema_differences) if adding else None
   temp_dir = _start(config, table, options, dry_run)

@@ -19,9 +19,12 @@ half-added set. A set that failed stays listed (incomplete) until the next
 the manifest does not list (a stopped job's).
 """
 
+import contextlib
 import dataclasses
+import fcntl
 import json
-from typing import Any, Dict, List, Optional, Tuple
+import os
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -45,6 +48,33 @@ class AddTarget:
   previous: Dict[str, Any]
   kept: Tuple[str, ...]
   name: str
+
+
+@contextlib.contextmanager
+def held(output: str) -> Iterator[None]:
+  """One --add job at a time on `output`: a local folder is locked (an
+  exclusive flock on the folder itself, released when the job ends or its
+  process dies) for the block; an output elsewhere (gs://) is not, and one
+  job at a time there is the user's to keep.
+
+  Raises:
+    AddError: another job holds the folder (nothing was changed).
+  """
+  if FileSystems.get_scheme(output) is not None or not os.path.isdir(output):
+    yield
+    return
+  fd = os.open(output, os.O_RDONLY)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise AddError(
+        f"--add: another job is adding to {output}; add to an output one job at a time "
+        "(nothing was changed)"
+      ) from None
+    yield
+  finally:
+    os.close(fd)
 
 
 def check_target(config: PrepConfig, table: FeatureTable, differs) -> AddTarget:

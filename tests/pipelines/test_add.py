@@ -15,6 +15,7 @@ from beam_prep import image_index, keys
 from beam_prep.layouts import folders
 from beam_prep.prep_output import PrepOutput
 from beam_prep.sample_data import write_sample_data
+from pipelines import shard_sets
 from pipelines.report import problems
 from tests.helpers import manifest, run_cli
 from tests.pipelines.test_transform_from import SETTINGS, _same_tree
@@ -114,7 +115,7 @@ def test_only_new_images_are_added_as_a_set_the_manifest_sums(sample_dir, prep_d
 
 
 def test_a_refused_add_changes_nothing_and_a_failed_sets_files_go_with_the_next(
-  sample_dir, prep_dir, tmp_path
+  sample_dir, prep_dir, tmp_path, capsys
 ):
   out = tmp_path / "out"
   shutil.copytree(prep_dir, out)
@@ -125,6 +126,11 @@ def test_a_refused_add_changes_nothing_and_a_failed_sets_files_go_with_the_next(
   assert code == 2 and manifest(out) == before and (out / keys.SUCCESS_FILE).exists()
   assert _add(data, out, "--overwrite") == 2
   assert _add(data, tmp_path / "none") == 2
+  capsys.readouterr()
+  with shard_sets.held(str(out)):  # Another job adding to it meanwhile.
+    assert _add(data, out) == 2
+  assert f"another job is adding to {out}" in capsys.readouterr().out
+  assert manifest(out) == before and (out / keys.SUCCESS_FILE).exists()
   # A set that failed (listed, incomplete) and one a stopped job left (not listed).
   failed = out / keys.RECORDS_DIR / "train-add0001-00000-of-00001.tfrecord"
   stopped = out / image_index.INDEX_DIR / "images-add0005-00000-of-00001.jsonl"
