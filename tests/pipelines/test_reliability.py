@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.record_codec import RecordCodec
 from tests.helpers import dead_letters, manifest, png, run_cli, scene
@@ -145,9 +146,15 @@ def test_beam_job_killed_then_rerun_with_overwrite_is_byte_identical(sample_dir,
     stderr=subprocess.STDOUT,
     text=True,
   )
-  time.sleep(6)  # mid-run: the job is started (and its output is half written at most)
+  # Killed mid-run: once the job has started writing into its temp folder
+  # (its output is half written at most), however long its start took.
+  deadline = time.time() + 300
+  while not glob.glob(os.path.join(out, keys.TEMP_PREFIX + "*", "*")) and time.time() < deadline:
+    assert proc.poll() is None, proc.stdout.read()
+    time.sleep(0.05)
   proc.kill()
   proc.wait()
+  assert not os.path.exists(os.path.join(out, keys.SUCCESS_FILE))  # It did not end.
   assert run_cli(["segmentation", "--output", out, "--overwrite"] + args) == 0
   for sub in ("records", "errors"):
     assert _tree_bytes(out, sub) == _tree_bytes(clean, sub)
