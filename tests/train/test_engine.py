@@ -44,6 +44,51 @@ def test_every_nth_save_starts_a_round_and_a_failed_one_is_counted_and_said(tmp_
   assert not rounds.running  # One save of the next three.
 
 
+def _children(pid: int):
+  with open(f"/proc/{pid}/task/{pid}/children") as f:
+    return [int(c) for c in f.read().split()]
+
+
+def _gone(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return True
+  with open(f"/proc/{pid}/stat") as f:
+    return f.read().split(")")[-1].split()[0] == "Z"  # Ended, not yet reaped.
+
+
+def test_a_server_stopping_stops_its_round_and_the_commands_it_runs(trained, tmp_path):
+  """`Rounds.stop` (the server stopping) ends the round's process and the
+  records' job it runs: that job never finishes on its own afterwards."""
+  import time  # pylint: disable=g-import-not-at-top
+  from tests.train.test_label_store import _item, _objects  # pylint: disable=g-import-not-at-top
+  from train.serve.rounds import Rounds  # pylint: disable=g-import-not-at-top
+  from train.serve.store import Labels  # pylint: disable=g-import-not-at-top
+
+  if not os.path.exists("/proc/self/task"):
+    pytest.skip("needs Linux's /proc to see a round's commands")
+  labels_dir, model = str(tmp_path / "labels"), str(tmp_path / "model")
+  shutil.copytree(trained, model)
+  labels = Labels(labels_dir)
+  for seed in range(2):
+    labels.save(_item(seed), _objects(seed), model_version=1)
+  labels.close()
+  rounds = Rounds(1, labels_dir, model, ["--steps", "1"])
+  assert rounds.start()
+  engine_pid, deadline = rounds.pid, time.time() + 120
+  while not _children(engine_pid) and time.time() < deadline:  # Its records' job.
+    time.sleep(0.05)
+  (job,) = _children(engine_pid)
+  rounds.stop()
+  deadline = time.time() + 60
+  while not (_gone(engine_pid) and _gone(job)) and time.time() < deadline:
+    time.sleep(0.05)
+  assert _gone(engine_pid) and _gone(job)
+  prep = os.path.join(labels_dir, engine.ENGINE_DIR, "round-001", engine.PREP_DIR)
+  assert not os.path.exists(os.path.join(prep, keys.SUCCESS_FILE))
+
+
 def test_a_rounds_records_take_in_the_base_models_own_at_the_share_asked(
   prep_dir, trained, tmp_path
 ):

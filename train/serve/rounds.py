@@ -11,6 +11,7 @@ and end are said on the server's log.
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -56,6 +57,12 @@ class Rounds:
   def running(self) -> bool:
     return self._process is not None
 
+  @property
+  def pid(self) -> Optional[int]:
+    """The running round's process id (None: no round runs)."""
+    process = self._process
+    return None if process is None else process.pid
+
   def saved(self) -> None:
     """One label saved: a round starts when `every` are waiting and none runs."""
     with self._lock:
@@ -86,8 +93,9 @@ class Rounds:
       *self.engine_args,
     ]
     out = open(os.path.join(folder, LOG_FILE), "a", encoding="utf-8")  # pylint: disable=consider-using-with
+    # A process group of its own: `stop` ends the round and the commands it runs.
     self._process = subprocess.Popen(  # pylint: disable=consider-using-with
-      cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+      cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
     )
     out.close()
     # After the start (a preexec_fn is unsafe in a process with threads):
@@ -130,14 +138,23 @@ class Rounds:
     return self._idle.wait(timeout)
 
   def stop(self) -> None:
-    """Stops the round running (the server is stopping): its work is lost,
-    the labels are not (the next round trains on them)."""
+    """Stops the round running (the server is stopping), with the commands
+    it runs (its records' job, its training): its work is lost, the labels
+    are not (the next round trains on them)."""
     with self._lock:
       self._stopped = True
       process = self._process
     if process is not None:
-      process.terminate()
+      _signal_group(process.pid, signal.SIGTERM)
       try:
         process.wait(30)
       except subprocess.TimeoutExpired:
-        process.kill()
+        _signal_group(process.pid, signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+  """`sig` to the process group `pid` leads (gone already: nothing to do)."""
+  try:
+    os.killpg(pid, sig)
+  except ProcessLookupError:
+    pass
