@@ -40,7 +40,7 @@ DIGEST = "digest"
 LABELS = "labels"
 SET_PREFIX = "add"
 # A set's part of a file name: SPLIT-SET-SSSSS-of-NNNNN (records), errors-SET-...
-_SET_IN_NAME = re.compile(rf"^[a-z]+-({SET_PREFIX}\d{{4}})-\d{{5}}-of-\d{{5}}")
+_SET_IN_NAME = re.compile(rf"^[a-z]+-({SET_PREFIX}\d{{4,}})-\d{{5}}-of-\d{{5}}")
 
 
 def set_name(number: int) -> str:

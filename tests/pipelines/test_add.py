@@ -223,3 +223,11 @@ def test_a_failed_add_says_the_sets_before_it_are_unchanged():
   }
   assert "the sets before add0002 are unchanged: the next --add removes it" in failure_lines(m)[-1]
   assert "--add" not in failure_lines(dict(m, sets=None))[-1]
+
+
+def test_a_files_set_is_read_from_its_name_past_the_ten_thousandth_add():
+  assert image_index.set_name(7) == "add0007" and image_index.set_name(10000) == "add10000"
+  for name in ("add0007", "add10000"):
+    assert image_index.file_set(f"o/records/train-{name}-00003-of-00004.tfrecord") == name
+    assert image_index.file_set(f"o/index/images-{name}-00000-of-00001.jsonl") == name
+  assert image_index.file_set("o/records/train-00000-of-00001.tfrecord") == ""  # The first job's.
