@@ -126,15 +126,16 @@ NEW, HELD, RELABELLED = "new", "held", "relabelled"
 @dataclasses.dataclass
 class Held:
   """The inputs an output holds: (image id, labels digest) by image digest,
-  and the image ids."""
+  and the image ids; `one_label_per_image`: the task's (`Task.one_label_per_image`)."""
 
   by_digest: Dict[str, List[Tuple[str, str]]] = dataclasses.field(default_factory=dict)
   ids: Set[str] = dataclasses.field(default_factory=set)
+  one_label_per_image: bool = False
 
 
-def held(output: str, sets: Iterable[str]) -> Held:
+def held(output: str, sets: Iterable[str], one_label_per_image: bool = False) -> Held:
   """What the `sets` of an output hold."""
-  out = Held()
+  out = Held(one_label_per_image=one_label_per_image)
   for e in lines(output, sets):
     out.by_digest.setdefault(e[DIGEST], []).append((e[keys.IMAGE_ID], e[LABELS]))
     out.ids.add(e[keys.IMAGE_ID])
@@ -144,7 +145,9 @@ def held(output: str, sets: Iterable[str]) -> Held:
 def status(index: Held, image_id: str, digest: str, labels: str) -> str:
   """`HELD` (the same bytes and labels are held, under this id or another),
   `RELABELLED` (this image id is held with other bytes or labels: a mask
-  drawn again, a file replaced) or `NEW`."""
+  drawn again, a file replaced; or, where an image has one label, its bytes
+  are held under another id with another label: a photo moved to another
+  class) or `NEW`."""
   found = index.by_digest.get(digest, ())
   if (image_id, labels) in found:
     return HELD
@@ -152,7 +155,7 @@ def status(index: Held, image_id: str, digest: str, labels: str) -> str:
     return RELABELLED
   if any(theirs == labels for _, theirs in found):
     return HELD
-  return NEW
+  return RELABELLED if found and index.one_label_per_image else NEW
 
 
 def stray_files(output: str, sets: Iterable[str]) -> List[str]:

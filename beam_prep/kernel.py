@@ -192,8 +192,9 @@ class Kernel:
     summary_rows: the image's analysis row is its summary
       (`RecordCodec.summary_row`, for the default preprocessing_fn), else
       its first record.
-    held_by: (output, sets): skip the images these shard sets of a prep
-      output hold (`image_index.held`), counting them as `images_known`.
+    held_by: (output, sets, one label per image): skip the images these
+      shard sets of a prep output hold (`image_index.held`), counting them
+      as `images_known`.
   """
 
   def __init__(
@@ -203,7 +204,7 @@ class Kernel:
     ops_module: str,
     table,
     summary_rows: bool = True,
-    held_by: Optional[Tuple[str, Tuple[str, ...]]] = None,
+    held_by: Optional[Tuple[str, Tuple[str, ...], bool]] = None,
   ):
     self.layout_name = layout
     self.stages = [s for s in stages if s.chain]

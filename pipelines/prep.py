@@ -75,7 +75,9 @@ def kernel_for(
     config.ops_module,
     table,
     summary_rows=not config.preprocessing_fn,
-    held_by=(target.output, target.kept) if target else None,
+    held_by=(
+      (target.output, target.kept, config.task_object.one_label_per_image) if target else None
+    ),
   )
 
 

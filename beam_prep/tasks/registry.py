@@ -95,6 +95,14 @@ class Task:
     del args
     return {}
 
+  @property
+  def one_label_per_image(self) -> bool:
+    """Whether an image has one label (a class name): the same image read
+    again under another id with another label (moved to another class's
+    folder) is that image relabelled, not a new one. An image with
+    instances may be read twice with other objects (a second object of it)."""
+    return self.labels == "classes"
+
   def splits_objects(self, config) -> bool:
     """Whether an image fans out into objects counted on their own."""
     return any(s.level == OBJECT for s in self.stages(config))

@@ -189,6 +189,33 @@ def test_an_input_is_held_by_its_bytes_and_labels_and_an_id_held_is_a_relabel():
   assert status(held, "x", "A", "L2") == image_index.RELABELLED  # A mask drawn again.
   assert status(held, "x", "B", "L1") == image_index.RELABELLED  # A file replaced.
   assert status(held, "z", "B", "L1") == image_index.NEW
+  # Where an image has one label (a class), its bytes under another id with
+  # another label are that photo moved to another class.
+  classes = image_index.Held({"A": [("cat/x", "cat")]}, {"cat/x"}, one_label_per_image=True)
+  assert status(classes, "dog/x", "A", "dog") == image_index.RELABELLED
+  assert status(classes, "cat/y", "A", "cat") == image_index.HELD  # A copy in the same class.
+  assert status(classes, "dog/y", "B", "dog") == image_index.NEW
+
+
+def test_a_photo_moved_to_another_class_is_a_relabel_not_a_new_image(tmp_path, capsys):
+  root = tmp_path / "classes"
+  rng = np.random.default_rng(0)
+  for label in ("cat", "dog"):
+    (root / label).mkdir(parents=True)
+    for i in range(3):
+      image = rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)
+      Image.fromarray(image).save(root / label / f"{label}{i}.png")
+  out = str(tmp_path / "out")
+  argv = ["classification", "--input", str(root), "--output", out, "--image-size", "16"]
+  argv += ["--eval-percent", "0"]
+  assert run_cli(argv) == 0
+  os.rename(root / "cat" / "cat0.png", root / "dog" / "cat0.png")
+  capsys.readouterr()
+  assert run_cli(argv + ["--add"]) == 0
+  _, added = manifest(out)["sets"]
+  assert added["counts"]["images_known"] == 6 and added["counts"]["images_relabelled"] == 1
+  assert added["counts"]["images_used"] == 0  # Not a second record of the photo.
+  assert "(1 with other labels: run without --add to train on those)" in capsys.readouterr().out
 
 
 def test_an_add_is_judged_with_what_the_output_holds():
