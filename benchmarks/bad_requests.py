@@ -238,7 +238,8 @@ def run(
 
 def bench_bad_requests(model_dir: str) -> Dict[str, float]:
   """The suite against `beam-train serve` on a local port (this process)."""
-  with serving(model_dir, **SUITE_CONFIG) as (model, port):
-    ask(port, "POST", f"/v1/models/{model.name}:predict", _predict_body([[1, 1]]))
-    figures, _ = run(suite(port, model.name), rss_mb)
+  with serving(model_dir, **SUITE_CONFIG) as (server, versions):
+    name = versions.current.name
+    ask(server.port, "POST", f"/v1/models/{name}:predict", _predict_body([[1, 1]]))
+    figures, _ = run(suite(server.port, name), rss_mb)
   return figures

@@ -83,10 +83,10 @@ def write_result(result: Dict[str, Any], path: str, text: str) -> None:
 
 
 @contextlib.contextmanager
-def serving(model_dir: str, **config) -> Iterator[Tuple[Any, int]]:
+def serving(model_dir: str, **config) -> Iterator[Tuple[Any, Any]]:
   """`beam-train serve` of `model_dir` (with ServeConfig's `config`) on a
-  local port of 127.0.0.1, in a thread of this process: (its loaded model,
-  the port), until the block ends."""
+  local port of 127.0.0.1, in a thread of this process: (the server, its
+  versions: `versions.current` the loaded model), until the block ends."""
   import threading  # pylint: disable=g-import-not-at-top
   from train.serve import app  # pylint: disable=g-import-not-at-top
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
@@ -94,9 +94,14 @@ def serving(model_dir: str, **config) -> Iterator[Tuple[Any, int]]:
   server, versions = app.start(ServeConfig(model=model_dir, model_name="bench", port=0, **config))
   threading.Thread(target=server.serve_forever, daemon=True).start()
   try:
-    yield versions.current, server.port
+    yield server, versions
   finally:
     server.shutdown()
+
+
+def url_of(server) -> str:
+  """The address of a server `serving` started."""
+  return f"http://127.0.0.1:{server.port}"
 
 
 def run_command(main_fn: Callable[[List[str]], None], argv: List[str], log_path: str) -> int:

@@ -31,16 +31,16 @@ it); `latency_ms`: p50 and p95 of clicks idle and during a retrain.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shutil
-import threading
 import time
 from typing import Any, Dict, List
 
 import numpy as np
 
-from benchmarks.common import environment, log, refuse, run_and_write, run_command
+from benchmarks.common import environment, log, refuse, run_and_write, run_command, serving, url_of
 from beam_prep.kit import with_default
 from train.serve.config import ENGINE_FIELDS, ServeConfig
 from train.evaluate.simulate import TARGET_IOU, Annotator, label_batch, source_objects
@@ -91,7 +91,6 @@ def _objects(data: str, layout: str, base: str, workdir: str) -> List[Dict[str, 
   """Every object of DIR at its image's own size, in a fixed order: {image_id,
   image, label (uint8: 1 object, 0 background, 255 ignore)}."""
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
-
   from pipelines import cli  # pylint: disable=g-import-not-at-top
 
   out = os.path.join(workdir, "source")
@@ -108,25 +107,14 @@ def _objects(data: str, layout: str, base: str, workdir: str) -> List[Dict[str, 
 # ---- the run -------------------------------------------------------------------
 
 
-def _serve(model: str, save_dir: str = "", args=None):
-  """A `beam-train serve` of `model` in this process: (server, versions, its
-  rounds (with a save dir: run by `--engine-every`'s mechanism, started by
-  the benchmark itself between batches), URL)."""
-  from train.serve import app as serve_app  # pylint: disable=g-import-not-at-top
-
+def _serve_config(save_dir: str = "", args=None) -> Dict[str, Any]:
+  """A benchmark server's settings: with a save dir, its rounds run by
+  `--engine-every`'s mechanism, started by the benchmark itself between
+  batches."""
   engine = (
     {"engine_every": NEVER, **{k: getattr(args, k) for k in ENGINE_FIELDS}} if save_dir else {}
   )
-  server, versions = serve_app.start(
-    ServeConfig(model=model, port=0, save_dir=save_dir, poll_seconds=1.0, max_clicks=64, **engine)
-  )
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  return (
-    server,
-    versions,
-    server.app.extensions[serve_app.ROUNDS],
-    f"http://127.0.0.1:{server.port}",
-  )
+  return {"save_dir": save_dir, "poll_seconds": 1.0, "max_clicks": 64, **engine}
 
 
 def _percentiles(values: List[float]) -> Dict[str, float]:
@@ -155,13 +143,17 @@ def _summary(number, results, frozen, retrain_s) -> Dict[str, Any]:
 
 
 def _rounds(batches, workdir: str, served, frozen_url: str) -> tuple:
-  """Labels each batch; retrains between batches while the frozen pass of the next runs."""
+  """Labels each batch with the server `served` ((server, versions) of
+  `serving`); retrains between batches while the frozen pass of the next runs."""
   from train.engine import ENGINE_DIR, rounds as engine_rounds  # pylint: disable=g-import-not-at-top
+  from train.serve import app as serve_app  # pylint: disable=g-import-not-at-top
   from train.serve.rounds import LOG_FILE  # pylint: disable=g-import-not-at-top
 
-  _, versions, retrain, url = served
+  server, versions = served
+  retrain = server.app.extensions[serve_app.ROUNDS]
   labels_dir = os.path.join(workdir, "labels")
-  labeller, frozen_annotator = Annotator(url, save=True), Annotator(frozen_url, save=False)
+  labeller = Annotator(url_of(server), save=True)
+  frozen_annotator = Annotator(frozen_url, save=False)
   frozen = [label_batch(frozen_annotator, batches[0])]
   idle = [ms for _, ms in frozen_annotator.latencies]
   busy, out = [], []
@@ -218,15 +210,12 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     f"engine: {len(objects)} objects of {args.engine} in {args.engine_rounds} rounds; "
     f"from {args.engine_base}; work in {workdir}"
   )
-  servers = [
-    _serve(served, os.path.join(workdir, "labels"), args),
-    _serve(latest_export(args.engine_base)),
-  ]
-  try:
-    rounds, idle, busy = _rounds(batches, workdir, servers[0], servers[1][3])
-  finally:
-    for server in servers:
-      server[0].shutdown()
+  with contextlib.ExitStack() as stack:
+    labelled = stack.enter_context(
+      serving(served, **_serve_config(os.path.join(workdir, "labels"), args))
+    )
+    frozen, _ = stack.enter_context(serving(latest_export(args.engine_base), **_serve_config()))
+    rounds, idle, busy = _rounds(batches, workdir, labelled, url_of(frozen))
   latency = {"idle": _percentiles(idle), "retrain": _percentiles(busy)}
   if latency["idle"]["p95"] and latency["retrain"]["p95"]:
     latency["retrain_vs_idle_p95"] = latency["retrain"]["p95"] / latency["idle"]["p95"]

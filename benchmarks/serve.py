@@ -19,15 +19,15 @@ from typing import Dict
 import numpy as np
 
 from benchmarks.bad_requests import bench_bad_requests
-from benchmarks.common import log, serving, timed
+from benchmarks.common import log, serving, timed, url_of
 
 
 def bench_serve(model_dir: str, repeats: int) -> Dict[str, float]:
   """The SavedModel's latency (`bench_serving`), then REST's and the page's
   (`bench_rest`, `bench_rest_encoded`) against it: one server, whose loaded
   model is the one timed alone; then the bad requests, on a server of their own."""
-  with serving(model_dir) as (model, port):
-    out = _served_latencies(model, f"http://127.0.0.1:{port}", repeats)
+  with serving(model_dir) as (server, versions):
+    out = _served_latencies(versions.current, url_of(server), repeats)
   out.update(bench_bad_requests(model_dir))
   log(
     f"bad requests: {out['serve.bad_5xx']} of {out['serve.bad_requests']} answered 500 or "
