@@ -38,8 +38,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from beam_prep import image_index, keys
-from beam_prep.layouts import folders
+from beam_prep import keys
 from beam_prep.kit import CommandConfig, option
 from train import model_layout
 
@@ -203,6 +202,8 @@ def _prep(
 
 def _why_all(previous: Optional[str], labelled: Set[str]) -> str:
   """Why a round reads all the labels ("": it adds to the `previous` round's records)."""
+  from beam_prep import image_index  # pylint: disable=g-import-not-at-top  (Beam: rounds only)
+
   if not previous:
     return "the first round"
   if not os.path.exists(os.path.join(previous, image_index.INDEX_DIR)):
@@ -399,6 +400,8 @@ def _mixed(config: EngineConfig, prep_dir: str, number: int, log) -> Dict[str, i
 
 def _round_records(config, log, number: int, current: str, done, entries):
   """`_prep` of round `number` -> (seconds, how), said on the log."""
+  from beam_prep.layouts import folders  # pylint: disable=g-import-not-at-top  (Beam: rounds only)
+
   folder = _round_folder(config.root, number)
   previous = os.path.join(os.path.dirname(done[-1]["model_dir"]), PREP_DIR) if done else None
   log_path = os.path.join(folder, "round.log")

@@ -47,3 +47,19 @@ def test_tensorflow_start_up_lines_only_with_verbose(tmp_path):
   assert not NOISE.search(quiet_out), quiet_out
   if not NOISE.search(verbose_out):
     pytest.skip("TensorFlow prints no start-up lines on this machine: nothing to hide")
+
+
+def test_beam_train_starts_without_importing_beam():
+  """`beam-train`'s command module loads without Apache Beam (a second of
+  start-up); only the engine's rounds, which run Beam jobs, import it."""
+  code = (
+    "import sys\n"
+    "from train import cli\n"
+    "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'apache_beam')\n"
+    "assert not loaded, loaded[:5]\n"
+    "print('ok')\n"
+  )
+  run = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300
+  )
+  assert run.returncode == 0 and "ok" in run.stdout, run.stdout + run.stderr
