@@ -317,17 +317,19 @@ def _orient(image, orientation):
   """`image` as viewers show it under EXIF `orientation` (PIL's exif_transpose)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  # Transposes and reversals only: tf.image.rot90 adds a cond and an assert
+  # per call, functions the SavedModel loads.
   t = lambda im: tf.transpose(im, [1, 0, 2])
   ways = [
     lambda: image,  # 1
     lambda: tf.reverse(image, [1]),  # 2: mirrored
-    lambda: tf.image.rot90(image, 2),  # 3
+    lambda: tf.reverse(image, [0, 1]),  # 3: turned 180 degrees
     lambda: tf.reverse(image, [0]),  # 4
     lambda: t(image),  # 5: transposed
-    lambda: tf.image.rot90(image, 3),  # 6: turned 90 degrees clockwise
-    lambda: tf.image.rot90(t(image), 2),  # 7: transversed
-    lambda: tf.image.rot90(image, 1),
-  ]  # 8
+    lambda: tf.reverse(t(image), [1]),  # 6: turned 90 degrees clockwise
+    lambda: tf.reverse(t(image), [0, 1]),  # 7: transversed
+    lambda: t(tf.reverse(image, [1])),  # 8: turned 90 degrees counter-clockwise
+  ]
   return tf.switch_case(orientation - 1, ways)
 
 

@@ -296,10 +296,9 @@ class SegmentationServer(_Server):
     clicks = [tf.reshape(c, [n, -1, 2]) for c in (positive_clicks, negative_clicks)]
     more = {} if previous_mask is None else {sig.PREVIOUS_MASK: previous_mask}
     more.update({} if box is None else {sig.BOX: box})
-    pixels_of = image_decoder(self._table)
 
     def one(args):
-      image = pixels_of(args[0])
+      image = self._decode(args[0])
       given = args[3]
       previous = given[sig.PREVIOUS_MASK] if sig.PREVIOUS_MASK in given else _no_mask(image)
       box_ = _checked_box(given[sig.BOX]) if sig.BOX in given else _none_box()
@@ -311,6 +310,12 @@ class SegmentationServer(_Server):
       (image_bytes, *clicks, more),
       fn_output_signature={k: tf.TensorSpec([], tf.string) for k in sig.ENCODED_OUTPUTS},
     )
+
+  @graphs.function(input_signature=sig.specs(sig.IMAGE_BYTES))
+  def _decode(self, image_bytes):
+    """One encoded file -> its pixels [H, W, 3] (`image_decoder`), traced
+    once for the three encoded signatures."""
+    return image_decoder(self._table)(image_bytes)
 
   @graphs.function(input_signature=sig.specs(sig.EXAMPLES, batch=True))
   def serve_examples(self, examples):
