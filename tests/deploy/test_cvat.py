@@ -104,10 +104,10 @@ def test_a_click_request_answers_the_served_models_mask_and_its_outline(function
     parts, n = ndimage.label(mask, structure=np.ones((3, 3)))
     sizes = ndimage.sum_labels(mask, parts, range(1, n + 1))
     largest = parts == 1 + int(np.argmax(sizes))
-    filled = _filled(answer["points"], mask.shape)
-    assert (filled >= ndimage.binary_fill_holes(largest)).all()
+    filled, whole = _filled(answer["points"], mask.shape), ndimage.binary_fill_holes(largest)
+    assert (filled >= whole).all()
     # ... and background pixels the 8-connected outline passes at a diagonal pinch.
-    assert not (filled & ~ndimage.binary_dilation(largest, np.ones((3, 3)))).any()
+    assert not (filled & ~ndimage.binary_dilation(whole, np.ones((3, 3)))).any()
   # A threshold of CVAT's: the served probabilities, in 8-bit steps.
   status, answer = call(dict(body, threshold=0.3))
   assert status == 200
@@ -164,6 +164,9 @@ def test_the_outline_follows_the_largest_part_clockwise():
   np.testing.assert_array_equal(_filled(outline(disk), disk.shape), disk)
   ring = disk & ((yy - 30) ** 2 + (xx - 41) ** 2 > 8**2)  # A hole: filled by the outline.
   np.testing.assert_array_equal(_filled(outline(ring), ring.shape), disk)
+  # A ring of diagonal steps alone (8-connected): the background it closes is a hole too.
+  diamond = np.abs(yy - 30) + np.abs(xx - 41)
+  np.testing.assert_array_equal(_filled(outline(diamond == 9), disk.shape), diamond <= 9)
 
 
 def test_a_wrong_token_is_the_servers_401_in_a_502(function, monkeypatch):
