@@ -143,6 +143,12 @@ class TrainConfig:
     "constant, or cosine decay to 5%% of the learning rate over --steps",
     choices=("constant", "cosine"),
   )
+  warmup_steps: int = option(
+    0,
+    "the learning rate rises linearly to its value over this run's first N steps "
+    "(0: none); with --init-from, it keeps Adam's first steps, which move every "
+    "weight by about the learning rate, from undoing what the model learnt",
+  )
   scale_learning_rate: bool = option(False, "multiply the learning rate by the replica count")
   shuffle_buffer: int = option(256, "examples in the shuffle buffer")
   augment: str = option(
@@ -195,6 +201,8 @@ class TrainConfig:
       allowed = _choices(name)
       if getattr(self, name) not in allowed:
         raise ValueError(f"{_flag(name)} must be one of {allowed}, got {getattr(self, name)!r}")
+    if self.warmup_steps < 0:
+      raise ValueError(f"--warmup-steps must be at least 0, got {self.warmup_steps}")
     if not isinstance(self.model_args, dict):
       raise ValueError(f"--model-args must be a JSON object, got {self.model_args!r}")
     augment.parse(self.augment)

@@ -12,7 +12,8 @@ store) train the next model, and the server serves it:
      image's digest); an image labelled again, or no longer labelled,
      makes the round read all the labels anew, so no old label stays;
   2. `beam-train fit --init-from` the serving model, with its own settings,
-     for --steps or --max-minutes, whichever comes first;
+     for --steps or --max-minutes, whichever comes first, the learning rate
+     rising over the first --warmup-steps;
   3. the export is published under MODEL/export/<version>/ (written beside,
      then renamed in), where `beam-train serve --model MODEL` picks it up
      without a restart.
@@ -78,6 +79,12 @@ class EngineConfig(CommandConfig):
   lr_scale: float = option(
     1.0, "a round's learning rate, as a multiple of the one MODEL was trained with"
   )
+  warmup_steps: int = option(
+    20,
+    "a round's learning rate rises to its value over its first N steps, so that "
+    "Adam's first steps (each weight moved by about the learning rate) do not "
+    "undo what the model knew (0: none)",
+  )
   base_share: float = option(
     0.0,
     "the share of a round's training records that are those "
@@ -91,6 +98,8 @@ class EngineConfig(CommandConfig):
       raise ValueError("--steps and --min-new must be at least 1, --max-minutes at least 0")
     if not self.lr_scale > 0:
       raise ValueError(f"--lr-scale must be above 0, got {self.lr_scale}")
+    if self.warmup_steps < 0:
+      raise ValueError(f"--warmup-steps must be at least 0, got {self.warmup_steps}")
     if not 0 <= self.base_share < 1:
       raise ValueError(f"--base-share must be in [0, 1), got {self.base_share}")
 
@@ -268,6 +277,8 @@ def _fit(
       f"{minutes:.3f}",
       "--learning-rate",
       repr(rate),
+      "--warmup-steps",
+      str(config.warmup_steps),
       "--export",
     ],
     log_path,

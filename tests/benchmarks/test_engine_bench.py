@@ -4,6 +4,7 @@ assertions). Its round between the two is a real `--engine-*` round of the
 server it runs (`train.serve.rounds`): what that round read and published is
 checked here too."""
 
+import dataclasses
 import json
 import math
 import os
@@ -63,12 +64,17 @@ def _check_the_round(served: str, labels: str, version: int) -> None:
     round_config = json.load(f)
   with open(os.path.join(served, keys.MODEL_CONFIG_FILE)) as f:
     assert round_config["learning_rate"] == json.load(f)["learning_rate"] * 0.5
+  assert round_config["warmup_steps"] == _default("warmup_steps")  # Serve's, then the engine's.
   with open(os.path.join(round_config["data"], keys.CONFIG_FILE)) as f:
     assert json.load(f)["transform_from"] == served
   log = _Log()
   config = engine.EngineConfig(labels=labels, model=served, min_new=2)  # Round 2's one label.
   assert engine.run_round(config, log) is None, log.lines
   assert "1 image(s) labelled since the last round (--min-new 2): no round" in log.lines[-1]
+
+
+def _default(name: str):
+  return next(f.default for f in dataclasses.fields(engine.EngineConfig) if f.name == name)
 
 
 class _Log:

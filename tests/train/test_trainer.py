@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -296,11 +297,35 @@ def test_fine_tuning_from_a_checkpoint_with_frozen_layers(prep_dir, tmp_path):
     "--no-export",
   ]
   assert _fit(common + ["--model-dir", a, "--steps", "3"]) == 0
-  assert (
-    _fit(common + ["--model-dir", b, "--steps", "3", "--init-from", a, "--freeze", "^down0_"]) == 0
-  )
+  tuned = ["--init-from", a, "--freeze", "^down0_", "--warmup-steps", "2", "--log-every", "1"]
+  assert _fit(common + ["--model-dir", b, "--steps", "3"] + tuned) == 0
   np.testing.assert_array_equal(_kernel(a, "down0_conv1"), _kernel(b, "down0_conv1"))
   assert not np.array_equal(_kernel(a, "up0_conv1"), _kernel(b, "up0_conv1"))
+  # The learning rate rose to its value (2e-3) over the first two steps.
+  assert _scalars(b, "learning_rate") == pytest.approx([1e-3, 2e-3, 2e-3])
+  assert _fit(common + ["--model-dir", str(tmp_path / "c"), "--warmup-steps", "-1"]) == 2
+
+
+def _scalars(model_dir, tag):
+  """A training scalar's values, by step."""
+  found = {}
+  for f in glob.glob(os.path.join(model_dir, "tensorboard", "train", "events.*")):
+    for e in tf.compat.v1.train.summary_iterator(f):
+      for v in e.summary.value:
+        if v.tag == tag:
+          found[e.step] = float(tf.make_ndarray(v.tensor))
+  return [found[k] for k in sorted(found)]
+
+
+def test_warmup_scales_a_schedule_over_its_first_steps():
+  from train.fit.model_setup import Warmup  # pylint: disable=g-import-not-at-top
+
+  cosine = keras.optimizers.schedules.CosineDecay(1.0, decay_steps=10, alpha=0.05)
+  warm = Warmup(cosine, 4)
+  for step in range(12):
+    want = float(cosine(step)) * min(1.0, (step + 1) / 4)
+    assert float(warm(step)) == pytest.approx(want, rel=1e-6), step
+  assert float(Warmup(2e-3, 2)(0)) == pytest.approx(1e-3)
 
 
 def _interrupted_fit(prep_dir, model_dir, sig, at_step, every=100000):

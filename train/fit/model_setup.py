@@ -42,6 +42,22 @@ def _freeze(model: keras.Model, pattern: str) -> int:
   return frozen
 
 
+class Warmup(keras.optimizers.schedules.LearningRateSchedule):
+  """A learning rate (or schedule) times (step + 1) / `steps` over the first
+  `steps` optimizer steps: the first step trains at 1 / `steps` of it."""
+
+  def __init__(self, after, steps: int):
+    self.after, self.steps = after, steps
+
+  def __call__(self, step):
+    after = self.after(step) if callable(self.after) else self.after
+    ramp = tf.minimum(1.0, (tf.cast(step, tf.float32) + 1.0) / self.steps)
+    return tf.cast(after, tf.float32) * ramp
+
+  def get_config(self):
+    return {"after": self.after, "steps": self.steps}
+
+
 def build_model(config: TrainConfig, task, spec: Dict[str, Any], lr: float):
   """(model, optimizer, global step, learning-rate schedule), in the strategy's scope."""
   model = models.build_model(**spec)
@@ -54,6 +70,8 @@ def build_model(config: TrainConfig, task, spec: Dict[str, Any], lr: float):
   schedule = lr
   if config.lr_schedule == "cosine":
     schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=config.steps, alpha=0.05)
+  if config.warmup_steps:
+    schedule = Warmup(schedule, config.warmup_steps)
   optimizer = keras.optimizers.Adam(schedule)
   if config.mixed_precision == "mixed_float16":
     optimizer = keras.optimizers.LossScaleOptimizer(optimizer)

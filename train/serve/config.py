@@ -18,6 +18,7 @@ ENGINE_FIELDS = {
   "engine_steps": "steps",
   "engine_minutes": "max_minutes",
   "engine_lr_scale": "lr_scale",
+  "engine_warmup_steps": "warmup_steps",
   "engine_base_share": "base_share",
 }
 
@@ -117,6 +118,10 @@ class ServeConfig(CommandConfig):
     "a background round's learning rate, as "
     "a multiple of the model's own (beam-train engine "
     "--lr-scale)",
+  )
+  engine_warmup_steps: int = _engine_option(
+    "warmup_steps",
+    "a background round's steps of rising learning rate (beam-train engine --warmup-steps)",
   )
   engine_base_share: float = _engine_option(
     "base_share",
