@@ -14,6 +14,7 @@ examples.
 
 import argparse
 import functools
+import os
 from typing import List, Optional
 
 from beam_prep import keys, kit
@@ -221,7 +222,6 @@ def _launch(config, beam_args, known):
 
   refused = (
     outputs.OutputError,
-    prep.InputError,
     prep.TransformFromError,
     shard_sets.AddError,
     dataflow.DataflowOptionsError,
@@ -232,9 +232,23 @@ def _launch(config, beam_args, known):
         beam_args = dataflow.check_and_complete(beam_args, config)
       options = PipelineOptions(pipeline_args(beam_args, config.input))
       return prep.run(config, options, wait=known.wait)
+  except prep.InputError as e:
+    raise Refused(f"{e}{_layout_from_file(config, known)}") from e
   except FeatureError as e:  # An op's bug: it stops the job, which leaves no output.
     kept = "the output is as it was before it" if config.add else "its output was removed"
     raise Refused(f"the job stopped and {kept}: {e}") from e
+
+
+def _layout_from_file(config, known) -> str:
+  """Says so when the layout that did not read the input came from --config
+  (the settings of another run, reused for new data), not the command line."""
+  given = keys.is_remote(config.input) or os.path.exists(config.input)
+  if given and getattr(known, "layout", None) is None and known.config and config.layout != "auto":
+    return (
+      f" (--layout {config.layout} came from --config {known.config}: give --layout auto "
+      "to detect the input's own, or its name)"
+    )
+  return ""
 
 
 def _prep(task: str, argv: List[str], log) -> int:

@@ -148,6 +148,23 @@ def test_bad_config_file_key(tmp_path, capsys):
   assert "unknown config keys: ['variantz']" in capsys.readouterr().out
 
 
+def test_a_layout_from_the_config_file_that_reads_nothing_says_where_it_came_from(
+  sample_dir, tmp_path, capsys
+):
+  """The settings of another run (--config) reused on new data: its layout is
+  named as the file's, with the flag that detects the input's own."""
+  (tmp_path / "c.json").write_text('{"layout": "coco_mval"}')
+  argv = ["segmentation", "--input", sample_dir, "--output", str(tmp_path / "o")]
+  assert run_cli(argv + ["--config", str(tmp_path / "c.json")]) == 2
+  said = capsys.readouterr().out
+  assert "as the coco_mval layout: no image matches" in said
+  assert f"--layout coco_mval came from --config {tmp_path / 'c.json'}: give --layout auto" in said
+  assert run_cli(argv + ["--layout", "coco_mval"]) == 2  # Asked for: nothing to add.
+  said = capsys.readouterr().out
+  assert "as the coco_mval layout" in said and "came from" not in said
+  assert not os.path.exists(tmp_path / "o")
+
+
 def test_overwrite_replaces_everything(sample_dir, tmp_path):
   out = tmp_path / "out"
   out.mkdir()
