@@ -55,7 +55,10 @@ class Warmup(keras.optimizers.schedules.LearningRateSchedule):
     return tf.cast(after, tf.float32) * ramp
 
   def get_config(self):
-    return {"after": self.after, "steps": self.steps}
+    after = self.after
+    if isinstance(after, keras.optimizers.schedules.LearningRateSchedule):
+      after = keras.optimizers.schedules.serialize(after)
+    return {"after": after, "steps": self.steps}
 
 
 def build_model(config: TrainConfig, task, spec: Dict[str, Any], lr: float):
