@@ -9,8 +9,9 @@ store) train the next model, and the server serves it:
      inputs normalized as before), every image in the train split. From
      the second round on, the last round's records are linked in and only
      the images labelled since are added (`beam-prep --add`, by the
-     image's digest); an image labelled again, or no longer labelled,
-     makes the round read all the labels anew, so no old label stays;
+     image's digest); an image labelled again (saved again since the last
+     round, or found so by the --add job), or no longer labelled, makes the
+     round read all the labels anew, so no old label stays;
   2. `beam-train fit --init-from` the serving model, with its own settings,
      for --steps or --max-minutes, whichever comes first, the learning rate
      rising over the first --warmup-steps;
@@ -182,17 +183,20 @@ def _prep(
   log_path: str,
   previous: Optional[str],
   labelled: Set[str],
+  changed: Set[str] = frozenset(),
 ) -> Tuple[float, Dict[str, Any]]:
   """The label store's images -> records read with the current model's
   transform: the `previous` round's records, linked in, with the images
   labelled since added (`beam-prep --add`); all of them in a first round,
   when an image left the store (`labelled`: the image ids it holds) or when
-  one was labelled again, so no old label stays.
+  one was labelled again (one of `changed`, the ids saved since, that the
+  previous records hold; else as the `--add` job finds it), so no old label
+  stays.
 
   Returns:
     (seconds, how: "mode" add or all, images added and held, or why all).
   """
-  seconds, why = 0.0, _why_all(previous, labelled)
+  seconds, why = 0.0, _why_all(previous, labelled, changed)
   if not why:
     _linked_copy(previous, out)
     seconds = _run(_prep_command(config, current, out, add=True), log_path)
@@ -209,16 +213,21 @@ def _prep(
   }
 
 
-def _why_all(previous: Optional[str], labelled: Set[str]) -> str:
-  """Why a round reads all the labels ("": it adds to the `previous` round's records)."""
+def _why_all(previous: Optional[str], labelled: Set[str], changed: Set[str] = frozenset()) -> str:
+  """Why a round reads all the labels ("": it adds to the `previous` round's
+  records): `labelled` are the image ids the store holds, `changed` those
+  saved since the last round (one the previous records hold was labelled
+  again; the `--add` job finds any other, by digest)."""
   from beam_prep import image_index  # pylint: disable=g-import-not-at-top  (Beam: rounds only)
 
   if not previous:
     return "the first round"
   if not os.path.exists(os.path.join(previous, image_index.INDEX_DIR)):
     return f"{previous} has no image index"
-  gone = {e[keys.IMAGE_ID] for e in image_index.lines(previous)} - labelled
-  return f"{len(gone)} image(s) no longer labelled" if gone else ""
+  held = {e[keys.IMAGE_ID] for e in image_index.lines(previous)}
+  if held - labelled:
+    return f"{len(held - labelled)} image(s) no longer labelled"
+  return f"{len(held & changed)} image(s) labelled again" if held & changed else ""
 
 
 def _last_set(prep_dir: str) -> Dict[str, Any]:
@@ -371,8 +380,7 @@ def run_round(config: EngineConfig, log) -> Optional[Dict[str, Any]]:
   with _one_at_a_time(config.root):
     done = rounds(config.root)
     entries, newest = _labelled(config.labels)
-    since = done[-1]["labels_until"] if done else 0.0
-    new = sum(1 for e in entries if _last_saved(e) > since)
+    new = sum(1 for e in entries if _last_saved(e) > _labels_until(done))
     if new < config.min_new:
       log.info(
         "engine: %d image(s) labelled since the last round (--min-new %d): no round",
@@ -381,6 +389,11 @@ def run_round(config: EngineConfig, log) -> Optional[Dict[str, Any]]:
       )
       return None
     return _round(config, log, done, entries, new, newest)
+
+
+def _labels_until(done: List[Dict[str, Any]]) -> float:
+  """The time of the newest label the last round read (0: no round yet)."""
+  return done[-1]["labels_until"] if done else 0.0
 
 
 def _round_folder(root: str, number: int) -> str:
@@ -417,9 +430,11 @@ def _round_records(config, log, number: int, current: str, done, entries):
   previous = os.path.join(os.path.dirname(done[-1]["model_dir"]), PREP_DIR) if done else None
   log_path = os.path.join(folder, "round.log")
   # The image ids the job will read the label store's files with.
-  labelled = {folders.Folders.pointer("", e["file_name"])[keys.IMAGE_ID] for e in entries}
+  image_id = lambda e: folders.Folders.pointer("", e["file_name"])[keys.IMAGE_ID]  # pylint: disable=unnecessary-lambda-assignment
+  labelled = {image_id(e) for e in entries}
+  changed = {image_id(e) for e in entries if _last_saved(e) > _labels_until(done)}
   out = os.path.join(folder, PREP_DIR)
-  prep_s, how = _prep(config, current, out, log_path, previous, labelled)
+  prep_s, how = _prep(config, current, out, log_path, previous, labelled, changed)
   log.info(
     "engine: round %d: records of %d image(s) in %.0f s (%s)",
     number,

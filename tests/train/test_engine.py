@@ -173,3 +173,6 @@ def test_a_round_adds_what_was_labelled_since_and_reads_all_after_a_relabel(
   gone = _ids(labels) - {os.path.splitext(masks[1])[0]}
   assert engine._why_all(third, gone) == "1 image(s) no longer labelled"  # pylint: disable=protected-access
   assert engine._why_all(None, gone) == "the first round"  # pylint: disable=protected-access
+  # The label store's save times name an image labelled again before any job runs.
+  again = engine._why_all(third, _ids(labels), {os.path.splitext(masks[1])[0], "new"})  # pylint: disable=protected-access
+  assert again == "1 image(s) labelled again"
