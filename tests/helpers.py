@@ -6,6 +6,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -86,6 +88,20 @@ def red_disk_data(root, h, w, cx, cy, r):
     with open(os.path.join(root, "data", sub, "a.png"), "wb") as f:
       f.write(png(arr, mode))
   return img, obj
+
+
+def assert_never_imports(code: str, package: str) -> None:
+  """Runs `code` in a fresh interpreter (in the project's root) and checks
+  that it ran and that no module of `package` was imported."""
+  check = (
+    f"{code}\nimport sys\n"
+    f"loaded = sorted(m for m in sys.modules if m.split('.')[0] == {package!r})\n"
+    "assert not loaded, loaded[:5]\nprint('ok')\n"
+  )
+  run = subprocess.run(
+    [sys.executable, "-c", check], capture_output=True, text=True, cwd=ROOT, timeout=300
+  )
+  assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr[-3000:]
 
 
 def run_cli(argv):
