@@ -146,8 +146,8 @@ class TrainConfig:
   warmup_steps: int = option(
     0,
     "the learning rate rises linearly to its value over this run's first N steps "
-    "(0: none); with --init-from, it keeps Adam's first steps, which move every "
-    "weight by about the learning rate, from undoing what the model learnt",
+    "(0: none); for fine-tuning (--init-from): Adam's first steps move every "
+    "weight by about the learning rate, undoing what the model learnt",
   )
   scale_learning_rate: bool = option(False, "multiply the learning rate by the replica count")
   shuffle_buffer: int = option(256, "examples in the shuffle buffer")

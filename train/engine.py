@@ -82,9 +82,8 @@ class EngineConfig(CommandConfig):
   )
   warmup_steps: int = option(
     20,
-    "a round's learning rate rises to its value over its first N steps, so that "
-    "Adam's first steps (each weight moved by about the learning rate) do not "
-    "undo what the model knew (0: none)",
+    "a round's learning rate rises to its value over its first N steps "
+    "(beam-train fit --warmup-steps; 0: none)",
   )
   base_share: float = option(
     0.0,
