@@ -430,7 +430,7 @@ def run(
   config = with_layout(config, dry_run)
   if not config.add or dry_run:
     return _run(config, options, dry_run, wait, started)
-  with shard_sets.held(config.output):
+  with shard_sets.one_job_adding(config.output):
     return _run(config, options, dry_run, wait, started)
 
 

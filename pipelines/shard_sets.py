@@ -51,7 +51,7 @@ class AddTarget:
 
 
 @contextlib.contextmanager
-def held(output: str) -> Iterator[None]:
+def one_job_adding(output: str) -> Iterator[None]:
   """One --add job at a time on `output`: a local folder is locked (an
   exclusive flock on the folder itself, released when the job ends or its
   process dies) for the block; an output elsewhere (gs://) is not, and one

@@ -379,7 +379,7 @@ def run_round(config: EngineConfig, log) -> Optional[Dict[str, Any]]:
   with _one_at_a_time(config.root):
     done = rounds(config.root)
     entries, newest = _labelled(config.labels)
-    new = sum(1 for e in entries if _last_saved(e) > _labels_until(done))
+    new = len(_saved_since(entries, done))
     if new < config.min_new:
       log.info(
         "engine: %d image(s) labelled since the last round (--min-new %d): no round",
@@ -390,9 +390,10 @@ def run_round(config: EngineConfig, log) -> Optional[Dict[str, Any]]:
     return _round(config, log, done, entries, new, newest)
 
 
-def _labels_until(done: List[Dict[str, Any]]) -> float:
-  """The time of the newest label the last round read (0: no round yet)."""
-  return done[-1]["labels_until"] if done else 0.0
+def _saved_since(entries: List[Dict[str, Any]], done: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """The label store's entries saved after the newest label the last round read."""
+  since = done[-1]["labels_until"] if done else 0.0
+  return [e for e in entries if _last_saved(e) > since]
 
 
 def _round_folder(root: str, number: int) -> str:
@@ -431,7 +432,7 @@ def _round_records(config, log, number: int, current: str, done, entries):
   # The image ids the job will read the label store's files with.
   image_id = lambda e: folders.Folders.pointer("", e["file_name"])[keys.IMAGE_ID]  # pylint: disable=unnecessary-lambda-assignment
   labelled = {image_id(e) for e in entries}
-  changed = {image_id(e) for e in entries if _last_saved(e) > _labels_until(done)}
+  changed = {image_id(e) for e in _saved_since(entries, done)}
   out = os.path.join(folder, PREP_DIR)
   prep_s, how = _prep(config, current, out, log_path, previous, labelled, changed)
   log.info(

@@ -127,7 +127,7 @@ def test_a_refused_add_changes_nothing_and_a_failed_sets_files_go_with_the_next(
   assert _add(data, out, "--overwrite") == 2
   assert _add(data, tmp_path / "none") == 2
   capsys.readouterr()
-  with shard_sets.held(str(out)):  # Another job adding to it meanwhile.
+  with shard_sets.one_job_adding(str(out)):  # Another job adding to it meanwhile.
     assert _add(data, out) == 2
   assert f"another job is adding to {out}" in capsys.readouterr().out
   assert manifest(out) == before and (out / keys.SUCCESS_FILE).exists()
