@@ -87,16 +87,11 @@ def serving(model_dir: str, **config) -> Iterator[Tuple[Any, Any]]:
   """`beam-train serve` of `model_dir` (with ServeConfig's `config`) on a
   local port of 127.0.0.1, in a thread of this process: (the server, its
   versions: `versions.current` the loaded model), until the block ends."""
-  import threading  # pylint: disable=g-import-not-at-top
   from train.serve import app  # pylint: disable=g-import-not-at-top
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
 
-  server, versions = app.start(ServeConfig(model=model_dir, model_name="bench", port=0, **config))
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  try:
-    yield server, versions
-  finally:
-    server.shutdown()
+  with app.running(ServeConfig(model=model_dir, model_name="bench", port=0, **config)) as served:
+    yield served
 
 
 def url_of(server) -> str:

@@ -87,7 +87,6 @@ def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: i
   first half of their objects through the served model (the labels saved);
   `beam-train engine` fine-tunes it on them; the other half is labelled
   before and after the round, nothing saved -> (the figures, its seconds)."""
-  import threading  # pylint: disable=g-import-not-at-top
   from train.evaluate import simulate  # pylint: disable=g-import-not-at-top
   from train.serve import app as serve_app  # pylint: disable=g-import-not-at-top
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
@@ -100,12 +99,9 @@ def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: i
   labelled = [o for o in objects if o["image_id"] in half]
   held = [o for o in objects if o["image_id"] not in half]
   t = time.time()
-  server, versions = serve_app.start(
-    ServeConfig(model=model, port=0, save_dir=labels, poll_seconds=0.5)
-  )
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  url = f"http://127.0.0.1:{server.port}"
-  try:
+  config = ServeConfig(model=model, port=0, save_dir=labels, poll_seconds=0.5)
+  with serve_app.running(config) as (server, versions):
+    url = f"http://127.0.0.1:{server.port}"
     before = simulate.label_batch(simulate.Annotator(url, save=False), held)
     saved = simulate.label_batch(simulate.Annotator(url, save=True), labelled)
     version = versions.current.version
@@ -126,8 +122,6 @@ def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: i
     while versions.current.version == version and time.time() - t < 600:
       time.sleep(0.2)
     after = simulate.label_batch(simulate.Annotator(url, save=False), held)
-  finally:
-    server.shutdown()
   return {
     "labels": labels,
     "labelled": len(saved),

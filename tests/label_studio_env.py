@@ -277,7 +277,6 @@ def keypoint(
 def screenshot(model: str, image_path: str, click: Tuple[int, int], out: str) -> None:
   """Label Studio's page with the model's mask for one keypoint, as a PNG."""
   import tempfile  # pylint: disable=g-import-not-at-top
-  import threading  # pylint: disable=g-import-not-at-top
 
   from PIL import Image  # pylint: disable=g-import-not-at-top
 
@@ -287,9 +286,8 @@ def screenshot(model: str, image_path: str, click: Tuple[int, int], out: str) ->
   with open(image_path, "rb") as f:
     data = f.read()
   width, height = Image.open(image_path).size
-  server, _ = serve_app.start(ServeConfig(model=model, port=0))
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  with tempfile.TemporaryDirectory() as work, running(work) as url:
+  served = serve_app.running(ServeConfig(model=model, port=0))
+  with served as (server, _), tempfile.TemporaryDirectory() as work, running(work) as url:
     pid, task, ml = connect(
       url, f"http://127.0.0.1:{server.port}", os.path.basename(image_path), data
     )
@@ -304,7 +302,6 @@ def screenshot(model: str, image_path: str, click: Tuple[int, int], out: str) ->
       {"task": task, "result": result, "model_version": answer["model_version"]},
     )
     _browser_shot(url, f"{url}/projects/{pid}/data?task={task}", out)
-  server.shutdown()
 
 
 def _browser_shot(url: str, page: str, out: str) -> None:

@@ -8,7 +8,6 @@ import importlib.util
 import json
 import os
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -41,21 +40,19 @@ def _function_module():
 @pytest.fixture(scope="module")
 def function(trained, monkeypatch_module):
   config = ServeConfig(model=trained, model_name="cat", port=0, auth_token=TOKEN)
-  server, _ = serve_app.start(config)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  monkeypatch_module.setenv("BEAM_TRAIN_SERVE_URL", f"http://127.0.0.1:{server.port}")
-  monkeypatch_module.setenv("BEAM_TRAIN_MODEL", "cat")
-  monkeypatch_module.setenv("BEAM_TRAIN_AUTH_TOKEN", TOKEN)
-  module = _function_module()
-  platform = nuclio_test.Platform()
+  with serve_app.running(config) as (server, _):
+    monkeypatch_module.setenv("BEAM_TRAIN_SERVE_URL", f"http://127.0.0.1:{server.port}")
+    monkeypatch_module.setenv("BEAM_TRAIN_MODEL", "cat")
+    monkeypatch_module.setenv("BEAM_TRAIN_AUTH_TOKEN", TOKEN)
+    module = _function_module()
+    platform = nuclio_test.Platform()
 
-  def call(body):
-    event = nuclio_sdk.Event(body=body, content_type="application/json", method="POST")
-    response = platform.call_handler(module.handler, event)
-    return response.status_code, json.loads(response.body)
+    def call(body):
+      event = nuclio_sdk.Event(body=body, content_type="application/json", method="POST")
+      response = platform.call_handler(module.handler, event)
+      return response.status_code, json.loads(response.body)
 
-  yield call, module
-  server.shutdown()
+    yield call, module
 
 
 @pytest.fixture(scope="module")

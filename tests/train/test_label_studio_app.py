@@ -6,7 +6,6 @@ and an annotation whose webhook reaches the label store (and whose deletion
 removes it)."""
 
 import os
-import threading
 import time
 
 import numpy as np
@@ -61,9 +60,7 @@ def test_label_studio_calls_the_server_and_its_annotations_reach_the_label_store
   from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
   save = str(tmp_path / "labels")
-  server, _ = serve_app.start(ServeConfig(model=trained, port=0, save_dir=save))
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  try:
+  with serve_app.running(ServeConfig(model=trained, port=0, save_dir=save)) as (server, _):
     backend = f"http://127.0.0.1:{server.port}"
     _, task, ml = lse.connect(label_studio, backend, "scene.png", png(_scene()))
     point = lse.keypoint(30, 36, W, H)
@@ -94,5 +91,3 @@ def test_label_studio_calls_the_server_and_its_annotations_reach_the_label_store
       _until(lambda: labels.count() == 0, "ANNOTATIONS_DELETED")
     finally:
       labels.close()
-  finally:
-    server.shutdown()

@@ -8,7 +8,6 @@ import base64
 import io
 import json
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -473,45 +472,45 @@ def test_labelling_two_objects_in_the_browser_saves_what_beam_prep_reads_back(
   save = tmp_path / "labels"
   # A cache of one image: another upload pushes the page's image out.
   config = ServeConfig(model=trained, port=0, save_dir=str(save), cache_mb=0.06, data=prep_dir)
-  server, _ = serve_app.start(config)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  browser = helpers.browser()
-  try:
-    browser.get(f"http://127.0.0.1:{server.port}/")
-    s = _Session(browser, W, H)
-    s.wait(lambda b: s.js("return document.getElementById('model').textContent") != "click and see")
-    browser.find_element("id", "upload").send_keys(str(picture))
-    s.wait(lambda b: s.js("return labelPage.page.at") == 0)
-    _label_two_objects(s)
-    _box_prompt(s, trained, image)
-    # The server loses the image: the page sends its copy again and goes on.
-    _upload_over_http(f"http://127.0.0.1:{server.port}", image[::-1].copy())
-    lost = s.js("return labelPage.page.id")
-    browser.find_elements("css selector", "#objects li")[1].click()  # Edit object 2.
-    s.idle()
-    s.click(100, 30)
-    s.key("n")
-    s.saved(2)
-    assert s.js("return labelPage.page.id") != lost
-    assert "error" not in browser.find_element("id", "status").get_attribute("class")
-    objects = s.js("return labelPage.current().objects")
-    areas = [
-      int(li.text.split(": ")[1].split()[0])
-      for li in browser.find_elements("css selector", "#objects li")
-    ]
-    # The same file chosen again opens again: the saved objects come back.
-    browser.find_element("id", "upload").send_keys(str(picture))
-    s.wait(
-      lambda b: (
-        s.js("return labelPage.page.at") == 0
-        and len(s.js("return labelPage.current().objects")) == 2
+  with serve_app.running(config) as (server, _):
+    browser = helpers.browser()
+    try:
+      browser.get(f"http://127.0.0.1:{server.port}/")
+      s = _Session(browser, W, H)
+      s.wait(
+        lambda b: s.js("return document.getElementById('model').textContent") != "click and see"
       )
-    )
-    reopened = s.js("return labelPage.current().objects")
-    _true_outline_is_shown(s, prep_dir)
-  finally:
-    browser.quit()
-    server.shutdown()
+      browser.find_element("id", "upload").send_keys(str(picture))
+      s.wait(lambda b: s.js("return labelPage.page.at") == 0)
+      _label_two_objects(s)
+      _box_prompt(s, trained, image)
+      # The server loses the image: the page sends its copy again and goes on.
+      _upload_over_http(f"http://127.0.0.1:{server.port}", image[::-1].copy())
+      lost = s.js("return labelPage.page.id")
+      browser.find_elements("css selector", "#objects li")[1].click()  # Edit object 2.
+      s.idle()
+      s.click(100, 30)
+      s.key("n")
+      s.saved(2)
+      assert s.js("return labelPage.page.id") != lost
+      assert "error" not in browser.find_element("id", "status").get_attribute("class")
+      objects = s.js("return labelPage.current().objects")
+      areas = [
+        int(li.text.split(": ")[1].split()[0])
+        for li in browser.find_elements("css selector", "#objects li")
+      ]
+      # The same file chosen again opens again: the saved objects come back.
+      browser.find_element("id", "upload").send_keys(str(picture))
+      s.wait(
+        lambda b: (
+          s.js("return labelPage.page.at") == 0
+          and len(s.js("return labelPage.current().objects")) == 2
+        )
+      )
+      reopened = s.js("return labelPage.current().objects")
+      _true_outline_is_shown(s, prep_dir)
+    finally:
+      browser.quit()
   masks = [_decoded(o["prob"]) >= o["level"] for o in objects]
   assert areas == [int(m.sum()) for m in masks] and [o["clicks"][-1]["x"] for o in objects] == [
     5,

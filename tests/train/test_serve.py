@@ -59,11 +59,8 @@ def images_dir(tmp_path_factory):
 def served(trained, prep_dir, images_dir):
   """The server on a free port of 127.0.0.1, in a thread: (base URL, server)."""
   config = ServeConfig(model=trained, model_name=NAME, port=0, images=images_dir, data=prep_dir)
-  server, _ = serve_app.start(config)
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
-  thread.start()
-  yield f"http://127.0.0.1:{server.port}", server
-  server.shutdown()
+  with serve_app.running(config) as (server, _):
+    yield f"http://127.0.0.1:{server.port}", server
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ stays open."""
 
 import base64
 import logging
-import threading
 import urllib.error
 import urllib.request
 
@@ -54,11 +53,9 @@ def test_every_route_asks_for_the_credentials_given(trained, monkeypatch, caplog
     auth_user="ann",
     auth_password="pw:with:colons",
   )
-  with caplog.at_level(logging.INFO, logger="beam_train"):
-    server, _ = serve_app.start(config, logging.getLogger("beam_train"))
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  url = f"http://127.0.0.1:{server.port}"
-  try:
+  served = serve_app.running(config, logging.getLogger("beam_train"))
+  with caplog.at_level(logging.INFO, logger="beam_train"), served as (server, _):
+    url = f"http://127.0.0.1:{server.port}"
     routes = [(p, None) for p in ("/", "/v1/models/cat", "/page/sources", "/page/coco", "/health")]
     routes += [(p, b"{}") for p in ("/setup", "/predict", "/webhook", "/page/save")]
     for path, body in routes:  # Label Studio's routes too: they fetch images, keep labels.
@@ -82,8 +79,6 @@ def test_every_route_asks_for_the_credentials_given(trained, monkeypatch, caplog
       req = urllib.request.Request(url + "/v1/models/cat", headers={"Authorization": header})
       with urllib.request.urlopen(req) as r:
         assert r.status == 200
-  finally:
-    server.shutdown()
   logged = caplog.text
   assert "every request needs a bearer token or basic auth as 'ann'" in logged
   assert TOKEN not in logged and "pw:with:colons" not in logged

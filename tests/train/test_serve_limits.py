@@ -23,13 +23,9 @@ def server(trained):
   """The server on a free port, in a thread of this process, with the
   suite's limits: (port, server)."""
   config = ServeConfig(model=trained, model_name=NAME, port=0, **bad_requests.SUITE_CONFIG)
-  srv, _ = serve_app.start(config)
-  thread = threading.Thread(target=srv.serve_forever, daemon=True)
-  thread.start()
-  yield srv.port, srv
-  srv.shutdown()
-  thread.join(30)
-  assert not thread.is_alive()
+  with serve_app.running(config) as (srv, _):
+    yield srv.port, srv
+  assert srv.stopped, "the server is still serving"
 
 
 def _predict_body(clicks):

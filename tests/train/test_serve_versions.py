@@ -6,7 +6,6 @@ goes on, and each saved label records the version that made its mask."""
 import io
 import os
 import shutil
-import threading
 import time
 
 import numpy as np
@@ -61,10 +60,8 @@ def test_a_newer_export_is_served_without_a_restart_and_labels_name_their_versio
     poll_seconds=0.2,
     save_dir=str(tmp_path / "labels"),
   )
-  server, versions = serve_app.start(config)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  client = server.app.test_client()
-  try:
+  with serve_app.running(config) as (server, versions):
+    client = server.app.test_client()
     key = _upload(client)
     first = client.post("/page/segment", json={"id": key, "positive": [[20, 20]]}).get_json()
     assert first["version"] == 100 and _states(client) == [(100, "AVAILABLE")]
@@ -97,8 +94,6 @@ def test_a_newer_export_is_served_without_a_restart_and_labels_name_their_versio
     assert r.status_code == 400 and r.get_json()["error"].startswith("objects[0].version")
     got = client.post("/page/open", json={"saved": "images/x.png"}).get_json()["objects"]
     assert [o["version"] for o in got] == [100, 200]
-  finally:
-    server.shutdown()
 
 
 def test_a_version_that_fails_to_load_is_listed_and_the_one_serving_goes_on(model_dir):

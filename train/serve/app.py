@@ -20,9 +20,11 @@ Requests are served on --threads threads; the model's concrete functions
 are safe to call concurrently.
 """
 
+import contextlib
 import logging
 import os
-from typing import Optional
+import threading
+from typing import Iterator, Optional, Tuple
 
 import orjson
 from flask import Flask, Response, request, send_from_directory
@@ -276,6 +278,23 @@ def start(config: ServeConfig, log: Optional[logging.Logger] = None):
   if log:
     _say_started(log, config, versions, server.port, app.extensions[LABELS])
   return server, versions
+
+
+@contextlib.contextmanager
+def running(
+  config: ServeConfig, log: Optional[logging.Logger] = None
+) -> Iterator[Tuple[Server, Versions]]:
+  """`start`, serving in a thread of this process until the block ends, then
+  shut down (the watch stopped, the label store closed): (server, versions).
+  For a program that serves beside its own work: the demo, the benchmarks."""
+  server, versions = start(config, log)
+  thread = threading.Thread(target=server.serve_forever, daemon=True, name="serve")
+  thread.start()
+  try:
+    yield server, versions
+  finally:
+    server.shutdown()
+    thread.join(30)
 
 
 def _say_started(

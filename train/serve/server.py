@@ -115,6 +115,11 @@ class Server:
     self._waitress.channel_class = _json_channel(max_request_mb)
     self._serving, self._stopped = threading.Event(), threading.Event()
 
+  @property
+  def stopped(self) -> bool:
+    """Whether `serve_forever` has returned (after `shutdown()`)."""
+    return self._stopped.is_set()
+
   def serve_forever(self) -> None:
     """Serves until `shutdown()` (or KeyboardInterrupt, which it raises)."""
     self._serving.set()
