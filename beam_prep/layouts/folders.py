@@ -3,7 +3,9 @@
 Masks hold instance ids: 0 background, 1..254 objects, 255 ignore (as Pascal
 VOC's SegmentationObject PNGs). A mask of only 0 and 255 is one object (255),
 as most single-object sets save their masks; in grey or in RGB (black and
-white). The details: `beam_prep.ops.image.mask_to_ids`.
+white); so is a black and white mask with grey edges (resized, anti-aliased,
+JPEG): its pixels of grey 128 and above. The details:
+`beam_prep.ops.image.mask_to_ids`.
 
 The Berkeley benchmark's folders are the same (`has_files`): `--layout auto`
 says so when it reads a folder as one of the two.
@@ -27,7 +29,8 @@ class Folders(Layout):
   gives = (keys.MASK_BYTES,)
   expects = (
     "ROOT/images/NAME.png|jpg + ROOT/masks/NAME.png (instance ids: 0 background, "
-    "1..254 objects, 255 ignore; a mask of only 0 and 255 is one object)"
+    "1..254 objects, 255 ignore; a mask of only 0 and 255 is one object, "
+    "and so is one with grey edges between them: grey 128 and above)"
   )
   priority = 40
 

@@ -137,9 +137,15 @@ def image_to_rgb(im: Image.Image) -> np.ndarray:
 
 # The id of the one object of a binary mask (only 0 and 255, some 255).
 BINARY_OBJECT = 1
+# A black and white mask with grey edges (anti-aliased, resampled or saved as
+# JPEG): its object is the pixels at this grey level or above.
+SOFT_OBJECT_LEVEL = 128
 # Colour modes whose mask is read when it is black and white (all colour
 # channels equal): a binary mask saved as RGB is common. Alpha is dropped.
 _COLOUR_CHANNELS = {"RGB": 3, "RGBA": 3, "LA": 1}
+# How far apart a grey pixel's channels may be in a colour mask with grey
+# edges: a JPEG's colour conversion moves them a few levels.
+_GREY_SPREAD = 8
 
 
 def mask_to_ids(im: Image.Image) -> np.ndarray:
@@ -148,14 +154,20 @@ def mask_to_ids(im: Image.Image) -> np.ndarray:
   The coding is Pascal VOC's: 0 background, 1..254 objects, 255 ignore. A
   mask of only 0 and 255 (some 255) is a binary mask, as most single-object
   sets and tools save theirs: one object, 255 -> `BINARY_OBJECT` (read as
-  VOC, it would hold no object). A 16-bit mask is accepted when every value
-  fits in 8 bits. An RGB, RGBA or LA mask is accepted only when it is such a
-  binary mask in grey (its colour channels equal); any other is rejected:
-  its colours are not instance ids.
+  VOC, it would hold no object). So is a black and white mask with grey
+  edges (`_has_soft_edges`: resized, anti-aliased or saved as JPEG, as many
+  saliency sets are): its object is the pixels of `SOFT_OBJECT_LEVEL` and
+  above (read as VOC, each grey level of its edge would be an object). A
+  16-bit mask is accepted when every value fits in 8 bits. An RGB, RGBA or
+  LA mask is accepted only when it is such a binary mask in grey (its
+  colour channels equal); any other is rejected: its colours are not
+  instance ids.
   """
   ids = _mask_values(im)
   if _is_binary(ids):
     return np.where(ids == keys.IGNORE, BINARY_OBJECT, keys.BACKGROUND).astype(np.uint8)
+  if _has_soft_edges(ids):
+    return np.where(ids >= SOFT_OBJECT_LEVEL, BINARY_OBJECT, keys.BACKGROUND).astype(np.uint8)
   return ids
 
 
@@ -163,6 +175,30 @@ def _is_binary(ids: np.ndarray) -> bool:
   """Whether uint8 `ids` hold only 0 and 255, and some 255."""
   counts = np.bincount(ids.ravel(), minlength=keys.IGNORE + 1)
   return counts[keys.IGNORE] > 0 and not counts[keys.BACKGROUND + 1 : keys.IGNORE].any()
+
+
+def _solid(values: np.ndarray, where: np.ndarray) -> float:
+  """The share of the pixels `where` whose 4 neighbours hold their value
+  (an image's border repeated)."""
+  if not where.any():
+    return 0.0
+  p = np.pad(values, 1, mode="edge")
+  c = p[1:-1, 1:-1]
+  same = (c == p[:-2, 1:-1]) & (c == p[2:, 1:-1]) & (c == p[1:-1, :-2]) & (c == p[1:-1, 2:])
+  return float((same & where).sum() / where.sum())
+
+
+def _has_soft_edges(ids: np.ndarray) -> bool:
+  """Whether uint8 `ids` are a black and white mask with grey edges rather
+  than instance ids: the grey levels between 0 and 255 lie in thin bands
+  (almost none of their pixels share their 4 neighbours' value), where
+  instance ids fill regions, small ones too; and 255 is a solid core, not
+  lines only."""
+  grey = (ids > keys.BACKGROUND) & (ids < keys.IGNORE)
+  core = ids == keys.IGNORE
+  if not grey.any() or not core.any():
+    return False
+  return _solid(ids, grey) < 0.2 and _solid(ids, core) >= 0.5
 
 
 def _mask_values(im: Image.Image) -> np.ndarray:
@@ -178,8 +214,9 @@ def _mask_values(im: Image.Image) -> np.ndarray:
     return arr.astype(np.uint8)
   if im.mode in _COLOUR_CHANNELS:
     colour = np.asarray(im, dtype=np.uint8)[..., : _COLOUR_CHANNELS[im.mode]]
-    grey = colour[..., 0]
-    if (colour == grey[..., None]).all() and _is_binary(grey):
+    grey = np.round(colour.mean(-1)).astype(np.uint8)
+    spread = int(np.abs(colour.astype(np.int16) - grey[..., None]).max())
+    if (spread == 0 and _is_binary(grey)) or (spread <= _GREY_SPREAD and _has_soft_edges(grey)):
       return grey
   raise ExampleError(
     "unsupported_mask",

@@ -119,6 +119,42 @@ def test_a_mask_of_only_0_and_255_is_one_object_and_voc_masks_are_unchanged():
   np.testing.assert_array_equal(_decode(image, encoded(palette))["instance_mask"], voc)
 
 
+def _soft_masks():
+  """A disk (radius 20) in black and white, saved the ways that give it grey
+  edges: resized, drawn anti-aliased, and as JPEG in grey and in RGB
+  -> {name: (mask file bytes, its object: pixels >= 128)}."""
+  import io  # pylint: disable=g-import-not-at-top
+
+  yy, xx = np.mgrid[:64, :80]
+  sharp = Image.fromarray(((yy - 30) ** 2 + (xx - 38) ** 2 <= 400).astype(np.uint8) * 255)
+  smooth = np.clip(20.5 - np.hypot(yy - 30.3, xx - 38.6), 0, 1) * 255  # anti-aliased
+  made = {
+    "resized": sharp.resize((40, 32), Image.BILINEAR),
+    "anti-aliased": Image.fromarray(np.round(smooth).astype(np.uint8)),
+  }
+  out = {name: (png(np.asarray(im), "L"), np.asarray(im) >= 128) for name, im in made.items()}
+  for mode in ("L", "RGB"):
+    buf = io.BytesIO()
+    sharp.convert(mode).save(buf, "JPEG", quality=90)
+    out[f"jpeg {mode}"] = (buf.getvalue(), np.asarray(sharp) >= 128)
+  return out
+
+
+def test_a_black_and_white_mask_with_grey_edges_is_one_object():
+  """Resized, anti-aliased or JPEG-saved, a black and white mask is one
+  object (its pixels of grey 128 and above), not an object per grey level;
+  VOC masks, small objects and their thick 255 bands included, are not read so."""
+  for name, (data, want) in _soft_masks().items():
+    got = _decode(encoded(Image.new("RGB", want.shape[::-1])), data)["instance_mask"]
+    assert set(np.unique(got).tolist()) == {0, 1}, name
+    assert (got == 1).sum() == pytest.approx(want.sum(), rel=0.02), name
+  image = encoded(Image.new("RGB", (24, 24)))
+  voc = np.full((24, 24), 255, np.uint8)  # Thick boundary bands, small objects.
+  voc[:4], voc[4:8, 4:8], voc[14:17, 14:17], voc[16:22, 2:8] = 0, 1, 2, 3
+  voc[20:, 12:] = 0
+  np.testing.assert_array_equal(_decode(image, png(voc, "L"))["instance_mask"], voc)
+
+
 @pytest.mark.parametrize(
   "mode,colour",
   [
