@@ -1,4 +1,5 @@
-"""The folders layout: ROOT/images/NAME.png|jpg and ROOT/masks/NAME.png (same stem).
+"""The folders layout: ROOT/images/NAME.png|jpg and ROOT/masks/NAME.png (same
+stem; a mask in another format, masks/NAME.jpg say, when there is no PNG).
 
 Masks hold instance ids: 0 background, 1..254 objects, 255 ignore (as Pascal
 VOC's SegmentationObject PNGs). A mask of only 0 and 255 is one object (255),
@@ -11,11 +12,14 @@ The Berkeley benchmark's folders are the same (`has_files`): `--layout auto`
 says so when it reads a folder as one of the two.
 """
 
+import glob
+
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep import keys
 from beam_prep.layouts import common
 from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register_layout
+from beam_prep.ops.registry import ExampleError
 
 # The folders beside each other under ROOT, and the mask file's suffix (the
 # labels the page of `beam-train serve` saves are written in this layout).
@@ -28,7 +32,7 @@ class Folders(Layout):
   labels = ("instances",)
   gives = (keys.MASK_BYTES,)
   expects = (
-    "ROOT/images/NAME.png|jpg + ROOT/masks/NAME.png (instance ids: 0 background, "
+    "ROOT/images/NAME.png|jpg + ROOT/masks/NAME.png|jpg|... (instance ids: 0 background, "
     "1..254 objects, 255 ignore; a mask of only 0 and 255 is one object, "
     "and so is one with grey edges between them: grey 128 and above)"
   )
@@ -68,4 +72,28 @@ class Folders(Layout):
     return common.GlobPointers(self.pattern(root), lambda path: self.pointer(root, path))
 
   def materialize(self, pointer):
-    return common.read_image_and_mask(pointer)
+    return common.read_image_and_mask(_mask_in_any_format(pointer))
+
+
+def _mask_in_any_format(pointer):
+  """The pointer, its mask masks/NAME.png or, when there is none, the one
+  file masks/NAME.* in another format (a JPEG or BMP mask, as some sets
+  ship them).
+
+  Raises:
+    ExampleError: `ambiguous_mask`, several such files (none: the decode
+      stage says `missing_mask`).
+  """
+  mask = pointer[keys.MASK_SOURCE]
+  if FileSystems.exists(mask):
+    return pointer
+  name = common.stem(mask)
+  pattern = mask[: -len(name + MASK_SUFFIX)] + glob.escape(name) + ".*"
+  found = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+  found = sorted(f for f in found if common.stem(f) == name)
+  if len(found) > 1:
+    raise ExampleError(
+      "ambiguous_mask",
+      f"{pointer[keys.SOURCE]}: {len(found)} masks share its name: {', '.join(found)}",
+    )
+  return dict(pointer, **{keys.MASK_SOURCE: found[0]}) if found else pointer

@@ -192,13 +192,13 @@ def _has_soft_edges(ids: np.ndarray) -> bool:
   """Whether uint8 `ids` are a black and white mask with grey edges rather
   than instance ids: the grey levels between 0 and 255 lie in thin bands
   (almost none of their pixels share their 4 neighbours' value), where
-  instance ids fill regions, small ones too; and 255 is a solid core, not
-  lines only."""
+  instance ids fill regions, small ones too; and the pixels of
+  `SOFT_OBJECT_LEVEL` and above make a solid object, not lines only."""
   grey = (ids > keys.BACKGROUND) & (ids < keys.IGNORE)
-  core = ids == keys.IGNORE
+  core = ids >= SOFT_OBJECT_LEVEL
   if not grey.any() or not core.any():
     return False
-  return _solid(ids, grey) < 0.2 and _solid(ids, core) >= 0.5
+  return _solid(ids, grey) < 0.2 and _solid(core, core) >= 0.5
 
 
 def _mask_values(im: Image.Image) -> np.ndarray:

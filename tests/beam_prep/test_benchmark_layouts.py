@@ -183,18 +183,28 @@ def test_berkeley_is_told_from_instance_id_folders_by_its_name(tmp_path):
 def test_black_and_white_masks_in_images_and_masks_are_one_object_each(tmp_path):
   """The images/ + masks/ most single-object sets come as (0 background, 255
   the object), under a name that is no benchmark's: --layout auto reads each
-  mask as one object, a grey PNG and an RGB one alike."""
+  mask as one object, a grey PNG and an RGB one alike, and a JPEG mask (grey
+  edges) found by its name when there is no PNG; two masks of one name are
+  a dead letter naming both."""
   root = tmp_path / "horses"
   objects = {}
-  for i, (name, mode) in enumerate((("a", "L"), ("b", "L"), ("c", "RGB"))):
+  for i, (name, mode) in enumerate((("a", "L"), ("b", "L"), ("c", "RGB"), ("d", "JPEG"))):
     m = np.zeros((S, S), np.uint8)
     m[4 + 3 * i : 24, 5 : 20 + i] = 255
     objects[name] = m == 255
     _image(root / "images" / f"{name}.jpg", i)
-    _mask(root / "masks" / f"{name}.png", np.repeat(m[..., None], 3, -1) if mode == "RGB" else m)
+    suffix = ".jpg" if mode == "JPEG" else ".png"
+    _mask(
+      root / "masks" / f"{name}{suffix}", np.repeat(m[..., None], 3, -1) if mode == "RGB" else m
+    )
+  _image(root / "images" / "e.jpg", 9)
+  for suffix in (".jpg", ".bmp"):
+    _mask(root / "masks" / f"e{suffix}", np.full((S, S), 255, np.uint8))
   layout, c, masks = _run(root, tmp_path / "out")
   assert layout == "folders"
-  assert c["errors_by_reason"] == {}
+  assert c["errors_by_reason"] == {"ambiguous_mask": 1}
+  (dead,) = dead_letters(str(tmp_path / "out"))
+  assert "e.bmp" in dead["detail"] and "e.jpg" in dead["detail"], dead
   assert set(masks) == {(name, 1) for name in objects}
   for name, obj in objects.items():
     np.testing.assert_array_equal(masks[name, 1], obj.astype(np.uint8))
