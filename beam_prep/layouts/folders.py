@@ -72,28 +72,28 @@ class Folders(Layout):
     return common.GlobPointers(self.pattern(root), lambda path: self.pointer(root, path))
 
   def materialize(self, pointer):
-    return common.read_image_and_mask(_mask_in_any_format(pointer))
+    ex = common.read_image_and_mask(pointer)
+    if ex[keys.MASK_BYTES] is None:  # No masks/NAME.png: NAME in another format.
+      other = _mask_in_another_format(ex[keys.MASK_SOURCE], ex[keys.SOURCE])
+      if other:
+        ex[keys.MASK_SOURCE], ex[keys.MASK_BYTES] = other, common.read_bytes(other, "mask")
+    return ex
 
 
-def _mask_in_any_format(pointer):
-  """The pointer, its mask masks/NAME.png or, when there is none, the one
-  file masks/NAME.* in another format (a JPEG or BMP mask, as some sets
-  ship them).
+def _mask_in_another_format(png: str, image: str) -> str:
+  """The one file masks/NAME.* beside the missing masks/NAME.png (a JPEG or
+  BMP mask, as some sets ship them); "" when there is none (the decode stage
+  says `missing_mask`).
 
   Raises:
-    ExampleError: `ambiguous_mask`, several such files (none: the decode
-      stage says `missing_mask`).
+    ExampleError: `ambiguous_mask`, several such files.
   """
-  mask = pointer[keys.MASK_SOURCE]
-  if FileSystems.exists(mask):
-    return pointer
-  name = common.stem(mask)
-  pattern = mask[: -len(name + MASK_SUFFIX)] + glob.escape(name) + ".*"
+  name = common.stem(png)
+  pattern = png[: -len(name + MASK_SUFFIX)] + glob.escape(name) + ".*"
   found = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
   found = sorted(f for f in found if common.stem(f) == name)
   if len(found) > 1:
     raise ExampleError(
-      "ambiguous_mask",
-      f"{pointer[keys.SOURCE]}: {len(found)} masks share its name: {', '.join(found)}",
+      "ambiguous_mask", f"{image}: {len(found)} masks share its name: {', '.join(found)}"
     )
-  return dict(pointer, **{keys.MASK_SOURCE: found[0]}) if found else pointer
+  return found[0] if found else ""

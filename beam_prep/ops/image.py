@@ -160,8 +160,8 @@ def mask_to_ids(im: Image.Image) -> np.ndarray:
   above (read as VOC, each grey level of its edge would be an object). A
   16-bit mask is accepted when every value fits in 8 bits. An RGB, RGBA or
   LA mask is accepted only when it is such a binary mask in grey (its
-  colour channels equal); any other is rejected: its colours are not
-  instance ids.
+  colour channels equal; within `_GREY_SPREAD` levels with grey edges); any
+  other is rejected: its colours are not instance ids.
   """
   ids = _mask_values(im)
   if _is_binary(ids):
