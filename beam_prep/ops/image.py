@@ -196,8 +196,8 @@ def _has_soft_edges(ids: np.ndarray) -> bool:
   `SOFT_OBJECT_LEVEL` and above make a solid object, not lines only."""
   grey = (ids > keys.BACKGROUND) & (ids < keys.IGNORE)
   core = ids >= SOFT_OBJECT_LEVEL
-  if not grey.any() or not core.any():
-    return False
+  if not grey.any() or ids[grey].max() < SOFT_OBJECT_LEVEL:
+    return False  # Instance ids are small numbers; grey edges reach up to white.
   return _solid(ids, grey) < 0.2 and _solid(core, core) >= 0.5
 
 

@@ -143,7 +143,8 @@ def _soft_masks():
 def test_a_black_and_white_mask_with_grey_edges_is_one_object():
   """Resized, anti-aliased or JPEG-saved, a black and white mask is one
   object (its pixels of grey 128 and above), not an object per grey level;
-  VOC masks, small objects and their thick 255 bands included, are not read so."""
+  VOC masks, small or thin objects and their thick 255 bands included, are
+  not read so."""
   for name, (data, want) in _soft_masks().items():
     got = _decode(encoded(Image.new("RGB", want.shape[::-1])), data)["instance_mask"]
     assert set(np.unique(got).tolist()) == {0, 1}, name
@@ -152,7 +153,10 @@ def test_a_black_and_white_mask_with_grey_edges_is_one_object():
   voc = np.full((24, 24), 255, np.uint8)  # Thick boundary bands, small objects.
   voc[:4], voc[4:8, 4:8], voc[14:17, 14:17], voc[16:22, 2:8] = 0, 1, 2, 3
   voc[20:, 12:] = 0
-  np.testing.assert_array_equal(_decode(image, png(voc, "L"))["instance_mask"], voc)
+  thin = np.zeros((24, 24), np.uint8)  # A 2-pixel object in a thick 255 band.
+  thin[1:23, 1:21], thin[5:19, 10:12] = 255, 1
+  for ids in (voc, thin):
+    np.testing.assert_array_equal(_decode(image, png(ids, "L"))["instance_mask"], ids)
 
 
 @pytest.mark.parametrize(
