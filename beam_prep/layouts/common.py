@@ -75,6 +75,13 @@ def read_bytes(path: str, what: str = "image") -> bytes:
     raise ExampleError(reason, f"{path}: {type(e).__name__}: {e}") from None
 
 
+def ambiguous_mask(image: str, masks) -> ExampleError:
+  """The error of an image with several mask files of its name."""
+  return ExampleError(
+    "ambiguous_mask", f"{image}: {len(masks)} masks share its name: {', '.join(masks)}"
+  )
+
+
 def read_image_and_mask(pointer: Dict[str, Any]) -> Dict[str, Any]:
   """The pointer with `image_bytes`, and `mask_bytes` (None when the mask file
   is missing: the decode stage judges that) when it names a mask."""

@@ -19,7 +19,6 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep import keys
 from beam_prep.layouts import common
 from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register_layout
-from beam_prep.ops.registry import ExampleError
 
 # The folders beside each other under ROOT, and the mask file's suffix (the
 # labels the page of `beam-train serve` saves are written in this layout).
@@ -93,7 +92,5 @@ def _mask_in_another_format(png: str, image: str) -> str:
   found = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
   found = sorted(f for f in found if common.stem(f) == name)
   if len(found) > 1:
-    raise ExampleError(
-      "ambiguous_mask", f"{image}: {len(found)} masks share its name: {', '.join(found)}"
-    )
+    raise common.ambiguous_mask(image, found)
   return found[0] if found else ""
