@@ -224,9 +224,10 @@ def _why_all(previous: Optional[str], labelled: Set[str], changed: Set[str] = fr
   if not os.path.exists(os.path.join(previous, image_index.INDEX_DIR)):
     return f"{previous} has no image index"
   held = {e[keys.IMAGE_ID] for e in image_index.lines(previous)}
-  if held - labelled:
-    return f"{len(held - labelled)} image(s) no longer labelled"
-  return f"{len(held & changed)} image(s) labelled again" if held & changed else ""
+  gone, again = held - labelled, held & changed
+  if gone:
+    return f"{len(gone)} image(s) no longer labelled"
+  return f"{len(again)} image(s) labelled again" if again else ""
 
 
 def _last_set(prep_dir: str) -> Dict[str, Any]:
