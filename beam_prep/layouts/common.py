@@ -1,5 +1,6 @@
 """What several layouts share: paths, globbing on the workers, reading files."""
 
+import glob
 import os
 import posixpath
 from typing import Any, Callable, Dict, Tuple
@@ -75,11 +76,30 @@ def read_bytes(path: str, what: str = "image") -> bytes:
     raise ExampleError(reason, f"{path}: {type(e).__name__}: {e}") from None
 
 
-def ambiguous_mask(image: str, masks) -> ExampleError:
-  """The error of an image with several mask files of its name."""
+def ambiguous(what: str, owner: str, files) -> ExampleError:
+  """The error (`ambiguous_<what>`: mask, image) of an input `owner` with
+  several `what` files of one name."""
   return ExampleError(
-    "ambiguous_mask", f"{image}: {len(masks)} masks share its name: {', '.join(masks)}"
+    f"ambiguous_{what}", f"{owner}: {len(files)} {what}s share its name: {', '.join(files)}"
   )
+
+
+def in_another_format(path: str, what: str, owner: str) -> str:
+  """The one file beside the missing `path` with its name and another
+  extension (NAME.jpg for NAME.png, say: sets and tools save images and
+  masks in several formats), or "" when there is none (reading `path`
+  then says `missing_<what>`).
+
+  Raises:
+    ExampleError: `ambiguous_<what>`, several such files.
+  """
+  name = stem(path)
+  folder = path.rstrip("/")[: -len(posixpath.basename(path.rstrip("/")))]
+  found = [m.path for m in FileSystems.match([folder + glob.escape(name) + ".*"])[0].metadata_list]
+  found = sorted(f for f in found if stem(f) == name)
+  if len(found) > 1:
+    raise ambiguous(what, owner, found)
+  return found[0] if found else ""
 
 
 def read_image_and_mask(pointer: Dict[str, Any]) -> Dict[str, Any]:

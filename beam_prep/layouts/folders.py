@@ -12,8 +12,6 @@ The Berkeley benchmark's folders are the same (`has_files`): `--layout auto`
 says so when it reads a folder as one of the two.
 """
 
-import glob
-
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep import keys
@@ -73,24 +71,7 @@ class Folders(Layout):
   def materialize(self, pointer):
     ex = common.read_image_and_mask(pointer)
     if ex[keys.MASK_BYTES] is None:  # No masks/NAME.png: NAME in another format.
-      other = _mask_in_another_format(ex[keys.MASK_SOURCE], ex[keys.SOURCE])
+      other = common.in_another_format(ex[keys.MASK_SOURCE], "mask", ex[keys.SOURCE])
       if other:
         ex[keys.MASK_SOURCE], ex[keys.MASK_BYTES] = other, common.read_bytes(other, "mask")
     return ex
-
-
-def _mask_in_another_format(png: str, image: str) -> str:
-  """The one file masks/NAME.* beside the missing masks/NAME.png (a JPEG or
-  BMP mask, as some sets ship them); "" when there is none (the decode stage
-  says `missing_mask`).
-
-  Raises:
-    ExampleError: `ambiguous_mask`, several such files.
-  """
-  name = common.stem(png)
-  pattern = png[: -len(name + MASK_SUFFIX)] + glob.escape(name) + ".*"
-  found = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
-  found = sorted(f for f in found if common.stem(f) == name)
-  if len(found) > 1:
-    raise common.ambiguous_mask(image, found)
-  return found[0] if found else ""

@@ -169,7 +169,7 @@ class PairedFolders(Layout):
         raise ExampleError(
           "missing_mask", f"{source}: no file named {common.stem(source)}.* in {folder}"
         )
-      raise common.ambiguous_mask(source, masks)
+      raise common.ambiguous("mask", source, masks)
     ex[keys.MASK_SOURCE] = masks[0]
     ex[keys.IMAGE_BYTES] = common.read_bytes(source)
     ex[keys.INSTANCE_MASK] = self.coding(read_mask_pixels(masks[0]), masks[0])

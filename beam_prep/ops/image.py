@@ -159,9 +159,12 @@ def mask_to_ids(im: Image.Image) -> np.ndarray:
   saliency sets are): its object is the pixels of `SOFT_OBJECT_LEVEL` and
   above (read as VOC, each grey level of its edge would be an object). A
   16-bit mask is accepted when every value fits in 8 bits. An RGB, RGBA or
-  LA mask is accepted only when it is such a binary mask in grey (its
-  colour channels equal; within `_GREY_SPREAD` levels with grey edges); any
-  other is rejected: its colours are not instance ids.
+  LA mask is accepted when it is such a binary mask in grey (its colour
+  channels equal; within `_GREY_SPREAD` levels with grey edges), or when
+  every colour it holds is one of Pascal VOC's palette (`voc_palette`):
+  instance ids painted, as CVAT's "Segmentation mask" export and Datumaro
+  write SegmentationObject. Any other is rejected: its colours are not
+  instance ids.
   """
   ids = _mask_values(im)
   if _is_binary(ids):
@@ -218,12 +221,67 @@ def _mask_values(im: Image.Image) -> np.ndarray:
     spread = int(np.abs(colour.astype(np.int16) - grey[..., None]).max())
     if (spread == 0 and _is_binary(grey)) or (spread <= _GREY_SPREAD and _has_soft_edges(grey)):
       return grey
+    painted = _painted_ids(colour) if colour.shape[-1] == 3 else None
+    if painted is not None:
+      return painted
   raise ExampleError(
     "unsupported_mask",
-    f"mask mode {im.mode!r}: a mask must be single-channel instance ids "
-    "(palette or grey PNG, as Pascal VOC's SegmentationObject), or black and "
-    "white (0 background, 255 the object)",
+    f"mask mode {im.mode!r}{_first_colour_outside_the_palette(im)}: a mask must be "
+    "single-channel instance ids (palette or grey PNG, as Pascal VOC's "
+    "SegmentationObject), instance ids painted with Pascal VOC's palette (as "
+    "CVAT and Datumaro export them), or black and white (0 background, 255 the object)",
   )
+
+
+def voc_palette() -> np.ndarray:
+  """Pascal VOC's palette, uint8 [256, 3]: id i's colour spreads i's bits
+  over the channels, three at a time from the high bit down (bit 0 ->
+  red's 128, bit 1 -> green's 128, bit 2 -> blue's 128, bit 3 -> red's 64,
+  ...): 1 is (128, 0, 0), 255 (ignore) is (224, 224, 192)."""
+  ids = np.arange(256)
+  palette = np.zeros((256, 3), np.int64)
+  for level in range(8):
+    for channel in range(3):
+      palette[:, channel] |= ((ids >> (3 * level + channel)) & 1) << (7 - level)
+  return palette.astype(np.uint8)
+
+
+def _colour_codes(colour: np.ndarray) -> np.ndarray:
+  """uint8 RGB [..., 3] -> one int per colour (0xRRGGBB)."""
+  c = colour.astype(np.int64)
+  return (c[..., 0] << 16) | (c[..., 1] << 8) | c[..., 2]
+
+
+_PALETTE_CODES = _colour_codes(voc_palette())
+_PALETTE_ORDER = np.argsort(_PALETTE_CODES)
+
+
+def _palette_ids(codes: np.ndarray) -> np.ndarray:
+  """Colour codes -> their ids in Pascal VOC's palette (-1: not in it)."""
+  sorted_codes = _PALETTE_CODES[_PALETTE_ORDER]
+  at = np.clip(np.searchsorted(sorted_codes, codes), 0, len(sorted_codes) - 1)
+  return np.where(sorted_codes[at] == codes, _PALETTE_ORDER[at], -1)
+
+
+def _painted_ids(colour: np.ndarray):
+  """uint8 [H, W] instance ids of an RGB mask painted with Pascal VOC's
+  palette, or None when some colour is not the palette's."""
+  codes, inverse = np.unique(_colour_codes(colour), return_inverse=True)
+  ids = _palette_ids(codes)
+  if (ids < 0).any():
+    return None
+  return ids[inverse].reshape(colour.shape[:2]).astype(np.uint8)
+
+
+def _first_colour_outside_the_palette(im: Image.Image) -> str:
+  """For the error of a colour mask: the first colour (in code order)
+  that is not Pascal VOC's palette's, and how many colours it holds."""
+  if im.mode not in _COLOUR_CHANNELS or _COLOUR_CHANNELS[im.mode] != 3:
+    return ""
+  codes = np.unique(_colour_codes(np.asarray(im, dtype=np.uint8)[..., :3]))
+  outside = codes[_palette_ids(codes) < 0]
+  r, g, b = (int(outside[0]) >> shift & 0xFF for shift in (16, 8, 0))
+  return f" with {len(codes)} colours, ({r}, {g}, {b}) not of Pascal VOC's palette"
 
 
 def decode_file(data: bytes, max_pixels: int = keys.MAX_PIXELS) -> np.ndarray:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from beam_prep.ops import image as image_ops
 from beam_prep.ops.image import decode
 from beam_prep.ops.registry import ExampleError
 from tests.helpers import encoded, png
@@ -63,7 +64,11 @@ def test_sixteen_bit_grey_is_scaled_not_clipped():
     (encoded(Image.new("F", (10, 10)), "TIFF"), MASK, "unsupported_image_mode"),
     (encoded(Image.new("RGB", (10, 10))), None, "missing_mask"),
     (encoded(Image.new("RGB", (10, 10))), b"", "empty_mask"),
-    (encoded(Image.new("RGB", (10, 10))), encoded(Image.new("RGB", (10, 10))), "unsupported_mask"),
+    (
+      encoded(Image.new("RGB", (10, 10))),
+      encoded(Image.new("RGB", (10, 10), (10, 200, 30))),
+      "unsupported_mask",
+    ),
     (encoded(Image.new("RGB", (12, 10))), MASK, "mask_size_mismatch"),
     (
       encoded(Image.new("RGB", (10, 10))),
@@ -166,7 +171,7 @@ def test_a_black_and_white_mask_with_grey_edges_is_one_object():
     ("RGB", (255, 255, 0)),
     ("RGB", (1, 1, 1)),
     ("RGBA", (0, 0, 255)),
-    ("RGBA", (128, 128, 128)),
+    ("RGBA", (100, 100, 100)),
     ("LA", (128, 128, 128)),
   ],
 )
@@ -179,6 +184,26 @@ def test_a_black_and_white_colour_mask_is_one_object_and_a_coloured_one_refused(
   with pytest.raises(ExampleError) as e:
     _decode(image, _mask_file(coloured, mode))
   assert e.value.reason == "unsupported_mask" and repr(mode) in e.value.detail
+
+
+def test_a_mask_painted_with_vocs_palette_is_its_instance_ids():
+  """CVAT's "Segmentation mask" export and Datumaro write SegmentationObject
+  in RGB, each instance id painted with Pascal VOC's palette: read back as
+  the ids, 255 (ignore) included; one colour outside the palette is refused
+  and named."""
+  ids = np.zeros((12, 12), np.uint8)
+  ids[1:5, 1:5], ids[6:11, 2:6], ids[2:10, 8:11], ids[11, :] = 1, 2, 19, 255
+  palette = image_ops.voc_palette()
+  assert palette[1].tolist() == [128, 0, 0] and palette[255].tolist() == [224, 224, 192]
+  image = encoded(Image.new("RGB", (12, 12)))
+  for mode in ("RGB", "RGBA"):
+    out = _decode(image, _mask_file(palette[ids], mode))
+    np.testing.assert_array_equal(out["instance_mask"], ids)
+  painted = palette[ids]
+  painted[0, 0] = (130, 0, 0)
+  with pytest.raises(ExampleError) as e:
+    _decode(image, _mask_file(painted, "RGB"))
+  assert e.value.reason == "unsupported_mask" and "(130, 0, 0)" in e.value.detail
 
 
 def _phone_photo(size=48):

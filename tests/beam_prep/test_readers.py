@@ -9,58 +9,66 @@ from PIL import Image
 
 from beam_prep import keys
 from beam_prep.features import FeatureTable
+from beam_prep.ops.image import voc_palette
 from beam_prep.record_codec import RecordCodec
 from tests.helpers import dead_letters, manifest, png, records, run_cli, scene
 
 
 def _voc(root):
-  for d in ("JPEGImages", "SegmentationObject", "ImageSets/Segmentation"):
+  """Pascal VOC's lists and files, and what CVAT's "Segmentation mask"
+  export adds: a list of its own name (default.txt) naming an image in a
+  folder, saved as PNG, its mask painted with VOC's palette in RGB."""
+  for d in ("JPEGImages/sub", "SegmentationObject/sub", "ImageSets/Segmentation"):
     os.makedirs(root / d, exist_ok=True)
   ids = {"train": ["2007_000001", "2007_000002"], "val": ["2007_000003"]}
   for split, names in ids.items():
-    (root / "ImageSets/Segmentation" / f"{split}.txt").write_text("\n".join(names) + "\n")
+    _voc_list(root, split, names)
     for name in names:
       img, inst = scene(48, ((5, 5, 30, 30), (28, 28, 46, 46)))
       Image.fromarray(img).save(root / "JPEGImages" / f"{name}.jpg", quality=95)
       (root / "SegmentationObject" / f"{name}.png").write_bytes(png(inst, "L"))
+  _voc_list(root, "trainval", ids["train"] + ids["val"])  # VOC's union of the two: no new image.
+  _voc_list(
+    root, "Validation", ["2007_000002"]
+  )  # In train.txt too: evaluated, so never trained on.
+  img, inst = scene(48, ((3, 3, 20, 40), (25, 25, 45, 45)))
+  (root / "JPEGImages/sub/frame_1.png").write_bytes(png(img))
+  (root / "SegmentationObject/sub/frame_1.png").write_bytes(png(voc_palette()[inst]))
+  _voc_list(root, "default", ["sub/frame_1"])
+  Image.fromarray(img).save(root / "JPEGImages/2008_000100.jpg")  # VOC's test: no mask.
+  _voc_list(root, "test", ["2008_000100"])
   # Listed but missing: must reach the dead letters.
   with open(root / "ImageSets/Segmentation/val.txt", "a") as f:
     f.write("2007_999999\n")
-  return ids
+  return {"train": ["2007_000001"], "eval": ["2007_000002", "2007_000003"]}
+
+
+def _voc_list(root, name, ids):
+  (root / "ImageSets/Segmentation" / f"{name}.txt").write_text("\n".join(ids) + "\n")
 
 
 def test_voc_layout_keeps_its_splits(tmp_path):
   ids = _voc(tmp_path / "voc")
   out = str(tmp_path / "out")
-  assert (
-    run_cli(
-      [
-        "segmentation",
-        "--input",
-        str(tmp_path / "voc"),
-        "--output",
-        out,
-        "--image-size",
-        "32",
-        "--variants",
-        "1",
-      ]
-    )
-    == 0
-  )
+  argv = ["segmentation", "--input", str(tmp_path / "voc"), "--output", out]
+  assert run_cli(argv + ["--image-size", "32", "--variants", "1"]) == 0
   m = manifest(out)
   assert m["config"]["layout"] == "voc"
   c = m["counts"]
-  assert c["inputs_read"] == 4 and c["images_failed"] == 1
-  assert c["errors_by_reason"] == {"missing_image": 1}
-  train_ids = {
-    r.features.feature["image_id"].bytes_list.value[0].decode() for r in records(out, "train")
-  }
-  eval_ids = {
-    r.features.feature["image_id"].bytes_list.value[0].decode() for r in records(out, "eval")
-  }
-  assert train_ids == set(ids["train"]) and eval_ids == set(ids["val"])
-  assert dead_letters(out)[0]["source"].endswith("2007_999999.jpg")
+  assert c["errors_by_reason"] == {"missing_image": 1, "unlabelled_list": 1}, c
+  assert c["inputs_read"] == 6 and c["images_failed"] == 2, c
+  objects = {}
+  for split in ("train", "eval"):
+    for r in records(out, split):
+      image_id = r.features.feature["image_id"].bytes_list.value[0].decode()
+      objects.setdefault((split, image_id), set()).add(
+        r.features.feature["object_id"].int64_list.value[0]
+      )
+  cvat = [key for key in objects if key[1] == "sub/frame_1"]
+  assert len(cvat) == 1 and objects.pop(cvat[0]) == {1, 2}  # Split by --eval-percent.
+  assert sorted(objects) == sorted((split, i) for split, names in ids.items() for i in names)
+  sources = sorted(d["source"] for d in dead_letters(out))
+  assert sources[0].endswith("test.txt") and sources[1].endswith("2007_999999.jpg")
 
 
 def test_classification_from_class_folders(tmp_path):
