@@ -5,6 +5,7 @@ from beam_prep.layouts import (
   classes,
   coco,
   coco_mval,
+  cvat,
   davis,
   folders,
   grabcut,  # noqa: F401  pylint: disable=unused-import

@@ -183,7 +183,7 @@ def _image_id(entry_id: Any) -> str:
   return str(entry_id)
 
 
-def _error(
+def entry_error(
   reason: str, detail: str, source: str, image_id: str = "", annotation_id: Any = None
 ) -> Dict[str, Any]:
   stage = READ_STAGE if annotation_id is None else ANNOTATION_STAGE
@@ -211,7 +211,7 @@ class _EntriesFn(beam.DoFn):
             if not ok:
               yield beam.pvalue.TaggedOutput(
                 "errors",
-                _error("bad_image_entry", "an images entry needs 'id' and 'file_name'", where),
+                entry_error("bad_image_entry", "an images entry needs 'id' and 'file_name'", where),
               )
               continue
             yield beam.pvalue.TaggedOutput(
@@ -263,7 +263,7 @@ class _JoinFn(beam.DoFn):
         for e in images:
           yield beam.pvalue.TaggedOutput(
             "errors",
-            _error(
+            entry_error(
               "duplicate_image_id", f"{len(images)} images entries have id {key}", e["where"], key
             ),
           )
@@ -273,7 +273,7 @@ class _JoinFn(beam.DoFn):
       errors = []
       for a in anns:
         r, d = a.get("error") or (reason, detail)
-        errors.append(_error(r, d, a["where"], "" if key == _ORPHAN else key, a.get("id")))
+        errors.append(entry_error(r, d, a["where"], "" if key == _ORPHAN else key, a.get("id")))
       if errors:  # Failed objects of no image: counted, then dead-lettered.
         yield {
           keys.IMAGE_ID: f"annotations of image id {key}",
@@ -287,7 +287,7 @@ class _JoinFn(beam.DoFn):
       source = common.resolve(self._root, image["file_name"], self._root, self._allow)
     except ValueError as e:
       yield beam.pvalue.TaggedOutput(
-        "errors", _error("path_outside_root", str(e), image["where"], key)
+        "errors", entry_error("path_outside_root", str(e), image["where"], key)
       )
       return
     yield {
@@ -491,7 +491,7 @@ def instance_mask(coco: Dict[str, Any], image_id: str) -> Tuple[np.ndarray, List
   errors, objects, ignore = [], [], np.zeros((height, width), bool)
 
   def fail(ann, reason, detail):
-    errors.append(_error(reason, detail, ann["where"], image_id, ann.get("id")))
+    errors.append(entry_error(reason, detail, ann["where"], image_id, ann.get("id")))
 
   for ann in coco["annotations"]:
     if ann.get("error"):
@@ -577,17 +577,22 @@ class Coco(Layout):
     return ListCoco(options.root, options.image_root, options.allow_outside_root)
 
   def materialize(self, pointer):
-    """The image's bytes and the instance mask drawn from its annotations
-    (`object_errors`: the annotations that failed)."""
-    ex = dict(pointer)
-    ex[keys.IMAGE_BYTES] = common.read_bytes(ex[keys.SOURCE])
-    entry = dict(ex.pop("coco"))
-    if entry.get("height") is None and entry.get("width") is None:
-      size = _displayed_size(ex[keys.IMAGE_BYTES])
-      if size is not None:  # The file gives the size the entry left out.
-        entry["height"], entry["width"] = size
-    try:
-      ex[keys.INSTANCE_MASK], ex["object_errors"] = instance_mask(entry, ex[keys.IMAGE_ID])
-    except ImageEntryError as e:
-      raise ExampleError("bad_image_entry", str(e)) from None
-    return ex
+    return materialize(pointer)
+
+
+def materialize(pointer: Dict[str, Any]) -> Dict[str, Any]:
+  """A pointer of annotation rows (`coco`: its images entry and rows) -> the
+  image's bytes and the instance mask drawn from the rows (`object_errors`:
+  the rows that failed)."""
+  ex = dict(pointer)
+  ex[keys.IMAGE_BYTES] = common.read_bytes(ex[keys.SOURCE])
+  entry = dict(ex.pop("coco"))
+  if entry.get("height") is None and entry.get("width") is None:
+    size = _displayed_size(ex[keys.IMAGE_BYTES])
+    if size is not None:  # The file gives the size the entry left out.
+      entry["height"], entry["width"] = size
+  try:
+    ex[keys.INSTANCE_MASK], ex["object_errors"] = instance_mask(entry, ex[keys.IMAGE_ID])
+  except ImageEntryError as e:
+    raise ExampleError("bad_image_entry", str(e)) from None
+  return ex

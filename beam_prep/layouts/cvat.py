@@ -1,0 +1,244 @@
+"""CVAT's own export, "CVAT for images 1.1": annotations.xml and images/.
+
+    --layout cvat --input DIR (or DIR/annotations.xml) [--image-root DIR]
+
+DIR is the export unzipped, with "Save images": annotations.xml, and the
+images under images/ by their `name` (or under --image-root). Each <image>
+(`name`, `width`, `height`) is one input; its shapes, in document order:
+
+  polygon   `points` "x1,y1;x2,y2;..."                an object
+  mask      `rle` over the box `left`, `top`, `width`, `height`: run
+            lengths of 0s and 1s in turn, row by row, from a run of 0s
+                                                      an object
+  ellipse   `cx`, `cy`, `rx`, `ry` (and `rotation`)   an object
+  box       `xtl`, `ytl`, `xbr`, `ybr`                a box-only object: its
+                                                      box is ignore, as the
+                                                      coco layout's boxes
+  polyline, points, skeleton, cuboid, tag             no area: not read
+
+Shapes sharing a `group_id` (not 0) are one object. The instance mask is
+drawn as the coco layout draws its rows (`coco.instance_mask`: objects
+1..N in document order, the largest painted first, so a small object on a
+large one stays visible; CVAT's z_order is not read), and the same dead
+letters follow; a shape this layout cannot read is `bad_shape`.
+"""
+
+import math
+import posixpath
+import xml.etree.ElementTree as ET
+from typing import Any, Dict, Iterator, List, Tuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from beam_prep import keys
+from beam_prep.layouts import coco, common
+from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register_layout
+
+ANNOTATIONS_FILE, IMAGES_DIR = "annotations.xml", "images"
+AREA_SHAPES = ("polygon", "mask", "ellipse")
+ELLIPSE_POINTS = 64  # An ellipse is drawn as a polygon of this many points.
+
+
+class CvatError(ValueError):
+  """The file is not a CVAT XML export (the message names it and why)."""
+
+
+def annotations_file(root: str) -> str:
+  """The XML file of `--input`: the file itself, or DIR/annotations.xml."""
+  return root if root.lower().endswith(".xml") else FileSystems.join(root, ANNOTATIONS_FILE)
+
+
+def _points(text: str) -> List[float]:
+  flat = [float(v) for pair in text.split(";") for v in pair.split(",")]
+  if len(flat) % 2 or len(flat) < 6:
+    raise ValueError(f"{len(flat) // 2} points: a polygon needs 3 or more")
+  return flat
+
+
+def _ellipse(a: Dict[str, str]) -> List[float]:
+  cx, cy, rx, ry = (float(a[k]) for k in ("cx", "cy", "rx", "ry"))
+  turn = math.radians(float(a.get("rotation", 0)))
+  flat = []
+  for i in range(ELLIPSE_POINTS):
+    t = 2 * math.pi * i / ELLIPSE_POINTS
+    x, y = rx * math.cos(t), ry * math.sin(t)
+    flat += [cx + x * math.cos(turn) - y * math.sin(turn)]
+    flat += [cy + x * math.sin(turn) + y * math.cos(turn)]
+  return flat
+
+
+def mask_region(a: Dict[str, str], height: int, width: int) -> np.ndarray:
+  """A <mask>'s pixels, bool [height, width]: its run lengths over its box."""
+  left, top, w, h = (int(float(a[k])) for k in ("left", "top", "width", "height"))
+  runs = [int(v) for v in a["rle"].replace(" ", "").split(",") if v]
+  if any(r < 0 for r in runs) or sum(runs) != w * h:
+    raise ValueError(f"its runs cover {sum(runs)} pixels, its {w}x{h} box {w * h}")
+  box = np.repeat(np.arange(len(runs)) % 2 == 1, runs).reshape(h, w)
+  region = np.zeros((height, width), bool)
+  y1, x1 = min(top + h, height), min(left + w, width)
+  region[max(top, 0) : y1, max(left, 0) : x1] = box[
+    max(-top, 0) : y1 - top, max(-left, 0) : x1 - left
+  ]
+  return region
+
+
+def _part(tag: str, a: Dict[str, str], height: int, width: int):
+  """One area shape -> a polygon (flat list) or a bool region."""
+  if tag == "polygon":
+    return _points(a["points"])
+  if tag == "ellipse":
+    return _ellipse(a)
+  return mask_region(a, height, width)
+
+
+def _segmentation(parts: List[Any], height: int, width: int):
+  """An object's parts as a COCO segmentation: its polygons, or (with a mask
+  among them) the RLE of their union."""
+  if all(isinstance(p, list) for p in parts):
+    return parts
+  from pycocotools import mask as mask_utils  # pylint: disable=g-import-not-at-top
+
+  union = np.zeros((height, width), bool)
+  for p in parts:
+    if isinstance(p, list):
+      p = mask_utils.decode(mask_utils.frPyObjects([p], height, width))[..., 0].astype(bool)
+    union |= p
+  rle = mask_utils.encode(np.asfortranarray(union.astype(np.uint8)))
+  return {"size": [height, width], "counts": rle["counts"].decode("ascii")}
+
+
+def _box(a: Dict[str, str]) -> List[float]:
+  x0, y0, x1, y1 = (float(a[k]) for k in ("xtl", "ytl", "xbr", "ybr"))
+  return [x0, y0, x1 - x0, y1 - y0]
+
+
+def image_annotations(image: ET.Element, where: str) -> List[Dict[str, Any]]:
+  """An <image>'s shapes as the coco layout's annotation rows (`coco.instance_mask`)."""
+  height, width = int(image.get("height", 0)), int(image.get("width", 0))
+  objects: Dict[Any, Dict[str, Any]] = {}
+  for n, el in enumerate(image):
+    here = f"{where}/{el.tag}[{n}]"
+    group = el.get("group_id", "0")
+    key = ("group", group) if group not in ("", "0") else ("shape", n)
+    if el.tag == "box":
+      objects[("box", n)] = {"id": n, "bbox": _box(el.attrib), "where": here}
+      continue
+    if el.tag not in AREA_SHAPES:
+      continue
+    row = objects.setdefault(key, {"id": n, "parts": [], "where": here})
+    try:
+      row["parts"].append(_part(el.tag, el.attrib, height, width))
+    except (KeyError, ValueError) as e:
+      row["error"] = ("bad_shape", f"a {el.tag}: {type(e).__name__}: {e}")
+  rows = []
+  for row in objects.values():
+    parts = row.pop("parts", None)
+    if parts and not row.get("error"):
+      row["segmentation"] = _segmentation(parts, height, width)
+    rows.append(row)
+  return rows
+
+
+def _entries(path: str) -> Iterator[Tuple[ET.Element, str]]:
+  """Each <image> of a CVAT XML file, streamed, with where it is."""
+  n = 0
+  with FileSystems.open(path) as f:
+    try:
+      for _, el in ET.iterparse(f, events=("end",)):
+        if el.tag == "image":
+          yield el, f"{path}:image[{n}]"
+          n += 1
+          el.clear()
+    except ET.ParseError as e:
+      raise CvatError(f"{path} is not a CVAT XML file: {e}") from None
+  if not n:
+    raise CvatError(
+      f"{path} holds no <image>: export the task as 'CVAT for images 1.1' ('CVAT for video' "
+      "lists tracks)"
+    )
+
+
+def _pointers(path: str, image_root: str, allow: bool):
+  """The pointer of each <image>; a dead letter for one without a usable name."""
+  for image, where in _entries(path):
+    name = image.get("name", "")
+    try:
+      source = common.resolve(image_root, name, image_root, allow)
+    except ValueError as e:
+      yield beam.pvalue.TaggedOutput(
+        common.ERRORS_TAG, coco.entry_error("path_outside_root", str(e), where)
+      )
+      continue
+    anns = image_annotations(image, where)
+    yield {
+      keys.IMAGE_ID: posixpath.splitext(name)[0],
+      keys.SOURCE: source,
+      "objects_listed": sum(1 for a in anns if not coco.box_only(a)),
+      "objects_box_only": sum(1 for a in anns if coco.box_only(a)),
+      "coco": {
+        "id": image.get("id", name),
+        "height": image.get("height"),
+        "width": image.get("width"),
+        "annotations": anns,
+      },
+    }
+
+
+class _ListCvat(beam.PTransform):
+  def __init__(self, path: str, image_root: str, allow: bool):
+    super().__init__()
+    self._args = (path, image_root, allow)
+
+  def expand(self, pbegin):
+    listed = (
+      pbegin
+      | "CvatFile" >> beam.Create([self._args[0]])
+      | "ReadImages"
+      >> beam.FlatMap(_pointers, *self._args[1:]).with_outputs(common.ERRORS_TAG, main="pointers")
+    )
+    return listed.pointers, listed[common.ERRORS_TAG]
+
+
+def _is_cvat_xml(path: str) -> bool:
+  """Whether `path` is an XML file whose root element is <annotations>."""
+  try:
+    with FileSystems.open(path) as f:
+      for _, el in ET.iterparse(f, events=("start",)):
+        return el.tag == "annotations"
+  except Exception:  # pylint: disable=broad-except
+    return False
+  return False
+
+
+@register_layout
+class Cvat(Layout):
+  name = "cvat"
+  labels = ("instances",)
+  gives = (keys.INSTANCE_MASK,)
+  expects = (
+    "ROOT/annotations.xml + ROOT/images/ (CVAT's 'CVAT for images 1.1' export with its "
+    "images; polygons, masks and ellipses are objects, boxes ignore regions)"
+  )
+  priority = 15
+  takes_image_root = True
+
+  def detect(self, root: str, offline: bool = False) -> bool:
+    path = annotations_file(root)
+    if offline:
+      return root.lower().endswith(".xml")
+    return common.exists(path) and _is_cvat_xml(path)
+
+  def check_input(self, options: ReadOptions) -> None:
+    path = annotations_file(options.root)
+    if not keys.is_remote(path) and not common.exists(path):
+      raise InputError(f"no {ANNOTATIONS_FILE} in {options.root}")
+
+  def list_inputs(self, options: ReadOptions):
+    path = annotations_file(options.root)
+    root = options.image_root or FileSystems.join(posixpath.dirname(path) or ".", IMAGES_DIR)
+    return _ListCvat(path, root.rstrip("/"), options.allow_outside_root)
+
+  def materialize(self, pointer):
+    return coco.materialize(pointer)
