@@ -26,8 +26,11 @@ JSON: `rounds`, one entry per round: `round`, `objects`,
 `clicks_per_object` (mean), `frozen_clicks_per_object`, `label_iou` (the
 saved labels' mean IoU with the truth), `iou_at_1` and `frozen_iou_at_1`
 (mean IoU after the first click), `retrain_seconds` (the round of the
-engine before it; null for round 1), `version` (the model that labelled
-it); `latency_ms`: p50 and p95 of clicks idle and during a retrain.
+engine before it; null for round 1), `published` and `judged` (whether
+that round published its model, and its NoC@90 and the served model's on
+the held-out labels: `beam-train engine --judge-percent`), `version` (the
+model that labelled it); `latency_ms`: p50 and p95 of clicks idle and
+during a retrain.
 """
 
 import argparse
@@ -42,6 +45,7 @@ import numpy as np
 
 from benchmarks.common import environment, log, refuse, run_and_write, run_command, serving, url_of
 from beam_prep.kit import with_default
+from train.engine import judged_text
 from train.serve.config import ENGINE_FIELDS, ServeConfig
 from train.evaluate.simulate import TARGET_IOU, Annotator, label_batch, source_objects
 
@@ -127,7 +131,8 @@ def _percentiles(values: List[float]) -> Dict[str, float]:
   }
 
 
-def _summary(number, results, frozen, retrain_s) -> Dict[str, Any]:
+def _summary(number, results, frozen, retrain: Dict[str, Any]) -> Dict[str, Any]:
+  """A round's figures; `retrain`: the engine's entry of the round before it ({} for round 1)."""
   mean = lambda rs, k: float(np.mean([r[k] for r in rs])) if rs else None
   return {
     "round": number,
@@ -137,7 +142,9 @@ def _summary(number, results, frozen, retrain_s) -> Dict[str, Any]:
     "label_iou": mean(results, "label_iou"),
     "iou_at_1": mean(results, "iou_at_1"),
     "frozen_iou_at_1": mean(frozen, "iou_at_1"),
-    "retrain_seconds": retrain_s,
+    "retrain_seconds": retrain["seconds"]["total"] if retrain else None,
+    "published": bool(retrain["published"]) if retrain else None,
+    "judged": retrain.get("judged"),
     "version": results[0]["version"] if results else None,
   }
 
@@ -158,7 +165,7 @@ def _rounds(batches, workdir: str, served, frozen_url: str) -> tuple:
   idle = [ms for _, ms in frozen_annotator.latencies]
   busy, out = [], []
   for number, batch in enumerate(batches, start=1):
-    retrain_s = None
+    last = {}
     if number > 1:
       before = versions.current.version
       started = time.time()
@@ -172,15 +179,17 @@ def _rounds(batches, workdir: str, served, frozen_url: str) -> tuple:
         )
       ended = time.time()
       busy += [ms for t, ms in frozen_annotator.latencies[mark:] if t < ended]
-      retrain_s = engine_rounds(os.path.join(labels_dir, ENGINE_DIR))[-1]["seconds"]["total"]
-      while versions.current.version == before and time.time() - ended < 120:
+      last = engine_rounds(os.path.join(labels_dir, ENGINE_DIR))[-1]
+      published = bool(last["published"])
+      while published and versions.current.version == before and time.time() - ended < 120:
         time.sleep(0.5)
       log(
-        f"engine: retrain {number - 1} took {ended - started:.0f} s; serving version "
+        f"engine: retrain {number - 1} took {ended - started:.0f} s; "
+        f"{'published' if published else 'not published'}: serving version "
         f"{versions.current.version}"
       )
     results = label_batch(labeller, batch)
-    out.append(_summary(number, results, frozen[number - 1], retrain_s))
+    out.append(_summary(number, results, frozen[number - 1], last))
     log(
       f"engine: round {number}: {out[-1]['clicks_per_object']:.2f} clicks per object "
       f"(frozen {out[-1]['frozen_clicks_per_object']:.2f}), labels' IoU "
@@ -239,17 +248,27 @@ def main(args: argparse.Namespace) -> int:
   return run_and_write(lambda: run(args), path, table)
 
 
+def _verdict(entry: Dict[str, Any]) -> str:
+  """The table's cell of the round before `entry`: published or not, and why."""
+  if entry["published"] is None:
+    return "-"
+  why = f" ({judged_text(entry['judged'])})" if entry["judged"] else ""
+  return ("yes" if entry["published"] else "no") + why
+
+
 def table(result: Dict[str, Any]) -> str:
   lines = [
-    "| round | objects | clicks/object | frozen | labels' IoU | IoU@1 | frozen IoU@1 | retrain s |",
-    "|---|---|---|---|---|---|---|---|",
+    "| round | objects | clicks/object | frozen | labels' IoU | IoU@1 | frozen IoU@1 "
+    "| retrain s | published |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
   for r in result["rounds"]:
     lines.append(
       f"| {r['round']} | {r['objects']} | {r['clicks_per_object']:.2f} | "
       f"{r['frozen_clicks_per_object']:.2f} | {r['label_iou']:.3f} | "
       f"{r['iou_at_1']:.3f} | {r['frozen_iou_at_1']:.3f} | "
-      f"{r['retrain_seconds'] if r['retrain_seconds'] is not None else '-'} |"
+      f"{r['retrain_seconds'] if r['retrain_seconds'] is not None else '-'} | "
+      f"{_verdict(r)} |"
     )
   lat = result["latency_ms"]
   lines.append("")

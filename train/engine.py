@@ -6,16 +6,23 @@ store) train the next model, and the server serves it:
   1. LABELS' images and masks -> `beam-prep segmentation`, with the settings
      and the tf.Transform output of the records the serving model was
      trained on (`--transform-from`: no analysis, so the model sees its
-     inputs normalized as before), every image in the train split. From
-     the second round on, the last round's records are linked in and only
-     the images labelled since are added (`beam-prep --add`, by the
-     image's digest); an image labelled again (saved again since the last
-     round, or found so by the --add job), or no longer labelled, makes the
-     round read all the labels anew, so no old label stays;
+     inputs normalized as before); from `MIN_JUDGED_IMAGES` labelled
+     images on, --judge-percent of them (by a hash of their id) in the eval
+     split, held out of training. From the second round on, the last
+     round's records are linked in and only the images labelled since are
+     added (`beam-prep --add`, by the image's digest); an image labelled
+     again (saved again since the last round, or found so by the --add
+     job), or no longer labelled, makes the round read all the labels
+     anew, so no old label stays;
   2. `beam-train fit --init-from` the serving model, with its own settings,
      for --steps or --max-minutes, whichever comes first, the learning rate
      rising over the first --warmup-steps;
-  3. the export is published under MODEL/export/<version>/ (written beside,
+  3. judged: the round's model and the served one label the held-out
+     images' objects (`judge`: `beam-train evaluate` at the records' size,
+     the labels as the truth), and a round worse than the served model by
+     both NoC@90 and the mean IoU over the clicks is not published: the
+     server keeps its version, and the next round starts from it again;
+  4. the export is published under MODEL/export/<version>/ (written beside,
      then renamed in), where `beam-train serve --model MODEL` picks it up
      without a restart.
 
@@ -24,8 +31,8 @@ labelled again) since the last round. Each round's records and model are
 kept in WORKDIR/round-NNN/, and WORKDIR/engine.json lists the rounds: when,
 what they trained on, how long each stage took, what they published.
 Rounds run one at a time: a second `engine` on the same WORKDIR waits for
-the first. Both commands run as a user would type them, each in its own
-process.
+the first. The commands (beam-prep, fit, evaluate) run as a user would type
+them, each in its own process.
 """
 
 import contextlib
@@ -53,6 +60,20 @@ PREP_DIR = "prep"  # A round's records, in its folder.
 # 128 px on 2 cores: kept out of a round's training budget.
 FIT_OVERHEAD_MINUTES = 1.25
 MIN_TRAIN_MINUTES = 0.25
+# What judging a round costs besides its fit (`beam-train evaluate` of both
+# models on the held-out labels: TensorFlow's start, 20 clicks each).
+JUDGE_MINUTES = 0.75
+# A round's model is judged on at most this many held-out objects, by two
+# measures of the served model's and its own IoU-by-clicks curves: NoC at
+# JUDGED_IOU, and the mean IoU over the clicks (lower by more than
+# JUDGE_TOLERANCE: the measure's noise between two models about as good).
+# It is kept back only when both say it is worse.
+JUDGED_OBJECTS = 40
+JUDGED_IOU = 0.90
+JUDGE_TOLERANCE = 0.01
+# Rounds judge their model only from this many labelled images on: fewer
+# would hold out one or two objects, or every image (nothing to train on).
+MIN_JUDGED_IMAGES = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +114,19 @@ class EngineConfig(CommandConfig):
     "model keeps what it knew (0: the labels alone)",
   )
 
+  judge_percent: int = option(
+    0,
+    "the share of the labelled images (by a hash of their id) held out of "
+    "training to judge each round: its model is published unless it needs more "
+    "clicks on them than the served model (NoC@90) and its mean IoU over the "
+    f"clicks is lower by more than {JUDGE_TOLERANCE}; from {MIN_JUDGED_IMAGES} "
+    "labelled images on (0: every round published, unjudged). The held-out labels "
+    "are the served model's own masks, which favours it: see docs/serving.md",
+  )
+
   def __post_init__(self):
+    if not 0 <= self.judge_percent < 100:
+      raise ValueError(f"--judge-percent must be in [0, 100), got {self.judge_percent}")
     if self.steps < 1 or self.min_new < 1 or self.max_minutes < 0:
       raise ValueError("--steps and --min-new must be at least 1, --max-minutes at least 0")
     if not self.lr_scale > 0:
@@ -153,11 +186,19 @@ def _run(cmd: List[str], log_path: str) -> float:
   return time.time() - started
 
 
-def _prep_command(config: EngineConfig, current: str, out: str, add: bool) -> List[str]:
+def held_out_percent(config: EngineConfig, images: int) -> int:
+  """The share of the labels a round holds out to judge its model (`--judge-percent`,
+  from `MIN_JUDGED_IMAGES` labelled images on; else none)."""
+  return config.judge_percent if images >= MIN_JUDGED_IMAGES else 0
+
+
+def _prep_command(
+  config: EngineConfig, current: str, out: str, add: bool, held_out: int
+) -> List[str]:
   """`beam-prep segmentation` of the label store with the settings of the
-  records `current` was trained on: with `add`, into `out` as a new shard set
-  (the images it holds are skipped); else all of them, read with `current`'s
-  transform."""
+  records `current` was trained on, `held_out` percent of the images in the
+  eval split: with `add`, into `out` as a new shard set (the images it holds
+  are skipped); else all of them, read with `current`'s transform."""
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
 
   base = PrepOutput.of_model(current)
@@ -171,7 +212,7 @@ def _prep_command(config: EngineConfig, current: str, out: str, add: bool) -> Li
     "--config", base.join(keys.CONFIG_FILE),
     "--input", config.labels, "--layout", "folders", "--output", out,
     *how,
-    "--eval-percent", "0", "--progress-seconds", "0",
+    "--eval-percent", str(held_out), "--progress-seconds", "0",
   ]  # fmt: skip
 
 
@@ -183,6 +224,7 @@ def _prep(
   previous: Optional[str],
   labelled: Set[str],
   changed: Set[str] = frozenset(),
+  held_out: int = 0,
 ) -> Tuple[float, Dict[str, Any]]:
   """The label store's images -> records read with the current model's
   transform: the `previous` round's records, linked in, with the images
@@ -190,7 +232,8 @@ def _prep(
   when an image left the store (`labelled`: the image ids it holds) or when
   one was labelled again (one of `changed`, the ids saved since, that the
   previous records hold; else as the `--add` job finds it), so no old label
-  stays.
+  stays. `held_out` percent of the images are in the eval split (by a hash of
+  their id: an image stays where it is from round to round).
 
   Returns:
     (seconds, how: "mode" add or all, images added and held, or why all).
@@ -198,13 +241,13 @@ def _prep(
   seconds, why = 0.0, _why_all(previous, labelled, changed)
   if not why:
     _linked_copy(previous, out)
-    seconds = _run(_prep_command(config, current, out, add=True), log_path)
+    seconds = _run(_prep_command(config, current, out, True, held_out), log_path)
     counts = _last_set(out)["counts"]
     if not counts.get("images_relabelled"):
       added = counts["images_used"]
       return seconds, {"mode": "add", "images_added": added, "images_held": counts["images_known"]}
     why = f"{counts['images_relabelled']} image(s) labelled again"
-  seconds += _run(_prep_command(config, current, out, add=False), log_path)
+  seconds += _run(_prep_command(config, current, out, False, held_out), log_path)
   return seconds, {
     "mode": "all",
     "images_added": _last_set(out)["counts"]["images_used"],
@@ -262,7 +305,8 @@ def _fit(
   training cut to what is left of the round's budget after `spent_s`."""
   minutes = 0.0
   if config.max_minutes > 0:
-    left = config.max_minutes - spent_s / 60 - FIT_OVERHEAD_MINUTES
+    judging = JUDGE_MINUTES if config.judge_percent else 0.0
+    left = config.max_minutes - spent_s / 60 - FIT_OVERHEAD_MINUTES - judging
     minutes = max(left, MIN_TRAIN_MINUTES)
   with open(os.path.join(config.model, keys.MODEL_CONFIG_FILE), encoding="utf-8") as f:
     rate = json.load(f)["learning_rate"] * config.lr_scale
@@ -288,6 +332,8 @@ def _fit(
       repr(rate),
       "--warmup-steps",
       str(config.warmup_steps),
+      "--noc-clicks",
+      "0",  # The round's judge evaluates it (`judge`).
       "--export",
     ],
     log_path,
@@ -347,6 +393,54 @@ def mix_base(config: EngineConfig, prep_dir: str) -> Dict[str, int]:
       ),
     )
   return {"base_records": records(base), "label_records": records(own), "label_copies": copies}
+
+
+def judge(current: str, model_dir: str, prep_dir: str, out: str, log_path: str) -> Dict[str, Any]:
+  """The round's model (`model_dir`) against the served one (`current`) on
+  the first `JUDGED_OBJECTS` held-out objects of the round's records
+  (`prep_dir`), each labelled by `beam-train evaluate` at the records' size
+  (20 clicks, the labels as the truth; its reports in `out`/round, /served).
+
+  Returns:
+    {"objects", "round", "served" (each: NoC@90, mean IoU over the clicks),
+    "publish"}: publish unless the round's model is worse by both: a higher
+    NoC@90, and a mean IoU lower by more than `JUDGE_TOLERANCE`. (The held-out
+    labels are the served model's line's own masks, which favours it a
+    little; where the two measures disagree, the round is published.)
+  """
+  scores = {}
+  for name, model in (("round", model_dir), ("served", current)):
+    report = os.path.join(out, name)
+    cmd = [sys.executable, "-m", "train", "evaluate", "--model", model, "--data", prep_dir]
+    cmd += ["--resolution", "records", "--max-objects", str(JUDGED_OBJECTS), "--output", report]
+    _run(cmd, log_path)
+    scores[name] = _score(os.path.join(report, model_layout.NOC_FILE))
+  objects = [score.pop("objects") for score in scores.values()][0]  # The same objects.
+  return {**scores, "objects": objects, "publish": not worse(scores["round"], scores["served"])}
+
+
+def worse(ours: Dict[str, float], theirs: Dict[str, float]) -> bool:
+  """Whether a round's figures ("noc@90", "mean_iou") are worse than the served
+  model's by both measures: more clicks, and a mean IoU lower by more than
+  `JUDGE_TOLERANCE`."""
+  more_clicks = ours["noc@90"] > theirs["noc@90"]
+  return more_clicks and ours["mean_iou"] < theirs["mean_iou"] - JUDGE_TOLERANCE
+
+
+def _held_out_objects(prep_dir: str) -> int:
+  """The eval records of a round's records (every shard set's)."""
+  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+
+  return (PrepOutput(prep_dir).manifest["shards"].get(keys.EVAL_SPLIT) or {}).get("records", 0)
+
+
+def _score(report: str) -> Dict[str, Any]:
+  """A noc.json's model figures: objects, NoC@90 and its mean IoU over the clicks."""
+  with open(report, encoding="utf-8") as f:
+    figures = json.load(f)["model"]
+  curve = figures["mean_iou_curve"]
+  noc = figures[model_layout.noc_key(JUDGED_IOU)]
+  return {"objects": figures["objects"], "noc@90": noc, "mean_iou": sum(curve) / len(curve)}
 
 
 def publish(export_dir: str, model: str) -> str:
@@ -435,13 +529,15 @@ def _round_records(config, log, number: int, current: str, done, entries):
   labelled = {image_id(e) for e in entries}
   changed = {image_id(e) for e in _saved_since(entries, done)}
   out = os.path.join(folder, PREP_DIR)
-  prep_s, how = _prep(config, current, out, log_path, previous, labelled, changed)
+  held_out = held_out_percent(config, len(entries))
+  prep_s, how = _prep(config, current, out, log_path, previous, labelled, changed, held_out)
   log.info(
-    "engine: round %d: records of %d image(s) in %.0f s (%s)",
+    "engine: round %d: records of %d image(s) in %.0f s (%s; %s)",
     number,
     how["images_added"],
     prep_s,
     "added to the last round's" if how["mode"] == "add" else f"all the labels: {how['why']}",
+    f"{held_out}% held out to judge the model" if held_out else "none held out",
   )
   return prep_s, how
 
@@ -451,7 +547,7 @@ def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
 
   number = len(done) + 1
   folder = _fresh_folder(config.root, number)
-  current = done[-1]["model_dir"] if done else config.model
+  current = served_model_dir(config, done)
   log_path = os.path.join(folder, "round.log")
   objects = sum(len(e["annotations"]) for e in entries)
   log.info(
@@ -466,10 +562,13 @@ def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
   prep_s, how = _round_records(config, log, number, current, done, entries)
   mix = _mixed(config, os.path.join(folder, PREP_DIR), number, log) if config.base_share else None
   model_dir = os.path.join(folder, "model")
-  fit_s = _fit(
-    config, current, os.path.join(folder, PREP_DIR), model_dir, log_path, time.time() - started
-  )
-  published = publish(latest_export(model_dir), config.model)
+  prep_dir = os.path.join(folder, PREP_DIR)
+  fit_s = _fit(config, current, prep_dir, model_dir, log_path, time.time() - started)
+  judged = None
+  if _held_out_objects(prep_dir):
+    judged = judge(current, model_dir, prep_dir, os.path.join(folder, "judge"), log_path)
+  blessed = judged is None or judged["publish"]
+  published = publish(latest_export(model_dir), config.model) if blessed else None
   entry = {
     "round": number,
     "images": len(entries),
@@ -480,7 +579,8 @@ def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
     "from": current,
     "model_dir": model_dir,
     "published": published,
-    "version": int(os.path.basename(published)),
+    "version": int(os.path.basename(published)) if published else None,
+    "judged": judged,
     "mix": mix,
     "records": how,
     "seconds": {
@@ -490,15 +590,40 @@ def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
     },
   }
   _write_rounds(config.root, done + [entry])
-  log.info(
-    "engine: round %d: trained in %.0f s; version %d published to %s (%.0f s in all)",
-    number,
-    fit_s,
-    entry["version"],
-    published,
-    entry["seconds"]["total"],
-  )
+  _say_round(log, entry, fit_s)
   return entry
+
+
+def served_model_dir(config: EngineConfig, done: List[Dict[str, Any]]) -> str:
+  """The model dir of the version served: the last published round's, else MODEL."""
+  published = [d for d in done if d.get("published")]
+  return published[-1]["model_dir"] if published else config.model
+
+
+def judged_text(judged: Optional[Dict[str, Any]]) -> str:
+  """A round's judging (`judge`), in words: its log line's, the benchmark's table's."""
+  if not judged:
+    return "unjudged"
+  ours, theirs = judged["round"], judged["served"]
+  return (
+    f"on {judged['objects']} held-out object(s) NoC@90 {ours['noc@90']:.2f}, mean IoU "
+    f"{ours['mean_iou']:.3f}; the served model's {theirs['noc@90']:.2f}, {theirs['mean_iou']:.3f}"
+  )
+
+
+def _say_round(log, entry: Dict[str, Any], fit_s: float) -> None:
+  number, verdict = entry["round"], judged_text(entry["judged"])
+  if entry["published"]:
+    log.info(
+      "engine: round %d: trained in %.0f s (%s); version %d published to %s (%.0f s in all)",
+      *(number, fit_s, verdict, entry["version"], entry["published"], entry["seconds"]["total"]),
+    )
+  else:
+    log.info(
+      "engine: round %d: trained in %.0f s; not published (%s): the server keeps its "
+      "version, the next round starts from it (%.0f s in all)",
+      *(number, fit_s, verdict, entry["seconds"]["total"]),
+    )
 
 
 def _write_rounds(root: str, entries: List[Dict[str, Any]]) -> None:

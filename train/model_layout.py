@@ -12,3 +12,14 @@ TENSORBOARD_DIR = "tensorboard"
 EXPORT_DIR = "export"
 EVAL_DIR = "eval"
 METRICS_FILE = "metrics.json"
+NOC_FILE = "noc.json"  # In EVAL_DIR, or `beam-train evaluate --output`.
+
+
+def threshold_name(t: float) -> str:
+  """An IoU threshold as the figures' names write it: 0.85 -> "85"."""
+  return f"{round(t * 100):d}"
+
+
+def noc_key(t: float) -> str:
+  """The name of NoC at IoU threshold `t` in noc.json and metrics.json: "noc@85"."""
+  return f"noc@{threshold_name(t)}"

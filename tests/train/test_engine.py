@@ -176,3 +176,47 @@ def test_a_round_adds_what_was_labelled_since_and_reads_all_after_a_relabel(
   # The label store's save times name an image labelled again before any job runs.
   again = engine._why_all(third, _ids(labels), {os.path.splitext(masks[1])[0], "new"})  # pylint: disable=protected-access
   assert again == "1 image(s) labelled again"
+
+
+def _zero_weights(model_dir: str) -> None:
+  """The model dir's checkpoint replaced by one of its model with every weight zero."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from train import model_layout, models  # pylint: disable=g-import-not-at-top
+
+  model = models.rebuild(model_dir)
+  for weight in model.weights:
+    weight.assign(tf.zeros_like(weight))
+  folder = os.path.join(model_dir, model_layout.CHECKPOINTS_DIR)
+  shutil.rmtree(folder)
+  tf.train.CheckpointManager(tf.train.Checkpoint(model=model), folder, max_to_keep=1).save()
+
+
+def test_a_round_worse_by_both_measures_is_not_published(prep_dir, trained, tmp_path):
+  """`judge`: both models label the held-out objects with `beam-train
+  evaluate`; a round is kept back only when it needs more clicks (NoC@90)
+  and its mean IoU over the clicks is lower too, and the next round then
+  starts from the served model. Small label stores hold nothing out."""
+  log_path = str(tmp_path / "round.log")
+  # Every weight zero: probability 0.5 everywhere, each crop all object, which
+  # overlaps these scenes' objects more than the 6-step model's masks do.
+  served = str(tmp_path / "served")
+  shutil.copytree(trained, served)
+  _zero_weights(served)
+  judged = engine.judge(served, trained, prep_dir, str(tmp_path / "judge"), log_path)
+  ours, theirs = judged["round"], judged["served"]
+  assert judged["objects"] > 0 and ours["mean_iou"] < theirs["mean_iou"] - engine.JUDGE_TOLERANCE
+  # Neither reaches 0.90 in 20 clicks: NoC@90 ties, and the round is published.
+  assert ours["noc@90"] == theirs["noc@90"] == 20 and judged["publish"], judged
+  assert engine.worse({"noc@90": 16.4, "mean_iou": 0.69}, {"noc@90": 12.9, "mean_iou": 0.77})
+  assert not engine.worse({"noc@90": 16.4, "mean_iou": 0.765}, {"noc@90": 12.9, "mean_iou": 0.77})
+  assert not engine.worse({"noc@90": 12.0, "mean_iou": 0.69}, {"noc@90": 12.9, "mean_iou": 0.77})
+  config = engine.EngineConfig(labels="labels", model="model", judge_percent=20)
+  done = [
+    {"model_dir": "r1", "published": "model/export/1"},
+    {"model_dir": "r2", "published": None},
+  ]
+  assert engine.served_model_dir(config, done) == "r1"
+  assert engine.served_model_dir(config, done[1:]) == "model"
+  assert engine.held_out_percent(config, engine.MIN_JUDGED_IMAGES - 1) == 0
+  assert engine.held_out_percent(config, engine.MIN_JUDGED_IMAGES) == 20
+  assert engine.EngineConfig(labels="labels", model="model").judge_percent == 0  # Opt-in.

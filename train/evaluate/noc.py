@@ -35,6 +35,7 @@ from beam_prep import drawing, keys
 from beam_prep.prep_output import PrepOutput
 from train.evaluate import clicker, protocol
 from train import graphs
+from train.model_layout import NOC_FILE, noc_key, threshold_name
 from train.export.servers import SegmentationServer
 
 IOU_AT = (1, 2, 3, 5, 10, 20)
@@ -46,7 +47,6 @@ PROTOCOL = (
   "max_clicks when never reached"
 )
 SHEET_CLICKS = (1, 3, 5)
-NOC_FILE = "noc.json"
 PLOT_FILE = "iou_by_clicks.png"
 SHEET_FILE = "contact_sheet.png"
 
@@ -184,16 +184,6 @@ def object_noc(scores: np.ndarray, t: float) -> np.ndarray:
   """int [N]: each object's NoC@t from its IoUs [N, K] after 1..K clicks (K when never)."""
   reached = scores >= t
   return np.where(reached.any(axis=1), reached.argmax(axis=1) + 1, scores.shape[1])
-
-
-def threshold_name(t: float) -> str:
-  """An IoU threshold as the figures' names write it: 0.85 -> "85"."""
-  return f"{round(t * 100):d}"
-
-
-def noc_key(t: float) -> str:
-  """The name of NoC at IoU threshold `t` in noc.json and metrics.json: "noc@85"."""
-  return f"noc@{threshold_name(t)}"
 
 
 def summarize(scores: np.ndarray, thresholds: Sequence[float]) -> Dict[str, Any]:

@@ -20,6 +20,7 @@ ENGINE_FIELDS = {
   "engine_lr_scale": "lr_scale",
   "engine_warmup_steps": "warmup_steps",
   "engine_base_share": "base_share",
+  "engine_judge_percent": "judge_percent",
 }
 
 
@@ -128,6 +129,11 @@ class ServeConfig(CommandConfig):
     "a background round's share of the "
     "records the model was first trained on "
     "(beam-train engine --base-share)",
+  )
+  engine_judge_percent: int = _engine_option(
+    "judge_percent",
+    "a background round's share of the labelled images held out to judge its "
+    "model before it is published (beam-train engine --judge-percent)",
   )
 
   def __post_init__(self):

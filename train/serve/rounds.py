@@ -120,7 +120,9 @@ class Rounds:
       self._process = None
       if code == 0:
         self.finished += 1
-        self.log.info("serve: data engine round ended; a new version is served as it appears")
+        self.log.info(
+          "serve: data engine round ended; a version it published is served as it appears"
+        )
       elif not self._stopped:
         self.failed += 1
         self.log.error(
