@@ -565,7 +565,7 @@ def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
   prep_dir = os.path.join(folder, PREP_DIR)
   fit_s = _fit(config, current, prep_dir, model_dir, log_path, time.time() - started)
   judged = None
-  if _held_out_objects(prep_dir):
+  if config.judge_percent and _held_out_objects(prep_dir):
     judged = judge(current, model_dir, prep_dir, os.path.join(folder, "judge"), log_path)
   blessed = judged is None or judged["publish"]
   published = publish(latest_export(model_dir), config.model) if blessed else None

@@ -280,6 +280,8 @@ def _first_colour_outside_the_palette(im: Image.Image) -> str:
     return ""
   codes = np.unique(_colour_codes(np.asarray(im, dtype=np.uint8)[..., :3]))
   outside = codes[_palette_ids(codes) < 0]
+  if not outside.size:
+    return ""
   r, g, b = (int(outside[0]) >> shift & 0xFF for shift in (16, 8, 0))
   return f" with {len(codes)} colours, ({r}, {g}, {b}) not of Pascal VOC's palette"
 
