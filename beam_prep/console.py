@@ -46,6 +46,10 @@ def quiet(verbose: bool, name: str) -> logging.Logger:
     logging.getLogger().setLevel(logging.ERROR)
     for lib in ("apache_beam", "tensorflow", "absl", "tensorflow_transform", "tfx_bsl"):
       logging.getLogger(lib).setLevel(logging.ERROR)
+    # A step that raises is logged there with its traceback, then raised to
+    # the command, which says it in one line (`run_command`; --verbose: the
+    # traceback too).
+    logging.getLogger("apache_beam.runners.common").setLevel(logging.CRITICAL)
     if "tensorflow" not in sys.modules and level == TF_QUIET_LEVEL:
       sys.stderr.flush()
       saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)

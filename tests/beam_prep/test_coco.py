@@ -240,7 +240,7 @@ def test_auto_layout_tells_coco_from_a_json_lines_manifest(tmp_path):
   assert readers.resolve_layout(str(jsonl), "auto").name == "manifest"
 
 
-def test_broken_json_names_the_file_and_the_place(tmp_path, capsys):
+def test_broken_json_names_the_file_and_the_place(tmp_path, capsys, caplog):
   bad = tmp_path / "instances.json"
   bad.write_text('{"images": [{"id": 1, "file_name": "a.png"}, {"id": 2,, }]}')
   out = str(tmp_path / "out")
@@ -250,6 +250,7 @@ def test_broken_json_names_the_file_and_the_place(tmp_path, capsys):
     rf"beam-prep segmentation: {re.escape(str(bad))} is not a COCO JSON file: .* at character \d+",
     line,
   )  # One line: the file and the place, without Beam's step name.
+  assert not [r for r in caplog.records if "Traceback" in (r.exc_text or r.getMessage())]
   assert not os.path.exists(os.path.join(out, "_SUCCESS"))
 
 
