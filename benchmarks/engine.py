@@ -45,7 +45,7 @@ import numpy as np
 
 from benchmarks.common import environment, log, refuse, run_and_write, run_command, serving, url_of
 from beam_prep.kit import with_default
-from train.engine import judged_text
+from train.engine import ENGINE_DIR, judged_text, rounds as engine_rounds
 from train.serve.config import ENGINE_FIELDS, ServeConfig
 from train.evaluate.simulate import TARGET_IOU, Annotator, label_batch, source_objects
 
@@ -152,7 +152,6 @@ def _summary(number, results, frozen, retrain: Dict[str, Any]) -> Dict[str, Any]
 def _rounds(batches, workdir: str, served, frozen_url: str) -> tuple:
   """Labels each batch with the server `served` ((server, versions) of
   `serving`); retrains between batches while the frozen pass of the next runs."""
-  from train.engine import ENGINE_DIR, rounds as engine_rounds  # pylint: disable=g-import-not-at-top
   from train.serve import app as serve_app  # pylint: disable=g-import-not-at-top
   from train.serve.rounds import LOG_FILE  # pylint: disable=g-import-not-at-top
 

@@ -290,22 +290,33 @@ class _JoinFn(beam.DoFn):
         "errors", entry_error("path_outside_root", str(e), image["where"], key)
       )
       return
-    yield {
-      keys.IMAGE_ID: posixpath.splitext(image["file_name"])[0],
-      keys.SOURCE: source,
-      # Known before the image is read: if it cannot be, they failed with it.
-      "objects_listed": sum(1 for a in anns if not a.get("iscrowd") and not box_only(a)),
-      "objects_box_only": sum(1 for a in anns if box_only(a)),
-      "coco": {
-        "id": key,
-        "height": image["height"],
-        "width": image["width"],
-        "annotations": [
-          {k: a.get(k) for k in ("id", "segmentation", "iscrowd", "bbox", "where", "error")}
-          for a in anns
-        ],
-      },
-    }
+    yield rows_pointer(
+      image["file_name"],
+      source,
+      {"id": key, "height": image["height"], "width": image["width"]},
+      anns,
+    )
+
+
+def rows_pointer(
+  file_name: str, source: str, entry: Dict[str, Any], rows: List[Dict[str, Any]]
+) -> Dict[str, Any]:
+  """The pointer of one image (`entry`: its id, height and width) and its
+  annotation rows, which `materialize` draws."""
+  return {
+    keys.IMAGE_ID: posixpath.splitext(file_name)[0],
+    keys.SOURCE: source,
+    # Known before the image is read: if it cannot be, they failed with it.
+    "objects_listed": sum(1 for a in rows if not a.get("iscrowd") and not box_only(a)),
+    "objects_box_only": sum(1 for a in rows if box_only(a)),
+    "coco": {
+      **entry,
+      "annotations": [
+        {k: a.get(k) for k in ("id", "segmentation", "iscrowd", "bbox", "where", "error")}
+        for a in rows
+      ],
+    },
+  }
 
 
 def image_root_of(json_path: str, image_root: str = "") -> str:

@@ -113,6 +113,24 @@ def read_image_and_mask(pointer: Dict[str, Any]) -> Dict[str, Any]:
   return ex
 
 
+class ReadPointers(beam.PTransform):
+  """One input (a data root, an annotation file) read on a worker by
+  `read(source, *args)`, which yields pointers and, tagged `ERRORS_TAG`, dead
+  letters -> `(pointers, errors)`, as every layout's `list_inputs` returns them."""
+
+  def __init__(self, source: str, read: Callable[..., Any], *args: Any):
+    super().__init__()
+    self._source, self._read, self._args = source, read, args
+
+  def expand(self, pbegin) -> Tuple[beam.PCollection, beam.PCollection]:
+    listed = (
+      pbegin
+      | "Input" >> beam.Create([self._source])
+      | "Read" >> beam.FlatMap(self._read, *self._args).with_outputs(ERRORS_TAG, main="pointers")
+    )
+    return listed.pointers, listed[ERRORS_TAG]
+
+
 class GlobPointers(beam.PTransform):
   """Files matching a pattern (hidden ones skipped) -> `(pointers, no errors)`,
   one pointer per file made by `to_pointer(path)`."""

@@ -171,34 +171,12 @@ def _pointers(path: str, image_root: str, allow: bool):
         common.ERRORS_TAG, coco.entry_error("path_outside_root", str(e), where)
       )
       continue
-    anns = image_annotations(image, where)
-    yield {
-      keys.IMAGE_ID: posixpath.splitext(name)[0],
-      keys.SOURCE: source,
-      "objects_listed": sum(1 for a in anns if not coco.box_only(a)),
-      "objects_box_only": sum(1 for a in anns if coco.box_only(a)),
-      "coco": {
-        "id": image.get("id", name),
-        "height": image.get("height"),
-        "width": image.get("width"),
-        "annotations": anns,
-      },
-    }
-
-
-class _ListCvat(beam.PTransform):
-  def __init__(self, path: str, image_root: str, allow: bool):
-    super().__init__()
-    self._args = (path, image_root, allow)
-
-  def expand(self, pbegin):
-    listed = (
-      pbegin
-      | "CvatFile" >> beam.Create([self._args[0]])
-      | "ReadImages"
-      >> beam.FlatMap(_pointers, *self._args[1:]).with_outputs(common.ERRORS_TAG, main="pointers")
+    yield coco.rows_pointer(
+      name,
+      source,
+      {"id": image.get("id", name), "height": image.get("height"), "width": image.get("width")},
+      image_annotations(image, where),
     )
-    return listed.pointers, listed[common.ERRORS_TAG]
 
 
 def _is_cvat_xml(path: str) -> bool:
@@ -238,7 +216,7 @@ class Cvat(Layout):
   def list_inputs(self, options: ReadOptions):
     path = annotations_file(options.root)
     root = options.image_root or FileSystems.join(posixpath.dirname(path) or ".", IMAGES_DIR)
-    return _ListCvat(path, root.rstrip("/"), options.allow_outside_root)
+    return common.ReadPointers(path, _pointers, root.rstrip("/"), options.allow_outside_root)
 
   def materialize(self, pointer):
     return coco.materialize(pointer)

@@ -33,7 +33,6 @@ import posixpath
 import re
 from typing import Any, Callable, Dict, List
 
-import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
@@ -106,21 +105,10 @@ def pair_by_name(image_paths: List[str], mask_paths: List[str]) -> List[Dict[str
   return pointers
 
 
-class _ListPairs(beam.PTransform):
-  """A root -> `(pointers, no errors)`: its images paired with their masks."""
-
-  def __init__(self, root: str, images_dir: str, masks_dir: str):
-    super().__init__()
-    self._patterns = [FileSystems.join(root, d, "*") for d in (images_dir, masks_dir)]
-
-  def expand(self, pbegin):
-    images, masks = self._patterns
-    pointers = (
-      pbegin
-      | "Root" >> beam.Create([None])
-      | "Pair" >> beam.FlatMap(lambda _: pair_by_name(match_files(images), match_files(masks)))
-    )
-    return pointers, pbegin | "NoListErrors" >> beam.Create([])
+def _pairs(root: str, images_dir: str, masks_dir: str) -> List[Dict[str, Any]]:
+  """A root's images paired with their masks (`pair_by_name`)."""
+  images, masks = (FileSystems.join(root, d, "*") for d in (images_dir, masks_dir))
+  return pair_by_name(match_files(images), match_files(masks))
 
 
 class PairedFolders(Layout):
@@ -157,7 +145,7 @@ class PairedFolders(Layout):
         raise InputError(f"no {what} matches {pattern}")
 
   def list_inputs(self, options: ReadOptions):
-    return _ListPairs(options.root.rstrip("/"), self.images_dir, self.masks_dir)
+    return common.ReadPointers(options.root.rstrip("/"), _pairs, self.images_dir, self.masks_dir)
 
   def materialize(self, pointer: Dict[str, Any]) -> Dict[str, Any]:
     ex = dict(pointer)

@@ -118,20 +118,6 @@ def _list_inputs(root: str):
       )
 
 
-class _ListSbd(beam.PTransform):
-  def __init__(self, root: str):
-    super().__init__()
-    self._root = root
-
-  def expand(self, pbegin):
-    listed = (
-      pbegin
-      | "Root" >> beam.Create([self._root])
-      | "ReadLists" >> beam.FlatMap(_list_inputs).with_outputs(common.ERRORS_TAG, main="pointers")
-    )
-    return listed.pointers, listed[common.ERRORS_TAG]
-
-
 def segmentation(data: bytes, path: str) -> np.ndarray:
   """GTinst.Segmentation of a .mat file's bytes, uint8 [H, W] (ExampleError naming `path`)."""
   from scipy import io as sio  # pylint: disable=g-import-not-at-top
@@ -207,7 +193,7 @@ class Sbd(Layout):
       raise InputError(f"no split list: neither {' nor '.join(lists)} exists")
 
   def list_inputs(self, options: ReadOptions):
-    return _ListSbd(data_root(options.root))
+    return common.ReadPointers(data_root(options.root), _list_inputs)
 
   def only_split(self, options: ReadOptions):
     lists = _present_lists(data_root(options.root))

@@ -88,20 +88,6 @@ def _list_inputs(root: str):
     yield {**pointer, keys.SPLIT: split} if split else pointer
 
 
-class _ListVoc(beam.PTransform):
-  def __init__(self, root: str):
-    super().__init__()
-    self._root = root
-
-  def expand(self, pbegin):
-    listed = (
-      pbegin
-      | "Root" >> beam.Create([self._root])
-      | "ReadLists" >> beam.FlatMap(_list_inputs).with_outputs(common.ERRORS_TAG, main="pointers")
-    )
-    return listed.pointers, listed[common.ERRORS_TAG]
-
-
 @register_layout
 class Voc(Layout):
   name = "voc"
@@ -126,7 +112,7 @@ class Voc(Layout):
       raise InputError(f"no split list matches {pattern}")
 
   def list_inputs(self, options: ReadOptions):
-    return _ListVoc(options.root.rstrip("/"))
+    return common.ReadPointers(options.root.rstrip("/"), _list_inputs)
 
   def materialize(self, pointer):
     try:
