@@ -9,6 +9,7 @@ from beam_prep.layouts import (
   davis,
   folders,
   grabcut,  # noqa: F401  pylint: disable=unused-import
+  label_studio,
   manifest,
   sbd,
   voc,

@@ -41,6 +41,7 @@ pixels of the image (a polygon that leaves the image, an object past the
 
 import codecs
 import json
+import math
 import posixpath
 from typing import Any, Dict, Iterator, List, Tuple
 
@@ -60,6 +61,7 @@ COCO_KEYS = ("info", "licenses", "images", "annotations", "categories", "type")
 MAX_OBJECTS = 254  # Instance ids 1..254; 255 is ignore.
 # A polygon vertex this far past the image's border puts it outside the image.
 OUTSIDE_TOLERANCE = 2.0
+ELLIPSE_POINTS = 64  # An ellipse is drawn as a polygon of this many points.
 _CHUNK = 1 << 20
 _STREAMED = ("images", "annotations")
 _ORPHAN = "orphan"
@@ -162,6 +164,19 @@ def iter_entries(f, chunk: int = _CHUNK) -> Iterator[Tuple[str, Any]]:
     else:
       yield key, s.value()
     if s.take(",}") == "}":
+      return
+
+
+def iter_items(f, chunk: int = _CHUNK) -> Iterator[Any]:
+  """The items of a JSON file whose top level is a list, one at a time, read
+  `chunk` bytes at a time."""
+  s = _Stream(f, chunk)
+  s.take("[")
+  if s.peek() == "]":
+    return
+  while True:
+    yield s.value()
+    if s.take(",]") == "]":
       return
 
 
@@ -450,6 +465,36 @@ def _rle(seg: Dict[str, Any], height: int, width: int):
     return mask_utils.decode(rle)
   except ValueError as e:
     raise _AnnotationError("bad_rle", f"pycocotools: {e}") from None
+
+
+def ellipse_polygon(cx: float, cy: float, rx: float, ry: float, degrees: float = 0.0):
+  """An ellipse (centre, radii, turned `degrees` clockwise on the image) as a
+  flat polygon of ELLIPSE_POINTS points, as annotation tools draw it."""
+  turn = math.radians(degrees)
+  flat = []
+  for i in range(ELLIPSE_POINTS):
+    t = 2 * math.pi * i / ELLIPSE_POINTS
+    x, y = rx * math.cos(t), ry * math.sin(t)
+    flat += [cx + x * math.cos(turn) - y * math.sin(turn)]
+    flat += [cy + x * math.sin(turn) + y * math.cos(turn)]
+  return flat
+
+
+def segmentation_of(parts: List[Any], height: int, width: int):
+  """One object's parts (flat polygons, bool [height, width] regions) as a
+  COCO segmentation: its polygons, or (with a region among them) the RLE of
+  their union."""
+  if all(isinstance(p, list) for p in parts):
+    return parts
+  from pycocotools import mask as mask_utils  # pylint: disable=g-import-not-at-top
+
+  union = np.zeros((height, width), bool)
+  for p in parts:
+    if isinstance(p, list):
+      p = mask_utils.decode(mask_utils.frPyObjects([p], height, width))[..., 0].astype(bool)
+    union |= p
+  rle = mask_utils.encode(np.asfortranarray(union.astype(np.uint8)))
+  return {"size": [height, width], "counts": rle["counts"].decode("ascii")}
 
 
 def _region(seg, height: int, width: int) -> np.ndarray:

@@ -23,7 +23,6 @@ large one stays visible; CVAT's z_order is not read), and the same dead
 letters follow; a shape this layout cannot read is `bad_shape`.
 """
 
-import math
 import posixpath
 import xml.etree.ElementTree as ET
 from typing import Any, Dict, Iterator, List, Tuple
@@ -38,7 +37,6 @@ from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register
 
 ANNOTATIONS_FILE, IMAGES_DIR = "annotations.xml", "images"
 AREA_SHAPES = ("polygon", "mask", "ellipse")
-ELLIPSE_POINTS = 64  # An ellipse is drawn as a polygon of this many points.
 
 
 class CvatError(ValueError):
@@ -59,14 +57,7 @@ def _points(text: str) -> List[float]:
 
 def _ellipse(a: Dict[str, str]) -> List[float]:
   cx, cy, rx, ry = (float(a[k]) for k in ("cx", "cy", "rx", "ry"))
-  turn = math.radians(float(a.get("rotation", 0)))
-  flat = []
-  for i in range(ELLIPSE_POINTS):
-    t = 2 * math.pi * i / ELLIPSE_POINTS
-    x, y = rx * math.cos(t), ry * math.sin(t)
-    flat += [cx + x * math.cos(turn) - y * math.sin(turn)]
-    flat += [cy + x * math.sin(turn) + y * math.cos(turn)]
-  return flat
+  return coco.ellipse_polygon(cx, cy, rx, ry, float(a.get("rotation", 0)))
 
 
 def mask_region(a: Dict[str, str], height: int, width: int) -> np.ndarray:
@@ -91,22 +82,6 @@ def _part(tag: str, a: Dict[str, str], height: int, width: int):
   if tag == "ellipse":
     return _ellipse(a)
   return mask_region(a, height, width)
-
-
-def _segmentation(parts: List[Any], height: int, width: int):
-  """An object's parts as a COCO segmentation: its polygons, or (with a mask
-  among them) the RLE of their union."""
-  if all(isinstance(p, list) for p in parts):
-    return parts
-  from pycocotools import mask as mask_utils  # pylint: disable=g-import-not-at-top
-
-  union = np.zeros((height, width), bool)
-  for p in parts:
-    if isinstance(p, list):
-      p = mask_utils.decode(mask_utils.frPyObjects([p], height, width))[..., 0].astype(bool)
-    union |= p
-  rle = mask_utils.encode(np.asfortranarray(union.astype(np.uint8)))
-  return {"size": [height, width], "counts": rle["counts"].decode("ascii")}
 
 
 def _box(a: Dict[str, str]) -> List[float]:
@@ -136,7 +111,7 @@ def image_annotations(image: ET.Element, where: str) -> List[Dict[str, Any]]:
   for row in objects.values():
     parts = row.pop("parts", None)
     if parts and not row.get("error"):
-      row["segmentation"] = _segmentation(parts, height, width)
+      row["segmentation"] = coco.segmentation_of(parts, height, width)
     rows.append(row)
   return rows
 

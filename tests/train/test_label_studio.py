@@ -19,7 +19,8 @@ from PIL import Image
 from tests import label_studio_env as lse
 from tests.helpers import png
 from train.serve import app as serve_app
-from train.serve import brush, page
+from beam_prep import brush
+from train.serve import page
 from train.serve.config import ServeConfig
 from train.export.served import ServedModel
 

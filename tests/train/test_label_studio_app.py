@@ -5,6 +5,7 @@ rectangle calls through Label Studio's own interactive-annotating route,
 and an annotation whose webhook reaches the label store (and whose deletion
 removes it)."""
 
+import json
 import os
 import time
 
@@ -14,7 +15,9 @@ import pytest
 from tests import label_studio_env as lse
 from tests.helpers import png
 from train.serve import app as serve_app
-from train.serve import brush
+from beam_prep import brush, keys
+from beam_prep.layouts import coco
+from beam_prep.layouts import label_studio as ls_layout
 from train.serve.config import ServeConfig
 from train.serve.store import Labels
 
@@ -62,7 +65,7 @@ def test_label_studio_calls_the_server_and_its_annotations_reach_the_label_store
   save = str(tmp_path / "labels")
   with serve_app.running(ServeConfig(model=trained, port=0, save_dir=save)) as (server, _):
     backend = f"http://127.0.0.1:{server.port}"
-    _, task, ml = lse.connect(label_studio, backend, "scene.png", png(_scene()))
+    project, task, ml = lse.connect(label_studio, backend, "scene.png", png(_scene()))
     point = lse.keypoint(30, 36, W, H)
     region, mask = _interactive(label_studio, ml, task, [point])
     want = ServedModel(trained).segment(_scene(), [[30, 36]], [])["mask"] > 0
@@ -87,7 +90,23 @@ def test_label_studio_calls_the_server_and_its_annotations_reach_the_label_store
       (entry,) = labels.entries()
       assert entry["origin"]["annotation"] == made["id"] and entry["origin"]["task"] == task
       assert os.path.isfile(os.path.join(save, entry["file_name"]))
+      _check_the_export(label_studio, project, mask, tmp_path)
       lse.api(label_studio, "DELETE", f"/api/annotations/{made['id']}/")
       _until(lambda: labels.count() == 0, "ANNOTATIONS_DELETED")
     finally:
       labels.close()
+
+
+def _check_the_export(url, project, mask, tmp_path):
+  """The project's JSON export, read by the label_studio layout with the
+  images' own copy as its image root: the annotation's brush, drawn."""
+  export = tmp_path / "export.json"
+  export.write_text(
+    json.dumps(lse.api(url, "GET", f"/api/projects/{project}/export?exportType=JSON"))
+  )
+  (tmp_path / "images").mkdir()
+  (tmp_path / "images" / "scene.png").write_bytes(png(_scene()))
+  (pointer,) = ls_layout.task_pointers(str(export), str(tmp_path / "images"), False)
+  drawn = coco.materialize(pointer)
+  assert drawn["object_errors"] == [] and pointer["objects_listed"] == 1
+  np.testing.assert_array_equal(drawn[keys.INSTANCE_MASK] == 1, mask)

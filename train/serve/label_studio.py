@@ -14,7 +14,7 @@ An interactive call's context holds the object's smart regions, in
 percent of the image: keypoints (positive; negative with `is_positive:
 false`) and rectangles. They become the model's clicks (a rectangle alone:
 a click at its centre) and the mask is cut to the rectangle. The answer is
-one `brushlabels` region (`train.serve.brush`) for the config's BrushLabels
+one `brushlabels` region (`beam_prep.brush`) for the config's BrushLabels
 tag, labelled as the keypoint when the brush has that label. Each keypoint
 after the first refines the mask of the keypoints before it, as on the
 page, when that mask was answered here recently. Without a context (a batch
@@ -49,7 +49,8 @@ from xml.etree import ElementTree
 
 import numpy as np
 
-from train.serve import brush
+from beam_prep import brush
+from beam_prep.layouts.label_studio import rectangle_corners
 from train.serve.page import DEFAULT_LEVEL, LEVELS, Page
 from train.serve.rest import RequestError
 
@@ -129,16 +130,10 @@ class Prompts:
 
 
 def _rectangle_box(x, y, w, h, angle: float, width: int, height: int):
-  """A rectangle's box in pixels (x0, y0, x1, y1): Label Studio's rectangle
-  (percents of the image) turned `angle` degrees clockwise about its top
-  left corner (x, y); a turned one's box is the box of its corners."""
-  turn = math.radians(angle)
-  cos, sin = math.cos(turn), math.sin(turn)
-  dx, dy = w / 100.0 * width, h / 100.0 * height
-  xs, ys = [], []
-  for cx, cy in ((0, 0), (dx, 0), (dx, dy), (0, dy)):
-    xs.append(x / 100.0 * width + cx * cos - cy * sin)
-    ys.append(y / 100.0 * height + cx * sin + cy * cos)
+  """A rectangle's box in pixels (x0, y0, x1, y1): the box of its corners
+  (`rectangle_corners`), clamped into the image."""
+  value = {"x": x, "y": y, "width": w, "height": h, "rotation": angle}
+  xs, ys = zip(*rectangle_corners(value, width, height), strict=True)
   return (
     _in_image(min(xs), width),
     _in_image(min(ys), height),
