@@ -43,7 +43,7 @@ import codecs
 import json
 import math
 import posixpath
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -327,7 +327,7 @@ def rows_pointer(
     "coco": {
       **entry,
       "annotations": [
-        {k: a.get(k) for k in ("id", "segmentation", "iscrowd", "bbox", "where", "error")}
+        {k: a.get(k) for k in ("id", "segmentation", "iscrowd", "bbox", "where", "error", "z")}
         for a in rows
       ],
     },
@@ -514,12 +514,16 @@ def _region(seg, height: int, width: int) -> np.ndarray:
   return region
 
 
-def paint_objects(regions: List[np.ndarray], mask: np.ndarray) -> np.ndarray:
+def paint_objects(
+  regions: List[np.ndarray], mask: np.ndarray, layers: Optional[List[float]] = None
+) -> np.ndarray:
   """Paints objects 1..N (bool regions, in order) into `mask`, in place:
-  largest first, so a small object on a large one stays visible (equal
-  areas in order). Returns `mask`."""
+  by layer, the lowest first (a tool's z order: an object of a higher layer
+  is drawn over one below it), and within a layer largest first, so a small
+  object on a large one stays visible (equal areas in order). Returns `mask`."""
   areas = [int(region.sum()) for region in regions]
-  for i in sorted(range(len(regions)), key=lambda i: (-areas[i], i)):
+  layers = layers or [0] * len(regions)
+  for i in sorted(range(len(regions)), key=lambda i: (layers[i], -areas[i], i)):
     mask[regions[i]] = i + 1
   return mask
 
@@ -531,7 +535,8 @@ class ImageEntryError(ValueError):
 def instance_mask(coco: Dict[str, Any], image_id: str) -> Tuple[np.ndarray, List[Dict[str, Any]]]:
   """Renders one image's annotations -> (uint8 instance mask, annotation errors).
 
-  Objects get ids 1..N in annotation-id order and are painted largest first;
+  Objects get ids 1..N in annotation-id order and are painted by their rows'
+  `z` (a tool's z order; none: 0), then largest first (`paint_objects`);
   crowd regions, the boxes of detection-only rows (`box_only`), and what
   failed annotations still cover, are ignore (255).
   """
@@ -574,6 +579,7 @@ def instance_mask(coco: Dict[str, Any], image_id: str) -> Tuple[np.ndarray, List
   mask = paint_objects(
     [region for _, region in objects],
     np.where(ignore, keys.IGNORE, keys.BACKGROUND).astype(np.uint8),
+    [ann.get("z") or 0 for ann, _ in objects],
   )
   for i, (ann, _) in enumerate(objects):
     if not (mask == i + 1).any():

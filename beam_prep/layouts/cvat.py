@@ -18,9 +18,11 @@ images under images/ by their `name` (or under --image-root). Each <image>
 
 Shapes sharing a `group_id` (not 0) are one object. The instance mask is
 drawn as the coco layout draws its rows (`coco.instance_mask`: objects
-1..N in document order, the largest painted first, so a small object on a
-large one stays visible; CVAT's z_order is not read), and the same dead
-letters follow; a shape this layout cannot read is `bad_shape`.
+1..N in document order, painted by CVAT's `z_order`, the highest on top as
+CVAT draws them, then the largest first, so a small object on a large one
+of the same z_order stays visible; a group takes its first shape's
+z_order), and the same dead letters follow; a shape this layout cannot
+read is `bad_shape`.
 """
 
 import posixpath
@@ -89,6 +91,13 @@ def _box(a: Dict[str, str]) -> List[float]:
   return [x0, y0, x1 - x0, y1 - y0]
 
 
+def _z_order(el: ET.Element) -> int:
+  try:
+    return int(el.get("z_order", 0))
+  except ValueError:
+    return 0  # Not a number: drawn as if none were given.
+
+
 def image_annotations(image: ET.Element, where: str) -> List[Dict[str, Any]]:
   """An <image>'s shapes as the coco layout's annotation rows (`coco.instance_mask`)."""
   height, width = int(image.get("height", 0)), int(image.get("width", 0))
@@ -102,7 +111,7 @@ def image_annotations(image: ET.Element, where: str) -> List[Dict[str, Any]]:
       continue
     if el.tag not in AREA_SHAPES:
       continue
-    row = objects.setdefault(key, {"id": n, "parts": [], "where": here})
+    row = objects.setdefault(key, {"id": n, "parts": [], "where": here, "z": _z_order(el)})
     try:
       row["parts"].append(_part(el.tag, el.attrib, height, width))
     except (KeyError, ValueError) as e:

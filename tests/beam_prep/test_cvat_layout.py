@@ -64,6 +64,20 @@ def test_shapes_become_objects_boxes_ignore_and_groups_one_object():
   assert set(np.unique(mask).tolist()) == {0, 1, 2, 3, 4, 255}
 
 
+def test_the_higher_z_order_is_drawn_on_top():
+  """A person (small) behind a car (large, drawn whole over it): CVAT's
+  z_order says which is seen; without it, the smaller is on top."""
+  car = '<polygon label="car" z_order="{}" points="10,10;50,10;50,30;10,30"/>'
+  person = '<polygon label="person" z_order="{}" points="20,5;30,5;30,35;20,35"/>'
+  behind, _ = _drawn(car.format(2) + person.format(1))
+  assert (behind[10:30, 20:30] == 1).all() and (behind[5:10, 20:30] == 2).all()
+  in_front, _ = _drawn(car.format(1) + person.format(2))
+  assert (in_front[5:35, 20:30] == 2).all() and (in_front[10:30, 10:20] == 1).all()
+  hidden = '<polygon label="a" z_order="0" points="15,15;25,15;25,25;15,25"/>'
+  mask, errors = _drawn(car.format(1) + hidden)
+  assert (mask[10:30, 10:50] == 1).all() and [e["reason"] for e in errors] == ["hidden_object"]
+
+
 def test_an_unreadable_shape_is_a_dead_letter_naming_it():
   short = np.ones((2, 3), bool)
   xml = _mask(short, left=0, top=0).replace(
