@@ -39,7 +39,8 @@ under IMAGE_ROOT (--image-root, else the JSON file's folder):
   anything else              IMAGE_ROOT/that path
 
 The first of these that exists is read; when none does, the image is a
-`missing_image` dead letter naming the first.
+`missing_image` dead letter naming the first. A path that leaves
+IMAGE_ROOT is `path_outside_root` (unless --allow-outside-root).
 """
 
 import math
@@ -133,7 +134,7 @@ def _region_row(r: Any, n: int, height, width, where: str) -> Optional[Tuple[Any
       row["bbox"] = _box(r["value"], width, height)
     else:
       row["part"] = _part(kind, r["value"], width, height)
-  except (KeyError, TypeError, ValueError, brush.BrushError) as e:
+  except (AttributeError, KeyError, TypeError, ValueError, brush.BrushError) as e:
     row["error"] = ("bad_shape", f"a {kind} region: {type(e).__name__}: {e}")
   return key, row
 
@@ -215,17 +216,27 @@ def candidates(ref: str) -> List[str]:
   return [urllib.parse.unquote(ref).lstrip("/")]
 
 
-def _source(ref: str, root: str, allow: bool) -> Tuple[str, str]:
-  """(name, path) of a task's image: the first candidate that exists, else the first."""
-  found = []
-  for name in dict.fromkeys(c for c in candidates(ref) if c):
+def _names(task: Dict[str, Any]) -> List[str]:
+  """The candidates of a task's image (`candidates`)."""
+  names = [c for c in dict.fromkeys(candidates(image_reference(task))) if c]
+  if not names:
+    raise ValueError(f"its image reference {image_reference(task)!r} names no file")
+  return names
+
+
+def _source(names: List[str], root: str, allow: bool) -> Tuple[str, str]:
+  """(name, path) of a task's image: the first candidate that exists, else the first.
+
+  Raises:
+    ValueError: a candidate leaves the image root (`common.resolve`).
+  """
+  paths = []
+  for name in names:
     path = common.resolve(root, name, root, allow)
     if keys.is_remote(name) or common.exists(path):
       return name, path
-    found.append((name, path))
-  if not found:
-    raise ValueError(f"the image reference {ref!r} names no file")
-  return found[0]
+    paths.append(path)
+  return names[0], paths[0]
 
 
 def _tasks(path: str) -> Iterator[Tuple[Any, str]]:
@@ -260,9 +271,13 @@ def _pointer(task: Any, where: str, root: str, allow: bool):
     return _dead(coco.entry_error("bad_task", f"a {type(task).__name__}, not a task", where))
   task_id = str(task.get("id", where))
   try:
-    name, source = _source(image_reference(task), root, allow)
+    names = _names(task)
   except ValueError as e:
     return _dead(coco.entry_error("bad_task", str(e), where, task_id))
+  try:
+    name, source = _source(names, root, allow)
+  except ValueError as e:
+    return _dead(coco.entry_error("path_outside_root", str(e), where, task_id))
   annotation = chosen_annotation(task)
   if annotation is None:
     detail = "no annotation (or every one cancelled): label the task, or leave it out of the export"
