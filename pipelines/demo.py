@@ -4,8 +4,8 @@
 
 Runs, as a user would type them, `beam-prep sample-data`, `beam-prep
 segmentation` (DirectRunner), `beam-train fit` (which exports the serving
-model), `beam-train evaluate` and `beam-train predict` on an eval image
-with the protocol's first click; then a round of the data engine: a
+model), `beam-train evaluate` and `beam-train predict` on the eval images'
+largest object with the protocol's first click; then a round of the data engine: a
 simulated annotator labels half of the eval scenes' objects through the
 served model's page endpoints, `beam-train engine` fine-tunes the model on
 those labels, and the other half is labelled before and after the round.
@@ -42,18 +42,19 @@ def _run(cmd, log):
   return time.time() - t
 
 
-def _first_eval_object(prep_dir: str):
-  """(image_id, object_id) of the first eval record, the same every run."""
-  from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+def _largest_eval_object(prep_dir: str):
+  """(image_id, object_id) of the largest object of the eval images (the
+  first in id order among equals): the kind one click is for; smaller ones
+  take more clicks, as the NoC figures say."""
+  from train.evaluate import simulate  # pylint: disable=g-import-not-at-top
 
-  records = PrepOutput(prep_dir).read_numpy(keys.EVAL_SPLIT, [keys.IMAGE_ID, keys.OBJECT_ID])
-  ex = min(records, key=lambda r: (r[keys.IMAGE_ID], int(r[keys.OBJECT_ID])))
-  return ex[keys.IMAGE_ID], int(ex[keys.OBJECT_ID])
+  objects = simulate.source_objects(prep_dir)
+  largest = max(objects, key=lambda o: int((o["label"] == 1).sum()))  # The first of equals.
+  return largest["image_id"], largest["object_id"]
 
 
 def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, run):
-  """`beam-train predict` on an eval object with the protocol's first click
+  """`beam-train predict` on the largest eval object with the protocol's first click
   (its innermost pixel, `train.evaluate.clicker`) -> (what was predicted, for the
   summary, and its seconds)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
@@ -62,7 +63,7 @@ def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, run):
   from beam_prep.ops.image import object_label  # pylint: disable=g-import-not-at-top
   from train.evaluate import clicker  # pylint: disable=g-import-not-at-top
 
-  image_id, object_id = _first_eval_object(prep)
+  image_id, object_id = _largest_eval_object(prep)
   image_path = sorted(glob.glob(os.path.join(data, IMAGES_DIR, image_id + ".*")))[0]
   truth = np.asarray(Image.open(os.path.join(data, MASKS_DIR, image_id + MASK_SUFFIX)))
   label = object_label(truth, object_id)
@@ -225,9 +226,9 @@ def _summary_outputs(
   log(f"  export       {metrics['export_dir']}")
   p = predicted
   log(
-    f"  prediction   {pred} (+ _overlay.png): {p['image_id']} object {p['object_id']}, one "
-    f"click at {p['click']} (the protocol's first: its innermost pixel), IoU with the true "
-    f"mask {p['iou']:.3f}"
+    f"  prediction   {pred} (+ _overlay.png): {p['image_id']} object {p['object_id']} (the "
+    f"eval images' largest), one click at {p['click']} (the protocol's first: its innermost "
+    f"pixel), IoU with the true mask {p['iou']:.3f}"
   )
   e = engine
   log(
