@@ -22,8 +22,9 @@ drafts and predictions are not read. Its regions (`result` items):
 Coordinates are percents of `original_width` and `original_height`, and
 results sharing an `id` are one region (one object). Each task is drawn
 as the coco layout draws its rows (`coco.instance_mask`), with the same
-dead letters; a region this layout cannot read is `bad_shape`, and a task
-with no annotation to read is `no_annotation`.
+dead letters; a region this layout cannot read is `bad_shape`, a task
+with no annotation to read is `no_annotation`, and a task whose image an
+earlier task has is `duplicate_image_id` (the earlier one is read).
 
 The task's image is `data.image` (or the task's only data value), found
 under IMAGE_ROOT (--image-root, else the JSON file's folder):
@@ -288,9 +289,18 @@ def _pointer(task: Any, where: str, root: str, allow: bool):
 
 
 def task_pointers(path: str, image_root: str, allow: bool):
-  """The pointer of each task; a dead letter for a task that cannot be read."""
+  """The pointer of each task; a dead letter for a task that cannot be read,
+  or whose image an earlier task has (`duplicate_image_id`: the first is read)."""
+  first: Dict[str, str] = {}
   for task, where in _tasks(path):
-    yield _pointer(task, where, image_root, allow)
+    out = _pointer(task, where, image_root, allow)
+    image_id = out.get(keys.IMAGE_ID) if isinstance(out, dict) else None
+    if image_id in first:
+      detail = f"its image {image_id} is {first[image_id]}'s too: that task is read"
+      out = _dead(coco.entry_error("duplicate_image_id", detail, where, image_id))
+    elif image_id is not None:
+      first[image_id] = where
+    yield out
 
 
 def _is_export(path: str) -> bool:

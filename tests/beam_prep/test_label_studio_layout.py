@@ -126,7 +126,7 @@ def _task(tid, image, annotations):
 def _export(root):
   """An export and its images: uploads found by their original name, one in
   a folder of local files, one missing, one task unlabelled, one not a task,
-  one outside the image root."""
+  one outside the image root, one image listed twice."""
   os.makedirs(root / "images" / "sub")
   for name in ("horse.png", "sub/cow.jpg"):
     Image.new("RGB", (W, H), (90, 120, 40)).save(root / "images" / name)
@@ -144,6 +144,7 @@ def _export(root):
     _task(4, "/data/upload/2/5e6f7a8b-horse.png", []),
     ["not", "a", "task"],
     _task(5, "/data/local-files/?d=../../secret.png", [{"id": 13, "result": [square]}]),
+    _task(6, "/data/local-files/?d=sub/cow.jpg", [{"id": 14, "result": [square]}]),
   ]
   (root / "export.json").write_text(json.dumps(tasks))
 
@@ -158,6 +159,7 @@ def test_a_job_over_an_export_accounts_for_every_task(tmp_path, capsys):
   assert run_cli(argv + ["--progress-seconds", "0", "--max-error-fraction", "1"]) == 0
   c = manifest(out)["counts"]
   reasons = {"missing_image": 1, "no_annotation": 1, "bad_task": 1, "path_outside_root": 1}
+  reasons["duplicate_image_id"] = 1  # Task 6's image is task 2's.
   assert c["images_used"] == 2 and c["errors_by_reason"] == reasons, c
   assert c["objects_used"] == 3 and c["objects_box_only"] == 1, c
   ids = {r.features.feature["image_id"].bytes_list.value[0].decode() for r in records(out, "train")}
