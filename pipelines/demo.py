@@ -5,10 +5,11 @@
 Runs, as a user would type them, `beam-prep sample-data`, `beam-prep
 segmentation` (DirectRunner), `beam-train fit` (which exports the serving
 model), `beam-train evaluate` and `beam-train predict` on the eval images'
-largest object with the protocol's first click; then a round of the data engine: a
-simulated annotator labels half of the eval scenes' objects through the
-served model's page endpoints, `beam-train engine` fine-tunes the model on
-those labels, and the other half is labelled before and after the round.
+largest object with the protocol's first click; then a round of the data
+engine: a simulated annotator labels half of the eval scenes' objects
+through the served model's page endpoints, `beam-train engine` fine-tunes
+the model on those labels, and the other half is labelled before and after
+the round.
 It prints what was written where and the `beam-train serve` command that
 opens the demo's model and eval objects in a browser.
 Library logs (TensorFlow's start-up lines among them) are hidden, as in each
@@ -54,9 +55,9 @@ def _largest_eval_object(prep_dir: str):
 
 
 def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, run):
-  """`beam-train predict` on the largest eval object with the protocol's first click
-  (its innermost pixel, `train.evaluate.clicker`) -> (what was predicted, for the
-  summary, and its seconds)."""
+  """`beam-train predict` on the largest eval object with the protocol's
+  first click (its innermost pixel, `train.evaluate.clicker`) -> (what was
+  predicted, for the summary, and its seconds)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
   from beam_prep.layouts.folders import IMAGES_DIR, MASK_SUFFIX, MASKS_DIR  # pylint: disable=g-import-not-at-top
