@@ -35,7 +35,9 @@ under IMAGE_ROOT (--image-root, else the JSON file's folder):
                              prefix Label Studio gives an upload (your own
                              copy of the images)
   /data/local-files/?d=PATH  IMAGE_ROOT/PATH, or IMAGE_ROOT/BASENAME
-  gs://..., s3://...         read where it is
+  gs://..., s3://...         read where it is, when under IMAGE_ROOT (give
+                             --image-root gs://BUCKET) or with
+                             --allow-outside-root
   http(s)://HOST/.../NAME    IMAGE_ROOT/NAME
   anything else              IMAGE_ROOT/that path
 

@@ -106,7 +106,7 @@ def test_the_ground_truth_else_the_last_updated_annotation_not_cancelled_is_read
   assert ls.chosen_annotation({"annotations": []}) is None
 
 
-def test_where_a_tasks_image_is_looked_for():
+def test_where_a_tasks_image_is_looked_for(tmp_path):
   assert ls.candidates("/data/upload/3/1a2b3c4d-horse%201.png") == [
     "3/1a2b3c4d-horse 1.png",
     "1a2b3c4d-horse 1.png",
@@ -117,6 +117,12 @@ def test_where_a_tasks_image_is_looked_for():
   assert ls.candidates("gs://bucket/img/a.jpg") == ["gs://bucket/img/a.jpg"]
   assert ls.candidates("img/a.jpg") == ["img/a.jpg"]
   assert ls.image_reference({"data": {"photo": "/data/upload/1/x.png"}}) == "/data/upload/1/x.png"
+  export = tmp_path / "export.json"
+  export.write_text(json.dumps([_task(1, "gs://bucket/img/a.jpg", [{"id": 1, "result": []}])]))
+  (inside,) = ls.task_pointers(str(export), "gs://bucket", False)
+  assert inside["source"] == "gs://bucket/img/a.jpg"  # Read where it is.
+  (outside,) = ls.task_pointers(str(export), str(tmp_path), False)  # Not under the image root.
+  assert outside.value["reason"] == "path_outside_root"
 
 
 def _task(tid, image, annotations):
