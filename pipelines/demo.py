@@ -43,31 +43,33 @@ def _run(cmd, log):
   return time.time() - t
 
 
-def _largest_eval_object(prep_dir: str):
-  """(image_id, object_id) of the largest object of the eval images (the
-  first in id order among equals): the kind one click is for; smaller ones
-  take more clicks, as the NoC figures say."""
+def _eval_objects(prep_dir: str):
+  """The eval images' objects at their own size (`simulate.source_objects`),
+  read once for the prediction and the data engine round."""
   from train.evaluate import simulate  # pylint: disable=g-import-not-at-top
 
-  objects = simulate.source_objects(prep_dir)
-  largest = max(objects, key=lambda o: int((o["label"] == 1).sum()))  # The first of equals.
-  return largest["image_id"], largest["object_id"]
+  return simulate.source_objects(prep_dir)
 
 
-def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, run):
+def _largest(objects):
+  """The largest of the eval images' objects (`simulate.source_objects`; the
+  first in id order among equals): the kind one click is for; smaller ones
+  take more clicks, as the NoC figures say."""
+  return max(objects, key=lambda o: int((o["label"] == 1).sum()))  # The first of equals.
+
+
+def _predict(beam_train: str, data: str, objects, model: str, pred: str, run):
   """`beam-train predict` on the largest eval object with the protocol's
   first click (its innermost pixel, `train.evaluate.clicker`) -> (what was
   predicted, for the summary, and its seconds)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   from beam_prep import keys  # pylint: disable=g-import-not-at-top
-  from beam_prep.layouts.folders import IMAGES_DIR, MASK_SUFFIX, MASKS_DIR  # pylint: disable=g-import-not-at-top
-  from beam_prep.ops.image import object_label  # pylint: disable=g-import-not-at-top
+  from beam_prep.layouts.folders import IMAGES_DIR  # pylint: disable=g-import-not-at-top
   from train.evaluate import clicker  # pylint: disable=g-import-not-at-top
 
-  image_id, object_id = _largest_eval_object(prep)
+  chosen = _largest(objects)
+  image_id, label = chosen["image_id"], chosen["label"]
   image_path = sorted(glob.glob(os.path.join(data, IMAGES_DIR, image_id + ".*")))[0]
-  truth = np.asarray(Image.open(os.path.join(data, MASKS_DIR, image_id + MASK_SUFFIX)))
-  label = object_label(truth, object_id)
   (x, y), _ = clicker.next_click_of(np.zeros(label.shape, bool), label, [], [])
   cmd = [
     beam_train,
@@ -83,10 +85,11 @@ def _predict(beam_train: str, data: str, prep: str, model: str, pred: str, run):
   seconds = run(cmd)
   got = np.asarray(Image.open(pred)) > 0
   iou = float(clicker.iou(got[None], (label == 1)[None], (label != keys.IGNORE)[None])[0])
-  return {"image_id": image_id, "object_id": object_id, "click": (x, y), "iou": iou}, seconds
+  predicted = {"image_id": image_id, "object_id": chosen["object_id"], "click": (x, y)}
+  return dict(predicted, iou=iou), seconds
 
 
-def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: int):
+def _engine_round(beam_train: str, wd: str, objects, model: str, run, steps: int):
   """The data engine on the eval scenes: a simulated annotator labels the
   first half of their objects through the served model (the labels saved);
   `beam-train engine` fine-tunes it on them; the other half is labelled
@@ -97,7 +100,6 @@ def _engine_round(beam_train: str, wd: str, prep: str, model: str, run, steps: i
 
   labels = os.path.join(wd, "labels")
   shutil.rmtree(labels, ignore_errors=True)
-  objects = simulate.source_objects(prep)
   images = sorted({o["image_id"] for o in objects})
   half = set(images[: len(images) // 2])
   labelled = [o for o in objects if o["image_id"] in half]
@@ -322,8 +324,9 @@ def main(argv=None):
       os.path.join(model, SOURCE_EVAL),
     ]
   )
-  predicted, times["predict"] = _predict(beam_train, data, prep, model, pred, run)
-  engine, times["data engine"] = _engine_round(beam_train, wd, prep, model, run, ENGINE_STEPS)
+  objects = _eval_objects(prep)
+  predicted, times["predict"] = _predict(beam_train, data, objects, model, pred, run)
+  engine, times["data engine"] = _engine_round(beam_train, wd, objects, model, run, ENGINE_STEPS)
   times["total"] = time.time() - total
   _summary(data, prep, model, pred, predicted, engine, times, log)
 

@@ -221,9 +221,10 @@ def candidates(ref: str) -> List[str]:
 
 def _names(task: Dict[str, Any]) -> List[str]:
   """The candidates of a task's image (`candidates`)."""
-  names = [c for c in dict.fromkeys(candidates(image_reference(task))) if c]
+  ref = image_reference(task)
+  names = [c for c in dict.fromkeys(candidates(ref)) if c]
   if not names:
-    raise ValueError(f"its image reference {image_reference(task)!r} names no file")
+    raise ValueError(f"its image reference {ref!r} names no file")
   return names
 
 
