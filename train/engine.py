@@ -305,7 +305,7 @@ def _fit(
   training cut to what is left of the round's budget after `spent_s`."""
   minutes = 0.0
   if config.max_minutes > 0:
-    judging = JUDGE_MINUTES if config.judge_percent else 0.0
+    judging = JUDGE_MINUTES if _judged(config, data) else 0.0
     left = config.max_minutes - spent_s / 60 - FIT_OVERHEAD_MINUTES - judging
     minutes = max(left, MIN_TRAIN_MINUTES)
   with open(os.path.join(config.model, keys.MODEL_CONFIG_FILE), encoding="utf-8") as f:
@@ -415,7 +415,8 @@ def judge(current: str, model_dir: str, prep_dir: str, out: str, log_path: str) 
     cmd += ["--resolution", "records", "--max-objects", str(JUDGED_OBJECTS), "--output", report]
     _run(cmd, log_path)
     scores[name] = _score(os.path.join(report, model_layout.NOC_FILE))
-  objects = [score.pop("objects") for score in scores.values()][0]  # The same objects.
+  objects = scores["round"].pop("objects")
+  scores["served"].pop("objects")  # The same objects.
   return {**scores, "objects": objects, "publish": not worse(scores["round"], scores["served"])}
 
 
@@ -427,11 +428,14 @@ def worse(ours: Dict[str, float], theirs: Dict[str, float]) -> bool:
   return more_clicks and ours["mean_iou"] < theirs["mean_iou"] - JUDGE_TOLERANCE
 
 
-def _held_out_objects(prep_dir: str) -> int:
-  """The eval records of a round's records (every shard set's)."""
+def _judged(config: EngineConfig, prep_dir: str) -> bool:
+  """Whether a round is judged: --judge-percent, and its records (every shard
+  set's) hold eval records (from `MIN_JUDGED_IMAGES` labelled images on)."""
   from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
 
-  return (PrepOutput(prep_dir).manifest["shards"].get(keys.EVAL_SPLIT) or {}).get("records", 0)
+  if not config.judge_percent:
+    return False
+  return bool((PrepOutput(prep_dir).manifest["shards"].get(keys.EVAL_SPLIT) or {}).get("records"))
 
 
 def _score(report: str) -> Dict[str, Any]:
@@ -565,7 +569,7 @@ def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
   prep_dir = os.path.join(folder, PREP_DIR)
   fit_s = _fit(config, current, prep_dir, model_dir, log_path, time.time() - started)
   judged = None
-  if config.judge_percent and _held_out_objects(prep_dir):
+  if _judged(config, prep_dir):
     judged = judge(current, model_dir, prep_dir, os.path.join(folder, "judge"), log_path)
   blessed = judged is None or judged["publish"]
   published = publish(latest_export(model_dir), config.model) if blessed else None
