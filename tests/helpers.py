@@ -158,8 +158,8 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
   Every model input the twins compute equals the records' bytes, the model
   input equals the trainer's, and the exported SavedModel's probabilities
   equal the trained model's on the trainer's input (`serving_default` on the
-  record's image; for crop records, whose image is the crop already,
-  `serve_examples` on the record).
+  record's image, refined by it as every click is; for crop records, whose
+  image is the crop already, `serve_examples` on the record).
 
   Args:
     export: a SavedModel, or a dir with versions (a fit model dir).
@@ -174,6 +174,7 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
   from train.evaluate import clicker  # pylint: disable=g-import-not-at-top
   from train import models  # pylint: disable=g-import-not-at-top
   from train.fit.data import Decoder, Parser  # pylint: disable=g-import-not-at-top
+  from train.export import guided_filter  # pylint: disable=g-import-not-at-top
   from train.export.saved_model import SegmentationServer, latest_export  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
 
@@ -224,7 +225,11 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
           image=tf.constant(rec[keys.IMAGE]),
           **{k: tf.constant(v, tf.int32) for k, v in clicks.items()},
         )
-      want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0].numpy()
+      want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0]
+      if not crops:  # The click signatures refine the model's answer by the image.
+        h, w = rec[keys.IMAGE].shape[:2]
+        want = guided_filter.refine(tf.constant(rec[keys.IMAGE]), want, tf.constant([0, 0, w, h]))
+      want = want.numpy()
       np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
       np.testing.assert_array_equal(out["mask"].numpy(), (want > clicker.PRED_THR).astype(np.uint8))
       checked += 1

