@@ -33,12 +33,13 @@ EPS = 1e-3
 
 
 def box_mean(x: tf.Tensor, r: int) -> tf.Tensor:
-  """float [H, W] -> the mean over each (2r+1)^2 window, the edges mirrored
-  (H, W >= r). Two 1-D pools: one 2-D pool of the window costs 30 times more."""
-  x = tf.expand_dims(tf.expand_dims(x, 0), -1)
-  x = tf.pad(x, [[0, 0], [r, r], [r, r], [0, 0]], "SYMMETRIC")
+  """float [H, W, C] -> each channel's mean over each (2r+1)^2 window, the
+  edges mirrored (H, W >= r). Two 1-D pools (one 2-D pool of the window
+  costs 30 times more), over every channel at once (a pool per map costs 3
+  times more)."""
+  x = tf.pad(tf.expand_dims(x, 0), [[0, 0], [r, r], [r, r], [0, 0]], "SYMMETRIC")
   x = tf.nn.avg_pool2d(x, [1, 2 * r + 1], 1, "VALID")
-  return tf.squeeze(tf.nn.avg_pool2d(x, [2 * r + 1, 1], 1, "VALID"), [0, 3])
+  return tf.squeeze(tf.nn.avg_pool2d(x, [2 * r + 1, 1], 1, "VALID"), 0)
 
 
 def _solve3(v, cov):
@@ -52,6 +53,10 @@ def _solve3(v, cov):
   return [(r[0] * cov[0] + r[1] * cov[1] + r[2] * cov[2]) / det for r in rows]
 
 
+# The colour pairs of the guide's covariance (upper triangle).
+_PAIRS = tuple((i, j) for i in range(3) for j in range(i, 3))
+
+
 def coefficients(guide, p, r: int = RADIUS, eps: float = EPS):
   """The guided filter's window-averaged coefficients: [H, W, 4], the three
   colours' weights and the offset, so the filtered map is
@@ -61,18 +66,18 @@ def coefficients(guide, p, r: int = RADIUS, eps: float = EPS):
     guide: float32 [H, W, 3], colours in [0, 1] (H, W >= r).
     p: float32 [H, W], the map to filter.
   """
-  colours = tf.unstack(guide, num=3, axis=-1)
-  means = [box_mean(c, r) for c in colours]
-  mean_p = box_mean(p, r)
-  cov = [box_mean(c * p, r) - m * mean_p for c, m in zip(colours, means)]
+  c = tf.unstack(guide, num=3, axis=-1)
+  maps = [*c, p, *(x * p for x in c), *(c[i] * c[j] for i, j in _PAIRS)]
+  means = tf.unstack(box_mean(tf.stack(maps, axis=-1), r), num=len(maps), axis=-1)
+  mean_c, mean_p, mean_cp, mean_cc = means[:3], means[3], means[4:7], means[7:]
+  cov = [mean_cp[k] - mean_c[k] * mean_p for k in range(3)]
   v = {
-    (i, j): box_mean(colours[i] * colours[j], r) - means[i] * means[j] + (eps if i == j else 0.0)
-    for i in range(3)
-    for j in range(i, 3)
+    (i, j): m - mean_c[i] * mean_c[j] + (eps if i == j else 0.0)
+    for (i, j), m in zip(_PAIRS, mean_cc)
   }
   a = _solve3(v, cov)
-  b = mean_p - a[0] * means[0] - a[1] * means[1] - a[2] * means[2]
-  return tf.stack([box_mean(x, r) for x in (*a, b)], axis=-1)
+  b = mean_p - a[0] * mean_c[0] - a[1] * mean_c[1] - a[2] * mean_c[2]
+  return box_mean(tf.stack([*a, b], axis=-1), r)
 
 
 def working_size(height, width):
