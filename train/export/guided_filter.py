@@ -44,19 +44,19 @@ def box_mean(x: tf.Tensor, r: int) -> tf.Tensor:
   return tf.squeeze(tf.nn.avg_pool2d(x, [2 * r + 1, 1], 1, "VALID"), 0)
 
 
+# The colour pairs of the guide's covariance (upper triangle).
+_PAIRS = tuple((i, j) for i in range(3) for j in range(i, 3))
+
+
 def _solve3(v, cov):
   """Per pixel, the solution a of the symmetric 3x3 system v a = cov, by its
-  adjugate. v: {(i, j): [H, W]} for i <= j; cov: three [H, W]."""
-  a11, a12, a13, a22, a23, a33 = (v[k] for k in ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2)))
+  adjugate. v: {(i, j): [H, W]} for (i, j) in `_PAIRS`; cov: three [H, W]."""
+  a11, a12, a13, a22, a23, a33 = (v[k] for k in _PAIRS)
   c11, c12, c13 = a22 * a33 - a23 * a23, a13 * a23 - a12 * a33, a12 * a23 - a13 * a22
   c22, c23, c33 = a11 * a33 - a13 * a13, a12 * a13 - a11 * a23, a11 * a22 - a12 * a12
   det = a11 * c11 + a12 * c12 + a13 * c13
   rows = ((c11, c12, c13), (c12, c22, c23), (c13, c23, c33))
   return [(r[0] * cov[0] + r[1] * cov[1] + r[2] * cov[2]) / det for r in rows]
-
-
-# The colour pairs of the guide's covariance (upper triangle).
-_PAIRS = tuple((i, j) for i in range(3) for j in range(i, 3))
 
 
 def coefficients(guide, p, r: int = RADIUS, eps: float = EPS):
