@@ -90,3 +90,20 @@ def test_working_size_keeps_the_aspect_and_the_pads_limit():
   assert size(480, 854) == (round(480 * gf.WORK_SIDE / 854), gf.WORK_SIDE)
   assert size(64, 64) == (gf.WORK_SIDE, gf.WORK_SIDE)
   assert size(5, 300) == (gf.RADIUS + 1, gf.WORK_SIDE)
+
+
+@pytest.mark.parametrize("grey", ["texture", "black_and_white", "flat"])
+def test_a_grey_photograph_is_filtered_as_the_reference_does(grey):
+  """Three equal channels make the colour covariance singular but for the
+  regulariser: the closed-form solve in float32 still agrees."""
+  rng = np.random.default_rng(3)
+  h, w = gf.WORK_SIDE, gf.WORK_SIDE * 2 // 3
+  g = {
+    "texture": rng.integers(0, 256, (h, w)),
+    "black_and_white": (rng.random((h, w)) > 0.5) * 255,
+    "flat": np.full((h, w), 77),
+  }[grey].astype(np.uint8)
+  image = np.repeat(g[..., None], 3, axis=-1)
+  prob = rng.random((h, w)).astype(np.float32)
+  want = _reference(image / 255.0, prob.astype(float), gf.RADIUS, gf.EPS)
+  np.testing.assert_allclose(_refine(image, prob, [0, 0, w, h]), np.clip(want, 0, 1), atol=1e-3)
