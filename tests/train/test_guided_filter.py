@@ -60,7 +60,8 @@ def _iou(a, b):
   return (a & b).sum() / (a | b).sum()
 
 
-@pytest.mark.parametrize("shape", [(300, 400), (480, 854)])
+# The last is over APPLY_SIDE: refined at that size and resized back.
+@pytest.mark.parametrize("shape", [(300, 400), (480, 854), (1100, 1500)])
 def test_a_blob_around_the_object_takes_the_photographs_edges(shape):
   h, w = shape
   radius = h // 5
@@ -85,7 +86,10 @@ def test_a_thin_region_is_filtered_and_the_output_stays_a_probability():
   np.testing.assert_array_equal(got[:20], prob[:20])
 
 
-def test_working_size_keeps_the_aspect_and_the_pads_limit():
+def test_the_frames_keep_the_aspect_and_their_limits():
+  applied = lambda h, w: tuple(gf.applied_size(h, w).numpy())  # noqa: E731
+  assert applied(480, 854) == (480, 854)
+  assert applied(3000, 4000) == (3000 * gf.APPLY_SIDE // 4000, gf.APPLY_SIDE)
   size = lambda h, w: tuple(gf.working_size(h, w).numpy())  # noqa: E731
   assert size(480, 854) == (round(480 * gf.WORK_SIDE / 854), gf.WORK_SIDE)
   assert size(64, 64) == (gf.WORK_SIDE, gf.WORK_SIDE)

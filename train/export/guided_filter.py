@@ -32,6 +32,10 @@ import tensorflow as tf
 WORK_SIDE = 128
 RADIUS = 8
 EPS = 1e-3
+# The largest long side the coefficients are applied at: a larger region
+# (a phone's 12-megapixel photograph) is refined at this size and its
+# probabilities resized back, so the filter's time and memory stay bounded.
+APPLY_SIDE = 1024
 
 
 def box_mean(x: tf.Tensor, r: int) -> tf.Tensor:
@@ -82,12 +86,25 @@ def coefficients(guide, p, r: int = RADIUS, eps: float = EPS):
   return box_mean(tf.stack([*a, b], axis=-1), r)
 
 
+def fitted_size(height, width, side: int, least: int = 1):
+  """int32 [2]: height x width scaled so the long side is `side`, each side
+  at least `least`."""
+  hw = tf.cast(tf.stack([height, width]), tf.float32)
+  scaled = tf.round(hw * (side / tf.reduce_max(hw)))
+  return tf.maximum(tf.cast(scaled, tf.int32), least)
+
+
 def working_size(height, width):
   """int32 [2]: the working frame of a height x width region, its long side
   `WORK_SIDE`, each side at least `RADIUS + 1` (the mirrored pad's limit)."""
-  hw = tf.cast(tf.stack([height, width]), tf.float32)
-  scaled = tf.round(hw * (WORK_SIDE / tf.reduce_max(hw)))
-  return tf.maximum(tf.cast(scaled, tf.int32), RADIUS + 1)
+  return fitted_size(height, width, WORK_SIDE, RADIUS + 1)
+
+
+def applied_size(height, width):
+  """int32 [2]: where the coefficients meet the colours: the region itself,
+  or, over `APPLY_SIDE` on its long side, the region fitted into it."""
+  size = tf.stack([height, width])
+  return tf.where(tf.reduce_max(size) > APPLY_SIDE, fitted_size(height, width, APPLY_SIDE), size)
 
 
 def refine(image: tf.Tensor, prob: tf.Tensor, region: tf.Tensor) -> tf.Tensor:
@@ -104,17 +121,21 @@ def refine(image: tf.Tensor, prob: tf.Tensor, region: tf.Tensor) -> tf.Tensor:
   """
   x0, y0, x1, y1 = tf.unstack(region, num=4)
   size = tf.stack([y1 - y0, x1 - x0])
+  applied = applied_size(size[0], size[1])
+  resize = lambda x, to: tf.image.resize(x, to, method="bilinear")  # noqa: E731
   # tf.slice and tf.unstack, not [a:b] or [..., c]: TFLite's builtins refuse
   # those strided slices.
-  guide = tf.cast(tf.slice(image, [y0, x0, 0], [size[0], size[1], 3]), tf.float32) / 255.0
-  crop = tf.slice(prob, [y0, x0], size)
-  stacked = tf.concat([guide, tf.expand_dims(crop, -1)], axis=-1)
-  small = tf.image.resize(stacked, working_size(size[0], size[1]), method="bilinear")
+  # A float image: TFLite's builtins resize no uint8 to float.
+  guide = resize(tf.cast(tf.slice(image, [y0, x0, 0], [size[0], size[1], 3]), tf.float32), applied)
+  guide = guide / 255.0
+  crop = resize(tf.expand_dims(tf.slice(prob, [y0, x0], size), -1), applied)
+  small = resize(tf.concat([guide, crop], axis=-1), working_size(size[0], size[1]))
   small_guide, small_p = tf.split(small, [3, 1], axis=-1)
   coef = coefficients(small_guide, tf.squeeze(small_p, -1))
-  *weights, offset = tf.unstack(tf.image.resize(coef, size, method="bilinear"), num=4, axis=-1)
+  *weights, offset = tf.unstack(resize(coef, applied), num=4, axis=-1)
   colours = tf.unstack(guide, num=3, axis=-1)
   refined = weights[0] * colours[0] + weights[1] * colours[1] + weights[2] * colours[2] + offset
+  refined = tf.squeeze(resize(tf.expand_dims(refined, -1), size), -1)
   h, w = tf.shape(prob)[0], tf.shape(prob)[1]
   placed = tf.pad(tf.clip_by_value(refined, 0.0, 1.0), [[y0, h - y1], [x0, w - x1]])
   rows, cols = tf.range(h), tf.range(w)
