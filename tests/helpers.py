@@ -176,6 +176,7 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
   from train.fit.data import Decoder, Parser  # pylint: disable=g-import-not-at-top
   from train.export import guided_filter  # pylint: disable=g-import-not-at-top
   from train.export.saved_model import SegmentationServer, latest_export  # pylint: disable=g-import-not-at-top
+  from train.export.serving_inputs import serving_side  # pylint: disable=g-import-not-at-top
   from train.tasks import make_task  # pylint: disable=g-import-not-at-top
 
   table = FeatureTable.load(prep_dir)
@@ -228,7 +229,8 @@ def assert_serving_parity(prep_dir, export, n=3, model=None):
       want = tf.sigmoid(model(train_inputs, training=False))[0, ..., 0]
       if not crops:  # The click signatures refine the model's answer by the image.
         h, w = rec[keys.IMAGE].shape[:2]
-        want = guided_filter.refine(tf.constant(rec[keys.IMAGE]), want, tf.constant([0, 0, w, h]))
+        seen = serving_side(table).seen({}, h, w)
+        want = guided_filter.refine(tf.constant(rec[keys.IMAGE]), want, seen)
       want = want.numpy()
       np.testing.assert_allclose(out["probabilities"].numpy(), want, atol=1e-5)
       np.testing.assert_array_equal(out["mask"].numpy(), (want > clicker.PRED_THR).astype(np.uint8))

@@ -14,6 +14,7 @@ from PIL import Image
 from beam_prep import keys, source_records
 from beam_prep.features import FeatureTable
 from beam_prep.ops import crop, registry
+from beam_prep.ops.serving import ServingSide
 from beam_prep.record_codec import RecordCodec
 from tests.helpers import manifest, png, run_cli, scene
 
@@ -305,6 +306,17 @@ def _red_disks(h, w, disks):
     image[disk] = (200, 40, 30)
     instances[disk] = i
   return image, instances
+
+
+def test_the_region_a_crop_saw_is_its_box_cut_to_the_image():
+  """`seen`, where the serving graph refines the probabilities: the crop's
+  box (x0, y0, x1, y1, x1 and y1 exclusive) inside the image."""
+  side = crop.CropServing(48)
+  seen = lambda box, h, w: side.seen({keys.CROP_BOX: tf.constant(box, tf.int64)}, h, w).numpy()  # noqa: E731
+  np.testing.assert_array_equal(seen([-10, 5, 90, 105], 50, 80), [0, 5, 80, 50])
+  np.testing.assert_array_equal(seen([3, 4, 20, 21], 50, 80), [3, 4, 20, 21])
+  whole = ServingSide().seen({}, tf.constant(50), tf.constant(80)).numpy()
+  np.testing.assert_array_equal(whole, [0, 0, 80, 50])
 
 
 def test_a_model_trained_on_crops_is_served_on_the_crop_of_its_object(tmp_path):

@@ -84,6 +84,7 @@ def test_a_thin_region_is_filtered_and_the_output_stays_a_probability():
   assert got.min() >= 0.0 and got.max() <= 1.0
   assert not np.array_equal(got[20:25], prob[20:25])
   np.testing.assert_array_equal(got[:20], prob[:20])
+  np.testing.assert_array_equal(got[25:], prob[25:])
 
 
 def test_the_frames_keep_the_aspect_and_their_limits():

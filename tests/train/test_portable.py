@@ -107,7 +107,7 @@ def test_predict_runs_a_portable_file(exported, trained, tmp_path):
   assert isinstance(open_model(trained), ServedModel)
 
 
-def test_format_flags(tmp_path, caplog):
+def test_format_flags(tmp_path, caplog, capsys):
   assert portable.parse_formats([]) == ("savedmodel",)
   assert portable.parse_formats(["onnx,tflite", "ONNX"]) == ("tflite", "onnx")
   assert portable.parse_formats(["all"]) == portable.FORMATS
@@ -115,7 +115,10 @@ def test_format_flags(tmp_path, caplog):
     portable.parse_formats(["keras"])
   argv = ["export", "--data", str(tmp_path), "--model-dir", str(tmp_path), "--format", "pb"]
   assert _cli(argv) == 2  # Refused, as any bad option is.
-  assert "--format pb: unknown; one of savedmodel, tflite, onnx or all" in caplog.text
+  # The command's logger prints to stdout once a command in this process has
+  # set it up (`beam_prep.console.quiet`), else the record reaches the root.
+  shown = caplog.text + capsys.readouterr().out
+  assert "--format pb: unknown; one of savedmodel, tflite, onnx or all" in shown
 
 
 def test_a_transform_that_is_no_table_of_pixel_values_is_not_portable(prep_dir):

@@ -12,8 +12,9 @@ Click protocol (RITM's clicker; `train.evaluate.noc` runs it in a loop):
    its error boundary: positive when the false negatives hold the largest
    distance, negative otherwise (row-major first pixel on ties). With no
    error left, the click is negative at (0, 0), as RITM's clicker gives it.
-3. The mask is the model's probability above `PRED_THR` (0.49, RITM's
-   evaluation threshold); IoU is over non-ignore pixels, and an empty union
+3. The mask is the served probability (the model's, refined by
+   `train.export.guided_filter` at source resolution) above `PRED_THR` (0.49,
+   RITM's evaluation threshold); IoU is over non-ignore pixels, and an empty union
    (nothing to find, nothing predicted) never reaches a threshold (RITM's
    0/0 is NaN).
 

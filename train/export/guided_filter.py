@@ -13,8 +13,8 @@ or the whole image), before the threshold, so the mask, the probabilities
 and the next click's previous mask are all the refined ones. It runs as the
 fast guided filter does (He and Sun, 2015): the coefficients are fitted in a
 working frame whose long side is `WORK_SIDE` pixels, resized back to the
-region, and applied to its full-resolution colours, so thin parts keep the
-photograph's own edges. A pool's window is a static op attribute, so the
+region, and applied to its full-resolution colours (up to `APPLY_SIDE`), so
+thin parts keep the photograph's own edges. A pool's window is a static op attribute, so the
 radius is fixed in the working frame: the window is the same share of
 whatever region the model saw (8 px of a 128-px model's frame). Only TFLite
 builtins are used (average pools over a symmetric pad, a closed-form 3x3
@@ -25,6 +25,8 @@ What it does to NoC: docs/evaluation.md, "The guided filter".
 """
 
 import tensorflow as tf
+
+from beam_prep.ops.image import fitted_size
 
 # The working frame's long side, its window's radius and the regulariser
 # (colours in [0, 1]); chosen on held-out photographs (docs/evaluation.md:
@@ -86,25 +88,18 @@ def coefficients(guide, p, r: int = RADIUS, eps: float = EPS):
   return box_mean(tf.stack([*a, b], axis=-1), r)
 
 
-def fitted_size(height, width, side: int, least: int = 1):
-  """int32 [2]: height x width scaled so the long side is `side`, each side
-  at least `least`."""
-  hw = tf.cast(tf.stack([height, width]), tf.float32)
-  scaled = tf.round(hw * (side / tf.reduce_max(hw)))
-  return tf.maximum(tf.cast(scaled, tf.int32), least)
-
-
 def working_size(height, width):
   """int32 [2]: the working frame of a height x width region, its long side
   `WORK_SIDE`, each side at least `RADIUS + 1` (the mirrored pad's limit)."""
-  return fitted_size(height, width, WORK_SIDE, RADIUS + 1)
+  return tf.maximum(tf.stack(fitted_size(height, width, WORK_SIDE, WORK_SIDE, xp=tf)), RADIUS + 1)
 
 
 def applied_size(height, width):
   """int32 [2]: where the coefficients meet the colours: the region itself,
   or, over `APPLY_SIDE` on its long side, the region fitted into it."""
   size = tf.stack([height, width])
-  return tf.where(tf.reduce_max(size) > APPLY_SIDE, fitted_size(height, width, APPLY_SIDE), size)
+  fitted = tf.stack(fitted_size(height, width, APPLY_SIDE, APPLY_SIDE, xp=tf))
+  return tf.where(tf.reduce_max(size) > APPLY_SIDE, fitted, size)
 
 
 def refine(image: tf.Tensor, prob: tf.Tensor, region: tf.Tensor) -> tf.Tensor:

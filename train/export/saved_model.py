@@ -37,7 +37,8 @@ else around the previous mask and the positive clicks; the crop's
 probabilities are placed back in its box, 0 outside. Whole-image records: the
 model's output at the records' size is cropped to the region the image fills
 there (`beam_prep.ops.image.fitted_size`; the padding is dropped), then
-resized to H x W.
+resized to H x W. Either way the probabilities are then refined by the image
+where the model saw it (`train.export.guided_filter`).
 The image is the decoded pixels as shown (EXIF orientation applied, as the
 Beam job and `beam-train predict` decode files); `serve_encoded` takes the
 file instead. Clicks outside the image are clamped to its border; no
