@@ -497,6 +497,21 @@ def segmentation_of(parts: List[Any], height: int, width: int):
   return {"size": [height, width], "counts": rle["counts"].decode("ascii")}
 
 
+def object_rows(
+  objects: Dict[Any, Dict[str, Any]], height: int, width: int
+) -> List[Dict[str, Any]]:
+  """Annotation rows of objects gathered from a tool's shapes: each row's
+  `parts` (`segmentation_of`) become its segmentation, unless it failed
+  (`error`); rows without parts (boxes) are kept as they are."""
+  rows = []
+  for row in objects.values():
+    parts = row.pop("parts", None)
+    if parts and not row.get("error"):
+      row["segmentation"] = segmentation_of(parts, height, width)
+    rows.append(row)
+  return rows
+
+
 def _region(seg, height: int, width: int) -> np.ndarray:
   if isinstance(seg, dict):
     region = _rle(seg, height, width)

@@ -116,13 +116,7 @@ def image_annotations(image: ET.Element, where: str) -> List[Dict[str, Any]]:
       row["parts"].append(_part(el.tag, el.attrib, height, width))
     except (KeyError, ValueError) as e:
       row["error"] = ("bad_shape", f"a {el.tag}: {type(e).__name__}: {e}")
-  rows = []
-  for row in objects.values():
-    parts = row.pop("parts", None)
-    if parts and not row.get("error"):
-      row["segmentation"] = coco.segmentation_of(parts, height, width)
-    rows.append(row)
-  return rows
+  return coco.object_rows(objects, height, width)
 
 
 def _entries(path: str) -> Iterator[Tuple[ET.Element, str]]:

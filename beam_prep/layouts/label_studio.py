@@ -160,13 +160,7 @@ def annotation_rows(results: List[Any], where: str) -> Tuple[Dict[str, Any], Lis
       obj["error"] = row["error"]
     else:
       obj["parts"].append(row.pop("part"))
-  rows = []
-  for obj in objects.values():
-    parts = obj.pop("parts", None)
-    if parts and not obj.get("error"):
-      obj["segmentation"] = coco.segmentation_of(parts, height, width)
-    rows.append(obj)
-  return {"height": height, "width": width}, rows
+  return {"height": height, "width": width}, coco.object_rows(objects, height, width)
 
 
 def chosen_annotation(task: Dict[str, Any]) -> Optional[Dict[str, Any]]:
