@@ -299,13 +299,20 @@ def _linked_copy(source: str, target: str) -> None:
 
 
 def _fit(
-  config: EngineConfig, current: str, data: str, model_dir: str, log_path: str, spent_s: float
+  config: EngineConfig,
+  current: str,
+  data: str,
+  model_dir: str,
+  log_path: str,
+  spent_s: float,
+  judged: bool,
 ) -> float:
   """The current model fine-tuned on `data`, with its own settings, its
-  training cut to what is left of the round's budget after `spent_s`."""
+  training cut to what is left of the round's budget after `spent_s` (and
+  the judge's share when the round is `judged`)."""
   minutes = 0.0
   if config.max_minutes > 0:
-    judging = JUDGE_MINUTES if _judged(config, data) else 0.0
+    judging = JUDGE_MINUTES if judged else 0.0
     left = config.max_minutes - spent_s / 60 - FIT_OVERHEAD_MINUTES - judging
     minutes = max(left, MIN_TRAIN_MINUTES)
   with open(os.path.join(config.model, keys.MODEL_CONFIG_FILE), encoding="utf-8") as f:
@@ -567,9 +574,10 @@ def _round(config, log, done, entries, new, newest) -> Dict[str, Any]:
   mix = _mixed(config, os.path.join(folder, PREP_DIR), number, log) if config.base_share else None
   model_dir = os.path.join(folder, "model")
   prep_dir = os.path.join(folder, PREP_DIR)
-  fit_s = _fit(config, current, prep_dir, model_dir, log_path, time.time() - started)
+  judging = _judged(config, prep_dir)
+  fit_s = _fit(config, current, prep_dir, model_dir, log_path, time.time() - started, judging)
   judged = None
-  if _judged(config, prep_dir):
+  if judging:
     judged = judge(current, model_dir, prep_dir, os.path.join(folder, "judge"), log_path)
   blessed = judged is None or judged["publish"]
   published = publish(latest_export(model_dir), config.model) if blessed else None
