@@ -137,3 +137,28 @@ def test_a_transform_that_is_no_table_of_pixel_values_is_not_portable(prep_dir):
   tables, why = transform_tables(prep.table, per_image)
   assert tables is None
   assert why == "the transform does not map each pixel of model input 'image' by its own value"
+
+
+def test_an_onnx_optimizer_failing_is_run_again_tf2onnx_s_own_way(monkeypatch):
+  """The conversion without tf2onnx's copies before each optimizer: an
+  optimizer that fails makes it convert again with them, and the model
+  still answers (the failing optimizer skipped); the environment is left as it was."""
+  import onnxruntime  # pylint: disable=g-import-not-at-top
+  from tf2onnx import constants, optimizer  # pylint: disable=g-import-not-at-top
+  from tf2onnx.optimizer.optimizer_base import GraphOptimizerBase  # pylint: disable=g-import-not-at-top
+
+  ran = []
+
+  class Failing(GraphOptimizerBase):
+    def _optimize(self, graph):
+      ran.append(True)
+      raise RuntimeError("an optimizer's own bug")
+
+  monkeypatch.setitem(optimizer._optimizers, "failing", Failing)  # pylint: disable=protected-access
+  monkeypatch.delenv(constants.ENV_TF2ONNX_CATCH_ERRORS, raising=False)
+  f = tf.function(lambda x: x * 2.0 + 1.0, input_signature=[tf.TensorSpec([None], tf.float32)])
+  session = onnxruntime.InferenceSession(portable.to_onnx(f, "f"))
+  (out,) = session.run(None, {session.get_inputs()[0].name: np.arange(3, dtype=np.float32)})
+  np.testing.assert_array_equal(out, [1.0, 3.0, 5.0])
+  assert len(ran) >= 2  # Failed the fast way, then again where tf2onnx keeps the graph.
+  assert constants.ENV_TF2ONNX_CATCH_ERRORS not in os.environ

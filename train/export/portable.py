@@ -41,6 +41,7 @@ import logging
 import os
 import shutil
 import tempfile
+import traceback
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -169,19 +170,52 @@ def _converter_reason(e: Exception) -> str:
 def to_onnx(function, signature: str) -> bytes:
   """A signature's tf.function as an ONNX model (tf2onnx, `ONNX_OPSET`).
 
+  tf2onnx copies the whole graph before each of its optimizers, to keep it
+  should that optimizer fail: about 3/4 of a conversion's time. The first
+  try goes without the copies; only if an optimizer fails is it converted
+  again tf2onnx's way.
+
   Raises:
     ValueError: tf2onnx cannot convert it (its reason).
   """
-  import tf2onnx  # pylint: disable=g-import-not-at-top
-
-  logging.getLogger("tf2onnx").setLevel(logging.WARNING)
   try:
-    proto, _ = tf2onnx.convert.from_function(
-      function, input_signature=function.input_signature, opset=ONNX_OPSET
-    )
+    try:
+      proto = _tf2onnx(function, keep_on_failure=False)
+    except Exception as e:  # pylint: disable=broad-except
+      if not _raised_in(e, "optimizer"):
+        raise
+      proto = _tf2onnx(function, keep_on_failure=True)
   except Exception as e:  # pylint: disable=broad-except  (tf2onnx's errors have no common type)
     raise ValueError(f"tf2onnx cannot convert {signature}: {type(e).__name__}: {e}") from None
   return proto.SerializeToString(deterministic=True)
+
+
+def _tf2onnx(function, keep_on_failure: bool):
+  """tf2onnx's model proto of a tf.function, its optimizers' copies as asked.
+  tf2onnx reads that setting from the environment: unset, it copies; set to
+  FALSE, it does not (tf2onnx 1.17 reads any value as FALSE)."""
+  from tf2onnx import constants, convert  # pylint: disable=g-import-not-at-top
+
+  logging.getLogger("tf2onnx").setLevel(logging.WARNING)
+  name = constants.ENV_TF2ONNX_CATCH_ERRORS
+  before = os.environ.pop(name, None)
+  if not keep_on_failure:
+    os.environ[name] = "FALSE"
+  try:
+    proto, _ = convert.from_function(
+      function, input_signature=function.input_signature, opset=ONNX_OPSET
+    )
+  finally:
+    os.environ.pop(name, None)
+    if before is not None:
+      os.environ[name] = before
+  return proto
+
+
+def _raised_in(e: Exception, package: str) -> bool:
+  """Whether `e` was raised inside tf2onnx's `package` (a folder of it)."""
+  frames = traceback.extract_tb(e.__traceback__)
+  return any(f"tf2onnx{os.sep}{package}{os.sep}" in frame.filename for frame in frames)
 
 
 def _tflite_runner(path: str, threads: int):
