@@ -369,22 +369,42 @@ def _stopped_at(prep_dir, model_dir, sig, at_step) -> int:
   return saved_step
 
 
-def test_ctrl_c_sigterm_and_sigkill_keep_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path):
-  """Ctrl-C stops a run with a checkpoint; its rerun resumes from it and is
-  stopped by a preemptible machine's SIGTERM the same way; a rerun killed
-  (SIGKILL: no way out) keeps its last periodic checkpoint, whole; the next
-  rerun resumes from it and ends at the step asked."""
+def test_sigterm_and_sigkill_keep_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp_path):
+  """A preemptible machine's SIGTERM stops a run with a checkpoint (Ctrl-C
+  takes the same way: `test_ctrl_c_asks_to_stop_after_the_step_and_twice_at_once`);
+  its rerun resumes from it; killed (SIGKILL: no way out) it keeps its last
+  periodic checkpoint, whole; the next rerun resumes from that and ends at
+  the step asked."""
   model_dir = str(tmp_path / "m")
-  first = _stopped_at(prep_dir, model_dir, signal.SIGINT, 3)
-  second = _stopped_at(prep_dir, model_dir, signal.SIGTERM, first + 2)
-  assert second >= first + 2
-  _interrupted_fit(prep_dir, model_dir, signal.SIGKILL, second + 5, every=2)
+  first = _stopped_at(prep_dir, model_dir, signal.SIGTERM, 3)
+  out = _interrupted_fit(prep_dir, model_dir, signal.SIGKILL, first + 5, every=2)
+  assert f"at step {first}" in out, out
   killed = _checkpoint_step(model_dir)
-  assert killed >= second + 2  # Periodic, while it ran on.
+  assert killed >= first + 2  # Periodic, while it ran on.
   end = killed + 2
   assert _fit(["--data", prep_dir, "--model-dir", model_dir, "--steps", str(end)] + SMALL) == 0
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert m["final_step"] == end and m["steps_this_run"] == 2 and not m.get("interrupted")
+
+
+def test_ctrl_c_asks_to_stop_after_the_step_and_twice_at_once():
+  """The signals as the loop's stop request takes them: Ctrl-C or SIGTERM
+  ask it to stop after the current step; a second Ctrl-C stops at once;
+  the handlers before it are put back."""
+  from train.fit.step_hooks import StopRequest  # pylint: disable=g-import-not-at-top
+
+  before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+  for first in (signal.SIGINT, signal.SIGTERM):
+    stop = StopRequest()
+    try:
+      assert not stop.requested
+      signal.raise_signal(first)
+      assert stop.requested
+      with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    finally:
+      stop.restore()
+    assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
 def test_retrace_guard_names_the_change_in_the_real_step():
