@@ -2,7 +2,7 @@
 
     python -m benchmarks --engine DIR --engine-base MODEL_DIR [--engine-rounds 3]
                          [--engine-objects 60] [--engine-layout auto]
-                         [--engine-steps 300] [--engine-minutes 5]
+                         [--engine-steps 100] [--engine-minutes 5]
                          [--workdir W] [--json FILE]
 
 DIR is any input `beam-prep segmentation` reads; its objects, taken in a

@@ -88,7 +88,11 @@ class EngineConfig(CommandConfig):
     required=True,
   )
   workdir: str = option("", "where the rounds are kept ('': LABELS/engine)", show_default=False)
-  steps: int = option(300, "fine-tuning steps of a round")
+  steps: int = option(
+    100,
+    "fine-tuning steps of a round (many more passes over a few dozen labels "
+    "teach the model their shapes, and it stops following the clicks: docs/performance.md)",
+  )
   max_minutes: float = option(
     5.0,
     "a round's budget: its training stops early enough for "
