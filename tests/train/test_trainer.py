@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -378,7 +379,7 @@ def test_sigterm_and_sigkill_keep_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp
   model_dir = str(tmp_path / "m")
   first = _stopped_at(prep_dir, model_dir, signal.SIGTERM, 3)
   out = _interrupted_fit(prep_dir, model_dir, signal.SIGKILL, first + 5, every=2)
-  assert f"at step {first}" in out, out
+  assert re.search(rf"train: resumed from \S+ at step {first}\n", out), out
   killed = _checkpoint_step(model_dir)
   assert killed >= first + 2  # Periodic, while it ran on.
   end = killed + 2
