@@ -22,6 +22,8 @@ sampling of:
      error pixel farthest from its error region's boundary, 1 to
      `protocol_clicks` clicks in all. Such variants teach a model the click
      patterns it is measured with (one click alone; clicks on its errors).
+     With `protocol_share` > 0, that share of the variants takes them, and
+     the others draw among strategies 1-3.
 
 Negative clicks keep `d_margin` from the object whatever its width. An object
 is dropped (`object_too_small`) only when no pixel of it is left at the
@@ -306,6 +308,15 @@ def click_count(rng: np.random.Generator, low: int, high: int, gamma: float) -> 
   return low + int(rng.choice(high - low + 1, p=p / p.sum()))
 
 
+def _takes_protocol(usable, protocol_share: float, rng: np.random.Generator) -> bool:
+  """Whether a variant takes the protocol's clicks: with probability
+  `protocol_share`, or (0) when strategy 4 is the one drawn from `usable`
+  (the draw of records made before the share existed)."""
+  if protocol_share:
+    return bool(rng.random() < protocol_share)
+  return int(usable[rng.integers(len(usable))]) == PROTOCOL
+
+
 def sample_variant(
   geometry: ObjectGeometry,
   rng: np.random.Generator,
@@ -317,12 +328,15 @@ def sample_variant(
   strategies,
   protocol_clicks_max: int = 10,
   prob_gamma: float = 0.0,
+  protocol_share: float = 0.0,
 ) -> dict:
   """Samples one variant's clicks from an object's candidates.
 
   With `prob_gamma` 0 the variant has min_positive..max_positive positive
   clicks (uniform) and its strategy's full number of negative ones; with
   0 < prob_gamma <= 1 both counts are drawn by `click_count` (negatives from 0).
+  With `protocol_share` > 0 the variant takes the protocol's clicks with that
+  probability (`_takes_protocol`), else strategy 4 is drawn as one of `strategies`.
 
   Returns:
     dict with `positive_clicks`, `negative_clicks` (int64 [N, 2] as (x, y)),
@@ -335,7 +349,7 @@ def sample_variant(
   reduced = {MARGIN_REDUCED: bool(margin < geometry.d_margin)}
   pools = {1: geometry.strategy1, 2: geometry.strategy2, 3: geometry.strategy3}
   usable = [s for s in strategies if s == PROTOCOL or pools[s].shape[0] > 0]
-  if PROTOCOL in usable and int(usable[rng.integers(len(usable))]) == PROTOCOL:
+  if PROTOCOL in usable and _takes_protocol(usable, protocol_share, rng):
     n = int(rng.integers(1, protocol_clicks_max + 1))
     pos, neg = protocol_clicks(geometry.mask, n)
     return {
@@ -365,7 +379,7 @@ def sample_variant(
 
 
 def _check_sampling(
-  variants, min_positive, max_positive, strategies, protocol_clicks, prob_gamma
+  variants, min_positive, max_positive, strategies, protocol_clicks, prob_gamma, protocol_share
 ) -> None:
   """`sample_clicks`' settings, checked: a ValueError naming the one out of range."""
   if variants < 1:
@@ -378,6 +392,13 @@ def _check_sampling(
     raise ValueError(f"protocol_clicks must be >= 1, got {protocol_clicks}")
   if not 0 <= prob_gamma <= 1:
     raise ValueError(f"prob_gamma must be in [0, 1], got {prob_gamma}")
+  if not 0 <= protocol_share <= 1:
+    raise ValueError(f"protocol_share must be in [0, 1], got {protocol_share}")
+  if protocol_share and PROTOCOL not in strategies:
+    raise ValueError(
+      f"protocol_share {protocol_share} needs strategy {PROTOCOL} (the protocol's clicks) "
+      f"among the strategies, got {strategies}"
+    )
 
 
 @register_op(
@@ -403,6 +424,7 @@ def sample_clicks(
   strategies=(1, 2, 3),
   protocol_clicks: int = 10,
   prob_gamma: float = 0.0,
+  protocol_share: float = 0.0,
 ):
   """Fans one object out into `variants` independent click samplings.
 
@@ -420,11 +442,23 @@ def sample_clicks(
       clicks, see the module docstring).
     protocol_clicks: strategy 4 gives 1 to this many clicks.
     prob_gamma: 0: uniform positive counts, all of a strategy's negatives;
-      else RITM's draw of both counts (`click_count`; its recipe: up to 24
-      clicks, 0.8).
+      else RITM's draw of both (`click_count`; its recipe: 24 clicks, 0.8).
+    protocol_share: the share of variants given the protocol's clicks (4 must
+      be among `strategies`); 0: strategy 4 is drawn as one of them.
   """
   strategies = tuple(int(s) for s in strategies)
-  _check_sampling(variants, min_positive, max_positive, strategies, protocol_clicks, prob_gamma)
+  checked = (variants, min_positive, max_positive, strategies, protocol_clicks, prob_gamma)
+  _check_sampling(*checked, protocol_share)
+  draw = {
+    "min_positive": min_positive,
+    "max_positive": max_positive,
+    "negatives": negatives,
+    "d_step": d_step,
+    "strategies": strategies,
+    "protocol_clicks_max": protocol_clicks,
+    "prob_gamma": prob_gamma,
+    "protocol_share": protocol_share,
+  }
 
   def fn(ex):
     geometry = ObjectGeometry(ex[keys.MASK], ex.get(keys.INSTANCE_MASK), d, d_margin)
@@ -432,19 +466,7 @@ def sample_clicks(
     for v in range(variants):
       rng = example_rng(seed, ex[keys.IMAGE_ID], ex[keys.OBJECT_ID], v)
       variant = dict(ex)
-      variant.update(
-        sample_variant(
-          geometry,
-          rng,
-          min_positive=min_positive,
-          max_positive=max_positive,
-          negatives=negatives,
-          d_step=d_step,
-          strategies=strategies,
-          protocol_clicks_max=protocol_clicks,
-          prob_gamma=prob_gamma,
-        )
-      )
+      variant.update(sample_variant(geometry, rng, **draw))
       variant[keys.VARIANT] = v
       out.append(variant)
     return out

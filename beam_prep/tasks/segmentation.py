@@ -40,6 +40,7 @@ class ClickConfig:
   disk_radius: float = default_arg("click_disks", "radius")
   protocol_clicks: int = _clicks("protocol_clicks")
   prob_gamma: float = _clicks("prob_gamma")
+  protocol_share: float = _clicks("protocol_share")
 
   @classmethod
   def from_dict(cls, d: Dict[str, Any]) -> "ClickConfig":
@@ -146,6 +147,7 @@ def clicks_chain(variants: int, seed: int, clicks) -> str:
     protocol_clicks=clicks.protocol_clicks,
     # Named only when set, so the chains of records made before stay as they were.
     **({"prob_gamma": clicks.prob_gamma} if clicks.prob_gamma else {}),
+    **({"protocol_share": clicks.protocol_share} if clicks.protocol_share else {}),
   )
 
 

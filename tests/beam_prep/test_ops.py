@@ -302,6 +302,36 @@ def test_prob_gamma_varies_both_click_counts():
     sample_clicks(prob_gamma=1.5)
 
 
+def test_protocol_share_gives_that_share_of_variants_the_protocols_clicks():
+  """protocol_share s: each variant takes the protocol's clicks with
+  probability s (with protocol_clicks 1: the protocol's first click alone,
+  the case a model is measured from); 0: the draw among the strategies,
+  unchanged; out of range or without strategy 4: refused, naming it."""
+  from beam_prep.ops.clicks import PROTOCOL, protocol_clicks  # pylint: disable=g-import-not-at-top
+
+  inst = _scene()
+  mask = (inst == 1).astype(np.uint8)
+  ex = {"image_id": "s", "object_id": 1, "mask": mask, "instance_mask": inst}
+  first_pos, first_neg = protocol_clicks(mask, 1)
+  kw = {"variants": 400, "seed": 2, "strategies": (1, 2, 3, 4), "protocol_clicks": 1}
+  out = sample_clicks(protocol_share=0.6, **kw)(ex)
+  protocol = [o for o in out if o["negative_strategy"] == PROTOCOL]
+  assert 0.53 < len(protocol) / len(out) < 0.67, len(protocol)
+  for o in protocol:
+    np.testing.assert_array_equal(o["positive_clicks"], first_pos)
+    np.testing.assert_array_equal(o["negative_clicks"], first_neg)
+  assert {o["negative_strategy"] for o in out} - {PROTOCOL} <= {1, 2, 3}
+  every = sample_clicks(protocol_share=1.0, **kw)(ex)
+  assert all(o["negative_strategy"] == PROTOCOL for o in every)
+  # 0: the variants records were made with before the share existed.
+  drawn = sample_clicks(**kw)(ex)
+  assert 0.15 < sum(o["negative_strategy"] == PROTOCOL for o in drawn) / len(drawn) < 0.35
+  with pytest.raises(ValueError, match="protocol_share must be in"):
+    sample_clicks(protocol_share=1.5)
+  with pytest.raises(ValueError, match="needs strategy 4"):
+    sample_clicks(protocol_share=0.5, strategies=(1, 2, 3))
+
+
 def test_the_field_preset_draws_up_to_24_clicks_and_the_default_chain_is_unchanged():
   from beam_prep import kit  # pylint: disable=g-import-not-at-top
   from beam_prep.config import PrepConfig  # pylint: disable=g-import-not-at-top
