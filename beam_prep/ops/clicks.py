@@ -378,10 +378,12 @@ def sample_variant(
   }
 
 
-def _check_sampling(
-  variants, min_positive, max_positive, strategies, protocol_clicks, prob_gamma, protocol_share
-) -> None:
-  """`sample_clicks`' settings, checked: a ValueError naming the one out of range."""
+def _check_sampling(variants: int, draw: dict) -> None:
+  """`sample_clicks`' settings (`variants`, and `draw`: what it passes to
+  `sample_variant`), checked: a ValueError naming the one out of range."""
+  min_positive, max_positive = draw["min_positive"], draw["max_positive"]
+  strategies, protocol_clicks = draw["strategies"], draw["protocol_clicks_max"]
+  prob_gamma, protocol_share = draw["prob_gamma"], draw["protocol_share"]
   if variants < 1:
     raise ValueError(f"variants must be >= 1, got {variants}")
   if not 1 <= min_positive <= max_positive:
@@ -446,19 +448,17 @@ def sample_clicks(
     protocol_share: the share of variants given the protocol's clicks (4 must
       be among `strategies`); 0: strategy 4 is drawn as one of them.
   """
-  strategies = tuple(int(s) for s in strategies)
-  checked = (variants, min_positive, max_positive, strategies, protocol_clicks, prob_gamma)
-  _check_sampling(*checked, protocol_share)
   draw = {
     "min_positive": min_positive,
     "max_positive": max_positive,
     "negatives": negatives,
     "d_step": d_step,
-    "strategies": strategies,
+    "strategies": tuple(int(s) for s in strategies),
     "protocol_clicks_max": protocol_clicks,
     "prob_gamma": prob_gamma,
     "protocol_share": protocol_share,
   }
+  _check_sampling(variants, draw)
 
   def fn(ex):
     geometry = ObjectGeometry(ex[keys.MASK], ex.get(keys.INSTANCE_MASK), d, d_margin)
