@@ -198,12 +198,13 @@ def _predict(argv: List[str], log) -> int:
 
   # A model, an image or clicks that cannot be used: nothing was predicted.
   with refusing():
+    request = predict.read_request(config)  # Before the model: said at once.
     model = open_model(config.model)
     if model.classifies:
       for line in predict.class_lines(predict.classify(model, config.image)):
         log.info("predict: %s", line)
       return 0
-    image, positive, negative = predict.segment_inputs(config, model, log)
+    image, positive, negative = predict.segment_inputs(config, model, request, log)
     result = model.segment(image, positive, negative)
   mask_path, overlay_path = predict.write_outputs(config.output, image, result, positive, negative)
   log.info(

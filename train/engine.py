@@ -31,8 +31,8 @@ labelled again) since the last round. Each round's records and model are
 kept in WORKDIR/round-NNN/, and WORKDIR/engine.json lists the rounds: when,
 what they trained on, how long each stage took, what they published.
 Rounds run one at a time: a second `engine` on the same WORKDIR waits for
-the first. The commands (beam-prep, fit, evaluate) run as a user would type
-them, each in its own process.
+the first. The records' job and the fit run as a user would type them, each
+in its own process; the judge's two evaluations run in the engine's own.
 """
 
 import contextlib
@@ -410,7 +410,8 @@ def judge(current: str, model_dir: str, prep_dir: str, out: str, log_path: str) 
   """The round's model (`model_dir`) against the served one (`current`) on
   the first `JUDGED_OBJECTS` held-out objects of the round's records
   (`prep_dir`), each labelled by `beam-train evaluate` at the records' size
-  (20 clicks, the labels as the truth; its reports in `out`/round, /served).
+  (20 clicks, the labels as the truth; its reports in `out`/round, /served),
+  in this process (`_evaluate`).
 
   Returns:
     {"objects", "round", "served" (each: NoC@90, mean IoU over the clicks),
@@ -422,13 +423,51 @@ def judge(current: str, model_dir: str, prep_dir: str, out: str, log_path: str) 
   scores = {}
   for name, model in (("round", model_dir), ("served", current)):
     report = os.path.join(out, name)
-    cmd = [sys.executable, "-m", "train", "evaluate", "--model", model, "--data", prep_dir]
-    cmd += ["--resolution", "records", "--max-objects", str(JUDGED_OBJECTS), "--output", report]
-    _run(cmd, log_path)
+    _evaluate(model, prep_dir, report, log_path)
     scores[name] = _score(os.path.join(report, model_layout.NOC_FILE))
   objects = scores["round"].pop("objects")
   scores["served"].pop("objects")  # The same objects.
   return {**scores, "objects": objects, "publish": not worse(scores["round"], scores["served"])}
+
+
+def _evaluate(model: str, prep_dir: str, report: str, log_path: str) -> None:
+  """`beam-train evaluate` of `model` on `prep_dir`'s held-out objects at the
+  records' size, its lines appended to `log_path` as the commands' are. It
+  runs in this process: the two models of a judge share one TensorFlow start,
+  where two commands would each pay it (several seconds).
+
+  Raises:
+    RuntimeError: it failed (the message names the model, the reason and the log).
+  """
+  from train.config import EvalConfig  # pylint: disable=g-import-not-at-top
+  from train.evaluate import command  # pylint: disable=g-import-not-at-top
+
+  config = EvalConfig(
+    model=model, data=prep_dir, resolution="records", max_objects=JUDGED_OBJECTS, output=report
+  )
+  log = _AppendingLog(log_path)
+  log.info(
+    "$ beam-train evaluate --model %s --data %s --resolution records --max-objects %d --output %s",
+    *(model, prep_dir, JUDGED_OBJECTS, report),
+  )
+  try:
+    command.run(config, log)
+  except Exception as e:  # pylint: disable=broad-except
+    log.info("evaluate: %s: %s", type(e).__name__, e)
+    raise RuntimeError(
+      f"evaluate {model} failed ({type(e).__name__}: {e}); its output is in {log_path}"
+    ) from e
+
+
+class _AppendingLog:
+  """The `info` of a logger, each line appended to a file."""
+
+  def __init__(self, path: str):
+    self.path = path
+
+  def info(self, fmt: str, *args) -> None:
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write((fmt % args if args else fmt) + "\n")
 
 
 def worse(ours: Dict[str, float], theirs: Dict[str, float]) -> bool:

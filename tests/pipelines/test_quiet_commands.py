@@ -15,7 +15,7 @@ NOISE = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog|cpu_feature_guard|oneDNN"
 
 
 def _start(tmp_path, *extra):
-  """`beam-train predict` on a model that is not there: it imports TensorFlow,
+  """`beam-train predict` of an image that is not there: it imports TensorFlow,
   then says what is missing."""
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # the user's: none
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -43,7 +43,7 @@ def test_tensorflow_start_up_lines_only_with_verbose(tmp_path):
   quiet, verbose = _start(tmp_path), _start(tmp_path, "--verbose")  # side by side
   quiet_out, verbose_out = quiet.communicate(timeout=300)[0], verbose.communicate(timeout=300)[0]
   for out in (quiet_out, verbose_out):
-    assert "beam-train predict: no SavedModel" in out, out
+    assert "beam-train predict: no image at x.png" in out, out
   assert not NOISE.search(quiet_out), quiet_out
   if not NOISE.search(verbose_out):
     pytest.skip("TensorFlow prints no start-up lines on this machine: nothing to hide")

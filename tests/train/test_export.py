@@ -169,6 +169,11 @@ def test_predict_cli_errors_are_clear(trained, tmp_path, capsys):
       cli.main(["predict", "--model", trained, "--output", str(tmp_path / "m.png")] + args)
     assert e.value.code == 2
     assert message in capsys.readouterr().out
+  # A wrong image or click is said before any model is loaded (or looked for).
+  for args, message in cases[:1] + cases[2:]:
+    with pytest.raises(SystemExit) as e:
+      cli.main(["predict", "--model", str(tmp_path / "none"), "--output", "m.png"] + args)
+    assert e.value.code == 2 and message in capsys.readouterr().out
   with pytest.raises(SystemExit) as e:
     cli.main(
       [

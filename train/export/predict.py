@@ -65,17 +65,27 @@ def class_lines(out: Dict[str, np.ndarray], top: int = 5):
   )
 
 
-def segment_inputs(config, model, log):
+def read_request(config) -> Tuple[np.ndarray, list, list]:
+  """(image, positive, negative clicks) of `config` (a `PredictConfig`), read
+  before any model is loaded, so that a wrong file or click is said at once.
+
+  Raises:
+    FileNotFoundError / ValueError: naming the file or the click.
+  """
+  positive = [parse_point(s) for s in config.positive]
+  negative = [parse_point(s) for s in config.negative]
+  return load_image(config.image), positive, negative
+
+
+def segment_inputs(config, model, request, log):
   """(image, positive, negative clicks clamped into it) of a segmentation
-  request of `config` (a `PredictConfig`)."""
+  request (`read_request`) of `config` (a `PredictConfig`)."""
   model.require_segmentation()
   if not config.output:
     raise ValueError("--output MASK.png is required for a segmentation model")
-  positive = [parse_point(s) for s in config.positive]
-  negative = [parse_point(s) for s in config.negative]
+  image, positive, negative = request
   if not positive:
     raise ValueError("at least one --positive X,Y click on the object is required")
-  image = load_image(config.image)
   h, w = image.shape[:2]
   positive, moved_p = clamp(positive, w, h)
   negative, moved_n = clamp(negative, w, h)
