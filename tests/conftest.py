@@ -127,6 +127,25 @@ def trained(prep_dir, tmp_path_factory):
   return made_once(tmp_path_factory, "model", lambda path: _fit(prep_dir, path))
 
 
+@pytest.fixture(scope="session")
+def trained_served(trained):
+  """The session model's export as `ServedModel`, loaded once per test process
+  (tests only call it)."""
+  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
+
+  return ServedModel(trained)
+
+
+@pytest.fixture(scope="session")
+def trained_loaded(trained):
+  """The session model's export, `tf.saved_model.load`ed once per test process
+  (tests only call its signatures)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from train.export.saved_model import latest_export  # pylint: disable=g-import-not-at-top
+
+  return tf.saved_model.load(latest_export(trained))
+
+
 def _portable(prep, model, out):
   from train import cli  # pylint: disable=g-import-not-at-top
 

@@ -16,7 +16,6 @@ from PIL import Image, ImageDraw
 from scipy import ndimage
 
 from tests.helpers import ROOT, png
-from train.export.saved_model import latest_export
 from train.serve import app as serve_app
 from train.serve.config import ServeConfig
 
@@ -75,7 +74,7 @@ def _filled(points, shape) -> np.ndarray:
   return np.asarray(drawn, bool)
 
 
-def test_a_click_request_answers_the_served_models_mask_and_its_outline(function, trained):
+def test_a_click_request_answers_the_served_models_mask_and_its_outline(function, trained_loaded):
   call, module = function
   img = _frame()
   data = png(img)
@@ -88,7 +87,7 @@ def test_a_click_request_answers_the_served_models_mask_and_its_outline(function
   status, answer = call(body)
   assert status == 200, answer
   mask = np.asarray(answer["mask"], np.uint8)
-  direct = tf.saved_model.load(latest_export(trained)).signatures["serving_default"]
+  direct = trained_loaded.signatures["serving_default"]
   want = direct(
     image=tf.constant(img),
     positive_clicks=tf.constant([[20, 15], [30, 21]], tf.int32),
@@ -187,7 +186,7 @@ def test_without_the_models_name_the_function_does_not_start(monkeypatch):
     nuclio_test.Platform().call_handler(module.handler, nuclio_sdk.Event(body={}))
 
 
-def test_a_box_request_answers_the_served_box_prompts_mask(function, trained):
+def test_a_box_request_answers_the_served_box_prompts_mask(function, trained_loaded):
   call, _ = function
   img = _frame()
   body = {
@@ -199,7 +198,7 @@ def test_a_box_request_answers_the_served_box_prompts_mask(function, trained):
   status, answer = call(body)
   assert status == 200, answer
   mask = np.asarray(answer["mask"], np.uint8)
-  direct = tf.saved_model.load(latest_export(trained)).signatures["serve_box"]
+  direct = trained_loaded.signatures["serve_box"]
   want = direct(
     image=tf.constant(img),
     box=tf.constant([12, 8, 40, 30], tf.int32),

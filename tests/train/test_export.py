@@ -34,8 +34,8 @@ def test_serving_input_and_output_match_the_training_path(prep_dir, trained):
   assert_serving_parity(prep_dir, trained, n=4)
 
 
-def test_batch_scoring_signature_takes_raw_examples(prep_dir, trained):
-  loaded = tf.saved_model.load(latest_export(trained))
+def test_batch_scoring_signature_takes_raw_examples(prep_dir, trained_loaded):
+  loaded = trained_loaded
   examples = _eval_examples(prep_dir, 3)
   batch = loaded.signatures["serve_examples"](examples=tf.constant(examples))
   assert batch["probabilities"].shape == (3, 64, 64)
@@ -44,8 +44,8 @@ def test_batch_scoring_signature_takes_raw_examples(prep_dir, trained):
     np.testing.assert_allclose(batch["probabilities"][i], one["probabilities"][0], atol=1e-5)
 
 
-def test_serving_any_image_size_and_bad_inputs(trained):
-  serving = tf.saved_model.load(latest_export(trained)).signatures["serving_default"]
+def test_serving_any_image_size_and_bad_inputs(trained_loaded):
+  serving = trained_loaded.signatures["serving_default"]
   img = tf.constant(np.random.default_rng(0).integers(0, 255, (50, 90, 3), dtype=np.uint8))
   out = serving(
     image=img,
@@ -311,11 +311,10 @@ def _encoded(arr, fmt="PNG", **save):
   return buf.getvalue()
 
 
-def test_encoded_signatures_answer_as_the_array_ones_on_the_decoded_pixels(trained):
+def test_encoded_signatures_answer_as_the_array_ones_on_the_decoded_pixels(trained_served):
   from beam_prep.ops.image import decode_file  # pylint: disable=g-import-not-at-top
-  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
-  model = ServedModel(trained)
+  model = trained_served
   rng = np.random.default_rng(4)
   image = rng.integers(0, 256, (41, 57, 3), dtype=np.uint8)
   pos, neg = [[10, 12], [30, 20]], [[50, 3]]
@@ -381,15 +380,14 @@ def test_encoded_signatures_answer_as_the_array_ones_on_the_decoded_pixels(train
   assert not want["mask"][31:].any() and not want["mask"][:, 41:].any()
 
 
-def test_an_exif_rotated_jpeg_is_served_as_displayed(trained):
+def test_an_exif_rotated_jpeg_is_served_as_displayed(trained_served):
   """A phone photo: pixels stored as the sensor saw them (24 x 48) and EXIF
   orientation 6 (turned 90 degrees clockwise to show: 48 x 24). The encoded
   signature answers for the picture as shown, as the array signature does
   for the shown pixels; clicks are in the shown picture."""
   from beam_prep.ops.image import decode_file  # pylint: disable=g-import-not-at-top
-  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
 
-  model = ServedModel(trained)
+  model = trained_served
   stored = np.random.default_rng(5).integers(0, 256, (24, 48, 3), dtype=np.uint8)
   exif = Image.Exif()
   exif[0x0112] = 6
@@ -405,14 +403,14 @@ def test_an_exif_rotated_jpeg_is_served_as_displayed(trained):
   assert_encoded_answer({k: v[0] for k, v in got.items()}, want)
 
 
-def test_serve_examples_says_in_one_line_what_an_example_lacks(prep_dir, trained):
+def test_serve_examples_says_in_one_line_what_an_example_lacks(prep_dir, trained_served):
   """The job's own records (an object with its variants stacked) and other
   wrong examples are refused with one line naming the feature and why."""
   from beam_prep.features import FeatureTable  # pylint: disable=g-import-not-at-top
   from tests.helpers import records  # pylint: disable=g-import-not-at-top
-  from train.export.served import InvalidInput, ServedModel  # pylint: disable=g-import-not-at-top
+  from train.export.served import InvalidInput  # pylint: disable=g-import-not-at-top
 
-  model = ServedModel(trained)
+  model = trained_served
   job = [r.SerializeToString() for r in records(prep_dir, keys.EVAL_SPLIT)][:2]
   good = tf.train.Example.FromString(_eval_examples(prep_dir, 1)[0])
 

@@ -22,7 +22,6 @@ from train.serve import app as serve_app
 from beam_prep import brush
 from train.serve import page
 from train.serve.config import ServeConfig
-from train.export.served import ServedModel
 
 H, W = 96, 128
 LS_TOKEN = "0123456789abcdef0123456789abcdef01234567"
@@ -233,7 +232,9 @@ def _png_mask(data_url):
   return np.asarray(Image.open(io.BytesIO(base64.b64decode(data_url.split(",", 1)[1])))) > 0
 
 
-def test_a_rectangle_is_the_models_box_prompt_and_labels_fall_back_to_the_brush(backend, trained):
+def test_a_rectangle_is_the_models_box_prompt_and_labels_fall_back_to_the_brush(
+  backend, trained_served
+):
   client, url, _ = backend
   _setup(client, url)
   rect = {
@@ -254,12 +255,12 @@ def test_a_rectangle_is_the_models_box_prompt_and_labels_fall_back_to_the_brush(
   mask, region = _region_mask(r.get_json())
   assert region["value"]["brushlabels"] == ["Cat"]  # "Dog" is no brush label: the first one.
   box = (int(0.1 * W), int(0.2 * H), int(0.5 * W), int(0.7 * H))
-  want = ServedModel(trained).segment(_scene(), [], [], box=box)["mask"] > 0
+  want = trained_served.segment(_scene(), [], [], box=box)["mask"] > 0
   np.testing.assert_array_equal(mask, want)  # serve_box's mask: none outside the box.
   # A keypoint in the rectangle refines the box's mask, the box kept.
   two = _predict(client, [rect, _keypoint(30, 40)])
   previous = want.astype(np.uint8)
-  again = ServedModel(trained).segment(_scene(), [[30, 40]], [], previous=previous, box=box)
+  again = trained_served.segment(_scene(), [[30, 40]], [], previous=previous, box=box)
   np.testing.assert_array_equal(_region_mask(two.get_json())[0], again["mask"] > 0)
 
 

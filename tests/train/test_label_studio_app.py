@@ -62,17 +62,15 @@ def _interactive(url, ml, task, regions):
 
 
 def test_label_studio_calls_the_server_and_its_annotations_reach_the_label_store(
-  label_studio, trained, tmp_path
+  label_studio, trained, trained_served, tmp_path
 ):
-  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
-
   save = str(tmp_path / "labels")
   with serve_app.running(ServeConfig(model=trained, port=0, save_dir=save)) as (server, _):
     backend = f"http://127.0.0.1:{server.port}"
     project, task, ml = lse.connect(label_studio, backend, "scene.png", png(_scene()))
     point = lse.keypoint(30, 36, W, H)
     region, mask = _interactive(label_studio, ml, task, [point])
-    want = ServedModel(trained).segment(_scene(), [[30, 36]], [])["mask"] > 0
+    want = trained_served.segment(_scene(), [[30, 36]], [])["mask"] > 0
     np.testing.assert_array_equal(mask, want)  # The page's mask for the same click.
     box = {
       "type": "rectanglelabels",
@@ -84,7 +82,7 @@ def test_label_studio_calls_the_server_and_its_annotations_reach_the_label_store
     }
     _, cut = _interactive(label_studio, ml, task, [box])
     corners = (int(0.1 * W), int(0.2 * H), int(0.6 * W), int(0.8 * H))
-    boxed = ServedModel(trained).segment(_scene(), [], [], box=corners)["mask"] > 0
+    boxed = trained_served.segment(_scene(), [], [], box=corners)["mask"] > 0
     np.testing.assert_array_equal(cut, boxed)  # serve_box's mask for the rectangle.
     labels = Labels(save)
     try:

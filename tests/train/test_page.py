@@ -176,11 +176,9 @@ def _upload(client, image, name):
   return r.get_json()
 
 
-def test_the_server_keeps_no_click_state_and_saves_what_it_is_sent(labelled, trained):
+def test_the_server_keeps_no_click_state_and_saves_what_it_is_sent(labelled, trained_served):
   client, save = labelled
-  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
-
-  model = ServedModel(trained)
+  model = trained_served
   image, _, _ = _two_objects()
   opened = _upload(client, image, "two.png")
   assert opened["objects"] == [] and opened["saved_as"] is None
@@ -249,11 +247,9 @@ def test_the_server_keeps_no_click_state_and_saves_what_it_is_sent(labelled, tra
   assert client.get(f"/page/truth/{opened['id']}.png").status_code == 404  # No true mask.
 
 
-def test_a_box_prompt_is_served_by_serve_box_and_a_bad_box_is_a_400(labelled, trained):
+def test_a_box_prompt_is_served_by_serve_box_and_a_bad_box_is_a_400(labelled, trained_served):
   client, _ = labelled
-  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
-
-  model = ServedModel(trained)
+  model = trained_served
   image, _, _ = _two_objects()
   opened = _upload(client, image, "two.png")
   body = {"id": opened["id"], "positive": [], "box": [74, 20, 117, 75]}
@@ -417,15 +413,13 @@ def _label_two_objects(s):
   s.saved(2)
 
 
-def _box_prompt(s, trained, image):
+def _box_prompt(s, served, image):
   """A shift-drag around the blue box: a box prompt, the served `serve_box`
   mask; a reset drops it (no object saved)."""
   steps = s.js(JS_STEPS)
   draft = s.drag_box(74, 20, 117, 75)
   assert draft["clicks"] == [] and draft["box"] == pytest.approx([74, 20, 117, 75], abs=1)
-  from train.export.served import ServedModel  # pylint: disable=g-import-not-at-top
-
-  want = ServedModel(trained).segment(image, [], [], box=draft["box"])["mask"] > 0
+  want = served.segment(image, [], [], box=draft["box"])["mask"] > 0
   level = s.js("return labelPage.current().level")
   np.testing.assert_array_equal(_decoded(draft["prob"]) >= level, want)
   assert s.js(JS_STEPS) == steps + 1  # One action: the drag is no click.
@@ -464,7 +458,7 @@ def _true_outline_is_shown(s, prep_dir):
 
 
 def test_labelling_two_objects_in_the_browser_saves_what_beam_prep_reads_back(
-  trained, prep_dir, tmp_path
+  trained, trained_served, prep_dir, tmp_path
 ):
   image, _, _ = _two_objects()
   picture = tmp_path / "two.png"
@@ -483,7 +477,7 @@ def test_labelling_two_objects_in_the_browser_saves_what_beam_prep_reads_back(
       browser.find_element("id", "upload").send_keys(str(picture))
       s.wait(lambda b: s.js("return labelPage.page.at") == 0)
       _label_two_objects(s)
-      _box_prompt(s, trained, image)
+      _box_prompt(s, trained_served, image)
       # The server loses the image: the page sends its copy again and goes on.
       _upload_over_http(f"http://127.0.0.1:{server.port}", image[::-1].copy())
       lost = s.js("return labelPage.page.id")

@@ -51,8 +51,8 @@ def test_export_writes_each_format_and_no_saved_model_unless_asked(exported):
 
 
 @pytest.mark.parametrize("fmt", ["tflite", "onnx"])
-def test_portable_files_answer_as_the_saved_model(exported, trained, fmt):
-  served = ServedModel(trained)  # The same model's SavedModel, written by fit.
+def test_portable_files_answer_as_the_saved_model(exported, trained_served, fmt):
+  served = trained_served  # The same model's SavedModel, written by fit.
   first = PortableModel(os.path.join(exported, portable.file_name(sig.SERVING_DEFAULT, fmt)))
   again = PortableModel(os.path.join(exported, portable.file_name(sig.SERVE_ITERATIVE, fmt)))
   for image, pos, neg in _requests():

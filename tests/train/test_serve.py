@@ -69,9 +69,9 @@ def client(served):
 
 
 @pytest.fixture(scope="module")
-def direct(trained):
+def direct(trained_loaded):
   """The SavedModel's signatures, called without the server."""
-  return tf.saved_model.load(latest_export(trained)).signatures
+  return trained_loaded.signatures
 
 
 def _image(h=37, w=53, seed=0):
