@@ -275,15 +275,12 @@ def test_metrics_tensorboard_and_profile(prep_dir, tmp_path, capsys):
 def _kernel(model_dir, layer):
   from train import models  # pylint: disable=g-import-not-at-top
 
-  model = models.build_model("segmentation_fcn", 5, builtin={"width": 4, "depth": 1})
-  tf.train.Checkpoint(model=model).restore(
-    tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-  ).expect_partial()
-  return model.get_layer(layer).kernel.numpy()
+  return models.rebuild(model_dir).get_layer(layer).kernel.numpy()
 
 
-def test_fine_tuning_from_a_checkpoint_with_frozen_layers(prep_dir, tmp_path):
-  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+def test_fine_tuning_from_a_checkpoint_with_frozen_layers(prep_dir, trained, tmp_path):
+  """--init-from the session's model, its first block frozen."""
+  b = str(tmp_path / "b")
   common = [
     "--data",
     prep_dir,
@@ -292,16 +289,15 @@ def test_fine_tuning_from_a_checkpoint_with_frozen_layers(prep_dir, tmp_path):
     "--width",
     "4",
     "--depth",
-    "1",
+    "2",  # The session model's.
     "--histogram-every",
     "0",
     "--no-export",
   ]
-  assert _fit(common + ["--model-dir", a, "--steps", "3"]) == 0
-  tuned = ["--init-from", a, "--freeze", "^down0_", "--warmup-steps", "2", "--log-every", "1"]
+  tuned = ["--init-from", trained, "--freeze", "^down0_", "--warmup-steps", "2", "--log-every", "1"]
   assert _fit(common + ["--model-dir", b, "--steps", "3"] + tuned) == 0
-  np.testing.assert_array_equal(_kernel(a, "down0_conv1"), _kernel(b, "down0_conv1"))
-  assert not np.array_equal(_kernel(a, "up0_conv1"), _kernel(b, "up0_conv1"))
+  np.testing.assert_array_equal(_kernel(trained, "down0_conv1"), _kernel(b, "down0_conv1"))
+  assert not np.array_equal(_kernel(trained, "up0_conv1"), _kernel(b, "up0_conv1"))
   # The learning rate rose to its value (2e-3) over the first two steps.
   assert _scalars(b, "learning_rate") == pytest.approx([1e-3, 2e-3, 2e-3])
   assert _fit(common + ["--model-dir", str(tmp_path / "c"), "--warmup-steps", "-1"]) == 2

@@ -110,6 +110,11 @@ def _setup(config: TrainConfig) -> _Run:
   replicas = strategy.num_replicas_in_sync
   global_batch = config.batch_size * replicas
   lr = config.learning_rate * (replicas if config.scale_learning_rate else 1)
+  # The model first: a mistake in the user's model is said before the records are read.
+  module_files = models.import_model_modules(config.model_module)
+  spec = task.model_spec(config)
+  with strategy.scope():
+    model, optimizer, global_step, schedule = model_setup.build_model(config, task, spec, lr)
   reader = InputReader(
     prep,
     task,
@@ -120,11 +125,6 @@ def _setup(config: TrainConfig) -> _Run:
     augment.parse(config.augment),
   )
   records = record_checks.check_records(config, prep)
-
-  module_files = models.import_model_modules(config.model_module)
-  spec = task.model_spec(config)
-  with strategy.scope():
-    model, optimizer, global_step, schedule = model_setup.build_model(config, task, spec, lr)
   if chief:  # What `models.rebuild` needs to build this model again.
     models.write_model_file(
       model_dir,
