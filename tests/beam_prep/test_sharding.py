@@ -11,7 +11,8 @@ import pytest
 from beam_prep import keys
 from beam_prep.shards import commit as sharding
 from beam_prep.record_codec import RecordCodec
-from tests.helpers import ROOT, manifest, run_cli
+from beam_prep.sample_data import write_sample_data
+from tests.helpers import ROOT, made_once, manifest, run_cli
 
 TARGET_MB = 0.06
 # 48 px records: many sample objects are thinner than the click margin.
@@ -28,8 +29,6 @@ ARGS = [
 
 
 def _data(tmp_path_factory, count, seed=11):
-  from beam_prep.sample_data import write_sample_data  # pylint: disable=g-import-not-at-top
-
   path = str(tmp_path_factory.mktemp(f"data{count}"))
   write_sample_data(path, count=count, seed=seed)
   return path
@@ -66,29 +65,40 @@ def _largest_record(files):
   return max(len(r.numpy()) + 16 for r in tf.data.TFRecordDataset(files))
 
 
+def _small(root):
+  data = os.path.join(root, "data")
+  write_sample_data(data, count=8, seed=11)
+  assert (
+    run_cli(["segmentation", "--input", data, "--output", os.path.join(root, "out")] + ARGS) == 0
+  )
+
+
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-  data = _data(tmp_path_factory, 8)
-  out = str(tmp_path_factory.mktemp("small") / "out")
-  assert run_cli(["segmentation", "--input", data, "--output", out] + ARGS) == 0
-  return out
+  return os.path.join(made_once(tmp_path_factory, "sharding_small", _small), "out")
+
+
+def _large(root):
+  """Two separate processes: this one, one worker in memory; a new one, two
+  worker threads. The 4 objects under 100 pixels are dead letters: the
+  error files are compared too."""
+  data = os.path.join(root, "data")
+  write_sample_data(data, count=32, seed=11)
+  small_objects = ["--min-object-area", "100"]
+  one = os.path.join(root, "one")
+  assert run_cli(["segmentation", "--input", data, "--output", one, *ARGS, *small_objects]) == 0
+  _prep_in_new_process(
+    data,
+    os.path.join(root, "two"),
+    small_objects + ["--direct_running_mode=multi_threading", "--direct_num_workers=2"],
+  )
 
 
 @pytest.fixture(scope="module")
 def large(tmp_path_factory):
-  data = _data(tmp_path_factory, 32)
-  root = tmp_path_factory.mktemp("large")
-  # Two separate processes: this one, one worker in memory; a new one, two
-  # worker threads.
-  one = str(root / "one")
-  two = str(root / "two")
-  # The 4 objects under 100 pixels are dead letters: the error files are compared too.
-  small_objects = ["--min-object-area", "100"]
-  assert run_cli(["segmentation", "--input", data, "--output", one, *ARGS, *small_objects]) == 0
-  _prep_in_new_process(
-    data, two, small_objects + ["--direct_running_mode=multi_threading", "--direct_num_workers=2"]
-  )
-  return one, two
+  """Made once for every test process of the run (they only read it)."""
+  root = made_once(tmp_path_factory, "sharding_large", _large)
+  return os.path.join(root, "one"), os.path.join(root, "two")
 
 
 def test_shard_count_follows_the_data_and_sizes_stay_near_the_target(small, large):
