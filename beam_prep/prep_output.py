@@ -290,7 +290,7 @@ class PrepOutput:
         continue  # An empty shard (a split smaller than the shard count).
       holding.append(path)
       try:
-        RecordCodec(self.table).decode_examples(first.numpy())
+        RecordCodec(self.table).decode_examples(first)
       except FeatureError as e:  # A per-pixel feature of another size.
         raise RecordsError(f"shard {path}: {e} (a shard from another run?)") from None
       except (ValueError, zlib.error, DecodeError) as e:
@@ -315,9 +315,11 @@ class PrepOutput:
     return out
 
 
-def _first_record(path: str):
-  ds = tf.data.TFRecordDataset(path, compression_type=keys.compression_of(path))
-  return next(iter(ds.take(1)), None)
+def _first_record(path: str) -> Optional[bytes]:
+  """A shard's first record (None: empty), read by TensorFlow's record reader
+  (CRCs checked) without a tf.data pipeline, which costs about 15 ms a shard."""
+  options = tf.io.TFRecordOptions(keys.compression_of(path))
+  return next(tf.compat.v1.io.tf_record_iterator(path, options), None)
 
 
 def _fit_folder(model_dir: str, recorded_model_dir: str) -> str:
