@@ -170,39 +170,20 @@ def test_baseline_is_the_trainers_nearest_click_baseline():
     np.testing.assert_array_equal(got[b], pos < neg)
 
 
-def test_evaluate_writes_noc_plot_and_sheet_for_model_and_baseline(prep_dir, tmp_path, capsys):
+def test_evaluate_writes_noc_plot_and_sheet_for_model_and_baseline(trained, tmp_path, capsys):
+  """`beam-train evaluate` of a fit model dir (a copy of the session's: the
+  report and its events go into it). fit's own NoC: tests/train/test_user_models.py."""
+  import shutil  # pylint: disable=g-import-not-at-top
+
   from train import cli  # pylint: disable=g-import-not-at-top
 
   model_dir = str(tmp_path / "model")
+  shutil.copytree(trained, model_dir)
   with pytest.raises(SystemExit) as e:
     cli.main(
-      [
-        "fit",
-        "--data",
-        prep_dir,
-        "--model-dir",
-        model_dir,
-        "--steps",
-        "4",
-        "--batch-size",
-        "4",
-        "--width",
-        "4",
-        "--depth",
-        "2",
-        "--histogram-every",
-        "0",
-        "--noc-clicks",
-        "3",
-        "--no-export",
-      ]
+      ["evaluate", "--model", model_dir, "--resolution", "records"]
+      + ["--max-clicks", "4", "--iou", "0.5,0.85"]
     )
-  assert e.value.code == 0
-  metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
-  assert metrics["noc"]["max_clicks"] == 3 and "noc@85" in metrics["noc"]["baseline"]
-  assert "NoC@85" in capsys.readouterr().out
-  with pytest.raises(SystemExit) as e:
-    cli.main(["evaluate", "--model", model_dir, "--max-clicks", "4", "--iou", "0.5,0.85"])
   assert e.value.code == 0
   out = capsys.readouterr().out
   assert "NoC@50" in out and "nearest-click baseline" in out

@@ -47,7 +47,7 @@ def user_module_dir(tmp_path, monkeypatch):
 
 
 def test_user_model_module_trains_evaluates_exports_and_predicts(
-  prep_dir, user_module_dir, tmp_path, monkeypatch
+  prep_dir, user_module_dir, tmp_path, monkeypatch, capsys
 ):
   model_dir = str(tmp_path / "model")
   assert (
@@ -79,9 +79,11 @@ def test_user_model_module_trains_evaluates_exports_and_predicts(
     )
     == 0
   )
+  assert "NoC@85" in capsys.readouterr().out  # fit's own NoC, against the baseline
   metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert metrics["step_traces"] == 1 and metrics["eval"]["examples"] > 0
   assert "mean_iou" in metrics["eval"]
+  assert metrics["noc"]["max_clicks"] == 2 and "noc@85" in metrics["noc"]["baseline"]
   record = json.load(open(os.path.join(model_dir, "model.json")))
   assert record["name"] == "tiny_unet" and record["model_module"] == "my_models"
   assert record["model_args"] == {"filters": 4}
