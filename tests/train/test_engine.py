@@ -207,6 +207,8 @@ def test_a_round_worse_by_both_measures_is_not_published(prep_dir, trained, tmp_
   assert judged["objects"] > 0 and ours["mean_iou"] < theirs["mean_iou"] - engine.JUDGE_TOLERANCE
   # Neither reaches 0.90 in 20 clicks: NoC@90 ties, and the round is published.
   assert ours["noc@90"] == theirs["noc@90"] == 20 and judged["publish"], judged
+  said = open(log_path).read()  # Each evaluation, as the command would say it.
+  assert said.count("$ beam-train evaluate --model ") == 2 and said.count("evaluate: NoC@90 ") == 2
   assert engine.worse({"noc@90": 16.4, "mean_iou": 0.69}, {"noc@90": 12.9, "mean_iou": 0.77})
   assert not engine.worse({"noc@90": 16.4, "mean_iou": 0.765}, {"noc@90": 12.9, "mean_iou": 0.77})
   assert not engine.worse({"noc@90": 12.0, "mean_iou": 0.69}, {"noc@90": 12.9, "mean_iou": 0.77})
