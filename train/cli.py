@@ -178,15 +178,12 @@ SERVE = (
 def _evaluate(argv: List[str], log) -> int:
   config = kit.parse_command("beam-train evaluate", EVALUATE, EvalConfig, argv)
   from beam_prep.prep_output import RecordsError  # pylint: disable=g-import-not-at-top
-  from train.evaluate import command, noc  # pylint: disable=g-import-not-at-top
+  from train.evaluate import command  # pylint: disable=g-import-not-at-top
 
   with failing(RecordsError, KeyError):
     report, out = command.run(config, log)
-  for line in noc.lines(noc.brief(report)):
+  for line in command.said(report, out):
     log.info("evaluate: %s", line)
-  curve = report.get("model", report["baseline"])["mean_iou_by_clicks"]
-  log.info("evaluate: mean IoU by clicks %s", ", ".join(f"{k}: {v:.3f}" for k, v in curve.items()))
-  log.info("evaluate: report -> %s", out)
   return 0
 
 

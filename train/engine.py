@@ -440,7 +440,7 @@ def _evaluate(model: str, prep_dir: str, report: str, log_path: str) -> None:
     RuntimeError: it failed (the message names the model, the reason and the log).
   """
   from train.config import EvalConfig  # pylint: disable=g-import-not-at-top
-  from train.evaluate import command, noc  # pylint: disable=g-import-not-at-top
+  from train.evaluate import command  # pylint: disable=g-import-not-at-top
 
   config = EvalConfig(
     model=model, data=prep_dir, resolution="records", max_objects=JUDGED_OBJECTS, output=report
@@ -451,13 +451,13 @@ def _evaluate(model: str, prep_dir: str, report: str, log_path: str) -> None:
     *(model, prep_dir, JUDGED_OBJECTS, report),
   )
   try:
-    figures, _ = command.run(config, log)
+    figures, out = command.run(config, log)
   except Exception as e:  # pylint: disable=broad-except
     log.info("evaluate: %s: %s", type(e).__name__, e)
     raise RuntimeError(
       f"evaluate {model} failed ({type(e).__name__}: {e}); its output is in {log_path}"
     ) from e
-  for line in noc.lines(noc.brief(figures)):
+  for line in command.said(figures, out):
     log.info("evaluate: %s", line)
 
 

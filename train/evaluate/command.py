@@ -5,6 +5,7 @@ the eval images at their own size through the model's export
 """
 
 import os
+from typing import List
 
 import tensorflow as tf
 
@@ -28,6 +29,17 @@ def run(config, log):
     and (not config.model or _has_export(config.model))
   )
   return (_at_source if source else _on_records)(config, prep, log)
+
+
+def said(report, out: str) -> List[str]:
+  """What `beam-train evaluate` says of a finished evaluation (`run`'s
+  report and folder): its NoC lines, the mean IoU by clicks, the report's place."""
+  curve = report.get("model", report["baseline"])["mean_iou_by_clicks"]
+  return [
+    *noc.lines(noc.brief(report)),
+    "mean IoU by clicks " + ", ".join(f"{k}: {v:.3f}" for k, v in curve.items()),
+    f"report -> {out}",
+  ]
 
 
 def _has_export(model: str) -> bool:
