@@ -57,19 +57,25 @@ def standardize(
   example_mean: Optional[tf.Tensor] = None,
   example_mean_square: Optional[tf.Tensor] = None,
 ) -> tf.Tensor:
-  """float32 [B, H, W, C] -> per-channel standardized, by full-pass analyzers.
+  """float32 [B, H, W, C] -> per-channel standardized, by a full-pass analyzer.
 
-  The analyzers average per-example channel means and means of squares over
-  the analyzed split (so each example weighs once, and with equal sizes the
-  mean of the means is the pixel mean). Given `example_mean` and
-  `example_mean_square` ([B, C], precomputed per example), they read those
-  instead of the pixels.
+  One analyzer (`tft.mean`, one combine for the 2C values) averages
+  per-example channel means and means of squares over the analyzed split (so
+  each example weighs once, and with equal sizes the mean of the means is the
+  pixel mean). Given `example_mean` and `example_mean_square` ([B, C],
+  precomputed per example), it reads those instead of the pixels. The
+  channel count must be static: tf.Transform gives its outputs a fixed shape.
   """
   if example_mean is None:
     example_mean = tf.reduce_mean(x, axis=[1, 2])
     example_mean_square = tf.reduce_mean(tf.square(x), axis=[1, 2])
-  mean = tft.mean(example_mean, reduce_instance_dims=False, name=f"{name}_mean")
-  mean_sq = tft.mean(example_mean_square, reduce_instance_dims=False, name=f"{name}_mean_square")
+  channels = example_mean.shape[-1]
+  moments = tft.mean(
+    tf.concat([example_mean, example_mean_square], axis=-1),
+    reduce_instance_dims=False,
+    name=f"{name}_moments",
+  )
+  mean, mean_sq = moments[:channels], moments[channels:]
   std = tf.sqrt(tf.maximum(mean_sq - tf.square(mean), 1e-6))
   return (x - mean) / std
 
