@@ -9,7 +9,29 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import pytest  # pylint: disable=g-import-not-at-top
 
-from tests.helpers import made_once  # pylint: disable=g-import-not-at-top
+from tests.helpers import PREP_ARGS, made_once  # pylint: disable=g-import-not-at-top
+
+
+# Fixtures made once per run whose making takes long (tens of seconds).
+RUN_TOGETHER = ("portable_export",)
+
+
+def _fixtures(item) -> set:
+  params = getattr(getattr(item, "callspec", None), "params", {})
+  return set(getattr(item, "fixturenames", ())) - set(params)
+
+
+def pytest_collection_modifyitems(items):
+  """The tests of a fixture in RUN_TOGETHER run back to back, from the first
+  one's place. Under pytest-xdist each worker takes a contiguous share of
+  the tests: with that fixture's tests in both shares, a worker that reached
+  it while the other was making it sat idle until it was made."""
+  for name in RUN_TOGETHER:
+    users = [item for item in items if name in _fixtures(item)]
+    if users:
+      first = items.index(users[0])
+      others = [item for item in items if name not in _fixtures(item)]
+      items[:] = others[:first] + users + others[first:]
 
 
 @pytest.fixture(scope="session")
@@ -25,28 +47,7 @@ def _prep(sample, out):
   from pipelines import cli  # pylint: disable=g-import-not-at-top
 
   with pytest.raises(SystemExit) as e:
-    cli.main(
-      [
-        "segmentation",
-        "--input",
-        sample,
-        "--output",
-        out,
-        "--preset",
-        "smoke",
-        "--image-size",
-        "64",
-        "--variants",
-        "2",
-        "--eval-percent",
-        "30",
-        "--target-shard-mb",
-        "0.03",
-        # 64 px records: many sample objects are too small to click.
-        "--max-error-fraction",
-        "1",
-      ]
-    )
+    cli.main(["segmentation", "--input", sample, "--output", out, *PREP_ARGS])
   assert e.value.code == 0
 
 
