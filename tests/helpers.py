@@ -19,6 +19,24 @@ from beam_prep.record_codec import RecordCodec
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# The settings of the session's records (`prep_dir`, tests/conftest.py).
+PREP_ARGS = [
+  "--preset",
+  "smoke",
+  "--image-size",
+  "64",
+  "--variants",
+  "2",
+  "--eval-percent",
+  "30",
+  "--target-shard-mb",
+  "0.03",
+  # 64 px records: many sample objects are too small to click.
+  "--max-error-fraction",
+  "1",
+]
+
+
 def made_once(tmp_path_factory, name, make) -> str:
   """The folder `name`, made by `make(path)` once for every worker of this
   run (under pytest-xdist, by the first worker that asks; the others wait

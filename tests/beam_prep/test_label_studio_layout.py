@@ -179,5 +179,6 @@ def test_a_job_over_an_export_accounts_for_every_task(tmp_path, capsys):
     argv = ["segmentation", "--input", str(bad), "--layout", "label_studio"]
     assert run_cli(argv + ["--output", str(tmp_path / bad.stem)]) == 1
   said = capsys.readouterr().out
+  assert "inputs/s" not in said  # --progress-seconds 0: no progress line.
   assert "not Label Studio's JSON export (JSON-MIN and CSV" in said
   assert "broken.json is not a Label Studio JSON export (a list of tasks): Expecting" in said

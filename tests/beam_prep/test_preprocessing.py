@@ -73,16 +73,6 @@ def test_every_declared_model_input_is_normalized_as_declared(tmp_path):
   assert label.sum() == 4 and weight[0, 0] == 0 and weight.sum() == 15
 
 
-def test_classification_builds_a_label_vocabulary(tmp_path):
-  table = _table(2, 2, task="classification")
-  rows = [
-    {keys.IMAGE: np.full((2, 2, 3), v, np.uint8).tobytes(), keys.LABEL: label}
-    for v, label in enumerate([b"cat", b"dog", b"dog", b"eel", b"dog", b"cat"])
-  ]
-  out = _analyze_and_transform(tmp_path, rows, table, preprocessing.make_preprocessing_fn(table))
-  assert [int(o[keys.LABEL]) for o in out] == [1, 0, 0, 2, 0, 1]
-
-
 def test_a_users_preprocessing_fn_by_module_and_name(tmp_path):
   table = _table(2, 2)
   fn = preprocessing.preprocessing_fn_for(table, "tests.fixtures.user_preprocessing:halve")

@@ -233,33 +233,6 @@ def test_user_op_gzip_and_flipped_variants(tmp_path):
   np.testing.assert_array_equal(masks[1], masks[0][:, ::-1])
 
 
-def test_max_error_fraction_fails_after_writing(tmp_path):
-  _folders(tmp_path / "d", n=2)
-  (tmp_path / "d" / "images" / "junk.png").write_bytes(b"junk")
-  out = str(tmp_path / "out")
-  assert (
-    run_cli(
-      [
-        "segmentation",
-        "--input",
-        str(tmp_path / "d"),
-        "--output",
-        out,
-        "--image-size",
-        "48",
-        "--variants",
-        "1",
-        "--max-error-fraction",
-        "0.05",
-      ]
-    )
-    == 1
-  )
-  m = manifest(out)
-  assert m["counts"]["errors_by_reason"] == {"not_an_image": 1}
-  assert sum(m["counts"]["examples_written"].values()) == 4
-
-
 def test_min_object_area_is_measured_at_the_source(tmp_path):
   """A 2:1 image with objects of 1600, 900, 144, 16 and 2 pixels, records at a
   half its size: the three under 500 source pixels are dead letters

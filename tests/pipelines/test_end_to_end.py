@@ -28,17 +28,17 @@ def test_pipeline_train_export_predict_without_prep_dir(prep_dir, sample_dir, tm
         "--model-dir",
         model_dir,
         "--steps",
-        "12",
+        "4",
         "--batch-size",
         "4",
         "--width",
-        "8",
+        "4",
         "--depth",
         "2",
         "--log-every",
-        "6",
+        "2",
         "--checkpoint-every",
-        "6",
+        "2",
         # NoC after fit: tests/train/test_noc.py.
         "--noc-clicks",
         "0",
@@ -46,9 +46,9 @@ def test_pipeline_train_export_predict_without_prep_dir(prep_dir, sample_dir, tm
     )
   assert e.value.code == 0
   metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
-  assert metrics["final_step"] == 12 and metrics["step_traces"] == 1
+  assert metrics["final_step"] == 4 and metrics["step_traces"] == 1
   assert metrics["eval"]["examples"] > 0 and 0 <= metrics["eval"]["mean_iou"] <= 1
-  assert json.load(open(os.path.join(model_dir, "config.json")))["steps"] == 12
+  assert json.load(open(os.path.join(model_dir, "config.json")))["steps"] == 4
   export_dir = metrics["export_dir"]
   assert os.path.exists(os.path.join(export_dir, "saved_model.pb"))
 
@@ -87,31 +87,40 @@ def test_pipeline_train_export_predict_without_prep_dir(prep_dir, sample_dir, tm
   assert tuple(px[int(2.5 * k), int(2.5 * k)]) == (240, 0, 0)
 
 
-def test_resumed_run_reaches_the_same_step(prep_dir, tmp_path):
+def test_a_finished_run_given_more_steps_resumes_from_its_checkpoint(
+  prep_dir, trained, tmp_path, capsys
+):
+  """The session's model (6 steps, its last checkpoint at the end) trained on
+  with the same flags and more steps: it resumes, not restarts."""
   from train import cli as train_cli  # pylint: disable=g-import-not-at-top
 
   model_dir = str(tmp_path / "model")
-  common = [
-    "fit",
-    "--data",
-    prep_dir,
-    "--model-dir",
-    model_dir,
-    "--batch-size",
-    "4",
-    "--width",
-    "4",
-    "--depth",
-    "1",
-    "--checkpoint-every",
-    "5",
-    "--no-export",
-    "--noc-clicks",
-    "0",
-  ]
-  for steps in ("5", "9"):
-    with pytest.raises(SystemExit) as e:
-      train_cli.main(common + ["--steps", steps])
-    assert e.value.code == 0
+  shutil.copytree(trained, model_dir)
+  done = json.load(open(os.path.join(model_dir, "metrics.json")))["final_step"]
+  with pytest.raises(SystemExit) as e:
+    train_cli.main(
+      [
+        "fit",
+        "--data",
+        prep_dir,
+        "--model-dir",
+        model_dir,
+        "--steps",
+        str(done + 3),
+        "--batch-size",
+        "4",
+        "--width",
+        "4",
+        "--depth",
+        "2",
+        "--histogram-every",
+        "0",
+        "--no-export",
+        "--noc-clicks",
+        "0",
+      ]
+    )
+  assert e.value.code == 0
+  assert f"at step {done}\n" in capsys.readouterr().out
   metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
-  assert metrics["final_step"] == 9 and metrics["steps_this_run"] == 4
+  assert metrics["final_step"] == done + 3 and metrics["steps_this_run"] == 3

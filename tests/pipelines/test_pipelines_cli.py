@@ -12,7 +12,7 @@ from PIL import Image
 
 from beam_prep.config import PrepConfig
 from pipelines import cli, dataflow, outputs, prep
-from tests.helpers import ROOT, run_cli
+from tests.helpers import run_cli
 
 GCS = [
   "--runner=DataflowRunner",
@@ -165,30 +165,6 @@ def test_a_layout_from_the_config_file_that_reads_nothing_says_where_it_came_fro
   assert not os.path.exists(tmp_path / "o")
 
 
-def test_overwrite_replaces_everything(sample_dir, tmp_path):
-  out = tmp_path / "out"
-  out.mkdir()
-  (out / "stale.txt").write_text("old run")
-  args = [
-    "segmentation",
-    "--input",
-    sample_dir,
-    "--output",
-    str(out),
-    "--image-size",
-    "48",
-    "--variants",
-    "1",
-    "--max-error-fraction",
-    "1",
-  ]
-  assert run_cli(args) == 2
-  assert (out / "stale.txt").exists()
-  assert run_cli(args + ["--overwrite"]) == 0
-  assert not (out / "stale.txt").exists()
-  assert (out / "manifest.json").exists() and (out / "preview.png").exists()
-
-
 def test_a_remote_output_of_any_scheme_is_listed_never_made_on_disk(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   # No credentials for s3:// here: the listing fails, and says so.
@@ -293,30 +269,6 @@ def test_preview_image_has_four_non_blank_panels_per_example(prep_dir, tmp_path)
       y0, x0 = preview.TITLE + r * step, preview.SIDE + c * step
       panel = im[y0 : y0 + preview.PANEL, x0 : x0 + preview.PANEL]
       assert panel.std() > 10, f"row {r}, panel {c} looks blank"
-
-
-def test_the_job_runs_without_the_trainers_packages(sample_dir, tmp_path):
-  """What Dataflow workers install (setup.py's REQUIRED) is enough for the whole job,
-  preview included: matplotlib and tensorboard (the train extra) cannot be imported."""
-  out = str(tmp_path / "out")
-  code = (
-    "import sys\n"
-    "for name in ('matplotlib', 'tensorboard'):\n"
-    "  sys.modules[name] = None  # import fails\n"
-    "from pipelines.cli import main\n"
-    f"main(['segmentation', '--input', {sample_dir!r}, '--output', {out!r}, "
-    "'--preset', 'smoke', '--image-size', '32', '--variants', '1', "
-    "'--max-error-fraction', '1'])\n"
-  )
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-
-  run = subprocess.run(
-    [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600
-  )
-  assert run.returncode == 0, run.stderr[-3000:]
-  assert os.path.exists(os.path.join(out, "preview.png"))
-  assert os.path.exists(os.path.join(out, "_SUCCESS"))
 
 
 def test_dataflow_dry_run_with_a_custom_worker_image():

@@ -16,7 +16,7 @@ import tensorflow as tf
 from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.record_codec import RecordCodec
-from tests.helpers import dead_letters, manifest, png, run_cli, scene
+from tests.helpers import PREP_ARGS, dead_letters, manifest, png, run_cli, scene
 
 TRAIN = [
   "--batch-size",
@@ -124,21 +124,13 @@ def _tree_bytes(root, sub):
   }
 
 
-def test_beam_job_killed_then_rerun_with_overwrite_is_byte_identical(sample_dir, tmp_path):
-  args = [
-    "--input",
-    sample_dir,
-    "--image-size",
-    "48",
-    "--variants",
-    "2",
-    "--target-shard-mb",
-    "0.1",
-    "--max-error-fraction",
-    "1",
-  ]
-  clean = str(tmp_path / "clean")
-  assert run_cli(["segmentation", "--output", clean] + args) == 0
+def test_beam_job_killed_then_rerun_with_overwrite_is_byte_identical(
+  sample_dir, prep_dir, tmp_path
+):
+  """The session's job (`prep_dir`) killed in a new process, then run again:
+  the half-written output is refused without --overwrite, replaced whole
+  with it, and the records are the session's, byte for byte."""
+  args = ["--input", sample_dir, *PREP_ARGS]
   out = str(tmp_path / "out")
   proc = subprocess.Popen(
     [sys.executable, "-m", "pipelines", "segmentation", "--output", out] + args,
@@ -155,13 +147,19 @@ def test_beam_job_killed_then_rerun_with_overwrite_is_byte_identical(sample_dir,
   proc.kill()
   proc.wait()
   assert not os.path.exists(os.path.join(out, keys.SUCCESS_FILE))  # It did not end.
+  stale = os.path.join(out, "stale.txt")
+  with open(stale, "w") as f:
+    f.write("old run")
+  assert run_cli(["segmentation", "--output", out] + args) == 2
+  assert os.path.exists(stale)
   assert run_cli(["segmentation", "--output", out, "--overwrite"] + args) == 0
+  assert not os.path.exists(stale) and os.path.exists(os.path.join(out, keys.PREVIEW_FILE))
   for sub in ("records", "errors"):
-    assert _tree_bytes(out, sub) == _tree_bytes(clean, sub)
+    assert _tree_bytes(out, sub) == _tree_bytes(prep_dir, sub)
   hidden = [p for p in glob.glob(os.path.join(out, "**", ".*"), recursive=True)]
   assert not hidden, hidden
   assert not os.path.exists(os.path.join(out, "tmp"))
-  assert manifest(out)["counts"] == manifest(clean)["counts"]
+  assert manifest(out)["counts"] == manifest(prep_dir)["counts"]
 
 
 def test_bad_input_corpus_exit_code_summary_and_dead_letters_agree(tmp_path, capsys):
@@ -169,8 +167,9 @@ def test_bad_input_corpus_exit_code_summary_and_dead_letters_agree(tmp_path, cap
   (root / "images").mkdir(parents=True)
   (root / "masks").mkdir()
   img, inst = scene(48, ((4, 4, 30, 30), (40, 40, 43, 43)))  # the second is thin
-  (root / "images" / "ok.png").write_bytes(png(img))
-  (root / "masks" / "ok.png").write_bytes(png(inst, "L"))
+  for name in ("ok", "ok2", "ok3"):
+    (root / "images" / f"{name}.png").write_bytes(png(img))
+    (root / "masks" / f"{name}.png").write_bytes(png(inst, "L"))
   (root / "images" / "nomask.png").write_bytes(png(img))
   (root / "images" / "junk.jpg").write_bytes(b"\xff\xd8 not really")
   (root / "masks" / "junk.png").write_bytes(png(inst, "L"))
@@ -193,14 +192,15 @@ def test_bad_input_corpus_exit_code_summary_and_dead_letters_agree(tmp_path, cap
   printed = capsys.readouterr().out
   m = manifest(out)["counts"]
   letters = dead_letters(out)
-  # 3 images, 2 failed; the 2 objects of the one decoded image used, the thin one
-  # clicked at its most interior pixels.
-  assert code == 1 and "over --max-error-fraction" in printed
-  assert m["inputs_read"] == 3 and m["images_failed"] == 2 and m["objects_failed"] == 0
-  assert m["objects_margin_reduced"] == 1 and "1 thinner than the click margin" in printed
+  # 5 images, 2 failed (40%: under the default 0.5, over the 0.2 asked): the
+  # job fails after writing; the 2 objects of each decoded image used, the
+  # thin one clicked at its most interior pixels.
+  assert code == 1 and "2 of 5 images failed (40%), over --max-error-fraction 0.2" in printed
+  assert m["inputs_read"] == 5 and m["images_failed"] == 2 and m["objects_failed"] == 0
+  assert m["objects_margin_reduced"] == 3 and "3 thinner than the click margin" in printed
   assert m["errors_total"] == len(letters) == 2
   assert "errors           2 (" in printed and "-> " + os.path.join(out, "errors") in printed
-  assert m["examples_written"]["train"] + m["examples_written"]["eval"] == 4  # 2 objects x 2
+  assert m["examples_written"]["train"] + m["examples_written"]["eval"] == 12  # 6 objects x 2
   by_reason = {}
   for e in letters:
     by_reason[e["reason"]] = by_reason.get(e["reason"], 0) + 1

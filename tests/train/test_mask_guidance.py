@@ -1,10 +1,14 @@
 """The previous mask as a model input: records, training rounds, serving."""
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from beam_prep import keys
+from beam_prep.features import FEATURES_FILE
 from beam_prep.prep_output import PrepOutput
 from tests.helpers import assert_serving_parity, examples
 from train.evaluate import clicker
@@ -87,47 +91,26 @@ def test_the_served_model_sees_the_previous_mask(guided_prep, tmp_path):
 
 
 def test_serving_parity_with_a_previous_mask_input(guided_prep, tmp_path):
-  """What serving computes from a record's image and clicks is what the record holds."""
-  model_dir = str(tmp_path / "m")
-  from train import cli  # pylint: disable=g-import-not-at-top
-
-  with pytest.raises(SystemExit) as e:
-    cli.main(
-      [
-        "fit",
-        "--data",
-        guided_prep,
-        "--model-dir",
-        model_dir,
-        "--steps",
-        "4",
-        "--batch-size",
-        "4",
-        "--width",
-        "4",
-        "--depth",
-        "1",
-        "--histogram-every",
-        "0",
-        # NoC of a model with mask rounds: the --xla test of test_trainer.py.
-        "--noc-clicks",
-        "0",
-        "--mask-rounds",
-        "2",
-      ]
-    )
-  assert e.value.code == 0
-  assert_serving_parity(guided_prep, model_dir, n=3)
-  # noc.json names what the model used besides image and clicks.
+  """What serving computes from a record's image and clicks is what the record
+  holds, for a model that takes the previous mask (any weights: training it
+  with --mask-rounds is the --xla test of test_trainer.py)."""
+  from train import models  # pylint: disable=g-import-not-at-top
   from train.evaluate import source_eval  # pylint: disable=g-import-not-at-top
 
+  prep = PrepOutput(guided_prep)
+  model = models.build_model(
+    "segmentation_fcn",
+    prep.table.input_channels,
+    image_size=prep.table.image_size,
+    builtin={"width": 4, "depth": 1},
+  )
+  # Laid out as a fit's model dir: its features.json beside export/.
+  shutil.copy(os.path.join(guided_prep, FEATURES_FILE), tmp_path)
+  path = saved_model.export_model(model, prep.tft_output, prep.table, str(tmp_path / "export"))
+  assert_serving_parity(guided_prep, path, n=3, model=model)
+  # noc.json names what the model used besides image and clicks.
   report = source_eval.evaluate(
-    PrepOutput(guided_prep),
-    str(tmp_path / "eval"),
-    model_dir,
-    max_clicks=2,
-    max_objects=2,
-    flip=True,
+    prep, str(tmp_path / "eval"), path, max_clicks=2, max_objects=2, flip=True
   )
   assert report["extras"] == {"previous_mask_input": True, "zoom_in": True, "flip_averaging": True}
 

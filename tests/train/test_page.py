@@ -534,33 +534,17 @@ def _upload_over_http(url, image):
 
 
 def _beam_prep_reads_back(save, saved):
-  """`beam-prep segmentation` on the saved folder, both layouts: the eval
-  images at their own size hold the page's instance mask."""
+  """The saved folder as the folders layout reads it (`_layout_masks`; a Beam
+  job over a label store's folder: the engine's rounds), and `beam-prep
+  segmentation` over its COCO file: the eval image at its own size holds the
+  page's instance mask."""
   from train.evaluate.source_eval import source_images  # pylint: disable=g-import-not-at-top
 
-  for layout, given in (("folders", save), ("coco", save / exports.COCO_FILE)):
-    out = save.parent / f"prep_{layout}"
-    assert (
-      run_cli(
-        [
-          "segmentation",
-          "--input",
-          str(given),
-          "--layout",
-          layout,
-          "--output",
-          str(out),
-          "--image-size",
-          "32",
-          "--variants",
-          "1",
-          "--eval-percent",
-          "100",
-          "--progress-seconds",
-          "0",
-        ]
-      )
-      == 0
-    )
-    (got,) = list(source_images(PrepOutput(str(out))))
-    np.testing.assert_array_equal(got["instance_mask"], saved)
+  (folder_mask,) = _layout_masks(str(save))[0].values()
+  np.testing.assert_array_equal(folder_mask, saved)
+  out = save.parent / "prep_coco"
+  argv = ["segmentation", "--input", str(save / exports.COCO_FILE), "--layout", "coco"]
+  argv += ["--output", str(out), "--image-size", "32", "--variants", "1"]
+  assert run_cli(argv + ["--eval-percent", "100", "--progress-seconds", "0"]) == 0
+  (got,) = list(source_images(PrepOutput(str(out))))
+  np.testing.assert_array_equal(got["instance_mask"], saved)

@@ -543,13 +543,14 @@ def test_fit_on_the_records_folder_names_the_output_to_give(prep_dir, tmp_path, 
   assert "still running" not in printed and "_SUCCESS" not in printed
 
 
-def test_an_empty_eval_split_skips_evaluation_and_noc_saying_why(sample_dir, tmp_path, capsys):
+def test_an_empty_eval_split_skips_evaluation_and_noc_saying_why(
+  sample_dir, tmp_path, capsys, monkeypatch
+):
   out = _prep(sample_dir, str(tmp_path / "prep"), "--eval-percent", "0")
   model_dir = str(tmp_path / "m")
-  assert (
-    _fit(["--data", out, "--model-dir", model_dir, "--steps", "2", "--noc-clicks", "2"] + SMALL)
-    == 0
-  )
+  monkeypatch.chdir(tmp_path)  # --data relative to here.
+  argv = ["--data", "prep", "--model-dir", model_dir, "--steps", "2", "--noc-clicks", "2"]
+  assert _fit(argv + SMALL) == 0
   printed = capsys.readouterr().out
   [line] = [text for text in printed.splitlines() if text.startswith("eval: ")]
   assert line.startswith(f"eval: skipped evaluation and NoC: {out} has no eval records (0 in")
@@ -558,3 +559,5 @@ def test_an_empty_eval_split_skips_evaluation_and_noc_saying_why(sample_dir, tmp
   assert m["eval"]["examples"] == 0 and m["eval"]["skipped"] in line
   assert m["noc_skipped"] == m["eval"]["skipped"] and "noc" not in m
   assert not os.path.exists(os.path.join(model_dir, "eval"))
+  config = json.load(open(os.path.join(model_dir, "config.json")))
+  assert config["data"] == out  # Absolute: found from any folder by evaluate and export.
