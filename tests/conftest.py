@@ -147,6 +147,17 @@ def trained_loaded(trained):
   return tf.saved_model.load(latest_export(trained))
 
 
+@pytest.fixture(scope="session")
+def trained_versions(trained):
+  """The session model as `beam-train serve` holds it (`Versions`, named
+  "cat"), loaded once per test process: tests make apps on it
+  (`serve_app.make_app`, which does not watch it for new versions) and only
+  call it."""
+  from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
+
+  return Versions(trained, "cat")
+
+
 def _portable(prep, model, out):
   from train import cli  # pylint: disable=g-import-not-at-top
 

@@ -139,17 +139,16 @@ def _scene():
 
 
 @pytest.fixture(scope="module")
-def backend(trained, tmp_path_factory):
+def backend(trained, trained_versions, tmp_path_factory):
   """(client, Label Studio's address, save dir): a server saving into a folder,
   and Label Studio's file server holding one task image."""
-  from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
 
   _LabelStudioFiles.files = {"/data/upload/1/0a1b2c3d-scene.png": png(_scene())}
   files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _LabelStudioFiles)
   threading.Thread(target=files.serve_forever, daemon=True).start()
   save = str(tmp_path_factory.mktemp("ls_labels"))
   config = ServeConfig(model=trained, save_dir=save)
-  app = serve_app.make_app(config, Versions(trained, "cat"), page.Sources())
+  app = serve_app.make_app(config, trained_versions, page.Sources())
   yield app.test_client(), f"http://127.0.0.1:{files.server_port}", save
   app.extensions[serve_app.LABELS].close()
   files.shutdown()
@@ -388,12 +387,13 @@ def test_webhooks_keep_and_remove_annotations_in_the_label_store(backend):
 @pytest.mark.parametrize(
   "token, ok", [(PERSONAL_TOKEN, True), (PERSONAL_TOKEN[:-3] + "xyz", False)]
 )
-def test_a_personal_access_token_is_exchanged_for_the_images(backend, trained, token, ok):
-  from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
+def test_a_personal_access_token_is_exchanged_for_the_images(
+  backend, trained, trained_versions, token, ok
+):
 
   _, url, _ = backend
   config = ServeConfig(model=trained, label_studio_url=url, label_studio_token=token)
-  app = serve_app.make_app(config, Versions(trained, "cat"), page.Sources())
+  app = serve_app.make_app(config, trained_versions, page.Sources())
   try:
     r = _predict(app.test_client(), [_keypoint(40, 48)], project="5.1")  # No /setup.
     if ok:

@@ -153,14 +153,12 @@ def test_saved_labels_are_read_back_by_the_folders_and_coco_layouts(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def labelled(trained, prep_dir, tmp_path_factory):
+def labelled(trained, trained_versions, prep_dir, tmp_path_factory):
   """A test client of a server saving into a folder: (client, save dir)."""
-  from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
-
   save = str(tmp_path_factory.mktemp("labels"))
   config = ServeConfig(model=trained, save_dir=save, data=prep_dir)
   app = serve_app.make_app(
-    config, Versions(trained, "cat"), page.Sources("", prep_dir, config.max_eval_objects)
+    config, trained_versions, page.Sources("", prep_dir, config.max_eval_objects)
   )
   yield app.test_client(), save
   app.extensions[serve_app.LABELS].close()

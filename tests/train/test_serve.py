@@ -551,7 +551,9 @@ def test_large_integer_arrays_parse_as_json_does():
     assert json.dumps(got, default=lambda a: a.tolist()) == json.dumps(want)
 
 
-def test_the_page_opens_uploads_with_exif_applied_and_the_limits_hold(client, trained, images_dir):
+def test_the_page_opens_uploads_with_exif_applied_and_the_limits_hold(
+  client, trained, trained_versions, images_dir
+):
   phone = open(os.path.join(images_dir, "phone.jpg"), "rb").read()
   r = client.post(
     "/page/upload",
@@ -573,7 +575,9 @@ def test_the_page_opens_uploads_with_exif_applied_and_the_limits_hold(client, tr
   assert r.status_code == 400 and "file" in r.get_json()["error"]
   # A server with small limits: pixels (the Beam job's guard) and bytes.
   config = ServeConfig(model=trained, max_pixels=1000, max_request_mb=0.05)
-  small = serve_app.make_app(config, *_model_and_sources(trained)).test_client()
+  from train.serve.page import Sources  # pylint: disable=g-import-not-at-top
+
+  small = serve_app.make_app(config, trained_versions, Sources()).test_client()
   r = small.post(
     "/page/upload",
     data={"file": (io.BytesIO(png(_image(40, 40))), "big.png")},
@@ -597,13 +601,6 @@ def test_the_page_opens_uploads_with_exif_applied_and_the_limits_hold(client, tr
     },
   )
   assert r.status_code == 400 and "image_bytes[0]: 1600 pixels" in r.get_json()["error"]
-
-
-def _model_and_sources(trained):
-  from train.serve.page import Sources  # pylint: disable=g-import-not-at-top
-  from train.serve.versions import Versions  # pylint: disable=g-import-not-at-top
-
-  return Versions(trained, NAME), Sources()
 
 
 def test_images_folder_serves_only_files_under_it(client):
