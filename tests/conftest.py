@@ -9,7 +9,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import pytest  # pylint: disable=g-import-not-at-top
 
-from tests.helpers import PREP_ARGS, made_once  # pylint: disable=g-import-not-at-top
+from tests.helpers import FIT_ARGS, PREP_ARGS, made_once  # pylint: disable=g-import-not-at-top
 
 
 # Fixtures made once per run whose making takes long (tens of seconds).
@@ -98,27 +98,7 @@ def _fit(prep, model_dir):
   from train import cli  # pylint: disable=g-import-not-at-top
 
   with pytest.raises(SystemExit) as e:
-    cli.main(
-      [
-        "fit",
-        "--data",
-        prep,
-        "--model-dir",
-        model_dir,
-        "--steps",
-        "6",
-        "--batch-size",
-        "4",
-        "--width",
-        "4",
-        "--depth",
-        "2",
-        "--histogram-every",
-        "0",
-        "--noc-clicks",
-        "0",
-      ]
-    )
+    cli.main(["fit", "--data", prep, "--model-dir", model_dir, "--steps", "6", *FIT_ARGS])
   assert e.value.code == 0
 
 

@@ -37,6 +37,21 @@ PREP_ARGS = [
 ]
 
 
+# The settings of the session's model (`trained`, 6 steps of them).
+FIT_ARGS = [
+  "--batch-size",
+  "4",
+  "--width",
+  "4",
+  "--depth",
+  "2",
+  "--histogram-every",
+  "0",
+  "--noc-clicks",
+  "0",
+]
+
+
 def made_once(tmp_path_factory, name, make) -> str:
   """The folder `name`, made by `make(path)` once for every worker of this
   run (under pytest-xdist, by the first worker that asks; the others wait

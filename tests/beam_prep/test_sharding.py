@@ -28,12 +28,6 @@ ARGS = [
 ]
 
 
-def _data(tmp_path_factory, count, seed=11):
-  path = str(tmp_path_factory.mktemp(f"data{count}"))
-  write_sample_data(path, count=count, seed=seed)
-  return path
-
-
 def _tree(root, sub):
   return {
     os.path.relpath(p, root): open(p, "rb").read()

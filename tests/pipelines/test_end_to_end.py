@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.helpers import FIT_ARGS
+
 
 def test_pipeline_train_export_predict_without_prep_dir(prep_dir, sample_dir, tmp_path):
   from train import cli as train_cli  # pylint: disable=g-import-not-at-top
@@ -97,29 +99,9 @@ def test_a_finished_run_given_more_steps_resumes_from_its_checkpoint(
   model_dir = str(tmp_path / "model")
   shutil.copytree(trained, model_dir)
   done = json.load(open(os.path.join(model_dir, "metrics.json")))["final_step"]
+  argv = ["fit", "--data", prep_dir, "--model-dir", model_dir, "--steps", str(done + 3)]
   with pytest.raises(SystemExit) as e:
-    train_cli.main(
-      [
-        "fit",
-        "--data",
-        prep_dir,
-        "--model-dir",
-        model_dir,
-        "--steps",
-        str(done + 3),
-        "--batch-size",
-        "4",
-        "--width",
-        "4",
-        "--depth",
-        "2",
-        "--histogram-every",
-        "0",
-        "--no-export",
-        "--noc-clicks",
-        "0",
-      ]
-    )
+    train_cli.main(argv + FIT_ARGS + ["--no-export"])
   assert e.value.code == 0
   assert f"at step {done}\n" in capsys.readouterr().out
   metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
