@@ -43,10 +43,12 @@ from train.evaluate import protocol
 # parts of the recipe away.
 PRESET = "real"
 # The arms, in the order of the table. `prep`: extra `beam-prep segmentation`
-# flags; `fit`: extra `beam-train fit` flags, None for no model (the
+# flags, None for any prep the run makes (every prep holds the same held-out
+# images at their own size: an arm without a model needs no prep of its
+# own); `fit`: extra `beam-train fit` flags, None for no model (the
 # nearest-click baseline). Adding an arm is adding an entry.
 ARMS: List[Dict[str, Any]] = [
-  {"name": "baseline", "prep": ["--no-previous-mask"], "fit": None},
+  {"name": "baseline", "prep": None, "fit": None},
   {
     "name": "single",
     "prep": ["--no-previous-mask"],
@@ -291,7 +293,8 @@ def availability(arm: Dict[str, Any]) -> Dict[str, Any]:
   from train.cli import fit_parser  # pylint: disable=g-import-not-at-top
 
   known = option_flags(prep_parser("segmentation"))
-  missing = [f"beam-prep segmentation {f}" for f in _flag_names(arm["prep"]) if f not in known]
+  prep = arm["prep"] or []
+  missing = [f"beam-prep segmentation {f}" for f in _flag_names(prep) if f not in known]
   if arm["fit"] is not None:
     known = option_flags(fit_parser())
     missing += [f"beam-train fit {f}" for f in _flag_names(arm["fit"]) if f not in known]
@@ -311,43 +314,56 @@ def _prep_name(flags: Sequence[str]) -> str:
   return "prep" + "".join("_" + re.sub(r"[^A-Za-z0-9.]+", "-", f.lstrip("-")) for f in flags)
 
 
+def prep_keys(arms: List[Dict[str, Any]]) -> List[tuple]:
+  """The distinct prep settings (extra flags) the arms that run need, in
+  their order: the default flags for an arm that takes any prep when no
+  other arm makes one."""
+  running = [arm for arm in arms if "skip" not in arm]
+  keys = [tuple(arm["prep"]) for arm in running if arm["prep"] is not None]
+  return list(dict.fromkeys(keys or [()] * bool(running)))
+
+
 def _prepare(s: Settings, arms: List[Dict[str, Any]]) -> Dict[tuple, Dict[str, Any]]:
-  """Runs `beam-prep segmentation` once per distinct prep setting of the arms
-  that run -> {prep flags: {dir, flags, seconds, counts or error}}."""
+  """Runs `beam-prep segmentation` once per setting of `prep_keys` ->
+  {prep flags: {dir, flags, seconds, counts or error}}."""
+  return {key: _prep(s, key) for key in prep_keys(arms)}
+
+
+def _prep_of(arm: Dict[str, Any], preps: Dict[tuple, Dict[str, Any]]) -> Dict[str, Any]:
+  """The prep `arm` runs on: its own, or for an arm that takes any, the
+  default flags' when made, else the first made."""
+  if arm["prep"] is not None:
+    return preps[tuple(arm["prep"])]
+  return preps.get((), next(iter(preps.values())))
+
+
+def _prep(s: Settings, key: tuple) -> Dict[str, Any]:
+  """`beam-prep segmentation` of the data set with the extra flags `key` ->
+  {dir, flags, seconds, counts or error}."""
   from pipelines import cli  # pylint: disable=g-import-not-at-top
 
-  preps: Dict[tuple, Dict[str, Any]] = {}
-  for arm in arms:
-    key = tuple(arm["prep"])
-    if "skip" in arm or key in preps:
-      continue
-    out = os.path.join(s.workdir, _prep_name(key))
-    flags = s.prep_flags() + list(key)
-    log(f"real: prep ({' '.join(key) or 'default flags'}): beam-prep segmentation -> {out} ...")
-    t = time.time()
-    code = run_command(
-      cli.main,
-      ["segmentation", "--input", s.data, "--output", out, "--overwrite"] + flags,
-      out + ".log",
+  out = os.path.join(s.workdir, _prep_name(key))
+  log(f"real: prep ({' '.join(key) or 'default flags'}): beam-prep segmentation -> {out} ...")
+  t = time.time()
+  argv = ["segmentation", "--input", s.data, "--output", out, "--overwrite"]
+  code = run_command(cli.main, argv + s.prep_flags() + list(key), out + ".log")
+  entry = {"dir": out, "flags": list(key), "seconds": time.time() - t}
+  if code:
+    entry["error"] = _failure("beam-prep segmentation", code, out + ".log")
+  else:
+    entry.update(_prep_counts(out))
+    log(
+      f"real: prep done in {entry['seconds']:.0f} s: {entry['train_records']} train, "
+      f"{entry['eval_records']} held-out records ({entry['eval_images']} images)"
     )
-    entry = {"dir": out, "flags": list(key), "seconds": time.time() - t}
-    if code:
-      entry["error"] = _failure("beam-prep segmentation", code, out + ".log")
-      log(f"real: prep FAILED: {entry['error']}")
-    else:
-      entry.update(_prep_counts(out))
-      log(
-        f"real: prep done in {entry['seconds']:.0f} s: {entry['train_records']} train, "
-        f"{entry['eval_records']} held-out records ({entry['eval_images']} images)"
+    if not entry["eval_images"]:
+      entry["error"] = (
+        f"no image of {s.data} is in the held-out split "
+        f"(--eval-percent {EVAL_PERCENT}): nothing to evaluate"
       )
-      if not entry["eval_images"]:
-        entry["error"] = (
-          f"no image of {s.data} is in the held-out split "
-          f"(--eval-percent {EVAL_PERCENT}): nothing to evaluate"
-        )
-        log(f"real: prep FAILED: {entry['error']}")
-    preps[key] = entry
-  return preps
+  if "error" in entry:
+    log(f"real: prep FAILED: {entry['error']}")
+  return entry
 
 
 def _prep_counts(out: str) -> Dict[str, int]:
@@ -371,7 +387,8 @@ def _run_arm(
   if "skip" in arm:
     log(f"real: {arm['name']}: skipped: {arm['skip']}")
     return dict(out, status="skipped", reason=arm["skip"])
-  prep = preps[tuple(arm["prep"])]
+  prep = _prep_of(arm, preps)
+  out["prep_flags"] = prep["flags"]
   if "error" in prep:
     return dict(out, status="failed", reason=f"prep: {prep['error']}")
   arm_dir = os.path.join(s.workdir, "arms", arm["name"])

@@ -94,6 +94,8 @@ def test_real_runs_the_arms_asked(tmp_path, capsys):
   declared_arms = [a for a in real.ARMS if a["name"] in RUN_ARMS]  # In the table's order.
   assert [a["name"] for a in result["arms"]] == [a["name"] for a in declared_arms]
   assert result["settings"]["arms"] == list(RUN_ARMS)
+  # One prep: the baseline (no model) runs on the corrective arm's.
+  assert [p["flags"] for p in result["preps"]] == [[]]
   eval_images = result["preps"][0]["eval_images"]
   for arm, declared in zip(result["arms"], declared_arms):
     missing = real.availability(declared)
@@ -143,6 +145,16 @@ def test_real_unreadable_layout_exits_2(tmp_path, capsys, layout, message):
   assert err.startswith("python -m benchmarks --real: ") and message in err, err
   assert "\n" not in err
   assert not (tmp_path / "w").exists()
+
+
+def test_each_prep_setting_is_made_once_and_an_arm_without_a_model_takes_any():
+  arms = {arm["name"]: arm for arm in real.ARMS}
+  baseline, single, corrective = arms["baseline"], arms["single"], arms["corrective"]
+  assert real.prep_keys(real.ARMS) == [tuple(single["prep"]), ()]
+  assert real.prep_keys([baseline, single]) == [tuple(single["prep"])]
+  assert real.prep_keys([baseline]) == [()]  # The default flags.
+  assert real.prep_keys([corrective, dict(single, skip="unknown flag")]) == [()]
+  assert real.prep_keys([dict(baseline, skip="unknown flag")]) == []
 
 
 def test_real_arm_with_unknown_flag_is_skipped_with_reason():
