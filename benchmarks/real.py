@@ -320,7 +320,9 @@ def prep_keys(arms: List[Dict[str, Any]]) -> List[tuple]:
   other arm makes one."""
   running = [arm for arm in arms if "skip" not in arm]
   keys = [tuple(arm["prep"]) for arm in running if arm["prep"] is not None]
-  return list(dict.fromkeys(keys or [()] * bool(running)))
+  if running and not keys:
+    keys = [()]  # Only arms that take any prep: the default flags'.
+  return list(dict.fromkeys(keys))
 
 
 def _prepare(s: Settings, arms: List[Dict[str, Any]]) -> Dict[tuple, Dict[str, Any]]:
