@@ -12,23 +12,10 @@ from beam_prep import keys
 from beam_prep.features import FeatureTable
 from beam_prep.prep_output import PrepOutput
 from pipelines.prep import TransformFromError, transform_source
-from tests.helpers import manifest, run_cli
+from tests.helpers import PREP_ARGS, manifest, run_cli
 
-# The settings the session's prep output (conftest `_prep`) was made with.
-SETTINGS = [
-  "--preset",
-  "smoke",
-  "--image-size",
-  "64",
-  "--variants",
-  "2",
-  "--eval-percent",
-  "30",
-  "--max-error-fraction",
-  "1",
-  "--progress-seconds",
-  "0",
-]
+# The session's prep output's settings (`prep_dir`), without progress lines.
+SETTINGS = [*PREP_ARGS, "--progress-seconds", "0"]
 
 
 def _same_tree(a, b) -> bool:
