@@ -137,6 +137,7 @@ def test_beam_job_killed_then_rerun_with_overwrite_is_byte_identical(
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
     text=True,
+    env={**os.environ, "TMPDIR": str(tmp_path)},  # What the kill leaves of Beam's temp.
   )
   # Killed mid-run: once the job has started writing into its temp folder
   # (its output is half written at most), however long its start took.
