@@ -36,6 +36,7 @@ shard set of it (`pipelines.shard_sets`).
 
 import dataclasses
 import json
+import tempfile
 import time
 import uuid
 from typing import Any, Dict, List, Optional
@@ -271,9 +272,8 @@ def job_link(result, options: PipelineOptions) -> Dict[str, Optional[str]]:
   return {"job_id": job_id, "console_url": url, "region": region}
 
 
-def _start(config: PrepConfig, table: FeatureTable, options: PipelineOptions, dry_run: bool) -> str:
-  """Checks the input, prepares the output and writes what the job runs with;
-  returns tf.Transform's temp dir."""
+def _start(config: PrepConfig, table: FeatureTable, dry_run: bool) -> None:
+  """Checks the input, prepares the output and writes what the job runs with."""
   registry.check_chain(
     registry.parse_chain(config.chain), _given_keys(config), f"the {config.layout} layout"
   )
@@ -290,12 +290,10 @@ def _start(config: PrepConfig, table: FeatureTable, options: PipelineOptions, dr
     outputs.write_text(FileSystems.join(config.output, FEATURES_FILE), table.to_json())
     if source is not None:
       copy_transform(source, config.output)
-  if dry_run:
-    # tf.Transform traces the preprocessing_fn into its temp dir while the
-    # job is built; offline, that must be a local folder.
-    import tempfile  # pylint: disable=g-import-not-at-top
 
-    return tempfile.mkdtemp(prefix="beam_prep_dry_run_")
+
+def _temp_dir(config: PrepConfig, options: PipelineOptions) -> str:
+  """tf.Transform's temp dir: under --temp_location, else in the output."""
   temp_location = options.get_all_options().get("temp_location")
   if temp_location:
     return FileSystems.join(temp_location, "beam_prep_tft")
@@ -428,18 +426,27 @@ def run(
   options = pipeline_options or PipelineOptions()
   dry_run = bool(options.view_as(TestOptions).dry_run)
   config = with_layout(config, dry_run)
-  if not config.add or dry_run:
-    return _run(config, options, dry_run, wait, started)
+  if dry_run:
+    # tf.Transform traces the preprocessing_fn into its temp dir while the
+    # job is built; offline, that must be a local folder.
+    with tempfile.TemporaryDirectory(prefix="beam_prep_dry_run_") as temp_dir:
+      return _run(config, options, wait, started, dry_temp=temp_dir)
+  if not config.add:
+    return _run(config, options, wait, started)
   with shard_sets.one_job_adding(config.output):
-    return _run(config, options, dry_run, wait, started)
+    return _run(config, options, wait, started)
 
 
-def _run(config: PrepConfig, options, dry_run: bool, wait: bool, started: float) -> Dict[str, Any]:
-  """`run`, its config resolved (with --add, under the output's lock)."""
-  log, table = logs.get(), config.features()
+def _run(
+  config: PrepConfig, options, wait: bool, started: float, dry_temp: str = ""
+) -> Dict[str, Any]:
+  """`run`, its config resolved (with --add, under the output's lock); a dry
+  run's tf.Transform temp dir is `dry_temp`."""
+  log, table, dry_run = logs.get(), config.features(), bool(dry_temp)
   adding = config.add and not dry_run
   target = shard_sets.check_target(config, table, schema_differences) if adding else None
-  temp_dir = _start(config, table, options, dry_run)
+  _start(config, table, dry_run)
+  temp_dir = dry_temp or _temp_dir(config, options)
   if target:
     shard_sets.ready(target, config.task)
   p = beam.Pipeline(runner=runners.local_engine(options), options=options)

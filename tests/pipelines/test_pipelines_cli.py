@@ -1,8 +1,10 @@
 """The beam-prep command line: parsing, refusals, overwrite, Dataflow dry run, preview."""
 
+import glob
 import json
 import os
 import tarfile
+import tempfile
 
 import numpy as np
 import pytest
@@ -225,7 +227,8 @@ def test_dataflow_refuses_local_paths(tmp_path, capsys):
   assert "--input" in out and "--output" in out and "not on GCS" in out
 
 
-def test_dataflow_dry_run_builds_the_job_with_our_package(tmp_path):
+def test_dataflow_dry_run_builds_the_job_with_our_package(tmp_path, monkeypatch):
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
   config = PrepConfig(
     input="gs://acme-vision-prep/data", output="gs://acme-vision-prep/out", image_size=64
   )
@@ -233,6 +236,7 @@ def test_dataflow_dry_run_builds_the_job_with_our_package(tmp_path):
   assert f"--setup_file={dataflow.package_setup_file()}" in args
   result = prep.run(config, PipelineOptions(args))
   assert result["dry_run"]
+  assert not glob.glob(str(tmp_path / "beam_prep_dry_run_*"))  # Its traced graph is removed.
   pipeline = result["job"].proto_pipeline
   top = {t.unique_name for t in pipeline.components.transforms.values()}
   for stage in ("ListInputs", "PlanShards", "WriteShards", "AnalyzeAndTransform", "Finalize"):
