@@ -1,5 +1,6 @@
 """Small builders of image files for tests."""
 
+import atexit
 import fcntl
 import glob
 import io
@@ -304,5 +305,7 @@ def browser(width: int = 1280, height: int = 800):
   ):
     options.add_argument(flag)
   options.add_argument(f"--window-size={width},{height}")
-  options.add_argument(f"--user-data-dir={tempfile.mkdtemp(prefix='chromium_profile_')}")
+  profile = tempfile.mkdtemp(prefix="chromium_profile_")
+  atexit.register(shutil.rmtree, profile, ignore_errors=True)  # Chromium has quit by then.
+  options.add_argument(f"--user-data-dir={profile}")
   return webdriver.Chrome(options=options, service=Service(driver))
