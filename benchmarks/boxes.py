@@ -42,7 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     "--boxes", metavar="PREP", help="IoU after a box against one click on PREP's eval objects"
   )
   parser.add_argument("--boxes-model", metavar="MODEL", help="--boxes: a model dir or an export")
-  parser.add_argument("--boxes-objects", type=int, default=200, metavar="N")
+  parser.add_argument(
+    "--boxes-objects",
+    type=int,
+    default=200,
+    metavar="N",
+    help="--boxes: the first N objects of PREP (default: %(default)s)",
+  )
   parser.add_argument(
     "--boxes-pad", default="0,0.1", metavar="P,..", help="--boxes: box widenings, as fractions"
   )

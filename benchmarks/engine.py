@@ -67,7 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     metavar="MODEL_DIR",
     help="--engine: the beam-train fit model dir the rounds start from",
   )
-  parser.add_argument("--engine-rounds", type=int, default=3, metavar="R")
+  parser.add_argument(
+    "--engine-rounds",
+    type=int,
+    default=3,
+    metavar="R",
+    help="--engine: rounds of labelling, the engine running between two (default: %(default)s)",
+  )
   parser.add_argument(
     "--engine-objects",
     type=int,
@@ -75,7 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     metavar="N",
     help="--engine: objects labelled per round (default: %(default)s)",
   )
-  parser.add_argument("--engine-layout", default="auto", metavar="NAME")
+  parser.add_argument(
+    "--engine-layout",
+    default="auto",
+    metavar="NAME",
+    help="--engine: DIR's input layout, as beam-prep segmentation's --layout "
+    "(default: %(default)s)",
+  )
   # A round's settings: serve's `--engine-*` flags, their defaults and help.
   fields = {f.name: f for f in dataclasses.fields(ServeConfig)}
   for name in ENGINE_FIELDS:

@@ -49,8 +49,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--portable-model", metavar="MODEL", help="--portable: the SavedModel (default: EXPORT's)"
   )
-  parser.add_argument("--portable-objects", type=int, default=40, metavar="N")
-  parser.add_argument("--portable-clicks", type=int, default=24, metavar="N")
+  parser.add_argument(
+    "--portable-objects",
+    type=int,
+    default=40,
+    metavar="N",
+    help="--portable: the first N objects of PREP (default: %(default)s)",
+  )
+  parser.add_argument(
+    "--portable-clicks",
+    type=int,
+    default=24,
+    metavar="N",
+    help="--portable: the protocol's clicks per object, up to N (default: %(default)s)",
+  )
 
 
 def _files(export: str) -> Dict[str, str]:
