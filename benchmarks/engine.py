@@ -39,7 +39,7 @@ import dataclasses
 import os
 import shutil
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -133,6 +133,10 @@ def _serve_config(save_dir: str = "", args=None) -> Dict[str, Any]:
   return {"save_dir": save_dir, "poll_seconds": 1.0, "max_clicks": 64, **engine}
 
 
+def _ms(value: Optional[float]) -> str:
+  return "-" if value is None else f"{value:.1f}"
+
+
 def _percentiles(values: List[float]) -> Dict[str, float]:
   if not values:
     return {"p50": None, "p95": None, "clicks": 0}
@@ -195,7 +199,8 @@ def _rounds(batches, workdir: str, served, frozen_url: str) -> tuple:
       while published and versions.current.version == before and time.time() - ended < 120:
         time.sleep(0.5)
       log(
-        f"engine: retrain {number - 1} took {ended - started:.0f} s; "
+        f"engine: retrain {number - 1} took {ended - started:.0f} s with its process's "
+        f"start ({last.get('seconds', {}).get('total', 0):.0f} s its own work); "
         f"{'published' if published else 'not published'}: serving version "
         f"{versions.current.version}"
       )
@@ -284,7 +289,7 @@ def table(result: Dict[str, Any]) -> str:
   lat = result["latency_ms"]
   lines.append("")
   lines.append(
-    f"click latency ms: idle p50 {lat['idle']['p50']}, p95 {lat['idle']['p95']}; "
-    f"during a retrain p50 {lat['retrain']['p50']}, p95 {lat['retrain']['p95']}"
+    f"click latency ms: idle p50 {_ms(lat['idle']['p50'])}, p95 {_ms(lat['idle']['p95'])}; "
+    f"during a retrain p50 {_ms(lat['retrain']['p50'])}, p95 {_ms(lat['retrain']['p95'])}"
   )
   return "\n".join(lines)
