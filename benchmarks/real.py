@@ -60,9 +60,9 @@ ARMS: List[Dict[str, Any]] = [
 
 EVAL_PERCENT = 20  # The held-out share of images, fixed by a hash of the image id.
 SEED = 0
-# Training steps of every arm with a model: about 6 minutes of a single-pass
-# `beam-train fit --preset real` at 128 px and batch 16 on 2 CPU cores
-# (0.8-0.9 steps/s measured on COCO-MVal; docs/performance.md, "Real photographs").
+# Training steps of every arm with a model: a few minutes of `beam-train fit
+# --preset real` at 128 px and batch 16 on 2 CPU cores (the rates measured:
+# docs/performance.md, "Step budget").
 DEFAULT_STEPS = 300
 IOU_AT = (1, 3, 5)
 PROG = "python -m benchmarks --real"
