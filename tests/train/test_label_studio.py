@@ -10,7 +10,9 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import socketserver
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -20,7 +22,7 @@ from tests import label_studio_env as lse
 from tests.helpers import png
 from train.serve import app as serve_app
 from beam_prep import brush
-from train.serve import page
+from train.serve import label_studio as lsb, page
 from train.serve.config import ServeConfig
 
 H, W = 96, 128
@@ -143,7 +145,11 @@ def backend(trained, trained_versions, tmp_path_factory):
   """(client, Label Studio's address, save dir): a server saving into a folder,
   and Label Studio's file server holding one task image."""
 
-  _LabelStudioFiles.files = {"/data/upload/1/0a1b2c3d-scene.png": png(_scene())}
+  scene = png(_scene())
+  _LabelStudioFiles.files = {
+    "/data/upload/1/0a1b2c3d-scene.png": scene,
+    "/data/upload/1/my%20scene.png": scene,
+  }
   files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _LabelStudioFiles)
   threading.Thread(target=files.serve_forever, daemon=True).start()
   save = str(tmp_path_factory.mktemp("ls_labels"))
@@ -449,6 +455,60 @@ def test_nothing_label_studio_could_send_answers_500(backend):
       r = client.post(route, json=bad)
       assert r.status_code < 500, (route, bad, r.get_json())
       assert r.status_code == 200 or "error" in r.get_json()
+
+
+class _OddHost(socketserver.BaseRequestHandler):
+  """An image host that answers no HTTP (`slow` False) or an image a byte at
+  a time (`slow` True)."""
+
+  def handle(self):
+    self.request.recv(65536)
+    if not self.server.slow:
+      self.request.sendall(b"THIS IS NOT HTTP\r\n\r\n")
+      return
+    self.request.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 1000\r\n\r\n")
+    for _ in range(1000):
+      time.sleep(0.05)
+      self.request.sendall(b"x")
+
+
+def _odd_host(slow: bool) -> str:
+  server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _OddHost)
+  server.daemon_threads, server.slow = True, slow
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_hostile_values_urls_and_hosts_are_400s(backend, monkeypatch):
+  client, url, _ = backend
+  _setup(client, url)
+  monkeypatch.setattr(lsb, "FETCH_TIMEOUT_S", 1.0)  # The slow host's byte a 0.05 s: over it.
+  far = dict(_keypoint(3, 3))
+  far["value"] = dict(far["value"], x=1.7e308)  # Its pixel (x W / 100) would be inf.
+  box = {"type": "rectanglelabels", "value": {"x": -1e300, "y": 0, "width": 1e308, "height": 5}}
+  for regions, field in (([far], "value.x"), ([box], "value.x")):
+    r = _predict(client, regions)
+    assert r.status_code == 400 and field in r.get_json()["error"], r.get_json()
+  image = "tasks[0].data.image"
+  for ref, reason in (
+    ("http://[::1/x.png", "not a URL"),
+    (f"{url}/a\x00.png", "answered 40"),  # Sent encoded, as a browser would.
+    (_odd_host(slow=False) + "/x.png", "cannot be fetched"),
+    (_odd_host(slow=True) + "/x.png", "not all sent within 1.0 s"),
+  ):
+    body = {"tasks": [{"id": 1, "data": {"image": ref}}], "label_config": CONFIG}
+    r = client.post("/predict", json=dict(body, params={"context": {"result": [_keypoint(3, 3)]}}))
+    error = r.get_json()["error"]
+    assert r.status_code == 400 and reason in error and image in error, (ref, error)
+  spaced = {"id": 1, "data": {"image": f"{url}/data/upload/1/my scene.png"}}  # As browsers fetch.
+  r = _predict(client, [_keypoint(40, 48)], tasks=[spaced])
+  assert r.status_code == 200 and _region_mask(r.get_json())[0].any(), r.get_json()
+  listed = {"action": "ANNOTATIONS_CREATED", "annotation": [{"id": 24, "task": [7]}]}
+  hook = dict(listed, task=[_task()], project={"id": 1, "label_config": CONFIG})
+  r = client.post("/webhook", json=hook)
+  assert r.status_code == 400 and "annotation[0].task" in r.get_json()["error"], r.get_json()
+  r = client.post("/webhook", data='{"action": "\\ud800"}', content_type="application/json")
+  assert r.status_code == 200 and r.get_json()["action"] == "\ud800", r.data
 
 
 def test_a_turned_rectangle_is_the_box_of_its_corners():

@@ -21,6 +21,7 @@ are safe to call concurrently.
 """
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -47,7 +48,13 @@ STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 
 
 def _json(body, status: int = 200) -> Response:
-  data = body if isinstance(body, bytes) else orjson.dumps(body)
+  if isinstance(body, bytes):
+    data = body
+  else:
+    try:
+      data = orjson.dumps(body)
+    except orjson.JSONEncodeError:  # A string echoed back that is not UTF-8 (a lone surrogate).
+      data = json.dumps(body).encode()
   return Response(data, status=status, mimetype="application/json")
 
 

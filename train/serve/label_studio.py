@@ -37,6 +37,7 @@ ignored. Every refusal is a JSON 4xx naming the field.
 
 import collections
 import dataclasses
+import http.client
 import json
 import math
 import time
@@ -59,7 +60,10 @@ SAVE_ACTIONS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED", "ANNOTATIONS_CREATED
 # Label Studio 1.23 sends ANNOTATIONS_DELETED with a list; ANNOTATION_DELETED,
 # with one "annotation", is taken too.
 DELETE_ACTIONS = ("ANNOTATIONS_DELETED", "ANNOTATION_DELETED")
-FETCH_TIMEOUT_S = 30
+FETCH_TIMEOUT_S = 30  # A whole fetch of an image, however slowly its host sends it.
+READ_TIMEOUT_S = 10  # A host silent this long is given up.
+FETCH_CHUNK = 1 << 16
+MAX_PERCENT = 1e6  # Larger coordinates (percents of the image) are refused.
 # Masks answered lately, by image and clicks, so that the next keypoint refines them.
 RECENT_MASKS = 64
 MAX_URLS = 100_000
@@ -108,8 +112,11 @@ def parse_config(xml: Any, field: str) -> LabelConfig:
 
 
 def _number(value: Any, field: str) -> float:
+  """A percent of the image; far outside 0..100 is refused (inside, clamped later)."""
   if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
     raise RequestError(f"{field}: expected a number (percent of the image), got {value!r}")
+  if abs(value) > MAX_PERCENT:
+    raise RequestError(f"{field}: {value!r} is no percent of the image")
   return float(value)
 
 
@@ -185,21 +192,44 @@ def parse_context(context: Any, width: int, height: int) -> Prompts:
   return prompts
 
 
-def _fetch(url: str, authorization: str, max_bytes: int) -> bytes:
-  """The bytes at `url` (sending `authorization` when given), or a RequestError."""
+def _fetch(url: str, authorization: str, max_bytes: int, field: str) -> bytes:
+  """The bytes at `url` (sending `authorization` when given), all sent within
+  FETCH_TIMEOUT_S, or a RequestError naming `field`."""
   headers = {"Authorization": authorization} if authorization else {}
+  deadline = time.monotonic() + FETCH_TIMEOUT_S
   try:
     with urllib.request.urlopen(
-      urllib.request.Request(url, headers=headers), timeout=FETCH_TIMEOUT_S
+      urllib.request.Request(url, headers=headers), timeout=READ_TIMEOUT_S
     ) as r:
-      data = r.read(max_bytes + 1)
+      data = _read_by(r, deadline, max_bytes + 1)
   except urllib.error.HTTPError as e:
-    raise RequestError(f"the image {url}: Label Studio answered {e.code} {e.reason}") from None
-  except (urllib.error.URLError, OSError, ValueError) as e:
-    raise RequestError(f"the image {url}: cannot be fetched ({e})") from None
+    raise RequestError(f"{field}: {url} answered {e.code} {e.reason}") from None
+  except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
+    raise RequestError(f"{field}: {url} cannot be fetched ({e})") from None
   if len(data) > max_bytes:
-    raise RequestError(f"the image {url}: over {max_bytes // 2**20} MB (--max-request-mb)")
+    raise RequestError(f"{field}: {url} is over {max_bytes // 2**20} MB (--max-request-mb)")
   return data
+
+
+def _quoted(url: str) -> str:
+  """`url` as a browser sends it: spaces and other unsafe characters
+  percent-encoded, what is encoded already left as it is."""
+  return urllib.parse.quote(url, safe="/:?#[]@!$&'()*+,;=%~")
+
+
+def _read_by(response, deadline: float, limit: int) -> bytes:
+  """Up to `limit` bytes of `response`; a TimeoutError past `deadline`
+  (time.monotonic), however slowly the bytes come."""
+  chunks, size = [], 0
+  while size < limit:
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"not all sent within {FETCH_TIMEOUT_S} s")
+    chunk = response.read1(min(FETCH_CHUNK, limit - size))
+    if not chunk:
+      break
+    chunks.append(chunk)
+    size += len(chunk)
+  return b"".join(chunks)
 
 
 def _is_personal_token(token: str) -> bool:
@@ -222,7 +252,7 @@ def _access_token(base_url: str, refresh: str) -> str:
     raise RequestError(
       f"Label Studio refused its personal access token at {TOKEN_REFRESH} ({e.code} {e.reason})"
     ) from None
-  except (urllib.error.URLError, OSError, ValueError) as e:
+  except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
     raise RequestError(f"Label Studio's {TOKEN_REFRESH} cannot be reached ({e})") from None
   if not isinstance(access, str):
     raise RequestError(f"Label Studio's {TOKEN_REFRESH} answered no access token")
@@ -300,10 +330,14 @@ class LabelStudio:
   def _url(self, project: str, ref: str, field: str) -> Tuple[str, Connection]:
     """(URL, the connection whose token it takes) of a task's image reference:
     the token goes to Label Studio only."""
-    conn, parsed = self._connection(project), urllib.parse.urlparse(ref)
+    conn = self._connection(project)
+    try:
+      parsed = urllib.parse.urlparse(ref)
+    except ValueError as e:
+      raise RequestError(f"{field}: {ref[:200]!r} is not a URL ({e})") from None
     if parsed.scheme in ("http", "https"):
       ours = bool(conn.url) and urllib.parse.urlparse(conn.url).netloc == parsed.netloc
-      return ref, conn if ours else Connection()
+      return _quoted(ref), conn if ours else Connection()
     if parsed.scheme or not ref.startswith("/"):
       raise RequestError(
         f"{field}: {ref[:200]!r} is neither an http(s) URL nor a Label Studio path (/data/...)"
@@ -314,7 +348,7 @@ class LabelStudio:
         f"{project or '?'}: start serve with --label-studio-url (and --label-studio-token), "
         "or connect the backend again (Label Studio sends it with /setup)"
       )
-    return conn.url + ref, conn
+    return _quoted(conn.url + ref), conn
 
   def _authorization(self, conn: Connection) -> str:
     """The Authorization header for Label Studio: `Token` of a legacy token,
@@ -344,7 +378,7 @@ class LabelStudio:
         return self.page.store.get(key)
       except RequestError:
         pass  # Pushed out of the cache: fetched again.
-    file_bytes = _fetch(url, self._authorization(conn), self.max_bytes)
+    file_bytes = _fetch(url, self._authorization(conn), self.max_bytes, field)
     name = urllib.parse.unquote(urllib.parse.urlparse(url).path.rsplit("/", 1)[-1]) or "task"
     key = self.page.add_file(file_bytes, name, field)
     with self._lock:
@@ -493,6 +527,11 @@ def _annotation_ids(value: Any) -> List[int]:
   return [a["id"] for a in value]
 
 
+def _id(value: Any) -> Any:
+  """A task id as an event names it (a number or a string; None otherwise)."""
+  return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+
+
 def _annotations(body: Dict[str, Any]):
   """(annotation, task, where) of an event: one annotation and its task, or
   lists of both (ANNOTATIONS_CREATED), paired by the annotation's task id."""
@@ -500,13 +539,13 @@ def _annotations(body: Dict[str, Any]):
   many = isinstance(annotations, list)
   annotations = annotations if many else [annotations]
   tasks = tasks if isinstance(tasks, list) else [tasks]
-  by_id = {t.get("id"): t for t in tasks if isinstance(t, dict)}
+  by_id = {_id(t.get("id")): t for t in tasks if isinstance(t, dict)}
   for i, a in enumerate(annotations):
     where = f"annotation[{i}]" if many else "annotation"
     if not isinstance(a, dict):
       raise RequestError(f"{where}: expected an annotation object")
     ref = a.get("task")
-    task = ref if isinstance(ref, dict) else by_id.get(ref, None if many else tasks[0])
+    task = ref if isinstance(ref, dict) else by_id.get(_id(ref), None if many else tasks[0])
     if not isinstance(task, dict):
       raise RequestError(f"{where}.task: the annotation's task is not in the event")
     yield a, task, where
