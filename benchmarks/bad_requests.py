@@ -151,6 +151,11 @@ def _json_cases(port: int, predict: str, image_id: str) -> Dict[str, Case]:
       400,
       ["--max-clicks"],
     ),
+    "100,000 clicks in a saved object": (
+      post("/page/save", json.dumps({"id": image_id, "objects": [{"positive": many}]}).encode()),
+      400,
+      ["objects[0]", "--max-clicks"],
+    ),
     "nested 100,000 deep": (post(predict, deep), 400, [str(MAX_DEPTH), "deep"]),
     "nested 100,000 deep, on the page": (post("/page/segment", deep), 400, ["deep"]),
     "closed before opened": (post(predict, b"]" * DEEP + b"[" * DEEP), 400, ["not JSON"]),

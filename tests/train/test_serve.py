@@ -613,6 +613,11 @@ def test_images_folder_serves_only_files_under_it(client):
     assert r.status_code == 403 and "outside" in r.get_json()["error"], (path, r.get_json())
   assert client.post("/page/open", json={"file": "none.png"}).status_code == 404
   assert client.post("/page/open", json={"eval": 10**6}).status_code == 400
+  for bad in ({"file": "a.png\x00.png"}, {"file": "\ud800.png"}, {"file": 5}, {"file": None}):
+    r = client.post("/page/open", data=json.dumps(bad))
+    assert r.status_code == 400 and r.get_json()["error"].startswith("file: "), (bad, r.data)
+  r = client.post("/page/open", data=json.dumps({"saved": "\ud800"}))
+  assert r.status_code == 404 and r.get_json()["error"].startswith("saved: "), r.data
   r = client.post("/page/segment", json={"id": "gone", "positive": [[1, 1]]})
   assert r.status_code == 404 and "id" in r.get_json()["error"]
 

@@ -89,6 +89,8 @@ from train.serve.rest import RequestError, check_clicks
 MAX_FILES = 2000
 # Probabilities as levels: the mask at level L is `levels >= L` (threshold L / LEVELS).
 LEVELS = 100
+# A page request's click fields, [x, y] pairs each (`beam-train serve --max-clicks` together).
+CLICK_FIELDS = ("positive", "negative")
 DEFAULT_LEVEL = int(round(practice.THRESHOLD * LEVELS))
 
 
@@ -169,10 +171,17 @@ class Sources:
     (a path leaving the folder, by '..', an absolute path or a link, is refused)."""
     if not self.images_dir:
       raise RequestError("file: the server was started without --images", status=404)
-    path = os.path.realpath(os.path.join(self.images_dir, str(relative)))
-    if os.path.commonpath([path, self.images_dir]) != self.images_dir:
+    if not isinstance(relative, str) or not relative:
+      raise RequestError(f"file: expected a path under the --images folder, got {relative!r}")
+    try:
+      path = os.path.realpath(os.path.join(self.images_dir, relative))
+      inside = os.path.commonpath([path, self.images_dir]) == self.images_dir
+      found = os.path.isfile(path)
+    except ValueError as e:  # A NUL, or a name the file system cannot encode.
+      raise RequestError(f"file: {relative[:200]!r} cannot name a file ({e})") from None
+    if not inside:
       raise RequestError(f"file: {relative!r} is outside the --images folder", status=403)
-    if not os.path.isfile(path):
+    if not found:
       raise RequestError(f"file: no file {relative!r} under the --images folder", status=404)
     return path
 
@@ -196,12 +205,25 @@ def _clamped_clicks(item: Dict[str, Any], body: Dict[str, Any], max_clicks: int)
   """(positive, negative) int32 [N, 2] of a page request, clamped into the
   image as the serving signature would clamp them; more than `max_clicks`
   together (0: any) are refused before any is read."""
-  fields = ("positive", "negative")
-  check_clicks({f: [body[f]] for f in fields if f in body}, max_clicks, fields)
+  check_clicks({f: [body[f]] for f in CLICK_FIELDS if f in body}, max_clicks, CLICK_FIELDS)
   h, w = item["image"].shape[:2]
   return tuple(
-    np.asarray(clamp(_clicks(body, f).tolist(), w, h)[0], np.int32).reshape(-1, 2) for f in fields
+    np.asarray(clamp(_clicks(body, f).tolist(), w, h)[0], np.int32).reshape(-1, 2)
+    for f in CLICK_FIELDS
   )
+
+
+def _saved_clicks(obj: Dict[str, Any], where: str, max_clicks: int) -> Dict[str, list]:
+  """A saved object's clicks, {positive, negative}: no more than `max_clicks`
+  together (0: any), as each of the requests that made its mask held."""
+  clicks = {f: _clicks(obj, f, where).tolist() for f in CLICK_FIELDS}
+  count = sum(len(c) for c in clicks.values())
+  if max_clicks and count > max_clicks:
+    raise RequestError(
+      f"{where}{'/'.join(CLICK_FIELDS)}: {count} clicks; this server takes at most "
+      f"{max_clicks} an object (--max-clicks)"
+    )
+  return clicks
 
 
 def _box(body: Dict[str, Any]) -> Optional[List[int]]:
@@ -351,6 +373,8 @@ class Page:
   def open(self, body: Dict[str, Any]) -> Dict[str, Any]:
     if "eval" in body:
       i = body["eval"]
+      if not self.sources.eval_names:
+        raise RequestError("eval: the server was started without --data", status=404)
       if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(self.sources.eval_names):
         raise RequestError(
           f"eval: an index in 0..{len(self.sources.eval_names) - 1} (the eval "
@@ -364,7 +388,7 @@ class Page:
     if "saved" in body:
       try:
         path, field, name = self.labels.path(str(body["saved"])), "saved", str(body["saved"])
-      except KeyError:
+      except (KeyError, ValueError):  # Not saved, or no name the store could hold.
         raise RequestError(
           f"saved: no saved image {body['saved']!r} (under --save-dir)", status=404
         ) from None
@@ -481,16 +505,16 @@ class Page:
     kept = []
     for i, obj in enumerate(objects):
       where = f"objects[{i}]."
+      clicks = _saved_clicks(obj, where, self.model.max_clicks)  # Checked before any decoding.
       mask = _levels_of(
         obj.get("probabilities"), where + "probabilities", item["image"].shape
       ) >= _level(obj, where)
       if not mask.any():
         raise RequestError(f"{where}probabilities: the object's mask is empty")
-      pos, neg = (_clicks(obj, f, where).tolist() for f in ("positive", "negative"))
       kept.append(
         {
           "mask": mask,
-          "clicks": {"positive": pos, "negative": neg},
+          "clicks": clicks,
           "version": _version(obj, where, self.model.version),
         }
       )
