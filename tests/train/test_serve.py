@@ -490,6 +490,18 @@ BAD = {
     },
     "image_bytes",
   ),
+  "batch sizes disagree": (
+    {
+      "signature_name": "serve_encoded",
+      "inputs": {
+        "image_bytes": [_b64(png(np.zeros((4, 4, 3), np.uint8)))],
+        "positive_clicks": [[[1, 2]], [[2, 2]], [[3, 3]]],
+        "negative_clicks": [[]],
+      },
+    },
+    "inputs disagree on the batch size (image_bytes 1, negative_clicks 1, positive_clicks 3)",
+  ),
+  "an empty batch": ({"signature_name": "serve_examples", "inputs": {"examples": []}}, "examples"),
   "encoded, no positive click": (
     {
       "signature_name": "serve_encoded",

@@ -97,6 +97,13 @@ def specs(*names: str, batch: bool = False):
   return [tf.TensorSpec([None] + _SPECS[n].shape.as_list(), _SPECS[n].dtype, name=n) for n in names]
 
 
+def is_batched(name: str, spec: tf.TensorSpec) -> bool:
+  """Whether a signature's input `name` of `spec` takes a batch of examples
+  (`specs(..., batch=True)`: one dimension in front of one example's)."""
+  one = _SPECS.get(name)
+  return one is not None and spec.shape.rank == one.shape.rank + 1
+
+
 def takes(inputs, *names: str) -> bool:
   """Whether a signature's inputs (names, or a dict by name) hold all of `names`."""
   return set(names) <= set(inputs)

@@ -280,6 +280,20 @@ def check_clicks(
     )
 
 
+def check_batch(inputs: Mapping[str, np.ndarray], specs: Mapping[str, tf.TensorSpec]) -> None:
+  """Refuses the columnar inputs of a batched signature that hold no example,
+  or disagree on how many they hold (the model would answer for the fewest)."""
+  sizes = {k: len(v) for k, v in inputs.items() if sig.is_batched(k, specs[k])}
+  empty = sorted(k for k, n in sizes.items() if not n)
+  if empty:
+    raise RequestError(f"{empty[0]}: an empty batch (no example to answer)")
+  if len(set(sizes.values())) > 1:
+    said = ", ".join(f"{k} {n}" for k, n in sorted(sizes.items()))
+    raise RequestError(
+      f"inputs disagree on the batch size ({said}): each takes one entry per example"
+    )
+
+
 def check_pixels(inputs: Mapping[str, np.ndarray], max_pixels: int) -> None:
   """Refuses an image input of more than `max_pixels` pixels (0: no limit),
   an encoded one (`image_bytes`) by the size its header declares, before
@@ -347,6 +361,7 @@ def parse_predict(
     values = _columnar(doc["inputs"], specs)
     check_clicks({k: [v] for k, v in values.items()}, max_clicks)
     inputs, row = {k: to_tensor(k, v, specs[k]) for k, v in values.items()}, False
+    check_batch(inputs, specs)
   check_pixels(inputs, max_pixels)
   return name, inputs, row
 
