@@ -32,8 +32,10 @@ does not run TensorFlow.
 """
 
 import base64
+import http.client
 import io
 import json
+import math
 import os
 import urllib.error
 import urllib.request
@@ -74,8 +76,11 @@ def handler(context, event):
     return _answer(context, 400, {"error": str(e)})
   try:
     mask, grey = _served(context.user_data, request)
-  except (urllib.error.URLError, OSError, KeyError, ValueError) as e:
+  except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
     return _answer(context, 502, {"error": f"beam-train serve at {context.user_data.url}: {e}"})
+  except (KeyError, IndexError, TypeError) as e:  # An answer without the predictions asked for.
+    message = f"beam-train serve at {context.user_data.url}: an unexpected answer ({e!r})"
+    return _answer(context, 502, {"error": message})
   if request["threshold"] is not None:
     mask = grey > round(255 * request["threshold"])
   return _answer(context, 200, {"mask": mask.astype(np.uint8).tolist(), "points": outline(mask)})
@@ -119,11 +124,16 @@ def _box(value):
   if value is None or value == []:
     return None
   flat = [v for corner in value for v in corner] if _pairs(value) else value
-  ok = isinstance(flat, list) and len(flat) == 4
-  if not ok or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
-    raise BadRequest("obj_bbox: expected [[x0, y0], [x1, y1]]")
+  if not isinstance(flat, list) or len(flat) != 4 or not all(_coordinate(v) for v in flat):
+    raise BadRequest("obj_bbox: expected [[x0, y0], [x1, y1]] (pixels)")
   x0, y0, x1, y1 = (int(round(v)) for v in flat)
   return [min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)]
+
+
+def _coordinate(value) -> bool:
+  """Whether `value` is a pixel coordinate: a finite number (no bool) within int32."""
+  number = isinstance(value, (int, float)) and not isinstance(value, bool)
+  return number and math.isfinite(value) and abs(value) < 2**31
 
 
 def _pairs(value) -> bool:
@@ -135,11 +145,10 @@ def _pairs(value) -> bool:
 def _points(body, field: str):
   points = body.get(field) or []
   ok = isinstance(points, list) and all(
-    isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(v, (int, float)) for v in p)
-    for p in points
+    isinstance(p, (list, tuple)) and len(p) == 2 and all(_coordinate(v) for v in p) for p in points
   )
   if not ok:
-    raise BadRequest(f"{field}: expected [[x, y], ...]")
+    raise BadRequest(f"{field}: expected [[x, y], ...] (pixels)")
   return [[int(round(x)), int(round(y))] for x, y in points]
 
 

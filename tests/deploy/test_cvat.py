@@ -7,7 +7,9 @@ import base64
 import importlib.util
 import json
 import os
+import socketserver
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -124,6 +126,11 @@ def test_a_click_request_answers_the_served_models_mask_and_its_outline(function
     ({"neg_points": "x"}, "neg_points"),
     ({"obj_bbox": [[0, 0], [5]]}, "obj_bbox"),
     ({"obj_bbox": [[0, 0], [5, "x"]]}, "obj_bbox"),
+    ({"obj_bbox": [float("nan"), 0, 5, 5]}, "obj_bbox"),
+    ({"pos_points": [[float("nan"), 1]]}, "pos_points"),
+    ({"pos_points": [[float("inf"), 1]]}, "pos_points"),
+    ({"neg_points": [[True, False]]}, "neg_points"),
+    ({"pos_points": [[2**40, 1]]}, "pos_points"),
     ({"threshold": 2}, "threshold"),
   ],
 )
@@ -143,6 +150,25 @@ def test_a_file_that_is_no_image_is_the_servers_reason_in_a_502(function):
     {"image": base64.b64encode(b"no image").decode(), "pos_points": [[1, 1]], "neg_points": []}
   )
   assert status == 502 and "HTTP 400" in answer["error"], answer
+
+
+class _NoHttp(socketserver.BaseRequestHandler):
+  def handle(self):
+    self.request.recv(65536)
+    self.request.sendall(b"THIS IS NOT HTTP\r\n\r\n")
+
+
+def test_a_server_answering_no_http_is_a_502(monkeypatch):
+  host = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _NoHttp)
+  threading.Thread(target=host.serve_forever, daemon=True).start()
+  monkeypatch.setenv("BEAM_TRAIN_SERVE_URL", f"http://127.0.0.1:{host.server_address[1]}")
+  monkeypatch.setenv("BEAM_TRAIN_MODEL", "cat")
+  module = _function_module()
+  body = {"image": base64.b64encode(png(_frame())).decode(), "pos_points": [[5, 5]]}
+  response = nuclio_test.Platform().call_handler(module.handler, nuclio_sdk.Event(body=body))
+  host.shutdown()
+  assert response.status_code == 502, response.body
+  assert "beam-train serve at http://127.0.0.1" in json.loads(response.body)["error"]
 
 
 def test_the_outline_follows_the_largest_part_clockwise():
