@@ -264,7 +264,7 @@ def test_a_box_prompt_is_served_by_serve_box_and_a_bad_box_is_a_400(labelled, tr
     r = client.post("/page/segment", json=dict(body, box=bad))
     assert r.status_code == 400 and r.get_json()["error"].startswith("box:"), (bad, r.get_json())
   r = client.post("/page/segment", json=dict(body, box=None))  # No box and no click.
-  assert r.status_code == 400 and r.get_json()["error"].startswith("positive_clicks:")
+  assert r.status_code == 400 and r.get_json()["error"].startswith("positive:")  # The page's name.
 
 
 def test_an_eval_object_gives_its_true_mask_and_the_iou_at_any_level(labelled):

@@ -29,7 +29,7 @@ from typing import Iterator, Optional, Tuple
 
 import orjson
 from flask import Flask, Response, request, send_from_directory
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from train.serve import auth, rest
 from train.serve.config import ServeConfig
@@ -77,17 +77,25 @@ def _json_posts(app: Flask, prefix: str, handlers) -> None:
     )
 
 
+def _not_a_method(name: str) -> None:
+  """A 405 for NAME:predict (or another method) asked with GET: a model name has no ':'."""
+  if ":" in name:
+    raise MethodNotAllowed(valid_methods=["POST"], description=f"{name[:100]}: POST only")
+
+
 def _rest_routes(app: Flask, versions: Versions, config: ServeConfig) -> None:
   """TF Serving's URLs."""
 
   @app.get("/v1/models/<name>")
   @app.get("/v1/models/<name>/versions/<int:version>")
   def status(name, version=None):
+    _not_a_method(name)
     return _json(versions.status(name, version))
 
   @app.get("/v1/models/<name>/metadata")
   @app.get("/v1/models/<name>/versions/<int:version>/metadata")
   def metadata(name, version=None):
+    _not_a_method(name)
     return _json(versions.check(name, version).metadata())
 
   @app.post("/v1/models/<name>:predict")
@@ -209,7 +217,10 @@ def make_app(
         f"the form is over the server's limits: {app.config['MAX_FORM_PARTS']} parts, "
         f"{app.config['MAX_FORM_MEMORY_SIZE'] // 1000} kB of fields besides files"
       )
-    return _json(rest.error_body(message), e.code or 500)
+    answer = _json(rest.error_body(message), e.code or 500)
+    if isinstance(e, MethodNotAllowed) and e.valid_methods:
+      answer.headers["Allow"] = ", ".join(e.valid_methods)
+    return answer
 
   @app.errorhandler(Exception)
   def failed(e: Exception):  # A bug of ours: said as JSON, logged with its traceback.

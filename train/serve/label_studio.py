@@ -322,7 +322,8 @@ class LabelStudio:
     config = self._configs.get(project)
     if config is None:
       raise RequestError(
-        f"label_config: none sent and none known for project {project} (Label Studio sends "
+        f"label_config: none sent and none known for project {project or '(none named)'} "
+        "(Label Studio sends "
         "it with /setup when the backend is connected)"
       )
     return config

@@ -452,9 +452,10 @@ class Page:
     previous = None
     if body.get("previous") is not None:
       previous = _levels_of(body["previous"], "previous", item["image"].shape) >= level
-    levels, version = self.predict_levels(
-      item, *_clamped_clicks(item, body, self.model.max_clicks), previous, _box(body)
-    )
+    (pos, neg), box = _clamped_clicks(item, body, self.model.max_clicks), _box(body)
+    if not len(pos) and box is None:
+      raise RequestError(f"{CLICK_FIELDS[0]}: at least one positive click is needed (or a box)")
+    levels, version = self.predict_levels(item, pos, neg, previous, box)
     mask = levels >= level
     return {
       "probabilities": _png_data_url(levels, "L"),

@@ -62,6 +62,7 @@ class Versions:
     """The model serving `name` (at `version`), or a 404 RequestError."""
     model = self._current
     if name != self.name or (version is not None and version != model.version):
+      name = name if len(name) <= 100 else name[:100] + "..."  # Not the whole of a long URL.
       want = f"Latest({name})" if version is None else f"Specific({name}, {version})"
       raise RequestError(
         f"Servable not found for request: {want} (this server serves "
