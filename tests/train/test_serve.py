@@ -417,6 +417,24 @@ BAD = {
     {"inputs": {"image": [[[1, 2, 3]]], "positive_clicks": [[0, 0, 1]], "negative_clicks": []}},
     "positive_clicks",
   ),
+  "clicks past int64": (
+    {
+      "inputs": {
+        "image": [[[1, 2, 3]]],
+        "positive_clicks": [[2**70, -(2**63)]],
+        "negative_clicks": [],
+      }
+    },
+    "positive_clicks: values must be within -2147483648..2147483647",
+  ),
+  "clicks at 2**63": (
+    {"inputs": {"image": [[[1, 2, 3]]], "positive_clicks": [[2**63, -1]], "negative_clicks": []}},
+    "positive_clicks: values must be within",
+  ),
+  "a lone surrogate": (
+    '{"signature_name": "serve_examples", "inputs": {"examples": ["\\ud800"]}}'.encode(),
+    "examples: a string that is no UTF-8 text",
+  ),
   "over 255": (
     {"inputs": {"image": [[[1, 2, 300]]], "positive_clicks": [[0, 0]], "negative_clicks": []}},
     "image",

@@ -75,7 +75,10 @@ def _as_string_tensor(name: str, value) -> np.ndarray:
 
   def one(v):
     if isinstance(v, str):
-      return v.encode("utf-8")
+      try:
+        return v.encode("utf-8")
+      except UnicodeEncodeError:
+        raise RequestError(f"{name}: a string that is no UTF-8 text (a lone surrogate)") from None
     if isinstance(v, dict) and set(v) == {"b64"} and isinstance(v["b64"], str):
       try:
         return base64.b64decode(v["b64"], validate=True)
@@ -111,6 +114,11 @@ def _as_numeric_tensor(name: str, value, dtype: tf.DType) -> np.ndarray:
     ok = kind in "iu"
   else:
     ok = kind in "iuf"
+  if not ok and dtype.is_integer and kind in "fO" and _integers_only(value):
+    info = np.iinfo(want)  # Integers no numpy type holds together: past int64.
+    raise RequestError(
+      f"{name}: values must be within {info.min}..{info.max} for {dtype.name}, got larger ones"
+    )
   if not ok:
     what = {
       "b": "booleans",
@@ -127,6 +135,12 @@ def _as_numeric_tensor(name: str, value, dtype: tf.DType) -> np.ndarray:
         f"{dtype.name}, got {arr.min()}..{arr.max()}"
       )
   return arr.astype(want, copy=False)
+
+
+def _integers_only(value: Any) -> bool:
+  if isinstance(value, list):
+    return all(_integers_only(v) for v in value)
+  return isinstance(value, int) and not isinstance(value, bool)
 
 
 def to_tensor(name: str, value: Any, spec: tf.TensorSpec) -> np.ndarray:
