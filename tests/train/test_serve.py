@@ -435,6 +435,22 @@ BAD = {
     '{"signature_name": "serve_examples", "inputs": {"examples": ["\\ud800"]}}'.encode(),
     "examples: a string that is no UTF-8 text",
   ),
+  **{
+    f"a cut {kind} file": (
+      {
+        "signature_name": "serve_encoded",
+        "instances": [
+          {
+            "image_bytes": _b64(encoded(Image.fromarray(_image(30, 40)), kind)[:cut]),
+            "positive_clicks": [[0, 0]],
+            "negative_clicks": [],
+          }
+        ],
+      },
+      "image_bytes: an image file that does not decode whole",
+    )
+    for kind, cut in (("JPEG", 1000), ("PNG", 60))
+  },
   "over 255": (
     {"inputs": {"image": [[[1, 2, 300]]], "positive_clicks": [[0, 0]], "negative_clicks": []}},
     "image",

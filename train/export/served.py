@@ -72,6 +72,10 @@ def graph_message(e: Exception) -> str:
   return lines[0] if lines else message
 
 
+# Where a graph error names the decoder of an encoded image that failed
+# (DecodeJpeg, DecodePng, DecodeImage, ...).
+_DECODE_NODE = re.compile(r"Detected at node '?[\w/]*Decode[A-Z]\w*")
+
 # ParseExample's reasons (`serve_examples` parses its input with it).
 _TYPE = re.compile(
   r"Key: (\w+), Index: (\d+)\.\s+Data types don't match\. "
@@ -199,7 +203,10 @@ class ServedModel:
         else "the graph refused the inputs (its reason is not text)"
       ) from None
     except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
-      raise InvalidInput(graph_message(e)) from None
+      message = graph_message(e)
+      if sig.IMAGE_BYTES in specs and _DECODE_NODE.search(str(e)):
+        message = f"{sig.IMAGE_BYTES}: an image file that does not decode whole ({message})"
+      raise InvalidInput(message) from None
 
   def predict(self, signature: str, inputs: Mapping[str, object]) -> Dict[str, np.ndarray]:
     """`call`, with numpy outputs."""
