@@ -507,6 +507,8 @@ def test_hostile_values_urls_and_hosts_are_400s(backend, monkeypatch):
   hook = dict(listed, task=[_task()], project={"id": 1, "label_config": CONFIG})
   r = client.post("/webhook", json=hook)
   assert r.status_code == 400 and "annotation[0].task" in r.get_json()["error"], r.get_json()
+  r = client.post("/webhook", json={"action": "ANNOTATION_DELETED", "annotation": {"id": True}})
+  assert r.status_code == 400 and r.get_json()["error"].startswith("annotations: "), r.get_json()
   r = client.post("/webhook", data='{"action": "\\ud800"}', content_type="application/json")
   assert r.status_code == 200 and r.get_json()["action"] == "\ud800", r.data
 

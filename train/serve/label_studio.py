@@ -522,14 +522,15 @@ def _project_id(value: Any, field: str) -> str:
 
 def _annotation_ids(value: Any) -> List[int]:
   if not isinstance(value, list) or not all(
-    isinstance(a, dict) and isinstance(a.get("id"), int) for a in value
+    isinstance(a, dict) and isinstance(_id(a.get("id")), int) for a in value
   ):
     raise RequestError("annotations: expected a list of {'id': annotation id}")
   return [a["id"] for a in value]
 
 
 def _id(value: Any) -> Any:
-  """A task id as an event names it (a number or a string; None otherwise)."""
+  """A task's or annotation's id as an event names it (a number or a string;
+  None otherwise, a bool included)."""
   return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
 
 
