@@ -323,8 +323,7 @@ class LabelStudio:
     if config is None:
       raise RequestError(
         f"label_config: none sent and none known for project {project or '(none named)'} "
-        "(Label Studio sends "
-        "it with /setup when the backend is connected)"
+        "(Label Studio sends it with /setup when the backend is connected)"
       )
     return config
 
