@@ -411,12 +411,15 @@ def _polygons(seg, height: int, width: int):
       raise _AnnotationError(
         "bad_segmentation", f"a polygon has {len(poly)} coordinates, an odd number"
       )
+    if not all(math.isfinite(v) for v in poly):
+      raise _AnnotationError("bad_segmentation", "a polygon has a coordinate that is no number")
     if len(poly) >= 6:  # Fewer than 3 points enclose nothing.
       polys.append([float(v) for v in poly])
   if not polys:
     raise _AnnotationError("empty_segmentation", "no polygon with 3 or more points")
   # (pycocotools would read a 4-number polygon as a box: none reaches it.)
-  region = mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(polys, height, width)))
+  rasterized = [_near_image(p, height, width) for p in polys]
+  region = mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(rasterized, height, width)))
   for poly in polys:
     xs, ys = np.asarray(poly[0::2]), np.asarray(poly[1::2])
     tol_x, tol_y = max(OUTSIDE_TOLERANCE, 0.01 * width), max(OUTSIDE_TOLERANCE, 0.01 * height)
@@ -435,11 +438,26 @@ def _polygons(seg, height: int, width: int):
   return region
 
 
+def _near_image(poly: List[float], height: int, width: int) -> List[float]:
+  """A polygon to rasterize: its vertices clamped to within one image size of
+  the image (pycocotools' memory grows with the edges' length: a vertex at
+  1e9 px would take it all), a non-number at 0. Only a polygon reaching that
+  far past the image changes, and it is `polygon_outside_image`."""
+  flat = np.nan_to_num(np.asarray(poly, np.float64), nan=0.0).reshape(-1, 2)
+  flat[:, 0] = np.clip(flat[:, 0], -width, 2 * width)
+  flat[:, 1] = np.clip(flat[:, 1], -height, 2 * height)
+  return flat.ravel().tolist()
+
+
+def _whole(value: Any) -> bool:
+  return isinstance(value, (int, float)) and math.isfinite(value) and float(value).is_integer()
+
+
 def _rle(seg: Dict[str, Any], height: int, width: int):
   from pycocotools import mask as mask_utils  # pylint: disable=g-import-not-at-top
 
   size, counts = seg.get("size"), seg.get("counts")
-  if not isinstance(size, list) or len(size) != 2 or counts is None:
+  if not isinstance(size, list) or len(size) != 2 or not all(map(_whole, size)) or counts is None:
     raise _AnnotationError("bad_rle", "an RLE needs 'size' [height, width] and 'counts'")
   if [int(v) for v in size] != [height, width]:
     raise _AnnotationError(
@@ -457,14 +475,41 @@ def _rle(seg: Dict[str, Any], height: int, width: int):
   elif isinstance(counts, (str, bytes)):
     rle = {
       "size": [height, width],
-      "counts": counts.encode("ascii") if isinstance(counts, str) else counts,
+      "counts": counts.encode("utf-8") if isinstance(counts, str) else counts,
     }
+    runs = compressed_runs(rle["counts"])
+    if runs is None or min(runs, default=0) < 0 or sum(runs) != height * width:
+      raise _AnnotationError(
+        "bad_rle",
+        "compressed counts that are not COCO's RLE"
+        if runs is None or min(runs, default=0) < 0
+        else f"compressed counts sum to {sum(runs)}, not {height * width} pixels",
+      )
   else:
     raise _AnnotationError("bad_rle", "RLE counts must be a list or a string")
   try:
     return mask_utils.decode(rle)
   except ValueError as e:
     raise _AnnotationError("bad_rle", f"pycocotools: {e}") from None
+
+
+def compressed_runs(counts: bytes) -> Optional[List[int]]:
+  """The run lengths of COCO's compressed RLE string (pycocotools'
+  `rleFrString`: 5 bits a character from '0', a run as a difference from the
+  run two before it), or None when the string is no such encoding."""
+  runs, p = [], 0
+  while p < len(counts):
+    x, k, more = 0, 0, True
+    while more:
+      if p >= len(counts) or not 48 <= counts[p] < 112:
+        return None
+      c = counts[p] - 48
+      x |= (c & 0x1F) << (5 * k)
+      more, p, k = bool(c & 0x20), p + 1, k + 1
+      if not more and c & 0x10:
+        x |= -1 << (5 * k)
+    runs.append(x + (runs[-2] if len(runs) > 2 else 0))
+  return runs
 
 
 def ellipse_polygon(cx: float, cy: float, rx: float, ry: float, degrees: float = 0.0):
@@ -491,7 +536,8 @@ def segmentation_of(parts: List[Any], height: int, width: int):
   union = np.zeros((height, width), bool)
   for p in parts:
     if isinstance(p, list):
-      p = mask_utils.decode(mask_utils.frPyObjects([p], height, width))[..., 0].astype(bool)
+      p = mask_utils.frPyObjects([_near_image(p, height, width)], height, width)
+      p = mask_utils.decode(p)[..., 0].astype(bool)
     union |= p
   rle = mask_utils.encode(np.asfortranarray(union.astype(np.uint8)))
   return {"size": [height, width], "counts": rle["counts"].decode("ascii")}

@@ -19,6 +19,9 @@ from beam_prep.record_codec import RecordCodec
 from tests.helpers import dead_letters, manifest, records, run_cli
 
 W, H = 128, 96  # Not square: a transposed RLE or polygon would show.
+_DISK = (np.mgrid[:H, :W][0] - 40) ** 2 + (np.mgrid[:H, :W][1] - 60) ** 2 < 400
+# A whole image's compressed RLE (COCO's string) of a disk.
+_COMPRESSED = mask_utils.encode(np.asfortranarray(_DISK.astype(np.uint8)))["counts"].decode()
 
 
 def _box(x0, y0, x1, y1):
@@ -135,12 +138,30 @@ def test_bad_annotations_are_errors_and_their_pixels_ignored(tmp_path):
   assert set(np.unique(mask)) == {0, 1, keys.IGNORE}
 
 
+def test_a_polygon_far_outside_is_refused_without_rasterizing_its_whole_edge():
+  image = {
+    "id": "7",
+    "height": H,
+    "width": W,
+    "annotations": [
+      {"id": 1, "segmentation": [[10, 10, 1e12, 10, 10, 20]], "where": "f:annotations[0]"}
+    ],
+  }  # pycocotools alone takes memory by the edge's length: 1e12 px would take it all.
+  mask, errors = coco.instance_mask(image, "x")
+  assert [e["reason"] for e in errors] == ["polygon_outside_image"]
+  assert mask[12, 11] == keys.IGNORE and mask[30, 5] == 0
+
+
 @pytest.mark.parametrize(
   "segmentation, reason",
   [
     ({"size": [H + 1, W], "counts": "abc"}, "rle_size_mismatch"),
     ({"size": [H, W], "counts": [5, 3]}, "bad_rle"),
     ({"size": [H, W], "counts": "!!!!"}, "bad_rle"),
+    ({"size": [H, W], "counts": _COMPRESSED[: len(_COMPRESSED) // 2]}, "bad_rle"),  # Cut short.
+    ({"size": [f"{H}px", W], "counts": "abc"}, "bad_rle"),
+    ({"size": [None, None], "counts": "abc"}, "bad_rle"),
+    ([[1, 2, float("nan"), 4, 5, 6]], "bad_segmentation"),
     ({"counts": [H * W]}, "bad_rle"),
     ("a string", "bad_segmentation"),
     ([[1, 2, 3]], "bad_segmentation"),
