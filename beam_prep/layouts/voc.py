@@ -12,9 +12,12 @@ Lists named train, val, validation or test (any case) fix their images'
 split: train -> train, the others -> eval; an image in both kinds is eval,
 so that nothing evaluated is trained on. Any other list (CVAT's
 default.txt, a subset named otherwise, VOC's trainval.txt) adds the images
-no such list names, split by --eval-percent. A list whose first image has
-no mask is a list of unlabelled images (VOC's test.txt): it is not read,
-and one dead letter (`unlabelled_list`) names it.
+no such list names, split by --eval-percent. A list none of whose images
+has a mask (judged on up to UNLABELLED_SAMPLES of them, spread over the
+list) is a list of unlabelled images (VOC's test.txt): it is not read, and
+one dead letter (`unlabelled_list`) names it. In a list partly labelled (a
+CVAT task whose frames are not all annotated), each image without a mask is
+a `missing_mask` dead letter of its own.
 """
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -31,6 +34,8 @@ from beam_prep.ops.registry import ExampleError
 IMAGES_DIR, MASKS_DIR = "JPEGImages", "SegmentationObject"
 # The lists that fix their images' split, by name (any case).
 SPLIT_LISTS = {**common.LIST_SPLITS, "validation": keys.EVAL_SPLIT, "test": keys.EVAL_SPLIT}
+# A list is unlabelled when none of this many of its images, spread over it, has a mask.
+UNLABELLED_SAMPLES = 20
 # An image several lists name takes the highest of their splits.
 _RANK = {None: 0, keys.TRAIN_SPLIT: 1, keys.EVAL_SPLIT: 2}
 
@@ -48,10 +53,18 @@ def _read_list(path: str) -> List[str]:
     return [line.strip() for line in f.read().decode("utf-8").splitlines() if line.strip()]
 
 
-def _unlabelled(path: str, first_id: str, root: str):
+def _labelled(ids: List[str], root: str) -> bool:
+  """Whether any of UNLABELLED_SAMPLES images spread over a list has a mask."""
+  step = max(1, len(ids) // UNLABELLED_SAMPLES)
+  return any(FileSystems.exists(_mask_path(root, i)) for i in ids[::step][:UNLABELLED_SAMPLES])
+
+
+def _unlabelled(path: str, ids: List[str], root: str):
+  looked = min(len(ids), UNLABELLED_SAMPLES)
   detail = (
-    f"{path}: its first image, {first_id}, has no mask {_mask_path(root, first_id)}: "
-    "a list of unlabelled images (as Pascal VOC's test.txt), not read"
+    f"{path}: none of {looked} of its {len(ids)} images has a mask under "
+    f"{FileSystems.join(root, MASKS_DIR)}: a list of unlabelled images (as Pascal VOC's "
+    "test.txt), not read"
   )
   return error_record(READ_STAGE, "unlabelled_list", detail, {keys.SOURCE: path})
 
@@ -64,8 +77,8 @@ def _listed_splits(root: str) -> Tuple[Dict[str, Optional[str]], List[Dict[str, 
   paths = sorted(m.path for m in FileSystems.match([_lists_pattern(root)])[0].metadata_list)
   for path in paths:
     ids = _read_list(path)
-    if ids and not FileSystems.exists(_mask_path(root, ids[0])):
-      unlabelled.append(_unlabelled(path, ids[0], root))
+    if ids and not _labelled(ids, root):
+      unlabelled.append(_unlabelled(path, ids, root))
       continue
     split = SPLIT_LISTS.get(common.stem(path).lower())
     for image_id in ids:

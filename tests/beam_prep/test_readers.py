@@ -34,7 +34,8 @@ def _voc(root):
   img, inst = scene(48, ((3, 3, 20, 40), (25, 25, 45, 45)))
   (root / "JPEGImages/sub/frame_1.png").write_bytes(png(img))
   (root / "SegmentationObject/sub/frame_1.png").write_bytes(png(voc_palette()[inst]))
-  _voc_list(root, "default", ["sub/frame_1"])
+  Image.fromarray(img).save(root / "JPEGImages/sub/frame_0.jpg")  # A frame CVAT left unlabelled:
+  _voc_list(root, "default", ["sub/frame_0", "sub/frame_1"])  # first in its list, yet read.
   Image.fromarray(img).save(root / "JPEGImages/2008_000100.jpg")  # VOC's test: no mask.
   _voc_list(root, "test", ["2008_000100"])
   # Listed but missing: must reach the dead letters.
@@ -55,8 +56,8 @@ def test_voc_layout_keeps_its_splits(tmp_path):
   m = manifest(out)
   assert m["config"]["layout"] == "voc"
   c = m["counts"]
-  assert c["errors_by_reason"] == {"missing_image": 1, "unlabelled_list": 1}, c
-  assert c["inputs_read"] == 6 and c["images_failed"] == 2, c
+  assert c["errors_by_reason"] == {"missing_image": 1, "missing_mask": 1, "unlabelled_list": 1}, c
+  assert c["inputs_read"] == 7 and c["images_failed"] == 3, c
   objects = {}
   for split in ("train", "eval"):
     for r in records(out, split):
@@ -69,6 +70,7 @@ def test_voc_layout_keeps_its_splits(tmp_path):
   assert sorted(objects) == sorted((split, i) for split, names in ids.items() for i in names)
   sources = sorted(d["source"] for d in dead_letters(out))
   assert sources[0].endswith("test.txt") and sources[1].endswith("2007_999999.jpg")
+  assert sources[2].endswith("sub/frame_0.jpg"), sources
 
 
 def test_classification_from_class_folders(tmp_path):
