@@ -6,7 +6,8 @@ This is the format of COCO and LVIS, and the export format of CVAT, Label
 Studio and Roboflow. Each `images` entry (`id`, `file_name`, `height`,
 `width`) is one input. Its `annotations` (`image_id`, `segmentation`,
 `iscrowd`, `bbox`) become one instance mask: objects 1..N in the order of
-their annotation ids, crowd regions 255 (ignore). Overlapping objects are painted
+their annotation ids, crowd regions 255 (ignore; CVAT's masks, written as
+crowd RLEs, are objects: `crowd`). Overlapping objects are painted
 largest first, so a small object on a large one stays visible. Polygons and
 RLE (compressed and uncompressed) are decoded by `pycocotools`.
 
@@ -245,7 +246,8 @@ class _EntriesFn(beam.DoFn):
             ok = isinstance(value, dict) and "image_id" in value
             ann = {"where": where}
             if ok:
-              ann.update({k: value.get(k) for k in ("id", "segmentation", "iscrowd", "bbox")})
+              ann.update({k: value.get(k) for k in ("id", "segmentation", "bbox")})
+              ann["iscrowd"] = crowd(value)
             else:
               ann["error"] = ("bad_annotation", "an annotations entry needs 'image_id'")
             yield (_image_id(value["image_id"]) if ok else _ORPHAN, ann)
@@ -322,7 +324,7 @@ def rows_pointer(
     keys.IMAGE_ID: posixpath.splitext(file_name)[0],
     keys.SOURCE: source,
     # Known before the image is read: if it cannot be, they failed with it.
-    "objects_listed": sum(1 for a in rows if not a.get("iscrowd") and not box_only(a)),
+    "objects_listed": sum(1 for a in rows if not crowd(a) and not box_only(a)),
     "objects_box_only": sum(1 for a in rows if box_only(a)),
     "coco": {
       **entry,
@@ -365,6 +367,17 @@ class ListCoco(beam.PTransform):
     )
     errors = (entries.errors, joined.errors) | "CocoErrors" >> beam.Flatten()
     return joined.pointers, errors
+
+
+def crowd(ann: Dict[str, Any]) -> bool:
+  """Whether an annotation is a crowd region (ignore pixels): `iscrowd`, but
+  for CVAT's rows. CVAT's COCO export writes every object drawn as a mask
+  (a brush, a model's mask) as an RLE with `iscrowd` 1, and gives every row
+  its shape's attributes (`"attributes": {"occluded": ...}`): such a row is
+  an object."""
+  attributes = ann.get("attributes")
+  drawn = isinstance(attributes, dict) and "occluded" in attributes
+  return bool(ann.get("iscrowd")) and not drawn
 
 
 def box_only(ann: Dict[str, Any]) -> bool:
@@ -629,7 +642,7 @@ def instance_mask(coco: Dict[str, Any], image_id: str) -> Tuple[np.ndarray, List
       if e.region is not None:
         ignore |= e.region.astype(bool)
       continue
-    if ann.get("iscrowd"):
+    if crowd(ann):
       ignore |= region
     else:
       objects.append((ann, region))

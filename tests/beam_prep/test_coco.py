@@ -83,6 +83,13 @@ def _dataset(root):
       "segmentation": [_box(4, 4, 30, 30), _box(60, 40, 90, 80)],
     },
     {"id": 21, "image_id": 2, "iscrowd": 0, "segmentation": []},
+    {  # CVAT's export of an object drawn as a mask: a crowd RLE with its shape's attributes.
+      "id": 23,
+      "image_id": 2,
+      "iscrowd": 1,
+      "segmentation": _rle_of(_region(35, 5, 55, 25), compressed=False),
+      "attributes": {"occluded": False},
+    },
     {"id": 22, "image_id": 2, "iscrowd": 0, "segmentation": [_box(100, 20, 400, 40)]},
     {"id": 30, "image_id": 3, "iscrowd": 0, "segmentation": [_box(1, 1, 9, 9)]},
     {"id": 40, "image_id": 999, "iscrowd": 0, "segmentation": [_box(1, 1, 9, 9)]},
@@ -135,7 +142,7 @@ def test_bad_annotations_are_errors_and_their_pixels_ignored(tmp_path):
   assert all(e["source"].startswith("x:annotations[") and e["image_id"] == "sub/b" for e in errors)
   # The part of the outside polygon that lies in the image is not background.
   assert (mask[22:38, 102:126] == keys.IGNORE).all()
-  assert set(np.unique(mask)) == {0, 1, keys.IGNORE}
+  assert set(np.unique(mask)) == {0, 1, 2, keys.IGNORE}  # 2: the CVAT mask (id 23).
 
 
 def test_a_polygon_far_outside_is_refused_without_rasterizing_its_whole_edge():
@@ -314,15 +321,15 @@ def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
     "unknown_image_id": 1,
   }
   assert (c["inputs_read"], c["images_used"], c["images_failed"]) == (len(images), 2, 3)
-  # Objects: 2 in a, 1 used + 2 failed in b, 1 of an unknown image, 1 of the missing image.
-  assert (c["objects_found"], c["objects_used"], c["objects_failed"]) == (7, 3, 4)
+  # Objects: 2 in a, 2 used + 2 failed in b, 1 of an unknown image, 1 of the missing image.
+  assert (c["objects_found"], c["objects_used"], c["objects_failed"]) == (8, 4, 4)
   assert c["objects_of_failed_images"] == 1
-  assert c["examples_written"] == {"train": 3, "eval": 0} and c["accounted"]
+  assert c["examples_written"] == {"train": 4, "eval": 0} and c["accounted"]
   letters = dead_letters(out)
   assert len(letters) == c["errors_total"] == 6
   by_reason = {d["reason"]: d for d in letters}
   assert by_reason["unknown_image_id"]["annotation_id"] == 40
-  assert by_reason["unknown_image_id"]["source"].endswith("instances.json:annotations[7]")
+  assert by_reason["unknown_image_id"]["source"].endswith("instances.json:annotations[8]")
   assert by_reason["bad_image_entry"]["source"].endswith("instances.json:images[3]")
   assert by_reason["missing_image"]["source"].endswith(os.path.join("images", "missing.png"))
   # Every record's mask is its object in the drawn instance mask, resized
@@ -342,7 +349,7 @@ def test_coco_job_accounts_for_every_image_and_annotation(tmp_path):
     want = np.where(small == keys.IGNORE, keys.IGNORE, small == object_id).astype(np.uint8)
     stored = RecordCodec(FeatureTable.load(out)).decode_numpy(r.SerializeToString())[keys.MASK]
     np.testing.assert_array_equal(stored[..., 0], want)
-  assert got == {("a", 1), ("a", 2), ("sub/b", 1)}
+  assert got == {("a", 1), ("a", 2), ("sub/b", 1), ("sub/b", 2)}
 
 
 def test_image_root_is_refused_for_other_layouts(tmp_path):
