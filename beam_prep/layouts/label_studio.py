@@ -17,7 +17,9 @@ drafts and predictions are not read. Its regions (`result` items):
                    `rotation`                          a box-only object: its
                                                       box is ignore, as the
                                                       coco layout's boxes
-  other types (keypoints, choices, text, ...)          not read
+  brush, polygon, ellipse, rectangle                  the same, from a shape
+                                                      tag beside a <Labels> tag
+  other types (keypoints, labels, choices, ...)       not read
 
 Coordinates are percents of `original_width` and `original_height`, and
 results sharing an `id` are one region (one object). Each task is drawn
@@ -61,6 +63,10 @@ from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register
 
 AREA_TYPES = ("brushlabels", "polygonlabels", "ellipselabels")
 BOX_TYPE = "rectanglelabels"
+# A shape tag used beside a separate <Labels> tag gives its results the
+# shape's own type (its label in a "labels" result of the same id): the
+# same values as the labelled kind.
+UNLABELLED_TYPES = {t[: -len("labels")]: t for t in (*AREA_TYPES, BOX_TYPE)}
 UPLOAD, LOCAL_FILES = "/data/upload/", "/data/local-files/"
 _UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{8}-")  # Label Studio's prefix of an uploaded file.
 
@@ -122,6 +128,7 @@ def _region_row(r: Any, n: int, height, width, where: str) -> Optional[Tuple[Any
   """(region key, row) of one result: a part of an object, a box, an error;
   None for results of no area."""
   kind = r.get("type") if isinstance(r, dict) else None
+  kind = UNLABELLED_TYPES.get(kind, kind) if isinstance(kind, str) else None
   if kind not in AREA_TYPES and kind != BOX_TYPE:
     return None
   key = r.get("id") or n

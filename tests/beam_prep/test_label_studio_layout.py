@@ -71,6 +71,24 @@ def test_regions_become_objects_rectangles_ignore_and_one_id_one_object():
   assert set(np.unique(mask).tolist()) == {0, 1, 2, 3, 4, 255}
 
 
+def test_shape_tags_beside_a_labels_tag_are_read_as_the_labelled_kinds():
+  """<Polygon>, <Brush>, <Ellipse>, <Rectangle> with a separate <Labels>: each
+  region is its shape's result plus a "labels" result of the same id."""
+  labelled = [
+    _brush(np.eye(H, W, dtype=bool), rid="b"),
+    _polygon([(2, 2), (12, 2), (12, 10), (2, 10)]),
+    _region("ellipselabels", {"x": 25.0, "y": 75.0, "radiusX": 7.5, "radiusY": 10.0}, "e"),
+    _rectangle(30, 2, 40, 12),
+  ]
+  plain = []
+  for r in labelled:
+    plain.append(dict(r, type=r["type"][: -len("labels")]))
+    plain.append(_region("labels", {"labels": ["Object"]}, r["id"]))
+  (mask, errors), (want, _) = _drawn(plain), _drawn(labelled)
+  assert errors == [] and set(np.unique(mask).tolist()) == {0, 1, 2, 3, 255}
+  np.testing.assert_array_equal(mask, want)
+
+
 def test_a_turned_rectangle_ignores_the_box_of_its_corners():
   (x0, y0), (x1, y1) = _percent(40, 10), _percent(10, 10)
   value = {"x": x0, "y": y0, "width": x1, "height": y1, "rotation": 90}
