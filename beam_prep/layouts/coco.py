@@ -78,7 +78,7 @@ class _Stream:
 
   def __init__(self, f, chunk: int = _CHUNK):
     self._f = f
-    self._utf8 = codecs.getincrementaldecoder("utf-8")()
+    self._utf8 = codecs.getincrementaldecoder("utf-8-sig")()
     self._chunk = chunk
     self.buf = ""
     self.pos = 0

@@ -307,18 +307,28 @@ def task_pointers(path: str, image_root: str, allow: bool):
     yield out
 
 
-def _is_export(path: str) -> bool:
-  """Whether `path` is a JSON list whose first item is a task (`data`, `annotations`)."""
+# The fields of a JSON-MIN or CSV export's rows that a task of the JSON export has not.
+MIN_EXPORT_FIELDS = {"annotation_id", "annotator"}
+FULL, MIN = "full", "min"
+
+
+def export_kind(path: str) -> str:
+  """FULL when `path` is Label Studio's JSON export (a list whose first item
+  is a task: `data`, `annotations`), MIN for its JSON-MIN or CSV export (rows
+  without what the regions are), else ''."""
   try:
     with FileSystems.open(path) as f:
+      if path.lower().endswith(".csv"):
+        header = f.readline().decode("utf-8-sig").strip().split(",")
+        return MIN if MIN_EXPORT_FIELDS <= set(header) else ""
       first = next(coco.iter_items(f, chunk=1 << 16), None)
   except Exception:  # pylint: disable=broad-except
-    return False
-  return (
-    isinstance(first, dict)
-    and "data" in first
-    and ("annotations" in first or "completions" in first)
-  )
+    return ""
+  if not isinstance(first, dict):
+    return ""
+  if "data" in first and ("annotations" in first or "completions" in first):
+    return FULL
+  return MIN if MIN_EXPORT_FIELDS & set(first) else ""
 
 
 @register_layout
@@ -334,15 +344,21 @@ class LabelStudio(Layout):
   takes_image_root = True
 
   def detect(self, root: str, offline: bool = False) -> bool:
-    if not root.lower().endswith(".json"):
+    """Its JSON export, and its JSON-MIN and CSV exports (refused, saying why)."""
+    if not root.lower().endswith((".json", ".csv")):
       return False
-    return offline or _is_export(root)
+    return (offline and root.lower().endswith(".json")) or bool(export_kind(root))
 
   def check_input(self, options: ReadOptions) -> None:
     if common.is_folder(options.root):
       raise InputError(
         f"{options.root} is a folder; the label_studio layout reads one export file: "
         "--input export.json [--image-root IMAGES_DIR]"
+      )
+    if export_kind(options.root) == MIN:
+      raise InputError(
+        f"{options.root} is Label Studio's JSON-MIN or CSV export, which leaves out what "
+        "its regions are (their types and ids): export the project as JSON"
       )
 
   def list_inputs(self, options: ReadOptions):

@@ -63,7 +63,7 @@ class _RowsFn(beam.DoFn):
   def process(self, manifest: str):
     base = manifest.rsplit("/", 1)[0] if "/" in manifest else "."
     with FileSystems.open(manifest) as f:
-      text = f.read().decode("utf-8")
+      text = f.read().decode("utf-8-sig")
     for n, row in enumerate(_rows(manifest, text), start=1):
       try:
         yield _pointer(row, base, self._allow)

@@ -67,7 +67,7 @@ def _read_lists(root: str) -> Dict[str, set]:
     if not FileSystems.exists(path):
       continue
     with FileSystems.open(path) as f:
-      for line in f.read().decode("utf-8").splitlines():
+      for line in f.read().decode("utf-8-sig").splitlines():
         if line.strip():
           splits.setdefault(line.strip(), set()).add(split)
   return splits

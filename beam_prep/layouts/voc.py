@@ -50,7 +50,7 @@ def _mask_path(root: str, image_id: str) -> str:
 
 def _read_list(path: str) -> List[str]:
   with FileSystems.open(path) as f:
-    return [line.strip() for line in f.read().decode("utf-8").splitlines() if line.strip()]
+    return [line.strip() for line in f.read().decode("utf-8-sig").splitlines() if line.strip()]
 
 
 def _labelled(ids: List[str], root: str) -> bool:

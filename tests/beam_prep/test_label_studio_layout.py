@@ -191,12 +191,23 @@ def test_a_job_over_an_export_accounts_for_every_task(tmp_path, capsys):
   missing = next(d for d in dead_letters(out) if d["reason"] == "missing_image")
   assert missing["source"].endswith(os.path.join("images", "2", "0a0b0c0d-gone.png"))
   (tmp_path / "broken.json").write_text('[{"id": 1, "data": {"image": "a.png"}, "annotations": [')
-  minimal = tmp_path / "min.json"  # JSON-MIN: regions without their types.
-  minimal.write_text('[{"image": "/data/upload/2/1a2b3c4d-horse.png", "id": 1, "tag": []}]')
-  for bad in (minimal, tmp_path / "broken.json"):
-    argv = ["segmentation", "--input", str(bad), "--layout", "label_studio"]
-    assert run_cli(argv + ["--output", str(tmp_path / bad.stem)]) == 1
+  argv = ["segmentation", "--input", str(tmp_path / "broken.json"), "--layout", "label_studio"]
+  assert run_cli(argv + ["--output", str(tmp_path / "broken")]) == 1
   said = capsys.readouterr().out
   assert "inputs/s" not in said  # --progress-seconds 0: no progress line.
-  assert "not Label Studio's JSON export (JSON-MIN and CSV" in said
   assert "broken.json is not a Label Studio JSON export (a list of tasks): Expecting" in said
+  # JSON-MIN and CSV: regions without their types, refused before any work
+  # (--layout auto would read them as manifests).
+  row = {"image": "/data/upload/2/1a2b3c4d-horse.png", "id": 1, "tag": [], "annotator": 1}
+  (tmp_path / "min.json").write_text(json.dumps([dict(row, annotation_id=3, lead_time=2.5)]))
+  (tmp_path / "min.csv").write_text(
+    "image,id,tag,annotator,annotation_id,created_at,updated_at,lead_time\n"
+    '/data/upload/2/1a2b3c4d-horse.png,1,"[]",1,3,x,x,2.5\n'
+  )
+  for name in ("min.json", "min.csv"):
+    argv = ["segmentation", "--input", str(tmp_path / name), "--output", str(tmp_path / "o")]
+    assert run_cli(argv) == 2, name
+    said = capsys.readouterr().out
+    assert (
+      "is Label Studio's JSON-MIN or CSV export" in said and "export the project as JSON" in said
+    )
