@@ -266,6 +266,11 @@ def test_auto_layout_tells_coco_from_a_json_lines_manifest(tmp_path):
   jsonl = tmp_path / "rows.json"
   jsonl.write_text('{"image": "a.png", "mask": "a_mask.png"}\n')
   assert readers.resolve_layout(str(jsonl), "auto").name == "manifest"
+  bom = tmp_path / "bom.json"  # As Windows tools write UTF-8 (PowerShell's Out-File, Notepad).
+  bom.write_bytes(b"\xef\xbb\xbf" + open(path, "rb").read())
+  assert readers.resolve_layout(str(bom), "auto").name == "coco"
+  with open(bom, "rb") as f, open(path, "rb") as g:
+    assert list(coco.iter_entries(f)) == list(coco.iter_entries(g))
 
 
 def test_broken_json_names_the_file_and_the_place(tmp_path, capsys, caplog):
