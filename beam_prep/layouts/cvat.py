@@ -3,7 +3,9 @@
     --layout cvat --input DIR (or DIR/annotations.xml) [--image-root DIR]
 
 DIR is the export unzipped, with "Save images": annotations.xml, and the
-images under images/ by their `name` (or under --image-root). Each <image>
+images under images/ by their `name` (or under --image-root; a project's
+export: under images/SUBSET/; a video task's: `name` with its file's
+extension). Each <image>
 (`name`, `width`, `height`) is one input; its shapes, in document order:
 
   polygon   `points` "x1,y1;x2,y2;..."                an object
@@ -143,7 +145,7 @@ def _pointers(path: str, image_root: str, allow: bool):
   for image, where in _entries(path):
     name = image.get("name", "")
     try:
-      source = common.resolve(image_root, name, image_root, allow)
+      source = _source(image, image_root, allow)
     except ValueError as e:
       yield beam.pvalue.TaggedOutput(
         common.ERRORS_TAG, coco.entry_error("path_outside_root", str(e), where)
@@ -155,6 +157,24 @@ def _pointers(path: str, image_root: str, allow: bool):
       {"id": image.get("id", name), "height": image.get("height"), "width": image.get("width")},
       image_annotations(image, where),
     )
+
+
+def _source(image: ET.Element, root: str, allow: bool) -> str:
+  """The file of an <image>: ROOT/NAME, else ROOT/SUBSET/NAME (a project's
+  export keeps each subset's images apart), each as NAME.* when NAME has no
+  extension (a video task's frames: frame_000000 is frame_000000.PNG); the
+  first when none exists (its read is then `missing_image`, naming it)."""
+  name, subset = image.get("name", ""), image.get("subset", "")
+  names = [name, f"{subset}/{name}"] if subset else [name]
+  paths = [common.resolve(root, n, root, allow) for n in names]
+  for path in paths:
+    if common.exists(path):
+      return path
+    if not posixpath.splitext(path)[1]:
+      found = FileSystems.match([path + ".*"], limits=[1])[0].metadata_list
+      if found:
+        return found[0].path
+  return paths[0]
 
 
 def _is_cvat_xml(path: str) -> bool:

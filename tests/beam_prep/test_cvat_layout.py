@@ -92,9 +92,12 @@ def test_an_unreadable_shape_is_a_dead_letter_naming_it():
 
 def _export(root):
   """An unzipped export: annotations.xml and images/, one image in a folder,
-  one listed but missing."""
+  one listed but missing, a video's frame (named without its extension) and
+  a project's image (under images/SUBSET/)."""
   os.makedirs(root / "images" / "sub")
-  for name, size in (("a.png", (40, 60)), ("sub/b.jpg", (30, 50))):
+  os.makedirs(root / "images" / "Train")
+  files = (("a.png", (40, 60)), ("sub/b.jpg", (30, 50)), ("frame_000003.PNG", (20, 20)))
+  for name, size in files + (("Train/c.png", (20, 20)),):
     Image.new("RGB", size[::-1], (90, 120, 40)).save(root / "images" / name)
   blob = np.ones((10, 12), bool)
   (root / cvat.ANNOTATIONS_FILE).write_text(
@@ -106,6 +109,10 @@ def _export(root):
     '<box label="a" xtl="30" ytl="2" xbr="45" ybr="12"/></image>'
     '<image id="2" name="gone.png" width="10" height="10">'
     '<polygon label="a" points="1,1;8,1;8,8"/></image>'
+    '<image id="3" name="frame_000003" width="20" height="20">'
+    '<polygon label="a" points="2,2;15,2;15,15"/></image>'
+    '<image id="4" name="c.png" subset="Train" width="20" height="20">'
+    '<polygon label="a" points="2,2;15,2;15,15"/></image>'
     "</annotations>"
   )
 
@@ -119,10 +126,10 @@ def test_an_unzipped_export_is_found_and_every_image_accounted_for(tmp_path):
   argv = ["segmentation", "--input", root, "--output", out, "--image-size", "32"]
   assert run_cli(argv + ["--variants", "1", "--eval-percent", "0", "--progress-seconds", "0"]) == 0
   c = manifest(out)["counts"]
-  assert c["images_used"] == 2 and c["errors_by_reason"] == {"missing_image": 1}, c
-  assert c["objects_used"] == 3 and c["objects_box_only"] == 1, c
+  assert c["images_used"] == 4 and c["errors_by_reason"] == {"missing_image": 1}, c
+  assert c["objects_used"] == 5 and c["objects_box_only"] == 1, c
   ids = {r.features.feature["image_id"].bytes_list.value[0].decode() for r in records(out, "train")}
-  assert ids == {"a", "sub/b"}
+  assert ids == {"a", "sub/b", "frame_000003", "c"}
   assert dead_letters(out)[0]["source"].endswith(os.path.join("images", "gone.png"))
   (tmp_path / "video.xml").write_text('<annotations><track id="0" label="a"/></annotations>')
   assert (
