@@ -12,6 +12,10 @@ The Berkeley benchmark's folders are the same (`has_files`): `--layout auto`
 says so when it reads a folder as one of the two.
 """
 
+import logging
+import os
+from typing import List, Tuple
+
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep import keys
@@ -21,6 +25,40 @@ from beam_prep.layouts.registry import InputError, Layout, ReadOptions, register
 # The folders beside each other under ROOT, and the mask file's suffix (the
 # labels the page of `beam-train serve` saves are written in this layout).
 IMAGES_DIR, MASKS_DIR, MASK_SUFFIX = "images", "masks", ".png"
+
+
+# At most this many unread files are named in the line that counts them.
+NAMED = 3
+
+
+def unread(root: str) -> Tuple[List[str], List[str]]:
+  """The files of a local ROOT the layout does not read: those in folders
+  under images/ (it reads images/NAME.*), and masks no image is named as."""
+  images, masks = (os.path.join(root, d) for d in (IMAGES_DIR, MASKS_DIR))
+  nested = sorted(
+    os.path.join(d, f)
+    for d, _, files in os.walk(images)
+    if d != images
+    for f in files
+    if not common.hidden(f)
+  )
+  stems = {common.stem(f) for f in os.listdir(images) if not common.hidden(f)}
+  listed = sorted(os.listdir(masks)) if os.path.isdir(masks) else []
+  orphans = [os.path.join(masks, f) for f in listed if common.stem(f) not in stems]
+  return nested, [p for p in orphans if os.path.isfile(p) and not common.hidden(p)]
+
+
+def _say_unread(root: str) -> None:
+  """One line for each kind of file the job will not read, naming a few."""
+  nested, orphans = unread(root)
+  log = logging.getLogger(__name__)
+  for files, what in (
+    (nested, f"files in folders under {os.path.join(root, IMAGES_DIR)} (it reads images/NAME.*)"),
+    (orphans, "masks with no image of their name"),
+  ):
+    if files:
+      named = ", ".join(files[:NAMED]) + (", ..." if len(files) > NAMED else "")
+      log.warning("folders: %d not read, %s: %s", len(files), what, named)
 
 
 @register_layout
@@ -46,7 +84,15 @@ class Folders(Layout):
   def check_input(self, options: ReadOptions) -> None:
     pattern = self.pattern(options.root)
     if not common.any_match(pattern):
-      raise InputError(f"no image matches {pattern}")
+      nested, _ = unread(options.root)
+      inside = f" (the {len(nested)} files are in folders under it: {nested[0]}, ...)"
+      raise InputError(
+        f"no image matches {pattern}{inside if nested else ''}; the folders layout reads "
+        "ROOT/images/NAME.* with ROOT/masks/NAME.*: make one ROOT of each folder"
+        if nested
+        else f"no image matches {pattern}"
+      )
+    _say_unread(options.root)
 
   @staticmethod
   def pattern(root: str) -> str:

@@ -293,3 +293,31 @@ def test_min_object_area_is_measured_at_the_source(tmp_path):
     1,
     2,
   ]
+
+
+def test_folders_say_which_files_they_do_not_read(tmp_path, capsys):
+  from beam_prep.layouts import folders  # pylint: disable=g-import-not-at-top
+  from pipelines import logs  # pylint: disable=g-import-not-at-top
+
+  img, inst = scene(24, ((3, 3, 12, 12),))
+  for path, data in (
+    ("images/a.png", png(img)),
+    ("masks/a.png", png(inst, "L")),
+    ("images/sub/b.png", png(img)),  # In a folder under images/: not read.
+    ("masks/c.png", png(inst, "L")),  # No image c: not read.
+    ("masks/.DS_Store", b""),
+  ):
+    (tmp_path / "r" / path).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "r" / path).write_bytes(data)
+  root = str(tmp_path / "r")
+  nested, orphans = folders.unread(root)
+  assert nested == [os.path.join(root, "images", "sub", "b.png")]
+  assert orphans == [os.path.join(root, "masks", "c.png")]
+  logs.quiet()  # The command's console lines, as a job prints them.
+  folders.Folders().check_input(folders.ReadOptions(root))
+  said = capsys.readouterr().out
+  assert "1 not read, files in folders under" in said and "sub/b.png" in said, said
+  assert "1 not read, masks with no image of their name" in said and "masks/c.png" in said
+  os.remove(os.path.join(root, "images", "a.png"))  # Only nested images: refused, saying where.
+  assert run_cli(["segmentation", "--input", root, "--output", str(tmp_path / "o")]) == 2
+  assert "the 1 files are in folders under it" in capsys.readouterr().out
