@@ -210,49 +210,55 @@ def entry_error(
 
 
 class _EntriesFn(beam.DoFn):
-  """Reads a COCO file into (image id, entry) pairs, images and annotations apart."""
+  """Reads a COCO file into (image id, entry) pairs, images and annotations
+  apart. Entries of one file (`file_name`) and size under several ids
+  (merged exports) are one image: the later ids' annotations are the first's."""
 
   def process(self, path: str):
     counts = {"images": 0, "annotations": 0}
+    files: Dict[str, Tuple[str, Any, Any]] = {}  # file_name -> its first (id, height, width)
+    aliases: Dict[str, str] = {}  # A later entry's id -> the first entry's of its file.
     try:
       with FileSystems.open(path) as f:
         for key, value in iter_entries(f):
           if key not in _STREAMED:
             continue
-          n = counts[key]
+          where = f"{path}:{key}[{counts[key]}]"
           counts[key] += 1
-          where = f"{path}:{key}[{n}]"
           if key == "images":
-            ok = isinstance(value, dict) and "id" in value and value.get("file_name")
-            if not ok:
-              yield beam.pvalue.TaggedOutput(
-                "errors",
-                entry_error("bad_image_entry", "an images entry needs 'id' and 'file_name'", where),
-              )
-              continue
-            yield beam.pvalue.TaggedOutput(
-              "images",
-              (
-                _image_id(value["id"]),
-                {
-                  "file_name": str(value["file_name"]),
-                  "height": value.get("height"),
-                  "width": value.get("width"),
-                  "where": where,
-                },
-              ),
-            )
+            yield from self._image(value, where, files, aliases)
           else:
-            ok = isinstance(value, dict) and "image_id" in value
-            ann = {"where": where}
-            if ok:
-              ann.update({k: value.get(k) for k in ("id", "segmentation", "bbox")})
-              ann["iscrowd"] = crowd(value)
-            else:
-              ann["error"] = ("bad_annotation", "an annotations entry needs 'image_id'")
-            yield (_image_id(value["image_id"]) if ok else _ORPHAN, ann)
+            yield self._annotation(value, where, aliases)
     except ValueError as e:
       raise CocoError(f"{path} is not a COCO JSON file: {e}") from None
+
+  @staticmethod
+  def _image(value: Any, where: str, files, aliases):
+    if not (isinstance(value, dict) and "id" in value and value.get("file_name")):
+      yield beam.pvalue.TaggedOutput(
+        "errors",
+        entry_error("bad_image_entry", "an images entry needs 'id' and 'file_name'", where),
+      )
+      return
+    image_id, name = _image_id(value["id"]), str(value["file_name"])
+    size = (value.get("height"), value.get("width"))
+    first = files.setdefault(name, (image_id, *size))
+    if first[0] != image_id and first[1:] == size:
+      aliases[image_id] = first[0]
+      return
+    entry = {"file_name": name, "height": size[0], "width": size[1], "where": where}
+    yield beam.pvalue.TaggedOutput("images", (image_id, entry))
+
+  @staticmethod
+  def _annotation(value: Any, where: str, aliases):
+    ann: Dict[str, Any] = {"where": where}
+    if not (isinstance(value, dict) and "image_id" in value):
+      ann["error"] = ("bad_annotation", "an annotations entry needs 'image_id'")
+      return _ORPHAN, ann
+    ann.update({k: value.get(k) for k in ("id", "segmentation", "bbox")})
+    ann["iscrowd"] = crowd(value)
+    image_id = _image_id(value["image_id"])
+    return aliases.get(image_id, image_id), ann
 
 
 def _annotation_order(ann: Dict[str, Any]):

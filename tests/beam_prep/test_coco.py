@@ -473,3 +473,31 @@ def test_summary_line_names_box_only_rows():
   }
   assert "3 box-only annotations" in report.summary_lines(m)[0]
   assert "box-only" not in report.summary_lines(dict(m, counts=dict(counts, objects_box_only=0)))[0]
+
+
+def test_one_file_under_two_ids_is_one_image_with_both_ids_annotations(tmp_path):
+  """Merged exports list a file once per source: one input, every object."""
+  size = {"height": H, "width": W}
+  doc = {
+    "images": [
+      {"id": 1, "file_name": "a.png", **size},
+      {"id": 2, "file_name": "b.png", **size},
+      {"id": 7, "file_name": "a.png", **size},  # a.png again, from another export.
+      {"id": 8, "file_name": "b.png", "height": H + 1, "width": W},  # Another size: kept apart.
+    ],
+    "annotations": [
+      {"id": n, "image_id": i, "segmentation": [_box(1, 1, 9, 9)]}
+      for n, i in ((10, 1), (11, 7), (12, 2), (13, 8))
+    ],
+  }
+  path = tmp_path / "instances.json"
+  path.write_text(json.dumps(doc))
+  out = list(coco._EntriesFn().process(str(path)))  # pylint: disable=protected-access
+  images = [o.value for o in out if getattr(o, "tag", None) == "images"]
+  assert [(i, e["file_name"]) for i, e in images] == [
+    ("1", "a.png"),
+    ("2", "b.png"),
+    ("8", "b.png"),
+  ]
+  annotations = [(key, ann["id"]) for key, ann in (o for o in out if isinstance(o, tuple))]
+  assert annotations == [("1", 10), ("1", 11), ("2", 12), ("8", 13)]
