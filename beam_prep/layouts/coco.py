@@ -59,6 +59,7 @@ from beam_prep.ops.registry import ExampleError
 ANNOTATION_STAGE = "annotation"
 # Top-level keys of a COCO file; `detect` looks for one of them first.
 COCO_KEYS = ("info", "licenses", "images", "annotations", "categories", "type")
+LOOKED_KEYS = 8  # The top-level keys `looks_like_coco` reads at most.
 MAX_OBJECTS = 254  # Instance ids 1..254; 255 is ignore.
 # A polygon vertex this far past the image's border puts it outside the image.
 OUTSIDE_TOLERANCE = 2.0
@@ -182,17 +183,19 @@ def iter_items(f, chunk: int = _CHUNK) -> Iterator[Any]:
 
 
 def looks_like_coco(path: str) -> bool:
-  """Whether `path` is a JSON object whose first key is a COCO key."""
+  """Whether `path` is a JSON object whose first key is a COCO key, or that
+  has `images` or `annotations` among its first LOOKED_KEYS keys (a tool's
+  own key first: "version", ...). A JSON-lines manifest's rows have neither."""
   try:
     with FileSystems.open(path) as f:
-      s = _Stream(f, chunk=1 << 16)
-      if s.peek() != "{":
-        return False
-      s.take("{")
-      key = s.value()
-      return isinstance(key, str) and key in COCO_KEYS
+      for n, (key, _) in enumerate(iter_entries(f, chunk=1 << 16)):
+        if key in (COCO_KEYS if n == 0 else _STREAMED):
+          return True
+        if n + 1 >= LOOKED_KEYS:
+          return False
   except Exception:  # pylint: disable=broad-except
     return False
+  return False
 
 
 def _image_id(entry_id: Any) -> str:

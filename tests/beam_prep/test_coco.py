@@ -266,6 +266,9 @@ def test_auto_layout_tells_coco_from_a_json_lines_manifest(tmp_path):
   jsonl = tmp_path / "rows.json"
   jsonl.write_text('{"image": "a.png", "mask": "a_mask.png"}\n')
   assert readers.resolve_layout(str(jsonl), "auto").name == "manifest"
+  own = tmp_path / "own.json"  # A tool's own key first.
+  own.write_text(json.dumps({"version": "1.2", **json.loads(open(path).read())}))
+  assert readers.resolve_layout(str(own), "auto").name == "coco"
   bom = tmp_path / "bom.json"  # As Windows tools write UTF-8 (PowerShell's Out-File, Notepad).
   bom.write_bytes(b"\xef\xbb\xbf" + open(path, "rb").read())
   assert readers.resolve_layout(str(bom), "auto").name == "coco"
