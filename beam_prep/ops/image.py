@@ -454,7 +454,8 @@ def decode(max_pixels: int = keys.MAX_PIXELS, require_mask: bool = True):
     if not require_mask:
       return out
     mask = ex.get(keys.INSTANCE_MASK)  # Drawn by the layout from annotations, else a file.
-    what = "the annotations were drawn at" if mask is not None else "its mask file is"
+    named = f" {ex[keys.MASK_SOURCE]}" if ex.get(keys.MASK_SOURCE) else ""
+    what = "the annotations were drawn at" if mask is not None else f"its mask file{named} is"
     if mask is None:
       if ex.get(keys.MASK_BYTES) is None:
         raise ExampleError("missing_mask", f"no mask found at {ex.get(keys.MASK_SOURCE)}")

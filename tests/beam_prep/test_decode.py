@@ -83,6 +83,12 @@ def test_unusable_inputs_raise_with_their_reason(data, mask, reason):
   assert e.value.reason == reason and e.value.detail
 
 
+def test_a_mask_of_another_size_names_its_file():
+  with pytest.raises(ExampleError) as e:
+    _decode(encoded(Image.new("RGB", (12, 10))))
+  assert e.value.detail == "the image is 12x10 (width x height), its mask file m.png is 10x10"
+
+
 def test_decompression_bomb_is_rejected_before_decoding():
   big = encoded(Image.new("1", (4000, 3000)))  # tiny file, 12 M pixels declared
   with pytest.raises(ExampleError) as e:
