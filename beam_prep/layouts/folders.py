@@ -42,9 +42,10 @@ def unread(root: str) -> Tuple[List[str], List[str]]:
     for f in files
     if not common.hidden(f)
   )
-  stems = {common.stem(f) for f in os.listdir(images) if not common.hidden(f)}
-  listed = sorted(os.listdir(masks)) if os.path.isdir(masks) else []
-  orphans = [os.path.join(masks, f) for f in listed if common.stem(f) not in stems]
+  listed = os.listdir(images) if os.path.isdir(images) else []
+  stems = {common.stem(f) for f in listed if not common.hidden(f)}
+  masked = sorted(os.listdir(masks)) if os.path.isdir(masks) else []
+  orphans = [os.path.join(masks, f) for f in masked if common.stem(f) not in stems]
   return nested, [p for p in orphans if os.path.isfile(p) and not common.hidden(p)]
 
 
@@ -85,12 +86,12 @@ class Folders(Layout):
     pattern = self.pattern(options.root)
     if not common.any_match(pattern):
       nested, _ = unread(options.root)
-      inside = f" (the {len(nested)} files are in folders under it: {nested[0]}, ...)"
+      if not nested:
+        raise InputError(f"no image matches {pattern}")
       raise InputError(
-        f"no image matches {pattern}{inside if nested else ''}; the folders layout reads "
-        "ROOT/images/NAME.* with ROOT/masks/NAME.*: make one ROOT of each folder"
-        if nested
-        else f"no image matches {pattern}"
+        f"no image matches {pattern} (the {len(nested)} files are in folders under it: "
+        f"{nested[0]}, ...); the folders layout reads ROOT/images/NAME.* with "
+        "ROOT/masks/NAME.*: make one ROOT of each folder"
       )
     _say_unread(options.root)
 

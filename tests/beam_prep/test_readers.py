@@ -321,3 +321,6 @@ def test_folders_say_which_files_they_do_not_read(tmp_path, capsys):
   os.remove(os.path.join(root, "images", "a.png"))  # Only nested images: refused, saying where.
   assert run_cli(["segmentation", "--input", root, "--output", str(tmp_path / "o")]) == 2
   assert "the 1 files are in folders under it" in capsys.readouterr().out
+  os.remove(os.path.join(root, "images", "sub", "b.png"))  # No image at all: refused too.
+  assert run_cli(["segmentation", "--input", root, "--output", str(tmp_path / "o")]) == 2
+  assert "no image matches" in capsys.readouterr().out
