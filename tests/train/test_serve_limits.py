@@ -79,3 +79,6 @@ def test_the_limits_are_checked_when_the_command_starts(trained):
   for field in ("max_clicks", "threads", "max_request_mb", "max_pixels"):
     with pytest.raises(ValueError, match="--" + field.replace("_", "-")):
       ServeConfig(model=trained, **{field: 0})
+  for port in (-1, 65536, 99999):  # The socket would take 99999 as 34463.
+    with pytest.raises(ValueError, match="--port must be within 0..65535"):
+      ServeConfig(model=trained, port=port)

@@ -161,6 +161,8 @@ class ServeConfig(CommandConfig):
     ):
       if not value > 0:
         raise ValueError(f"{flag} must be above 0, got {value}")
+    if not 0 <= self.port <= 65535:
+      raise ValueError(f"--port must be within 0..65535 (0: any free port), got {self.port}")
 
   @property
   def engine_args(self):
