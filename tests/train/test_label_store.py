@@ -196,3 +196,9 @@ def test_an_object_saved_again_unchanged_keeps_its_version_and_time(tmp_path):
   labels.close()
   assert os.listdir(tmp_path / folders.MASKS_DIR) == []
   assert json.loads((tmp_path / exports.COCO_FILE).read_text())["images"] == []
+
+
+def test_a_store_file_that_is_no_database_is_refused_naming_it(tmp_path):
+  (tmp_path / DB_FILE).write_bytes(os.urandom(100))
+  with pytest.raises(ValueError, match=f"{DB_FILE} is no label store .*not a database"):
+    Labels(str(tmp_path))

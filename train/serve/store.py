@@ -82,6 +82,16 @@ WRITE, REMOVE = "write", "remove"
 
 
 def _connect(path: str, schema: bool = True) -> sqlite3.Connection:
+  """The store at `path`; a ValueError naming it when it is no SQLite database."""
+  try:
+    return _connected(path, schema)
+  except sqlite3.DatabaseError as e:
+    raise ValueError(
+      f"{path} is no label store ({e}): move it away, or give another folder"
+    ) from None
+
+
+def _connected(path: str, schema: bool) -> sqlite3.Connection:
   db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
   if path != ":memory:":
     db.execute("PRAGMA journal_mode=WAL")
@@ -202,7 +212,7 @@ class Labels:
 
   Raises:
     ValueError: the folder's `instances.json` cannot be imported, or its
-      store is of a newer schema.
+      store is of a newer schema, or no SQLite database.
   """
 
   def __init__(self, save_dir: str = ""):
