@@ -123,6 +123,15 @@ class PrepOutput:
       )
     with tf.io.gfile.GFile(path) as f:
       recorded = json.load(f)
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("data"), str):
+      raise FileNotFoundError(
+        f"{path} names no training data: {model_dir} is not a beam-train fit model dir"
+        + (
+          " (it is a beam-prep output)"
+          if tf.io.gfile.exists(os.path.join(model_dir, keys.MANIFEST_FILE))
+          else ""
+        )
+      )
     data = recorded["data"]
     if not keys.is_remote(data) and not os.path.isabs(data) and not keys.is_remote(model_dir):
       data = os.path.join(_fit_folder(model_dir, recorded.get("model_dir", "")), data)

@@ -265,6 +265,8 @@ def _engine(argv: List[str], log) -> int:
   from train import engine  # pylint: disable=g-import-not-at-top
 
   config = kit.parse_command("beam-train engine", ENGINE, engine.EngineConfig, argv)
+  with refusing(ValueError):
+    engine.check_inputs(config)
   with failing(RuntimeError):
     engine.run_round(config, log)
   return 0

@@ -145,6 +145,32 @@ class EngineConfig(CommandConfig):
     return self.workdir or os.path.join(self.labels, ENGINE_DIR)
 
 
+def check_inputs(config: EngineConfig) -> None:
+  """Refuses, before any round, a --labels folder that holds no labels of
+  `beam-train serve --save-dir` and a --model that is no fit model dir.
+
+  Raises:
+    ValueError: naming the flag and what is wrong.
+  """
+  # pylint: disable=g-import-not-at-top
+  from beam_prep.prep_output import PrepOutput
+  from train.serve.exports import COCO_FILE
+  from train.serve.store import DB_FILE
+
+  # pylint: enable=g-import-not-at-top
+  if not os.path.isdir(config.labels):
+    raise ValueError(f"--labels {config.labels}: no such folder")
+  if not any(os.path.exists(os.path.join(config.labels, f)) for f in (DB_FILE, COCO_FILE)):
+    raise ValueError(
+      f"--labels {config.labels} holds no {DB_FILE} and no {COCO_FILE}: give the folder "
+      "beam-train serve --save-dir saves labels into"
+    )
+  try:
+    PrepOutput.of_model(config.model)
+  except FileNotFoundError as e:
+    raise ValueError(f"--model: {e}") from None
+
+
 def rounds(root: str) -> List[Dict[str, Any]]:
   """The rounds WORKDIR/engine.json lists ([] before the first)."""
   path = os.path.join(root, ENGINE_FILE)

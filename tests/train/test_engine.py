@@ -222,3 +222,23 @@ def test_a_round_worse_by_both_measures_is_not_published(prep_dir, trained, tmp_
   assert engine.held_out_percent(config, engine.MIN_JUDGED_IMAGES - 1) == 0
   assert engine.held_out_percent(config, engine.MIN_JUDGED_IMAGES) == 20
   assert engine.EngineConfig(labels="labels", model="model").judge_percent == 0  # Opt-in.
+
+
+def test_the_command_refuses_labels_and_models_it_cannot_use(prep_dir, trained, tmp_path):
+  from train.serve.store import Labels  # pylint: disable=g-import-not-at-top
+
+  typo = str(tmp_path / "labls")
+  with pytest.raises(ValueError, match="--labels .*labls: no such folder"):
+    engine.check_inputs(engine.EngineConfig(labels=typo, model=trained))
+  assert not os.path.exists(typo)  # Nothing made there.
+  raw = tmp_path / "raw"
+  (raw / "images").mkdir(parents=True)  # A dataset, not a label store.
+  with pytest.raises(ValueError, match="holds no labels.sqlite and no instances.json"):
+    engine.check_inputs(engine.EngineConfig(labels=str(raw), model=trained))
+  labels = str(tmp_path / "labels")
+  Labels(labels).close()
+  with pytest.raises(
+    ValueError, match="--model: .* not a beam-train fit model dir .*beam-prep out"
+  ):
+    engine.check_inputs(engine.EngineConfig(labels=labels, model=prep_dir))
+  engine.check_inputs(engine.EngineConfig(labels=labels, model=trained))
