@@ -379,7 +379,11 @@ def test_sigterm_and_sigkill_keep_a_checkpoint_and_a_rerun_resumes(prep_dir, tmp
   killed = _checkpoint_step(model_dir)
   assert killed >= first + 2  # Periodic, while it ran on.
   end = killed + 2
-  assert _fit(["--data", prep_dir, "--model-dir", model_dir, "--steps", str(end)] + SMALL) == 0
+  run_files = {f: open(os.path.join(model_dir, f)).read() for f in ("config.json", "model.json")}
+  rerun = ["--data", prep_dir, "--model-dir", model_dir, "--steps", str(end)] + SMALL
+  assert _fit(rerun + ["--width", "8"]) == 1  # Another model: refused, the dir as it was.
+  assert {f: open(os.path.join(model_dir, f)).read() for f in run_files} == run_files
+  assert _fit(rerun) == 0
   m = json.load(open(os.path.join(model_dir, "metrics.json")))
   assert m["final_step"] == end and m["steps_this_run"] == 2 and not m.get("interrupted")
 

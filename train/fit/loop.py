@@ -104,7 +104,6 @@ def _setup(config: TrainConfig) -> _Run:
     if chief
     else os.path.join(config.model_dir, f"workertemp_{strategy.cluster_resolver.task_id}")
   )
-  _write_run_files(config, prep, model_dir)
   keras.utils.set_random_seed(config.seed)
 
   replicas = strategy.num_replicas_in_sync
@@ -125,12 +124,14 @@ def _setup(config: TrainConfig) -> _Run:
     augment.parse(config.augment),
   )
   records = record_checks.check_records(config, prep)
+  manager = model_setup.restore(config, model_dir, model, optimizer, global_step)
+  # Written once the checkpoints were read: a refused resume leaves the dir as it was.
+  _write_run_files(config, prep, model_dir)
   if chief:  # What `models.rebuild` needs to build this model again.
     models.write_model_file(
       model_dir,
       dict(spec, task=task.name, model_module=config.model_module, module_files=module_files),
     )
-  manager = model_setup.restore(config, model_dir, model, optimizer, global_step)
   step = train_step.make_step(
     config, strategy, reader, task, model, optimizer, global_step, global_batch
   )

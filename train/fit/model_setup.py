@@ -10,6 +10,7 @@ from typing import Any, Dict
 import keras
 import tensorflow as tf
 
+from beam_prep import keys
 from train import logs, model_layout, models
 from train.config import TrainConfig
 
@@ -92,7 +93,13 @@ def restore(config: TrainConfig, model_dir: str, model, optimizer, global_step):
     checkpoint, os.path.join(model_dir, model_layout.CHECKPOINTS_DIR), max_to_keep=3
   )
   if manager.latest_checkpoint:
-    checkpoint.restore(manager.latest_checkpoint).expect_partial()
+    try:
+      checkpoint.restore(manager.latest_checkpoint).expect_partial()
+    except (ValueError, tf.errors.InvalidArgumentError) as e:
+      raise ValueError(
+        f"{model_dir} holds checkpoints of another model ({e}): resume it with the settings "
+        f"of its {keys.MODEL_CONFIG_FILE}, or give a new --model-dir"
+      ) from None
     log.info(
       "train: resumed from %s at step %d", manager.latest_checkpoint, int(global_step.numpy())
     )
