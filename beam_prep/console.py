@@ -147,7 +147,8 @@ def failing(*errors: type):
 def run_command(command: str, log: logging.Logger, body: Callable[[], Optional[int]]) -> int:
   """`body()`'s exit code (0 when it returns None); what it raises, said in one
   line `command: reason` and mapped to an exit code here and nowhere else:
-  `Refused` EXIT_REFUSED; `Failed` and EXPECTED_ERRORS EXIT_FAILED; Ctrl-C
+  `Refused` EXIT_REFUSED; `Failed`, EXPECTED_ERRORS and TensorFlow's
+  errors EXIT_FAILED; Ctrl-C
   and `Interrupted` EXIT_INTERRUPTED. With --verbose (the log at DEBUG) the
   traceback follows the line."""
   try:
@@ -160,7 +161,19 @@ def run_command(command: str, log: logging.Logger, body: Callable[[], Optional[i
     return _said(log, command, e, EXIT_INTERRUPTED)
   except (Failed,) + EXPECTED_ERRORS as e:
     return _said(log, command, e, EXIT_FAILED)
+  except Exception as e:  # pylint: disable=broad-except
+    if not _tensorflow_error(e):
+      raise
+    return _said(log, command, getattr(e, "message", str(e)).strip().splitlines()[0], EXIT_FAILED)
   return 0 if code is None else code
+
+
+def _tensorflow_error(e: Exception) -> bool:
+  """Whether `e` is TensorFlow's (`tf.errors.OpError`: a path that is a file
+  or a folder, a corrupt record, ...), told without importing TensorFlow."""
+  return any(
+    c.__name__ == "OpError" and c.__module__.startswith("tensorflow") for c in type(e).__mro__
+  )
 
 
 def command(

@@ -55,6 +55,15 @@ def test_each_error_is_one_line_and_its_code(error, code):
     assert record.getMessage() == f"beam-x run: {error}"
 
 
+def test_tensorflows_errors_are_one_line_and_a_failure():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  log, lines = _log()
+  error = tf.errors.FailedPreconditionError(None, None, "out/model is not a directory\n  more")
+  assert console.run_command("beam-x run", log, _raise(error)) == console.EXIT_FAILED
+  assert lines.records[-1].getMessage() == "beam-x run: out/model is not a directory"
+
+
 def _failing(error):
   def body():
     with console.failing(RuntimeError):
