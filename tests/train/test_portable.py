@@ -89,6 +89,11 @@ def test_portable_model_refuses_what_the_saved_model_refuses(exported, tmp_path)
     f.write(b"not a flatbuffer")
   with pytest.raises(ValueError, match="cannot load .*broken.tflite"):
     PortableModel(broken)
+  cut = str(tmp_path / "cut.onnx")  # An ONNX file cut short: onnxruntime's own error.
+  with open(os.path.join(exported, "serving_default.onnx"), "rb") as f, open(cut, "wb") as g:
+    g.write(f.read()[:500])
+  with pytest.raises(ValueError, match="cannot load .*cut.onnx: InvalidProtobuf"):
+    PortableModel(cut)
 
 
 def test_predict_runs_a_portable_file(exported, trained, tmp_path):

@@ -46,7 +46,8 @@ class PortableModel:
     self.path = path
     try:
       self._run, self.inputs = portable.runner(path, threads)
-    except (ImportError, ValueError, RuntimeError) as e:
+    except Exception as e:  # pylint: disable=broad-except
+      # The runtimes' own errors too (onnxruntime's InvalidProtobuf for a cut file, ...).
       raise ValueError(f"cannot load {path}: {type(e).__name__}: {e}") from None
     if not set(sig.CLICK_INPUTS) <= set(self.inputs):
       raise ValueError(f"{path}: takes {self.inputs}, not an image and clicks")
