@@ -30,7 +30,7 @@ from beam_prep.console import (
   option_flags,
   refusing,
 )
-from train import logs
+from train import logs, model_layout
 from train.config import EvalConfig, ExportConfig, PredictConfig, TrainConfig
 from train.serve.config import ServeConfig
 
@@ -136,7 +136,14 @@ def _fit(argv: List[str], log) -> int:
     with failing(RecordsError, RetraceError, FloatingPointError):
       m = loop.fit(config)
   except KeyboardInterrupt:
-    raise Interrupted("interrupted; checkpoint saved, rerun the same command to resume") from None
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    saved = tf.train.latest_checkpoint(os.path.join(config.model_dir, model_layout.CHECKPOINTS_DIR))
+    raise Interrupted(
+      "interrupted; checkpoint saved, rerun the same command to resume"
+      if saved
+      else "interrupted before the first checkpoint: nothing to resume"
+    ) from None
   log.info(
     "train: done at step %d, loss %.4f, %.1f examples/s, input wait %.0f%%, "
     "%d replica(s), step traced %d time(s)",

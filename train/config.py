@@ -206,8 +206,8 @@ class TrainConfig:
     if not isinstance(self.model_args, dict):
       raise ValueError(f"--model-args must be a JSON object, got {self.model_args!r}")
     augment.parse(self.augment)
-    if self.learning_rate <= 0:
-      raise ValueError(f"--learning-rate must be positive, got {self.learning_rate}")
+    if not 0 < self.learning_rate < float("inf"):  # NaN too.
+      raise ValueError(f"--learning-rate must be a positive number, got {self.learning_rate}")
     if self.max_minutes < 0:
       raise ValueError(f"--max-minutes must be 0 (no limit) or more, got {self.max_minutes}")
     if self.profile_steps:

@@ -140,6 +140,9 @@ def test_noc_options_are_the_segmentation_tasks_own():
   assert TrainConfig.from_dict(dataclasses.asdict(config)) == config  # config.json read back
   with pytest.raises(ValueError, match="--noc-clicks must be >= 0, got -1"):
     TrainConfig.from_dict({"data": "d", "model_dir": "m", "noc_clicks": -1})
+  for rate in (0.0, -1.0, float("nan"), float("inf")):  # NaN trained until its loss was NaN.
+    with pytest.raises(ValueError, match="--learning-rate must be a positive number"):
+      TrainConfig(data="d", model_dir="m", learning_rate=rate)
 
 
 def test_a_presets_on_setting_is_turned_off_by_its_no_flag():
