@@ -167,6 +167,15 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
   }
 
 
+def _check_groups(parser: argparse.ArgumentParser, args, groups) -> None:
+  """Refuses a group's own flag (--real-steps, ...) set without the group's
+  flag (--real DIR): the default benchmark would run, the flag unused."""
+  for action in parser._actions:  # pylint: disable=protected-access
+    group = next((g for g in groups if action.dest.startswith(g + "_")), None)
+    if group and getattr(args, group) is None and getattr(args, action.dest) != action.default:
+      parser.error(f"{action.option_strings[0]} needs --{group}")
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(prog="python -m benchmarks")
   parser.add_argument("--quick", action="store_true", help="small sizes (a few minutes)")
@@ -179,6 +188,7 @@ def main(argv=None) -> None:
   boxes.add_arguments(parser)
   portable.add_arguments(parser)
   args = parser.parse_args(argv)
+  _check_groups(parser, args, ("real", "engine", "boxes", "portable"))
   if args.real is not None:
     sys.exit(real.main(args))
   if args.boxes is not None:

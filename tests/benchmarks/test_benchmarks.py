@@ -121,3 +121,12 @@ def test_benchmark_reports_every_figure(tmp_path):
   assert result["figures"]["labels.fill"] == SETTINGS["tiny"]["labels_fill"]
   assert result["environment"]["cores"] >= 1 and "tensorflow" in result["environment"]["versions"]
   assert os.path.getsize(plot) > 1000
+
+
+@pytest.mark.parametrize("argv", [["--real-steps", "5"], ["--portable-objects", "5"]])
+def test_a_groups_flag_without_the_group_is_refused(argv, capsys):
+  from benchmarks import run  # pylint: disable=g-import-not-at-top
+
+  with pytest.raises(SystemExit) as e:  # Not the default benchmark with the flag unused.
+    run.main(argv)
+  assert e.value.code == 2 and f"{argv[0]} needs --" in capsys.readouterr().err
