@@ -307,6 +307,8 @@ class EvalConfig(CommandConfig):
     checks = [
       (t and all(0 < v <= 1 for v in t), f"--iou takes thresholds in (0, 1], got {self.iou!r}"),
       (self.max_clicks >= 1, f"--max-clicks must be at least 1, got {self.max_clicks}"),
+      (self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}"),
+      (self.max_objects >= 0, f"--max-objects must be 0 (all) or more, got {self.max_objects}"),
       (0 < self.pred_thr < 1, f"--pred-thr must be in (0, 1), got {self.pred_thr}"),
       (self.model or self.data, "--data is required without --model"),
       (self.model or self.output, "--output is required without --model"),

@@ -181,3 +181,17 @@ def test_normalized_focal_loss_is_ritms():
   want = (-alpha * beta * np.log(pt) * w).sum(axis=(1, 2, 3)) / w.sum(axis=(1, 2, 3))
   got = normalized_focal_loss(tf.constant(y), tf.constant(w), tf.constant(logits)).numpy()
   np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_evaluate_refuses_settings_it_cannot_run_with():
+  from train.config import EvalConfig  # pylint: disable=g-import-not-at-top
+
+  for bad, flag in (
+    ({"batch_size": 0}, "--batch-size"),  # It failed deep in, at --resolution records.
+    ({"max_objects": -1}, "--max-objects"),
+    ({"max_clicks": 0}, "--max-clicks"),
+    ({"iou": "0.85,x"}, "--iou"),
+    ({"pred_thr": 1.0}, "--pred-thr"),
+  ):
+    with pytest.raises(ValueError, match=flag):
+      EvalConfig(model="m", **bad)
