@@ -1,5 +1,8 @@
 """Trainer pieces on small in-memory data."""
 
+import json
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -195,3 +198,25 @@ def test_evaluate_refuses_settings_it_cannot_run_with():
   ):
     with pytest.raises(ValueError, match=flag):
       EvalConfig(model="m", **bad)
+
+
+def test_a_run_going_on_with_other_data_says_so(prep_dir, tmp_path, capsys):
+  from beam_prep.prep_output import PrepOutput  # pylint: disable=g-import-not-at-top
+  from train import logs  # pylint: disable=g-import-not-at-top
+  from train.config import TrainConfig  # pylint: disable=g-import-not-at-top
+  from train.fit import model_setup  # pylint: disable=g-import-not-at-top
+
+  logs.quiet()
+  model_dir, prep = str(tmp_path / "m"), PrepOutput(prep_dir)
+  config = TrainConfig(data=prep_dir, model_dir=model_dir)
+  model_setup.write_run_files(config, prep, model_dir)  # A first run: nothing to say.
+  assert "trained on" not in capsys.readouterr().out
+  with open(os.path.join(model_dir, "config.json")) as f:
+    assert json.load(f)["data"] == prep.path
+  recorded = json.loads(open(os.path.join(model_dir, "config.json")).read())
+  with open(os.path.join(model_dir, "config.json"), "w") as f:
+    json.dump(dict(recorded, data="/elsewhere/prep"), f)
+  model_setup.write_run_files(config, prep, model_dir)
+  assert f"{model_dir} was trained on /elsewhere/prep; this run goes on with" in (
+    capsys.readouterr().out
+  )

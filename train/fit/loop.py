@@ -23,7 +23,6 @@ import numpy as np
 import tensorflow as tf
 
 from beam_prep import keys
-from beam_prep.features import FEATURES_FILE
 from beam_prep.prep_output import PrepOutput
 from train.fit import augment, devices
 from train.export import saved_model
@@ -126,7 +125,7 @@ def _setup(config: TrainConfig) -> _Run:
   records = record_checks.check_records(config, prep)
   manager = model_setup.restore(config, model_dir, model, optimizer, global_step)
   # Written once the checkpoints were read: a refused resume leaves the dir as it was.
-  _write_run_files(config, prep, model_dir)
+  model_setup.write_run_files(config, prep, model_dir)
   if chief:  # What `models.rebuild` needs to build this model again.
     models.write_model_file(
       model_dir,
@@ -161,16 +160,6 @@ def _open_data(config: TrainConfig) -> PrepOutput:
   if config.export:
     serving_plan(prep.table)  # An op without a twin fails now, not after training.
   return prep
-
-
-def _write_run_files(config: TrainConfig, prep: PrepOutput, model_dir: str) -> None:
-  """config.json (the data path absolute: `evaluate` may run from another
-  folder) and the records' features.json."""
-  tf.io.gfile.makedirs(model_dir)
-  with tf.io.gfile.GFile(os.path.join(model_dir, keys.MODEL_CONFIG_FILE), "w") as f:
-    f.write(dataclasses.replace(config, data=prep.path).to_json())
-  with tf.io.gfile.GFile(os.path.join(model_dir, FEATURES_FILE), "w") as f:
-    f.write(prep.table.to_json())
 
 
 def _loop(run: _Run, config: TrainConfig) -> _LoopState:

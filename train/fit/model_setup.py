@@ -1,8 +1,11 @@
 """The model a run trains: built from its spec and checked by the task,
 frozen (--freeze), given its optimizer and learning-rate schedule, and
-restored from the run's latest checkpoint, else warm-started (--init-from).
+restored from the run's latest checkpoint, else warm-started (--init-from);
+and the run's files beside it (config.json, features.json).
 """
 
+import dataclasses
+import json
 import os
 import re
 from typing import Any, Dict
@@ -11,6 +14,8 @@ import keras
 import tensorflow as tf
 
 from beam_prep import keys
+from beam_prep.features import FEATURES_FILE
+from beam_prep.prep_output import PrepOutput
 from train import logs, model_layout, models
 from train.config import TrainConfig
 
@@ -106,3 +111,20 @@ def restore(config: TrainConfig, model_dir: str, model, optimizer, global_step):
   elif config.init_from:
     log.info("train: weights from %s", _init_from(model, config.init_from))
   return manager
+
+
+def write_run_files(config: TrainConfig, prep: PrepOutput, model_dir: str) -> None:
+  """config.json (the data path absolute: `evaluate` may run from another
+  folder) and the records' features.json; a resumed run on other data than
+  the one its config.json names is said."""
+  path = os.path.join(model_dir, keys.MODEL_CONFIG_FILE)
+  before = json.loads(tf.io.gfile.GFile(path).read()) if tf.io.gfile.exists(path) else {}
+  if before.get("data") not in (None, prep.path):
+    logs.get().warning(
+      "train: %s was trained on %s; this run goes on with %s", model_dir, before["data"], prep.path
+    )
+  tf.io.gfile.makedirs(model_dir)
+  with tf.io.gfile.GFile(path, "w") as f:
+    f.write(dataclasses.replace(config, data=prep.path).to_json())
+  with tf.io.gfile.GFile(os.path.join(model_dir, FEATURES_FILE), "w") as f:
+    f.write(prep.table.to_json())
