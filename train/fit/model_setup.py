@@ -29,8 +29,22 @@ def _init_from(model: keras.Model, path: str) -> str:
     ) or tf.train.latest_checkpoint(path)
   if not ckpt:
     raise FileNotFoundError(f"--init-from {path}: no checkpoint found")
-  tf.train.Checkpoint(model=model).restore(ckpt).expect_partial()
+  _read(
+    tf.train.Checkpoint(model=model),
+    ckpt,
+    f"--init-from {path} holds the checkpoint of another model",
+    f"give the model settings it was trained with (its {keys.MODEL_CONFIG_FILE})",
+  )
   return ckpt
+
+
+def _read(checkpoint: tf.train.Checkpoint, path: str, whose: str, hint: str) -> None:
+  """Restores `checkpoint` from `path`; one of another model is a ValueError
+  saying `whose` it is, TensorFlow's reason, and `hint`."""
+  try:
+    checkpoint.restore(path).expect_partial()
+  except (ValueError, tf.errors.InvalidArgumentError) as e:
+    raise ValueError(f"{whose} ({e}): {hint}") from None
 
 
 def _freeze(model: keras.Model, pattern: str) -> int:
@@ -98,13 +112,12 @@ def restore(config: TrainConfig, model_dir: str, model, optimizer, global_step):
     checkpoint, os.path.join(model_dir, model_layout.CHECKPOINTS_DIR), max_to_keep=3
   )
   if manager.latest_checkpoint:
-    try:
-      checkpoint.restore(manager.latest_checkpoint).expect_partial()
-    except (ValueError, tf.errors.InvalidArgumentError) as e:
-      raise ValueError(
-        f"{model_dir} holds checkpoints of another model ({e}): resume it with the settings "
-        f"of its {keys.MODEL_CONFIG_FILE}, or give a new --model-dir"
-      ) from None
+    _read(
+      checkpoint,
+      manager.latest_checkpoint,
+      f"{model_dir} holds checkpoints of another model",
+      f"resume it with the settings of its {keys.MODEL_CONFIG_FILE}, or give a new --model-dir",
+    )
     log.info(
       "train: resumed from %s at step %d", manager.latest_checkpoint, int(global_step.numpy())
     )
