@@ -4,6 +4,7 @@ naming the limit and its flag, fast, and the server's memory after the load
 as before it (100,000 clicks would cost the model 34 s and 9 GB)."""
 
 import json
+import os
 import threading
 
 import pytest
@@ -82,3 +83,5 @@ def test_the_limits_are_checked_when_the_command_starts(trained):
   for port in (-1, 65536, 99999):  # The socket would take 99999 as 34463.
     with pytest.raises(ValueError, match="--port must be within 0..65535"):
       ServeConfig(model=trained, port=port)
+  with pytest.raises(ValueError, match="--save-dir .* is a file, not a folder"):
+    ServeConfig(model=trained, save_dir=os.path.join(trained, "config.json"))

@@ -161,6 +161,8 @@ class ServeConfig(CommandConfig):
     ):
       if not value > 0:
         raise ValueError(f"{flag} must be above 0, got {value}")
+    if self.save_dir and os.path.exists(self.save_dir) and not os.path.isdir(self.save_dir):
+      raise ValueError(f"--save-dir {self.save_dir} is a file, not a folder")
     if not 0 <= self.port <= 65535:
       raise ValueError(f"--port must be within 0..65535 (0: any free port), got {self.port}")
 
