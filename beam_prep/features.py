@@ -394,7 +394,11 @@ class FeatureTable:
         "version before declared features (rerun beam-prep)"
       )
     with tf.io.gfile.GFile(path) as f:
-      return cls.from_dict(json.load(f))
+      try:
+        declared = json.load(f)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not JSON: {e}") from None
+    return cls.from_dict(declared)
 
   # ---- the record schema ----------------------------------------------------
 

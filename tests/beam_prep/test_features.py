@@ -145,3 +145,12 @@ def test_the_records_size_is_the_one_the_chains_geometric_op_makes():
   assert crop.features().image_size == (48, 48)
   again = PrepConfig(input="x", output="y", image_size=48, ops="resize(20)")
   assert again.features().image_size == (20, 20)
+
+
+def test_a_features_json_cut_short_is_named(tmp_path):
+  table = PrepConfig(input="i", output="o").features()
+  (tmp_path / "features.json").write_text(table.to_json()[:200])  # A copy cut short.
+  with pytest.raises(ValueError, match=r"features\.json is not JSON: "):
+    FeatureTable.load(str(tmp_path))
+  (tmp_path / "features.json").write_text(table.to_json())
+  assert FeatureTable.load(str(tmp_path)).to_json() == table.to_json()
