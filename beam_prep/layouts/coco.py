@@ -486,33 +486,32 @@ def _rle(seg: Dict[str, Any], height: int, width: int):
       "rle_size_mismatch", f"the RLE is {size[1]}x{size[0]}, the image is {width}x{height}"
     )
   if isinstance(counts, list):  # Uncompressed: run lengths from the first pixel (column-major).
-    if not all(isinstance(v, int) and v >= 0 for v in counts) or sum(counts) != height * width:
-      raise _AnnotationError(
-        "bad_rle",
-        f"uncompressed counts sum to {sum(map(int, counts))}, not {height * width} pixels"
-        if all(isinstance(v, int) for v in counts)
-        else "uncompressed counts must be non-negative integers",
-      )
+    runs = counts if all(isinstance(v, int) for v in counts) else None
+    _check_runs(runs, "uncompressed", "must be non-negative integers", height, width)
     rle = mask_utils.frPyObjects(seg, height, width)
   elif isinstance(counts, (str, bytes)):
     rle = {
       "size": [height, width],
       "counts": counts.encode("utf-8") if isinstance(counts, str) else counts,
     }
-    runs = compressed_runs(rle["counts"])
-    if runs is None or min(runs, default=0) < 0 or sum(runs) != height * width:
-      raise _AnnotationError(
-        "bad_rle",
-        "compressed counts that are not COCO's RLE"
-        if runs is None or min(runs, default=0) < 0
-        else f"compressed counts sum to {sum(runs)}, not {height * width} pixels",
-      )
+    _check_runs(compressed_runs(rle["counts"]), "compressed", "are not COCO's RLE", height, width)
   else:
     raise _AnnotationError("bad_rle", "RLE counts must be a list or a string")
   try:
     return mask_utils.decode(rle)
   except ValueError as e:
     raise _AnnotationError("bad_rle", f"pycocotools: {e}") from None
+
+
+def _check_runs(runs: Optional[List[int]], kind: str, bad: str, height: int, width: int) -> None:
+  """An RLE's run lengths (None: unreadable) must be non-negative and cover
+  the image's pixels exactly, else `bad_rle` (`kind` counts `bad`, or their sum)."""
+  if runs is None or min(runs, default=0) < 0:
+    raise _AnnotationError("bad_rle", f"{kind} counts {bad}")
+  if sum(runs) != height * width:
+    raise _AnnotationError(
+      "bad_rle", f"{kind} counts sum to {sum(runs)}, not {height * width} pixels"
+    )
 
 
 def compressed_runs(counts: bytes) -> Optional[List[int]]:
