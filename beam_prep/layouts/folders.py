@@ -35,15 +35,14 @@ def unread(root: str) -> Tuple[List[str], List[str]]:
   """The files of a local ROOT the layout does not read: those in folders
   under images/ (it reads images/NAME.*), and masks no image is named as."""
   images, masks = (os.path.join(root, d) for d in (IMAGES_DIR, MASKS_DIR))
-  nested = sorted(
-    os.path.join(d, f)
-    for d, _, files in os.walk(images)
-    if d != images
-    for f in files
-    if not common.hidden(f)
-  )
-  listed = os.listdir(images) if os.path.isdir(images) else []
-  stems = {common.stem(f) for f in listed if not common.hidden(f)}
+  nested, stems = [], set()
+  for d, _, files in os.walk(images):  # One listing of images/, its own files included.
+    shown = [f for f in files if not common.hidden(f)]
+    if d == images:
+      stems.update(common.stem(f) for f in shown)
+    else:
+      nested += [os.path.join(d, f) for f in shown]
+  nested.sort()
   masked = sorted(os.listdir(masks)) if os.path.isdir(masks) else []
   orphans = [os.path.join(masks, f) for f in masked if common.stem(f) not in stems]
   return nested, [p for p in orphans if os.path.isfile(p) and not common.hidden(p)]
