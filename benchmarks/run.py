@@ -167,6 +167,11 @@ def measure(mode: str, workdir: str) -> Dict[str, Any]:
   }
 
 
+# The benchmarks of their own flag, `--NAME` (the module's name) and its
+# `--NAME-*` settings, each module adding them (`add_arguments`).
+GROUPS = (real, engine, boxes, portable)
+
+
 def _check_groups(parser: argparse.ArgumentParser, args, groups) -> None:
   """Refuses a group's own flag (--real-steps, ...) set without the group's
   flag (--real DIR): the default benchmark would run, the flag unused."""
@@ -183,12 +188,10 @@ def main(argv=None) -> None:
   parser.add_argument("--json", help="write the results here")
   parser.add_argument("--plot", help="write the input-pipeline plot (PNG) here")
   parser.add_argument("--workdir", help="keep the data and outputs here (default: a temp dir)")
-  real.add_arguments(parser)
-  engine.add_arguments(parser)
-  boxes.add_arguments(parser)
-  portable.add_arguments(parser)
+  for group in GROUPS:
+    group.add_arguments(parser)
   args = parser.parse_args(argv)
-  _check_groups(parser, args, ("real", "engine", "boxes", "portable"))
+  _check_groups(parser, args, [g.__name__.rsplit(".", 1)[-1] for g in GROUPS])
   if args.real is not None:
     sys.exit(real.main(args))
   if args.boxes is not None:
